@@ -1,0 +1,135 @@
+"""Every exception stagegraph raises: one short class each, dual-inheriting a builtin.
+
+User-facing errors derive from :class:`StagegraphError`; the CLI prints their message (one
+paragraph, no traceback) and exits with code 2.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> str:
+    """A " (did you mean 'x'?)" suffix, or "" when nothing is close."""
+    close = difflib.get_close_matches(name, list(candidates), n=3, cutoff=0.6)
+    if not close:
+        return ""
+    return " (did you mean " + " or ".join(repr(c) for c in close) + "?)"
+
+
+def unknown_name_message(what: str, name: str, known: Iterable[str], where: str = "") -> str:
+    known = sorted(set(known))
+    place = f" in {where}" if where else ""
+    listing = ", ".join(known) if known else "none"
+    return f"unknown {what} {name!r}{place}{did_you_mean(name, known)}; known: {listing}"
+
+
+class StagegraphError(Exception):
+    """Base of all errors meant for users."""
+
+    def __str__(self) -> str:  # KeyError would otherwise quote the message
+        return str(self.args[0]) if self.args else ""
+
+
+class GraphError(StagegraphError):
+    """A graph is malformed."""
+
+
+class DuplicateStageError(GraphError, ValueError):
+    """Two stages (or a stage and a graph input) share a name."""
+
+
+class CycleError(GraphError, ValueError):
+    """The edges form a cycle."""
+
+
+class UnconnectedPortError(GraphError, ValueError):
+    """A required input port has no edge."""
+
+
+class DoublyConnectedPortError(GraphError, ValueError):
+    """An input port has more than one edge."""
+
+
+class PortTypeError(GraphError, TypeError):
+    """An edge connects ports of incompatible types."""
+
+
+class UnknownStageError(GraphError, KeyError):
+    """A name that is not a stage of the graph (or not a registered factory)."""
+
+
+class UnknownPortError(GraphError, KeyError):
+    """A port name a stage does not have."""
+
+
+class UnknownTagError(GraphError, KeyError):
+    """A tag no stage of the graph carries."""
+
+
+class AmbiguousTagError(GraphError, ValueError):
+    """A tag carried by several stages where one was needed."""
+
+
+class EmptyGraphError(GraphError, ValueError):
+    """A graph without stages."""
+
+
+class InvalidGraphError(GraphError, ValueError):
+    """Several problems at once; ``problems`` holds each one."""
+
+    def __init__(self, graph: str, problems: list[GraphError]) -> None:
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"graph {graph!r} has {len(problems)} problems:\n{lines}")
+
+
+class GraphFileError(GraphError, ValueError):
+    """A graph file cannot be read or does not match the schema."""
+
+
+class UnknownGraphError(StagegraphError, KeyError):
+    """A graph name that is neither in graphs/ nor a file."""
+
+
+class StageDefinitionError(StagegraphError, TypeError):
+    """A stage function or class is declared wrongly (missing hints, bad kind)."""
+
+
+class ConfigError(StagegraphError, ValueError):
+    """A stage config or a params override does not validate."""
+
+
+class StageFailed(StagegraphError, RuntimeError):
+    """A stage raised while running; carries the MLIR diagnostics and the reproducer path."""
+
+    def __init__(
+        self,
+        graph: str,
+        stage: str,
+        reason: str,
+        diagnostics: list[str] | None = None,
+        reproducer: str | None = None,
+    ) -> None:
+        self.graph, self.stage, self.reason = graph, stage, reason
+        self.diagnostics = diagnostics or []
+        self.reproducer = reproducer
+        text = f"stage {stage!r} of graph {graph!r} failed: {reason}"
+        if self.diagnostics:
+            text += "\nMLIR diagnostics:\n" + "\n".join(f"  {d}" for d in self.diagnostics)
+        if reproducer:
+            text += f"\nreproducer: {reproducer}"
+        super().__init__(text)
+
+
+class PayloadError(StagegraphError, ValueError):
+    """A payload the project cannot handle (malformed, dynamic shapes, unsupported dtype)."""
+
+
+class WorkloadError(StagegraphError, ValueError):
+    """A workload spec that does not resolve (unknown name, bad parameter)."""
+
+
+class VerificationError(StagegraphError, ValueError):
+    """Outputs that do not match the workload's reference."""

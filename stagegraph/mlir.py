@@ -1,0 +1,77 @@
+"""The only module that imports the MLIR Python bindings.
+
+Prefers the official top-level ``mlir`` package and falls back to the copy that the
+``torch-mlir`` wheel ships as ``torch_mlir``. Importing :mod:`stagegraph` never imports
+this module; stages import it when they run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+
+def _root() -> str:
+    for candidate in ("mlir", "torch_mlir"):
+        try:
+            importlib.import_module(f"{candidate}.ir")
+        except ImportError:
+            continue
+        return candidate
+    raise ImportError(
+        "stagegraph needs MLIR Python bindings: install 'torch-mlir==20261001' "
+        "(it ships them as torch_mlir) or the official 'mlir' package"
+    )
+
+
+ROOT = _root()
+
+
+def _load(name: str) -> ModuleType:
+    return importlib.import_module(f"{ROOT}.{name}")
+
+
+ir = _load("ir")
+passmanager = _load("passmanager")
+execution_engine = _load("execution_engine")
+runtime = _load("runtime")
+
+
+def dialect(name: str) -> ModuleType:
+    """Return ``<root>.dialects.<name>`` (e.g. ``dialect("linalg")``, ``dialect("transform.structured")``)."""
+    return _load(f"dialects.{name}")
+
+
+arith = dialect("arith")
+bufferization = dialect("bufferization")
+func = dialect("func")
+linalg = dialect("linalg")
+llvm = dialect("llvm")
+memref = dialect("memref")
+scf = dialect("scf")
+tensor = dialect("tensor")
+vector = dialect("vector")
+transform = dialect("transform")
+structured = dialect("transform.structured")
+loop = dialect("transform.loop")
+interpreter = dialect("transform.interpreter")
+
+
+def new_context() -> ir.Context:
+    """A context with every upstream dialect available and errors raised as MLIRError."""
+    context = ir.Context()
+    context.emit_error_diagnostics = True
+    context.load_all_available_dialects()
+    return context
+
+
+def binding_version() -> str:
+    """Version string of the bindings, part of every cache key."""
+    from importlib import metadata
+
+    for dist in ("mlir", "mlir-python-bindings", "torch-mlir"):
+        try:
+            return f"{dist}=={metadata.version(dist)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return ROOT

@@ -1,0 +1,106 @@
+"""Port types: what flows along the edges of a stage graph.
+
+A port type is a Python class, so it can be written as a type hint on a stage function:
+``Module["tensor"]`` (an IR module at one level), a subclass of :class:`Params` (what a cost
+model produces and a schedule consumes), a subclass of :class:`Facts` (analysis results), or
+:class:`Binary` (an emitted executable artifact).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+LEVELS = ("tensor", "buffer", "llvm", "any")
+
+
+class Schema(BaseModel):
+    """Base of every schema in the project: frozen, no unknown keys."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def content_hash(self) -> str:
+        """Stable hash of the class and its values (part of cache keys)."""
+        data = f"{type(self).__module__}.{type(self).__qualname__}:{self.model_dump_json()}"
+        return hashlib.sha256(data.encode()).hexdigest()
+
+
+class Params(Schema):
+    """A parameter dict produced by a cost model and consumed by a schedule."""
+
+
+class Facts(Schema):
+    """Results of analysing a payload (or the machine)."""
+
+
+class Config(Schema):
+    """A stage's configuration (the empty config is the default)."""
+
+
+class Module:
+    """An MLIR module at an IR level; ``Module["buffer"]`` is the port type for that level.
+
+    Instances carry the bindings' ``ir.Module`` in ``.ir``; they never cross process
+    boundaries (use :meth:`text` or bytecode for that).
+    """
+
+    level: ClassVar[str] = "any"
+    _by_level: ClassVar[dict[str, type[Module]]] = {}
+
+    def __init__(self, module: Any, level: str | None = None) -> None:
+        self.ir = module
+        self.level = level or type(self).level
+
+    def __class_getitem__(cls, level: str) -> type[Module]:
+        if level not in LEVELS:
+            raise TypeError(f"unknown IR level {level!r}; levels are {', '.join(LEVELS)}")
+        if level not in cls._by_level:
+            cls._by_level[level] = type(f"Module[{level}]", (Module,), {"level": level})
+        return cls._by_level[level]
+
+    def text(self) -> str:
+        """The module as MLIR assembly (for hashing, dumping and process boundaries)."""
+        return str(self.ir)
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.text().encode()).hexdigest()
+
+    def clone(self) -> Module:
+        """A deep copy in the same context, for a second stage that mutates the module."""
+        return type(self)(self.ir.operation.clone(), self.level)
+
+    def __repr__(self) -> str:
+        return f"<Module level={self.level}>"
+
+
+class Binary:
+    """An emitted executable artifact (a JIT engine, an object file or a shared library).
+
+    Subclasses know how to call the entry points; ``content_hash`` identifies what was built.
+    """
+
+    def __init__(self, key: str) -> None:
+        self.key = key
+
+    def content_hash(self) -> str:
+        return self.key
+
+
+def port_name(port_type: type) -> str:
+    """Human-readable name of a port type, used in errors, DOT labels and graph files."""
+    if isinstance(port_type, type) and issubclass(port_type, Module):
+        return f"Module[{port_type.level}]"
+    return getattr(port_type, "__qualname__", repr(port_type))
+
+
+def is_port_type(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, Module | Params | Facts | Binary)
+
+
+def compatible(produced: type, expected: type) -> bool:
+    """Can a value of type ``produced`` flow into a port expecting ``expected``?"""
+    if issubclass(produced, Module) and issubclass(expected, Module):
+        return "any" in (produced.level, expected.level) or produced.level == expected.level
+    return issubclass(produced, expected)

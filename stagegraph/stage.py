@@ -1,0 +1,305 @@
+"""Stages: named, typed, configured nodes of a graph.
+
+A stage *factory* is declared once from a plain function (or a class with a ``run``
+method): its parameters' type hints are the input ports, its return hint the output ports,
+and a parameter named ``config`` (a :class:`~stagegraph.ports.Config` subclass) its
+configuration. Calling the factory makes a :class:`Stage`: a name, tags and a frozen config.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from stagegraph.errors import ConfigError, StageDefinitionError
+from stagegraph.ports import (
+    Binary,
+    Config,
+    Facts,
+    Module,
+    Params,
+    compatible,
+    is_port_type,
+    port_name,
+)
+
+KINDS = ("analysis", "params", "schedule", "passes", "wrapper", "emit")
+MUTATING_KINDS = frozenset({"schedule", "passes", "wrapper"})
+_DEFAULT_OUTPUT = ((Module, "module"), (Params, "params"), (Facts, "facts"), (Binary, "binary"))
+
+
+@dataclass(frozen=True)
+class Port:
+    """One typed input or output of a stage."""
+
+    name: str
+    type: type
+    optional: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.name}: {port_name(self.type)}"
+
+
+def _default_output_name(port_type: type) -> str:
+    return next(name for base, name in _DEFAULT_OUTPUT if issubclass(port_type, base))
+
+
+def _ports_from_hints(fn: Callable, owner: str) -> tuple[tuple[Port, ...], tuple[Port, ...], type]:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:  # unresolved forward references
+        raise StageDefinitionError(f"stage {owner!r}: cannot resolve type hints: {exc}") from exc
+    signature = inspect.signature(fn)
+    inputs: list[Port] = []
+    config_model: type[Config] = Config
+    for pname, param in signature.parameters.items():
+        if pname == "self":
+            continue
+        hint = hints.get(pname)
+        if pname == "config":
+            if not (isinstance(hint, type) and issubclass(hint, Config)):
+                raise StageDefinitionError(
+                    f"stage {owner!r}: parameter 'config' must be hinted with a Config subclass"
+                )
+            config_model = hint
+            continue
+        optional = param.default is None
+        if optional and typing.get_origin(hint) in (typing.Union, getattr(typing, "UnionType", ())):
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        if not is_port_type(hint):
+            raise StageDefinitionError(
+                f"stage {owner!r}: input {pname!r} needs a port type hint "
+                f"(Module[level], a Params/Facts model or Binary), got {hint!r}"
+            )
+        inputs.append(Port(pname, hint, optional))
+    ret = hints.get("return")
+    outputs: list[Port] = []
+    if ret is None or ret is type(None):
+        pass
+    elif is_port_type(ret):
+        outputs.append(Port(_default_output_name(ret), ret))
+    elif isinstance(ret, type) and issubclass(ret, tuple) and hasattr(ret, "_fields"):
+        for oname, ohint in typing.get_type_hints(ret).items():
+            if not is_port_type(ohint):
+                raise StageDefinitionError(f"stage {owner!r}: output {oname!r} is not a port type")
+            outputs.append(Port(oname, ohint))
+    else:
+        raise StageDefinitionError(
+            f"stage {owner!r}: return hint must be a port type or a NamedTuple of them"
+        )
+    return tuple(inputs), tuple(outputs), config_model
+
+
+def _source_version(obj: Any) -> str:
+    """Hash of the defining module's source, so cache keys change when stage code changes."""
+    module = inspect.getmodule(obj)
+    try:
+        source = inspect.getsource(module) if module else ""
+    except (OSError, TypeError):
+        source = getattr(obj, "__qualname__", "")
+    return hashlib.sha256(source.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True, eq=False)
+class StageFactory:
+    """A registered stage definition; calling it makes a configured :class:`Stage`."""
+
+    name: str
+    kind: str
+    fn: Callable[..., Any]
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
+    config_model: type[Config]
+    mutates: bool
+    cacheable: bool = True
+    doc: str = ""
+    version: str = ""
+
+    def __call__(
+        self,
+        name: str | None = None,
+        *,
+        tags: Iterable[str] = (),
+        config: Config | Mapping[str, Any] | None = None,
+        **config_fields: Any,
+    ) -> Stage:
+        stage_name = name or self.name.rsplit(".", 1)[-1]
+        values = dict(config.model_dump() if isinstance(config, Config) else config or {})
+        values.update(config_fields)
+        return Stage(stage_name, self, self.make_config(values, stage_name), frozenset(tags))
+
+    def make_config(self, values: Mapping[str, Any], stage_name: str) -> Config:
+        try:
+            return self.config_model.model_validate(dict(values))
+        except ValidationError as exc:
+            raise ConfigError(
+                f"stage {stage_name!r} ({self.name}): invalid config: {_brief(exc)}"
+            ) from exc
+
+
+def _brief(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A node of a graph: a factory with a name, tags and a frozen config."""
+
+    name: str
+    factory: StageFactory = field(compare=False)
+    config: Config
+    tags: frozenset[str] = frozenset()
+    factory_name: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "factory_name", self.factory.name)
+
+    @property
+    def kind(self) -> str:
+        return self.factory.kind
+
+    @property
+    def inputs(self) -> dict[str, Port]:
+        return {p.name: p for p in self.factory.inputs}
+
+    @property
+    def outputs(self) -> dict[str, Port]:
+        return {p.name: p for p in self.factory.outputs}
+
+    def with_config(self, **changes: Any) -> Stage:
+        values = {**self.config.model_dump(), **changes}
+        return Stage(self.name, self.factory, self.factory.make_config(values, self.name), self.tags)
+
+    def renamed(self, name: str) -> Stage:
+        return Stage(name, self.factory, self.config, self.tags)
+
+    def with_tags(self, *tags: str) -> Stage:
+        return Stage(self.name, self.factory, self.config, self.tags | frozenset(tags))
+
+    def spec_hash(self) -> str:
+        """Identity of what this stage computes: factory, its code version and config."""
+        data = f"{self.factory.name}:{self.factory.version}:{self.config.content_hash()}"
+        return hashlib.sha256(data.encode()).hexdigest()
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Call the stage function and return its outputs keyed by port name."""
+        result = self.factory.fn(**inputs, config=self.config)
+        ports = self.factory.outputs
+        if not ports:
+            return {}
+        values = list(result) if len(ports) > 1 else [result]
+        return {p.name: _coerce(p, v) for p, v in zip(ports, values, strict=True)}
+
+
+def _coerce(port: Port, value: Any) -> Any:
+    """Wrap bare ``ir.Module`` results and stamp the output level onto modules."""
+    if issubclass(port.type, Module):
+        if not isinstance(value, Module):
+            value = port.type(value)
+        if port.type.level != "any":
+            value.level = port.type.level
+    return value
+
+
+_REGISTRY: dict[str, StageFactory] = {}
+
+
+def stage(
+    kind: str,
+    *,
+    name: str | None = None,
+    mutates: bool | None = None,
+    cacheable: bool = True,
+) -> Callable[[Any], StageFactory]:
+    """Declare a stage factory from a function or a class with a ``run`` method.
+
+    Args:
+        kind: one of ``analysis, params, schedule, passes, wrapper, emit``.
+        name: registry name (default: the function or class name).
+        mutates: whether the stage changes its input modules in place (default: by kind).
+        cacheable: whether the engine may serve its outputs from the memo cache.
+    """
+    if kind not in KINDS:
+        raise StageDefinitionError(f"unknown stage kind {kind!r}; kinds are {', '.join(KINDS)}")
+
+    def declare(obj: Any) -> StageFactory:
+        reg_name = name or obj.__name__
+        if inspect.isclass(obj):
+            instance = obj()
+            fn = instance.run
+        else:
+            fn = obj
+        inputs, outputs, config_model = _ports_from_hints(fn, reg_name)
+        factory = StageFactory(
+            name=reg_name,
+            kind=kind,
+            fn=fn,
+            inputs=inputs,
+            outputs=outputs,
+            config_model=config_model,
+            mutates=kind in MUTATING_KINDS if mutates is None else mutates,
+            cacheable=cacheable,
+            doc=inspect.getdoc(obj) or "",
+            version=_source_version(obj),
+        )
+        _REGISTRY[reg_name] = factory
+        return factory
+
+    return declare
+
+
+def registered() -> dict[str, StageFactory]:
+    """All registered factories, importing the built-in stage library on first use."""
+    _load_library()
+    return dict(_REGISTRY)
+
+
+def get_factory(name: str) -> StageFactory:
+    """Look a factory up by registry name or by ``module:attribute`` import path."""
+    from stagegraph.errors import UnknownStageError, unknown_name_message
+
+    if ":" in name:
+        import importlib
+
+        module_name, _, attr = name.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise UnknownStageError(f"cannot import stage factory {name!r}: {exc}") from exc
+        if not isinstance(obj, StageFactory):
+            raise UnknownStageError(f"{name!r} is not a stage factory (declare it with @stage)")
+        return obj
+    if name not in _REGISTRY:
+        _load_library()
+    if name not in _REGISTRY:
+        raise UnknownStageError(unknown_name_message("stage factory", name, _REGISTRY))
+    return _REGISTRY[name]
+
+
+_LOADED = False
+
+
+def _load_library() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    import importlib
+    import pkgutil
+
+    import stagegraph.stages as library
+
+    for info in pkgutil.iter_modules(library.__path__):
+        importlib.import_module(f"{library.__name__}.{info.name}")
+
+
+def check_compatible(produced: Port, expected: Port) -> bool:
+    return compatible(produced.type, expected.type)

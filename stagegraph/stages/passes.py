@@ -1,0 +1,73 @@
+"""Pass-pipeline stages: textual pass pipelines run by the PassManager.
+
+The named stages (``bufferize``, ``linalg_to_loops``, ``lower_to_llvm``) carry the IR level
+they expect and produce, so the graph type-checks where in the flow they can go.
+"""
+
+from __future__ import annotations
+
+from stagegraph.ports import Config, Module
+from stagegraph.stage import stage
+from stagegraph.stages import lowering
+
+
+class PipelineConfig(Config):
+    """A pass pipeline nested in ``builtin.module(...)``."""
+
+    pipeline: str = ""
+
+
+def run_pipeline(module: Module, pipeline: str) -> Module:
+    """Run ``pipeline`` on the module in place (an empty pipeline only verifies)."""
+    from stagegraph.mlir import passmanager
+
+    if pipeline:
+        manager = passmanager.PassManager.parse(
+            f"builtin.module({pipeline})", context=module.ir.context
+        )
+        manager.run(module.ir.operation)
+    elif not module.ir.operation.verify():
+        raise ValueError("module does not verify")
+    return module
+
+
+@stage("passes", name="pipeline")
+def pipeline(module: Module["any"], config: PipelineConfig) -> Module["any"]:
+    """Any textual pass pipeline; the IR level is unchanged as far as the graph knows."""
+    return run_pipeline(module, config.pipeline)
+
+
+@stage("passes", name="verify")
+def verify(module: Module["tensor"], config: PipelineConfig) -> Module["tensor"]:
+    """The payload as given, verified (and optionally cleaned up by ``pipeline``)."""
+    return run_pipeline(module, config.pipeline)
+
+
+class BufferizeConfig(Config):
+    pipeline: str = lowering.BUFFERIZE
+
+
+@stage("passes", name="bufferize")
+def bufferize(module: Module["tensor"], config: BufferizeConfig) -> Module["buffer"]:
+    """Tensors to memrefs; results become caller-allocated out-parameters."""
+    return run_pipeline(module, config.pipeline)
+
+
+class LoopsConfig(Config):
+    pipeline: str = lowering.LINALG_TO_LOOPS
+
+
+@stage("passes", name="linalg_to_loops")
+def linalg_to_loops(module: Module["buffer"], config: LoopsConfig) -> Module["buffer"]:
+    """Linalg ops on buffers to scalar loops: the naive reference lowering."""
+    return run_pipeline(module, config.pipeline)
+
+
+class LowerConfig(Config):
+    pipeline: str = lowering.LOWER_TO_LLVM
+
+
+@stage("passes", name="lower_to_llvm")
+def lower_to_llvm(module: Module["buffer"], config: LowerConfig) -> Module["llvm"]:
+    """Buffers, loops and vectors to the LLVM dialect."""
+    return run_pipeline(module, config.pipeline)

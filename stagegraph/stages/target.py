@@ -1,0 +1,177 @@
+"""What parameter selection knows of the machine: ISA features, cores, caches.
+
+:func:`detect_target` reads the host once (``/proc/cpuinfo``, the CPU's sysfs cache
+directories, the scheduler affinity and the cgroup CPU quota) and caches the result;
+:func:`read_target` does the same from given paths, so a test or a cross-compiling user can
+describe another machine. Every file is optional: what cannot be read keeps the
+:class:`Target` default.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from stagegraph.ports import Facts
+
+CPUINFO = Path("/proc/cpuinfo")
+CPU_SYSFS = Path("/sys/devices/system/cpu/cpu0")
+CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
+
+# Flag families that matter to code generation; the rest of /proc/cpuinfo (``hypervisor``,
+# ``constant_tsc``, ...) would only make the Target noisy and its hash host-specific.
+_SIMD_PREFIXES = ("sse", "ssse3", "avx", "fma", "f16c", "amx", "asimd", "sve", "sme", "bf16")
+_SIMD_FLAGS = {"i8mm", "fphp", "neon", "vnni"}
+_NOT_SIMD = {"smep"}  # x86 supervisor-mode protection, not arm64 SME
+
+
+class Target(Facts):
+    """The host (or a described machine) as seen by cost models."""
+
+    arch: str = "x86_64"
+    isa: frozenset[str] = frozenset()  # e.g. {"avx2", "fma", "avx512f", "avx512bf16", "amx_bf16"}
+    cores: int = 1
+    vector_bits: int = 128  # widest usable SIMD register: 512 with AVX-512, 256 with AVX2
+    l1d_bytes: int = 32 * 1024
+    l2_bytes: int = 1024 * 1024
+    l3_bytes: int = 8 * 1024 * 1024
+    frequency_ghz: float | None = None
+
+    def has(self, feature: str) -> bool:
+        return feature in self.isa
+
+
+def normalize_flag(flag: str) -> str:
+    """Map a kernel cpuinfo flag to the spelling LLVM uses for the feature.
+
+    The kernel writes ``avx512_bf16`` / ``avx_vnni`` where LLVM (and ``-mattr``) write
+    ``avx512bf16`` / ``avxvnni``; AMX flags keep their underscore (``amx_bf16``).
+    """
+    flag = flag.strip().lower()
+    if flag.startswith("avx512_"):
+        return "avx512" + flag.removeprefix("avx512_")
+    if flag.startswith("avx_"):
+        return "avx" + flag.removeprefix("avx_").replace("_", "")
+    return flag
+
+
+def _is_simd(flag: str) -> bool:
+    return (flag.startswith(_SIMD_PREFIXES) or flag in _SIMD_FLAGS) and flag not in _NOT_SIMD
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def parse_cpuinfo(text: str) -> tuple[frozenset[str], float | None]:
+    """SIMD features and the first ``cpu MHz`` (in GHz) from the text of /proc/cpuinfo."""
+    flags: set[str] = set()
+    mhz: float | None = None
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if not sep:
+            continue
+        key = key.strip().lower()
+        if key in ("flags", "features") and not flags:  # x86 "flags", arm64 "Features"
+            flags = {normalize_flag(f) for f in value.split()}
+        elif key == "cpu mhz" and mhz is None:
+            with contextlib.suppress(ValueError):
+                mhz = float(value)
+    ghz = round(mhz / 1000, 3) if mhz else None
+    return frozenset(f for f in flags if _is_simd(f)), ghz
+
+
+def parse_size(text: str) -> int | None:
+    """Bytes of a sysfs cache size such as ``48K``, ``32768K`` or ``2M``."""
+    text = text.strip().upper().removesuffix("B")
+    scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+    digits = text[:-1] if text[-1:] in "KMG" else text
+    try:
+        return int(float(digits) * scale)
+    except ValueError:
+        return None
+
+
+def read_caches(cpu_dir: Path) -> dict[str, int]:
+    """Cache sizes by Target field name, from ``<cpu_dir>/cache/index*/{level,type,size}``."""
+    found: dict[str, int] = {}
+    for index in sorted((cpu_dir / "cache").glob("index*")):
+        level, kind, size = (_read(index / name) for name in ("level", "type", "size"))
+        if level is None or kind is None or size is None:
+            continue
+        kind = kind.strip()
+        nbytes = parse_size(size)
+        if kind == "Instruction" or nbytes is None:
+            continue
+        field = {"1": "l1d_bytes", "2": "l2_bytes", "3": "l3_bytes"}.get(level.strip())
+        if field is not None:
+            found[field] = max(found.get(field, 0), nbytes)
+    return found
+
+
+def read_frequency_ghz(cpu_dir: Path) -> float | None:
+    """Maximum frequency from cpufreq (kHz), when the kernel exposes it."""
+    text = _read(cpu_dir / "cpufreq" / "cpuinfo_max_freq")
+    try:
+        return round(int(text) / 1e6, 3) if text else None
+    except ValueError:
+        return None
+
+
+def usable_cores(cgroup_cpu_max: Path = CGROUP_CPU_MAX) -> int:
+    """Cores this process may run on: the affinity mask, capped by a cgroup v2 CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    quota = (_read(cgroup_cpu_max) or "max").split()
+    if len(quota) == 2 and quota[0] != "max":
+        with contextlib.suppress(ValueError, ZeroDivisionError):
+            cores = min(cores, max(1, math.ceil(int(quota[0]) / int(quota[1]))))
+    return max(1, cores)
+
+
+def vector_bits_for(isa: frozenset[str]) -> int:
+    """Widest SIMD register the feature set allows."""
+    if "avx512f" in isa:
+        return 512
+    if "avx2" in isa or "avx" in isa:
+        return 256
+    return 128
+
+
+def read_target(
+    cpuinfo: Path = CPUINFO,
+    cpu_dir: Path = CPU_SYSFS,
+    cgroup_cpu_max: Path = CGROUP_CPU_MAX,
+) -> Target:
+    """Describe the machine from these files; anything unreadable keeps the default."""
+    isa, cpuinfo_ghz = parse_cpuinfo(_read(cpuinfo) or "")
+    fields: dict[str, Any] = {
+        "arch": platform.machine() or Target.model_fields["arch"].default,
+        "isa": isa,
+        "cores": usable_cores(cgroup_cpu_max),
+        "vector_bits": vector_bits_for(isa),
+        "frequency_ghz": read_frequency_ghz(cpu_dir) or cpuinfo_ghz,
+        **read_caches(cpu_dir),
+    }
+    return Target(**fields)
+
+
+@cache
+def detect_target() -> Target:
+    """The host machine, read once per process."""
+    return read_target()
+
+
+def target_from_override(**fields: Any) -> Target:
+    """The host with some fields replaced (validated), e.g. ``target_from_override(cores=1)``."""
+    return Target(**{**detect_target().model_dump(), **fields})

@@ -1,0 +1,48 @@
+"""Shared fixtures: small payloads and stage factories for core tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+KERNELBENCH = SHARED / "kernelbench" / "level1"
+
+MATMUL_MLIR = """
+func.func @main(%a: tensor<16x8xf32>, %b: tensor<8x12xf32>) -> tensor<16x12xf32> {
+  %zero = arith.constant 0.0 : f32
+  %empty = tensor.empty() : tensor<16x12xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%empty : tensor<16x12xf32>) -> tensor<16x12xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<16x8xf32>, tensor<8x12xf32>)
+                     outs(%acc : tensor<16x12xf32>) -> tensor<16x12xf32>
+  return %r : tensor<16x12xf32>
+}
+"""
+
+TILE_SCHEDULE = """
+module attributes {transform.with_named_sequence} {
+  transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {
+    %mm = transform.structured.match ops{["linalg.matmul"]} in %root
+      : (!transform.any_op) -> !transform.any_op
+    %t, %loops:2 = transform.structured.tile_using_for %mm tile_sizes [TILE, TILE]
+      : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)
+    transform.yield
+  }
+}
+"""
+
+
+def tile_schedule(tile: int) -> str:
+    return TILE_SCHEDULE.replace("TILE", str(tile))
+
+
+@pytest.fixture
+def matmul_text() -> str:
+    return MATMUL_MLIR
+
+
+def kernelbench_or_skip() -> Path:
+    if not KERNELBENCH.is_dir():
+        pytest.skip(f"shared KernelBench payloads not found at {KERNELBENCH}")
+    return KERNELBENCH

@@ -1,0 +1,158 @@
+"""The engine on real MLIR: order, fan-out copies, memoization, until, failures."""
+
+from __future__ import annotations
+
+import pytest
+
+from stagegraph.engine import Engine
+from stagegraph.errors import StageFailed
+from stagegraph.graph import Graph, GraphInput
+from stagegraph.ports import Module
+from stagegraph.stages.passes import bufferize, linalg_to_loops, lower_to_llvm, pipeline, verify
+from stagegraph.stages.transform import transform
+from tests.conftest import MATMUL_MLIR, tile_schedule
+
+PAYLOAD = GraphInput("payload", Module["tensor"], frozenset({"input"}))
+
+
+def linear_graph(tile: int = 4) -> Graph:
+    return Graph(
+        "linear",
+        [
+            verify("load"),
+            transform("tile", text=tile_schedule(tile), tags={"scheduled"}),
+            bufferize(tags={"bufferized"}),
+            linalg_to_loops("loops"),
+            lower_to_llvm("lower"),
+        ],
+        [
+            "payload -> load.module",
+            "load.module -> tile.module",
+            "tile.module -> bufferize.module",
+            "bufferize.module -> loops.module",
+            "loops.module -> lower.module",
+        ],
+        [PAYLOAD],
+    )
+
+
+def op_names(module: Module) -> list[str]:
+    from stagegraph.mlir import ir
+
+    names: list[str] = []
+
+    def visit(op):
+        names.append(op.name)
+        return ir.WalkResult.ADVANCE
+
+    module.ir.operation.walk(visit)
+    return names
+
+
+def loop_steps(module: Module) -> set[int]:
+    """Constant steps of the scf.for loops: the tile sizes the schedule applied."""
+    from stagegraph.mlir import ir
+
+    steps: set[int] = set()
+
+    def visit(op):
+        if op.name == "scf.for":
+            owner = op.operands[2].owner
+            if owner.name == "arith.constant":
+                steps.add(ir.IntegerAttr(owner.attributes["value"]).value)
+        return ir.WalkResult.ADVANCE
+
+    module.ir.operation.walk(visit)
+    return steps
+
+
+def test_run_records_trace_with_levels_and_op_counts():
+    result = Engine().run(linear_graph(), MATMUL_MLIR)
+    records = {r.name: r for r in result.trace.records}
+    assert list(records) == ["load", "tile", "bufferize", "loops", "lower"]
+    assert records["tile"].ops_out > records["tile"].ops_in  # tiling adds loops
+    assert (records["bufferize"].level_in, records["bufferize"].level_out) == ("tensor", "buffer")
+    assert records["lower"].level_out == "llvm"
+    assert all(r.seconds >= 0 and not r.cached for r in records.values())
+    assert result.module.level == "llvm"
+    assert "llvm.func" in op_names(result.module)
+
+
+def test_until_tag_returns_module_there():
+    result = Engine().run(linear_graph(), MATMUL_MLIR, until="scheduled")
+    assert [r.name for r in result.trace.records] == ["load", "tile"]
+    assert result.module.level == "tensor"
+    assert loop_steps(result.module) == {4}
+
+
+def test_memoization_reruns_only_changed_stage_and_descendants():
+    engine = Engine()
+    graph = linear_graph(4)
+    assert engine.run(graph, MATMUL_MLIR).trace.executed() == ["load", "tile", "bufferize", "loops", "lower"]
+    assert engine.run(graph, MATMUL_MLIR).trace.executed() == []
+    changed = graph.with_config("tile", text=tile_schedule(8))
+    assert engine.run(changed, MATMUL_MLIR).trace.executed() == ["tile", "bufferize", "loops", "lower"]
+    swapped = graph.replace("lower", lower_to_llvm("other", pipeline="canonicalize,"
+                                                    + lower_to_llvm().config.pipeline))
+    assert engine.run(swapped, MATMUL_MLIR).trace.executed() == ["lower"]
+
+
+def test_cached_module_is_not_shared_with_consumers():
+    engine = Engine()
+    graph = linear_graph()
+    first = engine.run(graph, MATMUL_MLIR, until="scheduled").module
+    first.ir.body.operations[0].erase()  # mutate what we got back
+    again = engine.run(graph, MATMUL_MLIR, until="scheduled").module
+    assert "func.func" in op_names(again)
+
+
+def test_fan_out_gives_each_mutating_branch_its_own_copy():
+    graph = Graph(
+        "fanout",
+        [
+            verify("load"),
+            transform("tile4", text=tile_schedule(4)),
+            transform("tile8", text=tile_schedule(8)),
+        ],
+        ["payload -> load.module", "load.module -> tile4.module", "load.module -> tile8.module"],
+        [PAYLOAD],
+    )
+    result = Engine(cache=False).run(graph, MATMUL_MLIR)
+    assert loop_steps(result.value("tile4", "module")) == {4}
+    assert loop_steps(result.value("tile8", "module")) == {8}
+    assert loop_steps(result.value("load", "module")) == set()  # the shared input is untouched
+
+
+def test_failing_stage_is_named_with_mlir_diagnostics():
+    graph = Graph(
+        "broken",
+        [verify("load"), pipeline("bad", pipeline="no-such-pass")],
+        ["payload -> load.module", "load.module -> bad.module"],
+        [PAYLOAD],
+    )
+    with pytest.raises(StageFailed) as info:
+        Engine().run(graph, MATMUL_MLIR)
+    error = info.value
+    assert error.stage == "bad" and error.graph == "broken"
+    assert "stage 'bad' of graph 'broken' failed" in str(error)
+    assert "no-such-pass" in str(error)
+
+
+def test_transform_failure_carries_diagnostics():
+    bad = tile_schedule(4).replace(
+        "%t, %loops:2 = transform.structured.tile_using_for %mm tile_sizes [4, 4]\n"
+        "      : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)",
+        "%i = transform.structured.interchange %mm iterator_interchange = [2, 1, 0]\n"
+        "      : (!transform.any_op) -> !transform.any_op",
+    )
+    assert "interchange" in bad
+    graph = Graph(
+        "badschedule",
+        [verify("load"), transform("tile", text=bad)],
+        ["payload -> load.module", "load.module -> tile.module"],
+        [PAYLOAD],
+    )
+    with pytest.raises(StageFailed) as info:
+        Engine().run(graph, MATMUL_MLIR)
+    assert info.value.stage == "tile"
+    assert info.value.diagnostics, "MLIR diagnostics must be attached"

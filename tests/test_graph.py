@@ -1,0 +1,180 @@
+"""Graph construction, validation errors (all at once, with text), and composition."""
+
+from __future__ import annotations
+
+import pytest
+
+from stagegraph.errors import (
+    AmbiguousTagError,
+    CycleError,
+    DoublyConnectedPortError,
+    DuplicateStageError,
+    EmptyGraphError,
+    InvalidGraphError,
+    PortTypeError,
+    UnconnectedPortError,
+    UnknownPortError,
+    UnknownStageError,
+    UnknownTagError,
+)
+from stagegraph.graph import Graph, GraphInput
+from stagegraph.ports import Module
+from tests.stages_for_tests import analyze, bufferize, passthrough, schedule, select, select_other
+
+PAYLOAD = GraphInput("payload", Module["tensor"], frozenset({"input"}))
+EDGES = [
+    "payload -> analyze.module",
+    "analyze.facts -> select.facts",
+    "select.params -> schedule.params",
+    "payload -> schedule.module",
+    "schedule.module -> bufferize.module",
+]
+
+
+def make(stages=None, edges=None, **kw) -> Graph:
+    stages = stages or [
+        analyze("analyze"),
+        select("select"),
+        schedule("schedule", tags={"scheduled"}),
+        bufferize("bufferize", tags={"bufferized"}),
+    ]
+    return Graph("g", stages, EDGES if edges is None else edges, [PAYLOAD], **kw)
+
+
+def test_valid_graph_orders_topologically():
+    graph = make()
+    order = graph.order()
+    assert order[0] == "payload"
+    assert order.index("select") < order.index("schedule") < order.index("bufferize")
+    assert graph.tags == {"input": ["payload"], "scheduled": ["schedule"], "bufferized": ["bufferize"]}
+
+
+def test_port_type_mismatch_names_both_stages_ports_and_types():
+    stages = [analyze("analyze"), select_other("select"), schedule("schedule"), bufferize("bufferize")]
+    with pytest.raises(PortTypeError) as info:
+        make(stages)
+    assert isinstance(info.value, TypeError)
+    text = str(info.value)
+    assert "stage 'select' output 'params' (OtherParams)" in text
+    assert "stage 'schedule' input 'params' (TileParams)" in text
+
+
+def test_module_level_mismatch():
+    edges = [*EDGES[:4], "schedule.module -> bufferize.module", "bufferize.module -> again.module"]
+    stages = [analyze("analyze"), select("select"), schedule("schedule"), bufferize("bufferize"),
+              bufferize("again")]
+    with pytest.raises(PortTypeError, match=r"\(Module\[buffer\]\) cannot feed .* \(Module\[tensor\]\)"):
+        make(stages, edges)
+
+
+def test_duplicate_names():
+    stages = [analyze("analyze"), analyze("analyze"), select("select"), schedule("schedule"),
+              bufferize("bufferize")]
+    with pytest.raises(DuplicateStageError, match="duplicate stage name 'analyze'"):
+        make(stages)
+
+
+def test_cycle_is_listed():
+    stages = [schedule("a"), schedule("b"), select("select"), analyze("analyze")]
+    edges = ["payload -> analyze.module", "analyze.facts -> select.facts",
+             "select.params -> a.params", "select.params -> b.params",
+             "a.module -> b.module", "b.module -> a.module"]
+    with pytest.raises(CycleError, match=r"cycle: (a -> b -> a|b -> a -> b)"):
+        make(stages, edges)
+
+
+def test_unconnected_input():
+    edges = [e for e in EDGES if e != "select.params -> schedule.params"]
+    with pytest.raises(UnconnectedPortError, match="stage 'schedule' input 'params' .* not connected"):
+        make(edges=edges)
+
+
+def test_doubly_connected_input():
+    edges = [*EDGES, "analyze.facts -> select.facts"]  # duplicates collapse: use a second source
+    stages = [analyze("analyze"), analyze("analyze2"), select("select"), schedule("schedule"),
+              bufferize("bufferize")]
+    edges = [*EDGES, "payload -> analyze2.module", "analyze2.facts -> select.facts"]
+    with pytest.raises(DoublyConnectedPortError, match="input 'facts' is connected 2 times"):
+        make(stages, edges)
+
+
+def test_unknown_names_suggest():
+    edges = [*EDGES[:-1], "schedul.module -> bufferize.module"]
+    with pytest.raises(UnknownStageError, match="unknown stage 'schedul'.*did you mean 'schedule'"):
+        make(edges=edges)
+    edges = [*EDGES[:-1], "schedule.modul -> bufferize.module"]
+    with pytest.raises(UnknownPortError, match="no output port 'modul' \\(did you mean 'module'"):
+        make(edges=edges)
+
+
+def test_all_problems_in_one_error():
+    stages = [analyze("analyze"), select_other("select"), schedule("schedule"), bufferize("bufferize")]
+    edges = [e for e in EDGES if e != "schedule.module -> bufferize.module"]
+    with pytest.raises(InvalidGraphError) as info:
+        make(stages, edges)
+    kinds = {type(p) for p in info.value.problems}
+    assert kinds == {PortTypeError, UnconnectedPortError}
+    assert "2 problems" in str(info.value)
+
+
+def test_empty_graph():
+    with pytest.raises(EmptyGraphError, match="graph 'g' has no stages"):
+        Graph("g", [], [], [PAYLOAD])
+
+
+def test_graph_is_immutable():
+    graph = make()
+    with pytest.raises(TypeError):
+        graph.stages["x"] = analyze("x")  # type: ignore[index]
+    with pytest.raises(Exception):  # noqa: B017 - networkx raises NetworkXError
+        graph.network.add_node("x")
+
+
+def test_replace_type_checked():
+    graph = make()
+    swapped = graph.replace("select", select("select", factor=2))
+    assert swapped.stages["select"].config.factor == 2
+    assert graph.stages["select"].config.factor == 1  # original unchanged
+    with pytest.raises(PortTypeError, match="OtherParams"):
+        graph.replace("select", select_other("other"))
+
+
+def test_replace_keeps_tags_and_unknown_stage():
+    graph = make()
+    assert graph.replace("schedule", schedule("x")).stages["schedule"].tags == {"scheduled"}
+    with pytest.raises(UnknownStageError, match="did you mean 'select'"):
+        graph.replace("selct", select("select"))
+
+
+def test_splice_after_tag_rewires_consumers():
+    graph = make()
+    spliced = graph.splice(after="scheduled", stage=passthrough("extra"))
+    assert ("schedule", "extra") in {(e.src, e.dst) for e in spliced.edges}
+    assert ("extra", "bufferize") in {(e.src, e.dst) for e in spliced.edges}
+    assert ("schedule", "bufferize") not in {(e.src, e.dst) for e in spliced.edges}
+
+
+def test_splice_after_graph_input():
+    spliced = make().splice(after="input", stage=passthrough("wrap"))
+    assert {(e.src, e.dst) for e in spliced.edges} >= {("payload", "wrap"), ("wrap", "analyze")}
+
+
+def test_unknown_and_ambiguous_tags():
+    graph = make()
+    with pytest.raises(UnknownTagError, match=r"no tag 'bufferise' \(did you mean 'bufferized'\?\)"):
+        graph.node_for_tag("bufferise")
+    stages = [analyze("analyze"), select("select"), schedule("schedule", tags={"x"}),
+              bufferize("bufferize", tags={"x"})]
+    with pytest.raises(AmbiguousTagError, match="tag 'x' is on several stages"):
+        make(stages).node_for_tag("x")
+
+
+def test_select_until_tag():
+    sub = make().select(until="scheduled")
+    assert set(sub.stages) == {"analyze", "select", "schedule"}
+    assert "bufferize" not in sub.order()
+
+
+def test_default_splice_must_exist():
+    with pytest.raises(UnknownTagError, match="default splice tag 'bufferised'"):
+        make(default_splice="bufferised")
