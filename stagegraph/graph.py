@@ -171,7 +171,7 @@ class Graph:
             if not compatible(out.type, inp.type):
                 problems.append(
                     PortTypeError(
-                        f"graph {self.name!r}: stage {edge.src!r} output {edge.src_port!r} "
+                        f"graph {self.name!r}: {self._describe_output(edge)} "
                         f"({port_name(out.type)}) cannot feed stage {edge.dst!r} input "
                         f"{edge.dst_port!r} ({port_name(inp.type)})"
                     )
@@ -210,6 +210,11 @@ class Graph:
                 )
             )
         return problems
+
+    def _describe_output(self, edge: Edge) -> str:
+        if edge.src in self.inputs:
+            return f"graph input {edge.src!r}"
+        return f"stage {edge.src!r} output {edge.src_port!r}"
 
     def _unknown_port(self, node: str, direction: str, port: str, ports: Mapping) -> GraphError:
         return UnknownPortError(
