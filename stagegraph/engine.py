@@ -265,9 +265,10 @@ class Engine:
 
     def _call(self, graph: Graph, stage: Stage, event: StageEvent) -> dict[str, Value]:
         from stagegraph.irutil import capture_diagnostics, error_diagnostics
+        from stagegraph.mlir import ir
 
         try:
-            with self.context, capture_diagnostics(self.context) as diagnostics:
+            with self.context, ir.Location.unknown(), capture_diagnostics(self.context) as diagnostics:
                 return stage.run(event.inputs)
         except StageFailed:
             raise

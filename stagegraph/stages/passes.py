@@ -49,8 +49,24 @@ class BufferizeConfig(Config):
 
 @stage("passes", name="bufferize")
 def bufferize(module: Module["tensor"], config: BufferizeConfig) -> Module["buffer"]:
-    """Tensors to memrefs; results become caller-allocated out-parameters."""
+    """Tensors to memrefs; results become caller-allocated out-parameters.
+
+    Before that, every public function records its calling convention (which arguments
+    are outputs), so runners can call the binary without the tensor-level IR.
+    """
+    record_public_signatures(module)
     return run_pipeline(module, config.pipeline)
+
+
+def record_public_signatures(module: Module) -> None:
+    from stagegraph.runtime.memref import SIGNATURE_ATTR, record_signature
+
+    for op in module.ir.body.operations:
+        if op.operation.name != "func.func" or not op.regions[0].blocks:
+            continue
+        visibility = op.attributes["sym_visibility"].value if "sym_visibility" in op.attributes else ""
+        if visibility != "private" and SIGNATURE_ATTR not in op.attributes:
+            record_signature(module.ir, op.attributes["sym_name"].value)
 
 
 class LoopsConfig(Config):

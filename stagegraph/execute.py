@@ -1,0 +1,170 @@
+"""Compile, run and verify a workload through a graph: what ``stagegraph run`` does."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stagegraph.engine import Engine, Hook, RunResult
+from stagegraph.errors import ConfigError, StagegraphError
+from stagegraph.graph import Graph
+from stagegraph.ports import Params, Schema
+from stagegraph.stage import Stage
+
+
+class StageTime(Schema):
+    name: str
+    kind: str
+    seconds: float
+    cached: bool = False
+
+
+class RunReport(Schema):
+    """The result of ``stagegraph run`` (its ``--json`` output)."""
+
+    graph: str
+    workload: str
+    verified: bool | None
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    message: str = ""
+    stages: list[StageTime]
+    compile_seconds: float
+    run_seconds: float | None = None
+    threads: int | None = None
+    params: dict[str, Any] | None = None
+    emitted: str | None = None
+
+
+def parse_assignments(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings to a dict; values read as YAML scalars (``8``, ``true``, ``[1,2]``)."""
+    result: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param {item!r} must look like KEY=VALUE")
+        try:
+            result[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            result[key.strip()] = raw
+    return result
+
+
+def params_stages(graph: Graph) -> list[Stage]:
+    return [s for s in graph.stages.values() if s.kind == "params"]
+
+
+def with_params(graph: Graph, overrides: dict[str, Any], threads: int | None = None) -> Graph:
+    """Set ``--param`` overrides and ``--threads`` on the graph's cost-model stages.
+
+    Raises:
+        ConfigError: no cost-model stage, or a key that is no field of its params model.
+    """
+    if not overrides and threads is None:
+        return graph
+    from stagegraph.stages.costmodel import CostModelConfig, unknown_param_message
+
+    stages = [s for s in params_stages(graph) if isinstance(s.config, CostModelConfig)]
+    if not stages:
+        raise ConfigError(f"graph {graph.name!r} has no cost-model stage to take --param/--threads")
+    for stage in stages:
+        model = next(p.type for p in stage.outputs.values() if issubclass(p.type, Params))
+        for key in overrides:
+            if key not in model.model_fields:
+                raise ConfigError(f"stage {stage.name!r} of graph {graph.name!r}: "
+                                  + unknown_param_message(model, key))
+        changes: dict[str, Any] = {"overrides": {**stage.config.overrides, **overrides}}
+        if threads is not None:
+            changes["threads"] = threads
+        graph = graph.with_config(stage.name, **changes)
+    return graph
+
+
+def with_emit(graph: Graph, kind: str, path: str | None) -> Graph:
+    """Swap the graph's emit stage for ``jit``, ``object`` or ``shared`` (to ``path``)."""
+    if kind == "jit":
+        return graph
+    from stagegraph.stages.emit import object_file, shared_library
+
+    if not path:
+        raise ConfigError(f"--emit {kind} needs -o PATH")
+    emit = [s for s in graph.stages.values() if s.kind == "emit"]
+    if len(emit) != 1:
+        raise ConfigError(f"graph {graph.name!r} has {len(emit)} emit stages; expected one")
+    target = Path(path)
+    if not target.parent.exists() or not target.parent.is_dir():
+        raise StagegraphError(f"cannot write {path}: directory {target.parent} does not exist")
+    factory = object_file if kind == "object" else shared_library
+    return graph.replace(emit[0].name, factory(emit[0].name, path=str(target)))
+
+
+def compile_workload(
+    engine: Engine, graph: Graph, workload: Any, until: str | None = None
+) -> RunResult:
+    return engine.run(graph, workload, until=until)
+
+
+def execute(result: RunResult, workload: Any) -> tuple[list[Any], float]:
+    """Call the binary's entry on the workload's inputs; returns outputs and seconds."""
+    binary = result.binary
+    start = time.perf_counter()
+    outputs = binary.call(workload.entry, workload.inputs())
+    return outputs, time.perf_counter() - start
+
+
+def run_report(
+    graph: Graph,
+    workload: Any,
+    *,
+    hooks: Sequence[Hook] = (),
+    engine: Engine | None = None,
+    threads: int | None = None,
+) -> RunReport:
+    """Compile ``workload`` through ``graph``, run it once and verify the outputs."""
+    engine = engine or Engine(hooks)
+    result = compile_workload(engine, graph, workload)
+    stages = [StageTime(name=r.name, kind=r.kind, seconds=r.seconds, cached=r.cached)
+              for r in result.trace.records]
+    common = {
+        "graph": graph.name,
+        "workload": workload.spec,
+        "stages": stages,
+        "compile_seconds": result.trace.compile_seconds(),
+        "threads": threads,
+        "params": result.params.model_dump(mode="json") if result.params else None,
+    }
+    binary = result.binary
+    if binary is None or not hasattr(binary, "call"):
+        path = getattr(binary, "path", None)
+        return RunReport(verified=None, message=f"wrote {path}; not executed",
+                         emitted=str(path) if path else None, **common)
+    outputs, seconds = execute(result, workload)
+    verdict = workload.verify(outputs)
+    return RunReport(
+        verified=verdict.ok,
+        max_abs_error=verdict.max_abs_error,
+        max_rel_error=verdict.max_rel_error,
+        message=verdict.message,
+        run_seconds=seconds,
+        emitted=str(binary.path) if hasattr(binary, "path") else None,
+        **common,
+    )
+
+
+def naive_reference(workload: Any) -> list[Any]:
+    """Differential testing: the reference of a bare .mlir payload is the naive graph's output."""
+    from stagegraph.catalog import load_graph
+
+    result = Engine().run(load_graph("naive"), workload)
+    return result.binary.call(workload.entry, workload.inputs())
+
+
+def install_reference_runner() -> None:
+    import stagegraph.workload as workload_module
+
+    if workload_module.REFERENCE_RUNNER is None:
+        workload_module.REFERENCE_RUNNER = naive_reference
