@@ -131,5 +131,17 @@ class WorkloadError(StagegraphError, ValueError):
     """A workload spec that does not resolve (unknown name, bad parameter)."""
 
 
+class UnknownWorkloadError(WorkloadError, KeyError):
+    """A workload name (or .mlir path) that resolves to nothing."""
+
+
+class WorkloadParamError(WorkloadError):
+    """A workload parameter that is unknown or has an invalid value."""
+
+
+class ReferenceUnavailableError(StagegraphError, RuntimeError):
+    """No reference result: no ``.npz`` beside the file and no reference runner installed."""
+
+
 class VerificationError(StagegraphError, ValueError):
     """Outputs that do not match the workload's reference."""
