@@ -84,7 +84,9 @@ def test_console_script_runs_without_traceback(tmp_path):
 
 
 def test_import_does_not_load_mlir():
-    code = "import sys, stagegraph, stagegraph.graph, stagegraph.engine, stagegraph.cli; " \
-           "print(any(m.split('.')[0] in ('mlir', 'torch_mlir') for m in sys.modules))"
+    code = (
+        "import sys, stagegraph, stagegraph.graph, stagegraph.engine, stagegraph.cli; "
+        "print(any(m.split('.')[0] in ('mlir', 'torch_mlir') for m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False"

@@ -88,12 +88,24 @@ def test_until_tag_returns_module_there():
 def test_memoization_reruns_only_changed_stage_and_descendants():
     engine = Engine()
     graph = linear_graph(4)
-    assert engine.run(graph, MATMUL_MLIR).trace.executed() == ["load", "tile", "bufferize", "loops", "lower"]
+    assert engine.run(graph, MATMUL_MLIR).trace.executed() == [
+        "load",
+        "tile",
+        "bufferize",
+        "loops",
+        "lower",
+    ]
     assert engine.run(graph, MATMUL_MLIR).trace.executed() == []
     changed = graph.with_config("tile", text=tile_schedule(8))
-    assert engine.run(changed, MATMUL_MLIR).trace.executed() == ["tile", "bufferize", "loops", "lower"]
-    swapped = graph.replace("lower", lower_to_llvm("other", pipeline="canonicalize,"
-                                                    + lower_to_llvm().config.pipeline))
+    assert engine.run(changed, MATMUL_MLIR).trace.executed() == [
+        "tile",
+        "bufferize",
+        "loops",
+        "lower",
+    ]
+    swapped = graph.replace(
+        "lower", lower_to_llvm("other", pipeline="canonicalize," + lower_to_llvm().config.pipeline)
+    )
     assert engine.run(swapped, MATMUL_MLIR).trace.executed() == ["lower"]
 
 

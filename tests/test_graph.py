@@ -46,11 +46,20 @@ def test_valid_graph_orders_topologically():
     order = graph.order()
     assert order[0] == "payload"
     assert order.index("select") < order.index("schedule") < order.index("bufferize")
-    assert graph.tags == {"input": ["payload"], "scheduled": ["schedule"], "bufferized": ["bufferize"]}
+    assert graph.tags == {
+        "input": ["payload"],
+        "scheduled": ["schedule"],
+        "bufferized": ["bufferize"],
+    }
 
 
 def test_port_type_mismatch_names_both_stages_ports_and_types():
-    stages = [analyze("analyze"), select_other("select"), schedule("schedule"), bufferize("bufferize")]
+    stages = [
+        analyze("analyze"),
+        select_other("select"),
+        schedule("schedule"),
+        bufferize("bufferize"),
+    ]
     with pytest.raises(PortTypeError) as info:
         make(stages)
     assert isinstance(info.value, TypeError)
@@ -61,38 +70,62 @@ def test_port_type_mismatch_names_both_stages_ports_and_types():
 
 def test_module_level_mismatch():
     edges = [*EDGES[:4], "schedule.module -> bufferize.module", "bufferize.module -> again.module"]
-    stages = [analyze("analyze"), select("select"), schedule("schedule"), bufferize("bufferize"),
-              bufferize("again")]
-    with pytest.raises(PortTypeError, match=r"\(Module\[buffer\]\) cannot feed .* \(Module\[tensor\]\)"):
+    stages = [
+        analyze("analyze"),
+        select("select"),
+        schedule("schedule"),
+        bufferize("bufferize"),
+        bufferize("again"),
+    ]
+    with pytest.raises(
+        PortTypeError, match=r"\(Module\[buffer\]\) cannot feed .* \(Module\[tensor\]\)"
+    ):
         make(stages, edges)
 
 
 def test_duplicate_names():
-    stages = [analyze("analyze"), analyze("analyze"), select("select"), schedule("schedule"),
-              bufferize("bufferize")]
+    stages = [
+        analyze("analyze"),
+        analyze("analyze"),
+        select("select"),
+        schedule("schedule"),
+        bufferize("bufferize"),
+    ]
     with pytest.raises(DuplicateStageError, match="duplicate stage name 'analyze'"):
         make(stages)
 
 
 def test_cycle_is_listed():
     stages = [schedule("a"), schedule("b"), select("select"), analyze("analyze")]
-    edges = ["payload -> analyze.module", "analyze.facts -> select.facts",
-             "select.params -> a.params", "select.params -> b.params",
-             "a.module -> b.module", "b.module -> a.module"]
+    edges = [
+        "payload -> analyze.module",
+        "analyze.facts -> select.facts",
+        "select.params -> a.params",
+        "select.params -> b.params",
+        "a.module -> b.module",
+        "b.module -> a.module",
+    ]
     with pytest.raises(CycleError, match=r"cycle: (a -> b -> a|b -> a -> b)"):
         make(stages, edges)
 
 
 def test_unconnected_input():
     edges = [e for e in EDGES if e != "select.params -> schedule.params"]
-    with pytest.raises(UnconnectedPortError, match="stage 'schedule' input 'params' .* not connected"):
+    with pytest.raises(
+        UnconnectedPortError, match="stage 'schedule' input 'params' .* not connected"
+    ):
         make(edges=edges)
 
 
 def test_doubly_connected_input():
     edges = [*EDGES, "analyze.facts -> select.facts"]  # duplicates collapse: use a second source
-    stages = [analyze("analyze"), analyze("analyze2"), select("select"), schedule("schedule"),
-              bufferize("bufferize")]
+    stages = [
+        analyze("analyze"),
+        analyze("analyze2"),
+        select("select"),
+        schedule("schedule"),
+        bufferize("bufferize"),
+    ]
     edges = [*EDGES, "payload -> analyze2.module", "analyze2.facts -> select.facts"]
     with pytest.raises(DoublyConnectedPortError, match="input 'facts' is connected 2 times"):
         make(stages, edges)
@@ -108,7 +141,12 @@ def test_unknown_names_suggest():
 
 
 def test_all_problems_in_one_error():
-    stages = [analyze("analyze"), select_other("select"), schedule("schedule"), bufferize("bufferize")]
+    stages = [
+        analyze("analyze"),
+        select_other("select"),
+        schedule("schedule"),
+        bufferize("bufferize"),
+    ]
     edges = [e for e in EDGES if e != "schedule.module -> bufferize.module"]
     with pytest.raises(InvalidGraphError) as info:
         make(stages, edges)
@@ -161,10 +199,16 @@ def test_splice_after_graph_input():
 
 def test_unknown_and_ambiguous_tags():
     graph = make()
-    with pytest.raises(UnknownTagError, match=r"no tag 'bufferise' \(did you mean 'bufferized'\?\)"):
+    with pytest.raises(
+        UnknownTagError, match=r"no tag 'bufferise' \(did you mean 'bufferized'\?\)"
+    ):
         graph.node_for_tag("bufferise")
-    stages = [analyze("analyze"), select("select"), schedule("schedule", tags={"x"}),
-              bufferize("bufferize", tags={"x"})]
+    stages = [
+        analyze("analyze"),
+        select("select"),
+        schedule("schedule", tags={"x"}),
+        bufferize("bufferize", tags={"x"}),
+    ]
     with pytest.raises(AmbiguousTagError, match="tag 'x' is on several stages"):
         make(stages).node_for_tag("x")
 

@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from stagegraph.errors import CycleError, GraphError, GraphFileError, PortTypeError, UnconnectedPortError
+from stagegraph.errors import (
+    CycleError,
+    GraphError,
+    GraphFileError,
+    PortTypeError,
+    UnconnectedPortError,
+)
 from stagegraph.graph import Graph, GraphInput
 from stagegraph.ports import Module
 from stagegraph.spec import dump_graph, graph_from_text, json_schema, load_graph_file
@@ -31,11 +37,19 @@ edges:
 def python_graph() -> Graph:
     return Graph(
         "demo",
-        [analyze("analyze"), select("select", factor=2), schedule("schedule", tags={"scheduled"}),
-         bufferize("bufferize", tags={"bufferized"})],
-        ["payload -> analyze.module", "analyze.facts -> select.facts",
-         "select.params -> schedule.params", "payload -> schedule.module",
-         "schedule.module -> bufferize.module"],
+        [
+            analyze("analyze"),
+            select("select", factor=2),
+            schedule("schedule", tags={"scheduled"}),
+            bufferize("bufferize", tags={"bufferized"}),
+        ],
+        [
+            "payload -> analyze.module",
+            "analyze.facts -> select.facts",
+            "select.params -> schedule.params",
+            "payload -> schedule.module",
+            "schedule.module -> bufferize.module",
+        ],
         [GraphInput("payload", Module["tensor"], frozenset({"input"}))],
         default_splice="bufferized",
     )
@@ -61,8 +75,10 @@ def test_bad_yaml_has_line_and_column():
 
 
 def test_missing_field_located():
-    text = GOOD.replace("  - {name: select, factory: test.select, config: {factor: 2}}\n",
-                        "  - {name: select, config: {factor: 2}}\n")
+    text = GOOD.replace(
+        "  - {name: select, factory: test.select, config: {factor: 2}}\n",
+        "  - {name: select, config: {factor: 2}}\n",
+    )
     with pytest.raises(GraphFileError, match=r"g.yaml:6:\d+: stages.1.factory: Field required"):
         graph_from_text(text, "g.yaml")
 
@@ -75,7 +91,9 @@ def test_unknown_key_located():
 
 def test_bad_config_value_names_stage():
     text = GOOD.replace("factor: 2", "factor: lots")
-    with pytest.raises(GraphFileError, match=r"stage 'select' \(test.select\): invalid config: factor"):
+    with pytest.raises(
+        GraphFileError, match=r"stage 'select' \(test.select\): invalid config: factor"
+    ):
         graph_from_text(text, "g.yaml")
 
 
@@ -86,7 +104,9 @@ def test_unknown_factory_suggests():
 
 
 def test_cycle_in_file():
-    text = GOOD.replace("  - payload -> schedule.module\n", "  - schedule.module -> schedule.module\n")
+    text = GOOD.replace(
+        "  - payload -> schedule.module\n", "  - schedule.module -> schedule.module\n"
+    )
     with pytest.raises(CycleError, match="g.yaml: graph 'demo' has a cycle: schedule -> schedule"):
         graph_from_text(text, "g.yaml")
 
@@ -109,7 +129,9 @@ def test_unconnected_and_mismatch_in_file():
 
 def test_bad_edge_syntax():
     with pytest.raises(GraphFileError, match="edge 'payload analyze.module' must look like"):
-        graph_from_text(GOOD.replace("payload -> analyze.module", "payload analyze.module"), "g.yaml")
+        graph_from_text(
+            GOOD.replace("payload -> analyze.module", "payload analyze.module"), "g.yaml"
+        )
 
 
 def test_schema_is_json_schema():

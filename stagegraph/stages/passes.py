@@ -9,6 +9,7 @@ from __future__ import annotations
 from stagegraph.ports import Config, Module
 from stagegraph.stage import stage
 from stagegraph.stages import lowering
+from stagegraph.stages.rewrites import copies_to_linalg
 
 
 class PipelineConfig(Config):
@@ -75,7 +76,8 @@ class LoopsConfig(Config):
 
 @stage("passes", name="linalg_to_loops")
 def linalg_to_loops(module: Module["buffer"], config: LoopsConfig) -> Module["buffer"]:
-    """Linalg ops on buffers to scalar loops: the naive reference lowering."""
+    """Linalg ops on buffers (and strided copies) to scalar loops: the naive lowering."""
+    copies_to_linalg(module.ir)
     return run_pipeline(module, config.pipeline)
 
 
@@ -85,5 +87,10 @@ class LowerConfig(Config):
 
 @stage("passes", name="lower_to_llvm")
 def lower_to_llvm(module: Module["buffer"], config: LowerConfig) -> Module["llvm"]:
-    """Buffers, loops and vectors to the LLVM dialect."""
+    """Buffers, loops and vectors to the LLVM dialect.
+
+    Copies become loops first: the wheel has no ``memrefCopy`` runtime to call.
+    """
+    if copies_to_linalg(module.ir):
+        run_pipeline(module, lowering.LINALG_TO_LOOPS)
     return run_pipeline(module, config.pipeline)

@@ -1,0 +1,124 @@
+"""Benchmark statistics: summaries, bootstrap intervals, adaptive sampling, ratios."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stagegraph.runtime.stats import (
+    Ratio,
+    Stats,
+    bootstrap_median_ci,
+    gbps,
+    gflops,
+    ratio,
+    sample_until,
+    summarize,
+)
+
+
+def test_summarize_values():
+    x = np.arange(1, 12, dtype=float)  # 1..11
+    s = summarize(x)
+    assert s.samples == 11
+    assert (s.median_s, s.min_s, s.mean_s) == (6.0, 1.0, 6.0)
+    assert s.p10_s == pytest.approx(2.0) and s.p90_s == pytest.approx(10.0)
+    assert s.cv == pytest.approx(x.std(ddof=1) / 6.0)
+    assert s.ci_low_s <= 6.0 <= s.ci_high_s
+    assert s.ci_low_s >= 3.0 and s.ci_high_s <= 9.0
+
+
+def test_summarize_is_seeded_and_serializable():
+    x = np.random.default_rng(3).lognormal(-7, 0.2, size=50)
+    assert summarize(x) == summarize(x)
+    assert summarize(x, seed=1) != summarize(x, seed=2)
+    s = summarize(x)
+    assert Stats.model_validate_json(s.model_dump_json()) == s
+    with pytest.raises(ValueError, match="frozen"):
+        s.median_s = 1.0  # type: ignore[misc]
+
+
+def test_summarize_edge_cases():
+    one = summarize([0.5])
+    assert (one.median_s, one.ci_low_s, one.ci_high_s, one.cv) == (0.5, 0.5, 0.5, 0.0)
+    assert one.rel_halfwidth == 0.0
+    with pytest.raises(ValueError, match="empty"):
+        summarize([])
+    with pytest.raises(ValueError, match="NaN"):
+        summarize([1.0, float("nan")])
+
+
+def test_bootstrap_interval_narrows_with_samples():
+    rng = np.random.default_rng(0)
+    small = rng.normal(1.0, 0.1, size=20)
+    large = rng.normal(1.0, 0.1, size=2000)
+    lo_s, hi_s = bootstrap_median_ci(small)
+    lo_l, hi_l = bootstrap_median_ci(large)
+    assert hi_l - lo_l < (hi_s - lo_s) / 4
+    assert lo_l < 1.0 < hi_l
+
+
+def noisy(rel_sigma: float, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    calls: list[int] = []
+
+    def measure(k: int) -> np.ndarray:
+        calls.append(k)
+        return 1e-3 * (1 + rel_sigma * rng.standard_normal(k))
+
+    return measure, calls
+
+
+def test_sample_until_stops_when_precise():
+    measure, calls = noisy(0.01)
+    s = sample_until(measure, rel_halfwidth=0.02, budget_s=5.0, min_samples=10)
+    assert calls == [10]
+    assert s.samples == 10 and s.rel_halfwidth <= 0.02
+    assert s.median_s == pytest.approx(1e-3, rel=0.02)
+
+
+def test_sample_until_grows_batches_until_precise():
+    measure, calls = noisy(0.2)
+    s = sample_until(measure, rel_halfwidth=0.02, budget_s=5.0, min_samples=10)
+    assert calls[0] == 10 and len(calls) > 1
+    assert all(k <= sum(calls[:i]) for i, k in enumerate(calls) if i)  # at most doubling
+    assert s.rel_halfwidth <= 0.02 and s.samples == sum(calls)
+
+
+def test_sample_until_respects_budget_and_cap():
+    measure, calls = noisy(5.0)
+    s = sample_until(measure, rel_halfwidth=1e-6, budget_s=0.2, min_samples=10)
+    assert s.rel_halfwidth > 1e-6
+    measure, calls = noisy(5.0)
+    s = sample_until(measure, rel_halfwidth=1e-6, budget_s=60, min_samples=10, max_samples=80)
+    assert s.samples == 80 and sum(calls) == 80
+    with pytest.raises(ValueError, match="min_samples"):
+        sample_until(measure, min_samples=1)
+
+
+def test_ratio_of_medians():
+    rng = np.random.default_rng(5)
+    a = 2e-3 * (1 + 0.05 * rng.standard_normal(200))
+    b = 1e-3 * (1 + 0.05 * rng.standard_normal(200))
+    r = ratio(a, b)
+    assert isinstance(r, Ratio) and r.confidence == 0.95
+    assert r.ratio == pytest.approx(2.0, rel=0.02)
+    assert r.low < 2.0 < r.high and r.high - r.low < 0.1
+    assert ratio(a, b) == r
+
+
+def test_paired_ratio_cancels_common_drift():
+    rng = np.random.default_rng(7)
+    drift = np.exp(rng.normal(0, 0.3, size=100))  # machine-wide slow and fast phases
+    a = 1.5e-3 * drift * (1 + 0.01 * rng.standard_normal(100))
+    b = 1.0e-3 * drift * (1 + 0.01 * rng.standard_normal(100))
+    unpaired, paired = ratio(a, b), ratio(a, b, paired=True)
+    assert paired.low < 1.5 < paired.high
+    assert paired.high - paired.low < (unpaired.high - unpaired.low) / 2
+    with pytest.raises(ValueError, match="equal lengths"):
+        ratio(a, b[:50], paired=True)
+
+
+def test_throughput_helpers():
+    assert gflops(2 * 1024**3, 0.5) == pytest.approx(2 * 1024**3 / 0.5 / 1e9)
+    assert gbps(3e9, 1.5) == pytest.approx(2.0)
