@@ -1,0 +1,742 @@
+"""Payload analysis: the facts about a linalg-on-tensors module that cost models use.
+
+:func:`analyze` walks the entry function through the MLIR bindings (ops, attributes,
+affine maps, types; never the printed IR) and returns :class:`PayloadFacts`: the function
+signatures, every linalg op with its loop ranges, iterator types and a classification
+(``matmul``, ``convolution``, ``pooling``, ``elementwise``, ``reduction``, ``other``), the
+matmul-like *layers* with the elementwise epilogue that could be fused into them, and a flop
+and byte summary. :func:`parse_payload` parses a payload and turns a failure caused by an
+unregistered dialect (e.g. ``tm_tensor.scan``) into an :class:`UnregisteredOpError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import typing
+from collections.abc import Iterable, Sequence
+from typing import Any, Literal
+
+from stagegraph.errors import PayloadError
+from stagegraph.irutil import format_diagnostic
+from stagegraph.ports import Config, Facts, Module
+from stagegraph.stage import stage
+
+# In priority order: a payload is named by the first class it contains (``primary_class``).
+OpClass = Literal["matmul", "convolution", "pooling", "reduction", "elementwise", "other"]
+IteratorType = Literal["parallel", "reduction"]
+CLASS_PRIORITY: tuple[OpClass, ...] = typing.get_args(OpClass)
+DTYPE_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8}
+DTYPE_BYTES |= {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+SUPPORTED_DTYPES = frozenset(DTYPE_BYTES)
+WRAPPER_ATTR = "stagegraph.wrapper"
+TensorModule = Module["tensor"]
+
+_CONTRACTIONS = frozenset(
+    f"linalg.{name}"
+    for name in [
+        "matmul",
+        "matmul_transpose_a",
+        "matmul_transpose_b",
+        "batch_matmul",
+        "batch_matmul_transpose_a",
+        "batch_matmul_transpose_b",
+        "batch_reduce_matmul",
+        "matvec",
+        "vecmat",
+        "batch_matvec",
+        "batch_vecmat",
+        "mmt4d",
+        "batch_mmt4d",
+        "contract",
+        "quantized_matmul",
+        "quantized_batch_matmul",
+    ]
+)
+# Body ops that move or convert data without arithmetic (not counted as flops).
+_NOT_FLOPS = frozenset(
+    {"linalg.yield", "linalg.index", "arith.constant", "arith.index_cast", "arith.bitcast"}
+    | {f"arith.{c}" for c in ("extf", "truncf", "extsi", "extui", "trunci", "sitofp", "uitofp")}
+    | {f"arith.{c}" for c in ("fptosi", "fptoui", "index_castui")}
+    | {"tensor.extract"}  # a gather: a load, not arithmetic
+)
+
+
+class UnsupportedPayloadError(PayloadError):
+    """The payload is outside what stagegraph can lower (dynamic shapes, dtypes, no entry)."""
+
+
+class UnregisteredOpError(UnsupportedPayloadError):
+    """The payload uses an op of a dialect these MLIR bindings do not register."""
+
+    def __init__(self, message: str, op_name: str, dialect: str) -> None:
+        super().__init__(message)
+        self.op_name = op_name
+        self.dialect = dialect
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across executor processes
+        return type(self), (str(self), self.op_name, self.dialect)
+
+
+class ValueFacts(Facts):
+    """A function argument/result or a linalg operand.
+
+    ``shape`` is ``()`` for scalars; ``-1`` marks a dynamic size, which only functions other
+    than the entry may have. ``type`` is the printed type, for display only.
+    """
+
+    kind: Literal["tensor", "memref", "scalar", "other"]
+    shape: tuple[int, ...] = ()
+    dtype: str
+    type: str
+
+    @property
+    def numel(self) -> int:
+        return math.prod(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * DTYPE_BYTES.get(self.dtype, 0)
+
+
+class FunctionFacts(Facts):
+    """A ``func.func`` of the payload (wrapper functions are not listed)."""
+
+    name: str
+    visibility: str = "public"
+    has_body: bool = True
+    arguments: tuple[ValueFacts, ...] = ()
+    results: tuple[ValueFacts, ...] = ()
+
+
+class ContractionFacts(Facts):
+    """Sizes of a matmul-like op; ``*_dims`` are loop positions, sizes are their products.
+
+    ``transpose_a`` means A is read k-major (``A[k, m]``), ``transpose_b`` means B is read
+    ``B[n, k]`` (the ``matmul_transpose_b`` layout).
+    """
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    batch_dims: tuple[int, ...] = ()
+    m_dims: tuple[int, ...] = ()
+    n_dims: tuple[int, ...] = ()
+    k_dims: tuple[int, ...] = ()
+    transpose_a: bool = False
+    transpose_b: bool = False
+
+
+class ConvolutionFacts(Facts):
+    """Loop positions of a convolution or pooling op, with its strides and dilations."""
+
+    batch: tuple[int, ...] = ()
+    output_image: tuple[int, ...] = ()
+    output_channel: tuple[int, ...] = ()
+    filter_loop: tuple[int, ...] = ()
+    input_channel: tuple[int, ...] = ()
+    depth: tuple[int, ...] = ()
+    strides: tuple[int, ...] = ()
+    dilations: tuple[int, ...] = ()
+
+
+class OpFacts(Facts):
+    """One linalg op of the entry function, in program order (``index``).
+
+    ``producers`` names where each operand (inputs, then outputs) comes from: ``%argN`` for
+    an entry argument, else the defining op (``linalg.transpose``, ``tensor.empty``, ...).
+    ``indexing_maps`` are printed for display only.
+    """
+
+    index: int
+    name: str
+    op_class: OpClass
+    inputs: tuple[ValueFacts, ...] = ()
+    outputs: tuple[ValueFacts, ...] = ()
+    producers: tuple[str, ...] = ()
+    indexing_maps: tuple[str, ...] = ()
+    iterator_types: tuple[IteratorType, ...] = ()
+    loop_ranges: tuple[int, ...] = ()
+    body_ops: tuple[str, ...] = ()
+    flops: int = 0
+    contraction: ContractionFacts | None = None
+    convolution: ConvolutionFacts | None = None
+
+
+class LayerFacts(Facts):
+    """A matmul-like op and the chain of elementwise consumers that could be fused into it."""
+
+    contraction: int  # index into PayloadFacts.ops
+    epilogue: tuple[int, ...] = ()
+    epilogue_ops: tuple[str, ...] = ()  # body ops of the epilogue, e.g. addf (bias), maximumf
+    batch: int = 1
+    m: int = 1
+    n: int = 1
+    k: int = 1
+
+
+class PayloadFacts(Facts):
+    """What a cost model knows of a payload."""
+
+    entry: str
+    functions: tuple[FunctionFacts, ...]
+    ops: tuple[OpFacts, ...] = ()
+    layers: tuple[LayerFacts, ...] = ()
+    classes: frozenset[OpClass] = frozenset()
+    primary_class: OpClass | None = None  # first of CLASS_PRIORITY present
+    flops: int = 0
+    bytes: int = 0  # arguments + results of the entry function
+    dtypes: frozenset[str] = frozenset()
+
+    @property
+    def entry_function(self) -> FunctionFacts:
+        return next(f for f in self.functions if f.name == self.entry)
+
+    def ops_of(self, op_class: OpClass) -> tuple[OpFacts, ...]:
+        return tuple(op for op in self.ops if op.op_class == op_class)
+
+
+# --------------------------------------------------------------------------- types
+
+
+def _dtype(element: Any) -> str | None:
+    """Short name of a supported element type, ``index`` for index, else None."""
+    from stagegraph.mlir import ir
+
+    for cls, name in (
+        (ir.F32Type, "f32"),
+        (ir.F64Type, "f64"),
+        (ir.F16Type, "f16"),
+        (ir.BF16Type, "bf16"),
+        (ir.IndexType, "index"),
+    ):
+        if isinstance(element, cls):
+            return name
+    if isinstance(element, ir.IntegerType) and element.is_signless:
+        return f"i{element.width}"
+    return None
+
+
+def value_facts(t: Any, where: str, strict: bool = True) -> ValueFacts:
+    """Facts of a type; with ``strict``, dynamic shapes and unsupported dtypes raise.
+
+    Raises:
+        UnsupportedPayloadError: ``where`` (e.g. "payload function @main argument 0") has a
+            dynamic or unranked shape or an unsupported element type.
+    """
+    from stagegraph.mlir import ir
+
+    kind: Literal["tensor", "memref", "scalar", "other"] = "scalar"
+    shape: tuple[int, ...] = ()
+    element = t
+    if isinstance(t, ir.ShapedType | ir.UnrankedTensorType | ir.UnrankedMemRefType):
+        if isinstance(t, ir.MemRefType | ir.UnrankedMemRefType):
+            kind = "memref"
+        elif isinstance(t, ir.RankedTensorType | ir.UnrankedTensorType):
+            kind = "tensor"
+        else:
+            kind = "other"  # vectors
+        if not isinstance(t, ir.ShapedType) or not t.has_rank:
+            if strict:
+                raise UnsupportedPayloadError(
+                    f"{where} has unranked type {t}; stagegraph needs static shapes"
+                )
+            return ValueFacts(kind=kind, dtype=str(t.element_type), type=str(t))
+        shape = tuple(-1 if ir.ShapedType.is_dynamic_size(s) else s for s in t.shape)
+        if strict and -1 in shape:
+            raise UnsupportedPayloadError(
+                f"{where} has dynamic shape {t}; stagegraph needs static shapes"
+            )
+        element = t.element_type
+    elif not isinstance(t, ir.IntegerType | ir.FloatType | ir.IndexType):
+        kind = "other"
+    dtype = _dtype(element)
+    if strict and dtype not in SUPPORTED_DTYPES:
+        raise UnsupportedPayloadError(
+            f"{where} has unsupported element type {element} in {t}; stagegraph supports "
+            + ", ".join(sorted(SUPPORTED_DTYPES))
+        )
+    return ValueFacts(kind=kind, shape=shape, dtype=dtype or str(element), type=str(t))
+
+
+# --------------------------------------------------------------------------- functions
+
+
+def _functions(module: Any) -> list[Any]:
+    """Top-level ``func.func`` ops, without the ones stagegraph inserted (wrappers)."""
+    return [
+        op.operation
+        for op in module.body.operations
+        if op.operation.name == "func.func" and WRAPPER_ATTR not in op.operation.attributes
+    ]
+
+
+def _name(fn: Any) -> str:
+    return fn.attributes["sym_name"].value
+
+
+def _visibility(fn: Any) -> str:
+    attrs = fn.attributes
+    return attrs["sym_visibility"].value if "sym_visibility" in attrs else "public"
+
+
+def function_facts(fn: Any, strict: bool) -> FunctionFacts:
+    fn_type = fn.attributes["function_type"].value
+    where = f"payload function @{_name(fn)}"
+    return FunctionFacts(
+        name=_name(fn),
+        visibility=_visibility(fn),
+        has_body=len(fn.regions[0].blocks) > 0,
+        arguments=tuple(
+            value_facts(t, f"{where} argument {i}", strict) for i, t in enumerate(fn_type.inputs)
+        ),
+        results=tuple(
+            value_facts(t, f"{where} result {i}", strict) for i, t in enumerate(fn_type.results)
+        ),
+    )
+
+
+def select_entry(functions: Sequence[Any], entry: str | None = None) -> Any:
+    """The function to analyse: ``entry`` if given, else the single public function with a
+    body, else ``@main``.
+
+    Raises:
+        UnsupportedPayloadError: no such function, or no way to choose one.
+    """
+    names = [_name(fn) for fn in functions]
+    if not functions:
+        raise UnsupportedPayloadError("payload has no func.func to analyse")
+    listing = ", ".join(f"@{n}" for n in names)
+    if entry is not None:
+        for fn in functions:
+            if _name(fn) == entry:
+                return fn
+        close = difflib.get_close_matches(entry, names, n=1)
+        hint = f" (did you mean @{close[0]}?)" if close else ""
+        raise UnsupportedPayloadError(
+            f"payload has no function @{entry}{hint}; its functions are {listing}"
+        )
+    public = [fn for fn in functions if _visibility(fn) == "public" and fn.regions[0].blocks]
+    if len(public) == 1:
+        return public[0]
+    if "main" in names:
+        return functions[names.index("main")]
+    raise UnsupportedPayloadError(
+        f"payload has no entry function: {len(public)} public functions with a body and no "
+        f"@main among {listing}; name the entry explicitly"
+    )
+
+
+# --------------------------------------------------------------------------- linalg ops
+
+
+def _linalg_ops(fn: Any) -> list[Any]:
+    """Linalg ops (not their region terminators) of a function, in program order."""
+    from stagegraph.mlir import ir
+
+    found: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        if op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index"):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+def _operands(op: Any) -> tuple[list[Any], list[Any]]:
+    """Inputs and inits (outputs) of a destination-style op: the segment sizes when the op
+    has them, else one init per result (``linalg.transpose``, ``linalg.map``, ...)."""
+    operands = list(op.operands)
+    if "operandSegmentSizes" in op.attributes:
+        n_out = int(list(op.attributes["operandSegmentSizes"])[-1])
+    else:
+        n_out = min(len(op.results) or 1, len(operands))
+    return operands[: len(operands) - n_out], operands[len(operands) - n_out :]
+
+
+def _maps(op: Any) -> list[Any]:
+    from stagegraph.mlir import ir, linalg
+
+    attr = linalg.get_indexing_maps(op)
+    return [] if attr is None else [ir.AffineMapAttr(a).value for a in attr]
+
+
+def _dim_positions(amap: Any) -> list[int | None]:
+    """For each result of an affine map, its loop position if it is a bare ``d_i``."""
+    from stagegraph.mlir import ir
+
+    return [e.position if isinstance(e, ir.AffineDimExpr) else None for e in amap.results]
+
+
+def _loop_ranges(op: Any, maps: list[Any], operands: list[Any], where: str) -> tuple[int, ...]:
+    """Static size of every loop: the operand dimension that a bare ``d_i`` indexes."""
+    from stagegraph.mlir import ir
+
+    if not maps:
+        return ()
+    ranges: list[int | None] = [None] * maps[0].n_dims
+    for amap, value in zip(maps, operands, strict=False):
+        if not isinstance(value.type, ir.ShapedType):
+            continue
+        for axis, pos in enumerate(_dim_positions(amap)):
+            if pos is not None and ranges[pos] is None:
+                ranges[pos] = value.type.shape[axis]
+    if None in ranges:
+        raise UnsupportedPayloadError(f"{where}: cannot infer the static range of every loop")
+    return tuple(r for r in ranges if r is not None)
+
+
+def _iterator_types(op: Any, maps: list[Any], n_outputs: int) -> tuple[IteratorType, ...]:
+    """From the ``iterator_types`` attribute, else (named ops): a loop is parallel iff the
+    outputs index it."""
+    from stagegraph.mlir import ir, linalg
+
+    if not maps:
+        return ()
+    if "iterator_types" in op.attributes:
+        parallel = ir.AttrBuilder.get("linalg.IteratorTypeEnum")(
+            linalg.IteratorType.parallel, op.context
+        )
+        return tuple(
+            "parallel" if attr == parallel else "reduction"
+            for attr in op.attributes["iterator_types"]
+        )
+    in_outputs = {p for amap in maps[len(maps) - n_outputs :] for p in _dim_positions(amap)}
+    return tuple("parallel" if d in in_outputs else "reduction" for d in range(maps[0].n_dims))
+
+
+def _body(op: Any) -> list[Any]:
+    if not op.regions or not op.regions[0].blocks:
+        return []
+    return [o.operation for o in op.regions[0].blocks[0].operations]
+
+
+def _producer(value: Any) -> str:
+    from stagegraph.mlir import ir
+
+    if isinstance(value, ir.BlockArgument):
+        return f"%arg{value.arg_number}"
+    return value.owner.operation.name
+
+
+def _contraction(op: Any, maps: list[Any], ranges: tuple[int, ...]) -> ContractionFacts | None:
+    """batch/m/n/k of a contraction, from the maps of A, B and the accumulator."""
+    from stagegraph.mlir import linalg
+
+    if len(maps) < 3:
+        return None
+    dims = linalg.infer_contraction_dimensions_from_maps([maps[0], maps[1], maps[-1]])
+    if dims is None or not list(dims.k):
+        return None
+    groups = {g: tuple(getattr(dims, g)) for g in ("batch", "m", "n", "k")}
+
+    def size(group: str) -> int:
+        return math.prod(ranges[d] for d in groups[group])
+
+    a_last, b_last = _dim_positions(maps[0])[-1:], _dim_positions(maps[1])[-1:]
+    return ContractionFacts(
+        batch=size("batch"),
+        m=size("m"),
+        n=size("n"),
+        k=size("k"),
+        batch_dims=groups["batch"],
+        m_dims=groups["m"],
+        n_dims=groups["n"],
+        k_dims=groups["k"],
+        transpose_a=bool(groups["m"]) and bool(a_last) and a_last[0] in groups["m"],
+        transpose_b=bool(groups["n"]) and bool(b_last) and b_last[0] in groups["k"],
+    )
+
+
+def _convolution(op: Any) -> ConvolutionFacts | None:
+    from stagegraph.mlir import linalg
+
+    dims = linalg.infer_convolution_dimensions(op)
+    if dims is None:
+        return None
+    return ConvolutionFacts(**{f: tuple(getattr(dims, f)) for f in ConvolutionFacts.model_fields})
+
+
+def _ignores_an_input(op: Any, n_inputs: int) -> bool:
+    """True when the body never reads some input (a pooling op's window-shape operand)."""
+    block = op.regions[0].blocks[0] if op.regions and op.regions[0].blocks else None
+    if block is None:
+        return False
+    return any(
+        not list(block.arguments[i].uses) for i in range(min(n_inputs, len(block.arguments)))
+    )
+
+
+def _is_contraction(op: Any) -> bool:
+    """A named matmul-like op, or any op (``linalg.generic``) that the contraction interface
+    recognises: two inputs, projected-permutation maps, a reduction loop, a mul-add body."""
+    from stagegraph.mlir import linalg
+
+    return op.name in _CONTRACTIONS or bool(linalg.isa_contraction_op(op))
+
+
+def classify(
+    op: Any,
+    iterators: Sequence[IteratorType],
+    contraction: ContractionFacts | None,
+    n_inputs: int,
+    has_maps: bool = True,
+) -> OpClass:
+    """The class of a linalg op, from its name, interfaces, maps and body."""
+    from stagegraph.mlir import linalg
+
+    name = op.name
+    if _is_contraction(op):
+        # A contraction with neither m nor n (a dot product) is a plain reduction.
+        if contraction is None or contraction.m_dims or contraction.n_dims:
+            return "matmul"
+        return "reduction"
+    if name.startswith("linalg.pooling_"):
+        return "pooling"
+    if name.startswith(("linalg.conv_", "linalg.depthwise_conv_")):
+        return "convolution"
+    if linalg.isa_convolution_op(op):
+        return "pooling" if _ignores_an_input(op, n_inputs) else "convolution"
+    if name == "linalg.softmax" or "reduction" in iterators:
+        return "reduction"
+    if has_maps:  # all loops parallel, or none at all (an op on 0-d tensors)
+        return "elementwise"
+    return "other"
+
+
+def _flops(op_class: OpClass, ranges: tuple[int, ...] | None, body_ops: Iterable[str]) -> int:
+    """Per point of the iteration space: 2 for contractions and convolutions, else one per
+    arithmetic body op (copies, fills and transposes count 0). Unknown space: 0."""
+    if ranges is None:
+        return 0
+    points = math.prod(ranges)
+    if op_class in ("matmul", "convolution"):
+        return 2 * points
+    return points * sum(1 for name in body_ops if name not in _NOT_FLOPS)
+
+
+def op_facts(op: Any, index: int, where: str) -> OpFacts:
+    """Facts of one linalg op (``where`` names its function, for errors)."""
+    inputs, outputs = _operands(op)
+    where = f"{where} op {op.name} (#{index})"
+    in_facts = tuple(value_facts(v.type, f"{where} input {i}") for i, v in enumerate(inputs))
+    out_facts = tuple(value_facts(v.type, f"{where} output {i}") for i, v in enumerate(outputs))
+    maps = _maps(op)
+    ranges = _loop_ranges(op, maps, inputs + outputs, where)
+    iterators = _iterator_types(op, maps, len(outputs))
+    body = [o.name for o in _body(op)]
+    contraction = _contraction(op, maps, ranges) if _is_contraction(op) else None
+    op_class = classify(op, iterators, contraction, len(inputs), has_maps=bool(maps))
+    conv = _convolution(op) if op_class in ("convolution", "pooling") else None
+    return OpFacts(
+        index=index,
+        name=op.name,
+        op_class=op_class,
+        inputs=in_facts,
+        outputs=out_facts,
+        producers=tuple(_producer(v) for v in inputs + outputs),
+        indexing_maps=tuple(str(m) for m in maps),
+        iterator_types=iterators,
+        loop_ranges=ranges,
+        body_ops=tuple(n for n in body if n != "linalg.yield"),
+        flops=_flops(op_class, ranges if maps else None, body),
+        contraction=contraction if op_class == "matmul" else None,
+        convolution=conv,
+    )
+
+
+# --------------------------------------------------------------------------- layers
+
+
+def _layers(ops: list[Any], facts: list[OpFacts]) -> list[LayerFacts]:
+    """Each matmul-like op with its single-use chain of same-shape elementwise consumers."""
+    position = {op: i for i, op in enumerate(ops)}  # ir.Operation hashes by identity
+    layers = []
+    for op, fact in zip(ops, facts, strict=True):
+        if fact.op_class != "matmul" or fact.contraction is None or not op.results:
+            continue
+        epilogue: list[int] = []
+        current = op
+        while len(current.results) == 1:
+            uses = list(current.results[0].uses)
+            if len(uses) != 1:
+                break
+            user = uses[0].owner.operation
+            index = position.get(user)
+            if index is None or facts[index].op_class != "elementwise":
+                break
+            if facts[index].outputs[:1] != fact.outputs[:1]:
+                break
+            epilogue.append(index)
+            current = user
+        c = fact.contraction
+        layers.append(
+            LayerFacts(
+                contraction=fact.index,
+                epilogue=tuple(epilogue),
+                epilogue_ops=tuple(
+                    name for i in epilogue for name in facts[i].body_ops if name not in _NOT_FLOPS
+                ),
+                batch=c.batch,
+                m=c.m,
+                n=c.n,
+                k=c.k,
+            )
+        )
+    return layers
+
+
+# --------------------------------------------------------------------------- entry points
+
+
+def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
+    """Facts of ``module`` (an ``ir.Module`` or a :class:`stagegraph.ports.Module`).
+
+    Raises:
+        UnsupportedPayloadError: no entry function, dynamic shapes or unsupported element
+            types in the entry function or its linalg ops.
+    """
+    module = getattr(module, "ir", module)  # accept the port wrapper too
+    with module.context:
+        functions = _functions(module)
+        fn = select_entry(functions, entry)
+        name = _name(fn)
+        if not fn.regions[0].blocks:
+            raise UnsupportedPayloadError(f"payload function @{name} is a declaration, no body")
+        fn_facts = tuple(function_facts(f, strict=f == fn) for f in functions)
+        ops = _linalg_ops(fn)
+        facts = [op_facts(op, i, f"payload function @{name}") for i, op in enumerate(ops)]
+        layers = _layers(ops, facts)
+    entry_facts = fn_facts[functions.index(fn)]
+    classes = frozenset(f.op_class for f in facts)
+    values = entry_facts.arguments + entry_facts.results
+    return PayloadFacts(
+        entry=name,
+        functions=fn_facts,
+        ops=tuple(facts),
+        layers=tuple(layers),
+        classes=classes,
+        primary_class=next((c for c in CLASS_PRIORITY if c in classes), None),
+        flops=sum(f.flops for f in facts),
+        bytes=sum(v.nbytes for v in values),
+        dtypes=frozenset(v.dtype for f in facts for v in f.inputs + f.outputs)
+        | frozenset(v.dtype for v in values),
+    )
+
+
+# --------------------------------------------------------------------------- parsing
+
+# Parser message for an op whose dialect is not registered and that is written in its
+# custom assembly form (then even allow_unregistered_dialects cannot parse it).
+_CUSTOM_OP_DIAGNOSTIC = re.compile(r"Dialect `([\w.]+)' not found for custom op '([\w.]+)'")
+
+
+def _parse_capturing(
+    text: str, context: Any, source: str = "<payload>"
+) -> tuple[Any, list[str], Exception | None]:
+    """Parse ``text``; return the module (or None), the diagnostics and the error."""
+    from stagegraph.mlir import ir
+
+    diagnostics: list[str] = []
+
+    def handler(diagnostic: Any) -> bool:
+        diagnostics.append(format_diagnostic(diagnostic, source).strip())
+        return True
+
+    handle = context.attach_diagnostic_handler(handler)
+    try:
+        with context:
+            return ir.Module.parse(text), diagnostics, None
+    except ir.MLIRError as error:
+        return None, diagnostics, error
+    finally:
+        handle.detach()
+
+
+def unregistered_ops(text: str) -> list[str]:
+    """Names of the ops of ``text`` whose dialect these bindings do not register."""
+    from stagegraph.mlir import ir, new_context
+
+    context = new_context()
+    context.allow_unregistered_dialects = True
+    module, diagnostics, _ = _parse_capturing(text, context)
+    if module is not None:
+        names: list[str] = []
+
+        def visit(op: Any) -> Any:
+            if not context.is_registered_operation(op.name) and op.name not in names:
+                names.append(op.name)
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit)
+        return names
+    # Custom-form ops of unknown dialects do not parse even here: the parser's diagnostic
+    # (an error message, not IR) is the only place that names them.
+    found = (_CUSTOM_OP_DIAGNOSTIC.search(d) for d in diagnostics)
+    names = [m.group(2) for m in found if m and not context.is_registered_operation(m.group(2))]
+    return list(dict.fromkeys(names))
+
+
+def explain_parse_error(
+    text: str, error: Exception | None = None, diagnostics: Sequence[str] = ()
+) -> UnsupportedPayloadError:
+    """A clear error for payload text that failed to parse (``error``, the ``ir.MLIRError``):
+    which unregistered op of which dialect, or else the parser's diagnostics.
+
+    The text is needed because in these bindings a parse error carries no diagnostics: the
+    op is found by reparsing with unregistered dialects allowed and walking the module.
+    """
+    diagnostics = [*diagnostics, *(format_diagnostic(d) for d in _error_diagnostics(error))]
+    names = unregistered_ops(text)
+    if names:
+        op_name = names[0]
+        dialect = op_name.partition(".")[0]
+        others = f" (also {', '.join(names[1:])})" if names[1:] else ""
+        return UnregisteredOpError(
+            f"payload uses op '{op_name}'{others} of dialect '{dialect}', which these MLIR "
+            f"bindings do not register; lower it to linalg before stagegraph "
+            f"(e.g. with torch-mlir's own pipeline) or drop it from the payload",
+            op_name=op_name,
+            dialect=dialect,
+        )
+    detail = "; ".join(diagnostics) or (str(error) if error else "no diagnostic")
+    return UnsupportedPayloadError(f"payload does not parse: {detail}")
+
+
+def _error_diagnostics(error: Exception | None) -> list[Any]:
+    return list(getattr(error, "error_diagnostics", None) or [])
+
+
+def parse_payload(text: str, context: Any | None = None, source: str = "<payload>") -> Any:
+    """Parse payload text into an ``ir.Module`` (``source`` names it in diagnostics).
+
+    Raises:
+        UnregisteredOpError: the text uses an op of an unregistered dialect (tm_tensor, ...).
+        UnsupportedPayloadError: any other parse error, with the parser's diagnostics.
+    """
+    from stagegraph.mlir import new_context
+
+    context = context or new_context()
+    module, diagnostics, error = _parse_capturing(text, context, source)
+    if module is None:
+        raise explain_parse_error(text, error, diagnostics) from None
+    return module
+
+
+# --------------------------------------------------------------------------- stage
+
+
+class AnalyzeConfig(Config):
+    """``entry``: the function to analyse (default: the single public one, else ``@main``)."""
+
+    entry: str | None = None
+
+
+@stage("analysis", name="analyze")
+def analyze_stage(module: TensorModule, config: AnalyzeConfig) -> PayloadFacts:
+    """Facts of the payload for cost models (see :func:`analyze`)."""
+    return analyze(module.ir, config.entry)
