@@ -17,7 +17,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from stagegraph.ports import Facts
+from pydantic import Field
+
+from stagegraph.ports import Config, Facts
+from stagegraph.stage import stage
 
 CPUINFO = Path("/proc/cpuinfo")
 CPU_SYSFS = Path("/sys/devices/system/cpu/cpu0")
@@ -175,3 +178,17 @@ def detect_target() -> Target:
 def target_from_override(**fields: Any) -> Target:
     """The host with some fields replaced (validated), e.g. ``target_from_override(cores=1)``."""
     return Target(**{**detect_target().model_dump(), **fields})
+
+
+class TargetConfig(Config):
+    """Fields to override on the detected host (to describe another machine)."""
+
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+@stage("analysis", name="target")
+def target(config: TargetConfig) -> Target:
+    """The machine parameter selection plans for: the host, with any overrides."""
+    if config.overrides:
+        return target_from_override(**config.overrides)
+    return detect_target()
