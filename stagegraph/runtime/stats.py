@@ -1,0 +1,187 @@
+"""Benchmark statistics: robust summaries, adaptive sampling and A/B ratios (numpy only).
+
+Run times are skewed (interrupts, frequency changes), so the summary centres on the
+median and its uncertainty is a seeded percentile-bootstrap interval: the same samples
+always give the same numbers, and a comparison between two variants reports an interval
+on the ratio of medians rather than two numbers to eyeball.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from stagegraph.ports import Schema
+
+#: Cap on the elements of one bootstrap block (resamples x samples), to bound memory.
+_BLOCK = 4_000_000
+
+
+class Stats(Schema):
+    """Summary of run-time samples in seconds; ``samples`` is how many there were."""
+
+    samples: int
+    median_s: float
+    min_s: float
+    p10_s: float
+    p90_s: float
+    mean_s: float
+    cv: float
+    ci_low_s: float
+    ci_high_s: float
+
+    @property
+    def rel_halfwidth(self) -> float:
+        """Half-width of the median's confidence interval relative to the median."""
+        return (self.ci_high_s - self.ci_low_s) / 2 / self.median_s if self.median_s else 0.0
+
+
+class Ratio(Schema):
+    """Ratio of medians ``a / b`` with a bootstrap confidence interval."""
+
+    ratio: float
+    low: float
+    high: float
+    confidence: float
+
+
+def _clean(samples: np.ndarray | list[float], name: str = "samples") -> np.ndarray:
+    x = np.asarray(samples, dtype=np.float64).ravel()
+    if x.size == 0:
+        raise ValueError(f"{name} is empty")
+    if not np.all(np.isfinite(x)):
+        raise ValueError(f"{name} contains NaN or infinite values")
+    return x
+
+
+def _boot_medians(
+    rng: np.random.Generator, xs: list[np.ndarray], resamples: int, paired: bool = False
+) -> list[np.ndarray]:
+    """Medians of bootstrap resamples of each array, block-wise to bound memory.
+
+    ``paired`` draws the same positions for every array (they must have equal lengths).
+    """
+    outs = [np.empty(resamples) for _ in xs]
+    block = max(1, _BLOCK // max(x.size for x in xs))
+    for start in range(0, resamples, block):
+        stop = min(resamples, start + block)
+        idx = None
+        for x, out in zip(xs, outs, strict=True):
+            if idx is None or not paired:
+                idx = rng.integers(0, x.size, size=(stop - start, x.size))
+            out[start:stop] = np.median(x[idx], axis=1)
+    return outs
+
+
+def bootstrap_median_ci(
+    samples: np.ndarray | list[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """Percentile-bootstrap confidence interval of the median (deterministic per seed)."""
+    x = _clean(samples)
+    if x.size == 1:
+        return float(x[0]), float(x[0])
+    (meds,) = _boot_medians(np.random.default_rng(seed), [x], resamples)
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(meds, [alpha, 1 - alpha])
+    return float(low), float(high)
+
+
+def summarize(
+    samples: np.ndarray | list[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> Stats:
+    """:class:`Stats` of a sample array (seconds)."""
+    x = _clean(samples)
+    mean = float(x.mean())
+    low, high = bootstrap_median_ci(x, confidence=confidence, resamples=resamples, seed=seed)
+    p10, median, p90 = np.quantile(x, [0.1, 0.5, 0.9])
+    return Stats(
+        samples=int(x.size),
+        median_s=float(median),
+        min_s=float(x.min()),
+        p10_s=float(p10),
+        p90_s=float(p90),
+        mean_s=mean,
+        cv=float(x.std(ddof=1) / mean) if x.size > 1 and mean else 0.0,
+        ci_low_s=low,
+        ci_high_s=high,
+    )
+
+
+def sample_until(
+    measure: Callable[[int], np.ndarray],
+    *,
+    rel_halfwidth: float = 0.02,
+    budget_s: float = 10.0,
+    min_samples: int = 10,
+    max_samples: int = 20_000,
+    seed: int = 0,
+) -> Stats:
+    """Call ``measure(k)`` (returns ``k`` durations in seconds) until the median is known.
+
+    Stops when the bootstrap CI of the median lies within ``±rel_halfwidth`` of it, when
+    ``budget_s`` of wall time has been spent, or at ``max_samples``. Each batch is sized
+    to at most double the samples so far and to fit in the remaining budget, estimated from
+    the wall time per sample of the previous batches. Check ``stats.rel_halfwidth`` to see
+    whether the target was met.
+    """
+    if min_samples < 2:
+        raise ValueError("min_samples must be at least 2 for a confidence interval")
+    begin = time.perf_counter()
+    chunks: list[np.ndarray] = []
+    count = 0
+    want = min_samples
+    while True:
+        batch = _clean(measure(want), "measure() result")
+        chunks.append(batch)
+        count += batch.size
+        stats = summarize(np.concatenate(chunks), seed=seed)
+        spent = time.perf_counter() - begin
+        if stats.rel_halfwidth <= rel_halfwidth or spent >= budget_s or count >= max_samples:
+            return stats
+        per_sample = spent / count
+        affordable = int((budget_s - spent) / per_sample) if per_sample > 0 else count
+        want = max(1, min(count, affordable, max_samples - count))
+
+
+def ratio(
+    samples_a: np.ndarray | list[float],
+    samples_b: np.ndarray | list[float],
+    *,
+    confidence: float = 0.95,
+    resamples: int = 2000,
+    seed: int = 0,
+    paired: bool = False,
+) -> Ratio:
+    """Ratio of medians ``median(a) / median(b)`` with a bootstrap interval.
+
+    For interleaved A/B runs of equal length, ``paired=True`` resamples the same positions
+    in both, so slow phases of the machine that hit both variants cancel out.
+    """
+    a, b = _clean(samples_a, "samples_a"), _clean(samples_b, "samples_b")
+    if paired and a.size != b.size:
+        raise ValueError(f"paired samples need equal lengths, got {a.size} and {b.size}")
+    ma, mb = _boot_medians(np.random.default_rng(seed), [a, b], resamples, paired)
+    alpha = (1 - confidence) / 2
+    low, high = np.quantile(ma / mb, [alpha, 1 - alpha])
+    value = float(np.median(a) / np.median(b))
+    return Ratio(ratio=value, low=float(low), high=float(high), confidence=confidence)
+
+
+def gflops(flops: float, seconds: float) -> float:
+    """Throughput in GFLOP/s for ``flops`` floating-point operations taking ``seconds``."""
+    return flops / seconds / 1e9
+
+
+def gbps(nbytes: float, seconds: float) -> float:
+    """Bandwidth in GB/s (10^9 bytes per second) for ``nbytes`` moved in ``seconds``."""
+    return nbytes / seconds / 1e9
