@@ -9,12 +9,12 @@ BUFFERIZE = (
     "one-shot-bufferize{bufferize-function-boundaries "
     "function-boundary-type-conversion=identity-layout-map},"
     "buffer-results-to-out-params{hoist-static-allocs modify-public-functions},"
-    "canonicalize"
+    "canonicalize,cse,canonicalize"
 )
 
 LOWER_TO_LLVM = (
-    "buffer-deallocation-pipeline,convert-bufferization-to-memref,lower-affine,"
-    "convert-scf-to-cf,expand-strided-metadata,finalize-memref-to-llvm,convert-to-llvm,"
+    "buffer-deallocation-pipeline,convert-bufferization-to-memref,expand-strided-metadata,"
+    "lower-affine,convert-scf-to-cf,finalize-memref-to-llvm,convert-to-llvm,"
     "reconcile-unrealized-casts"
 )
 
