@@ -14,7 +14,7 @@ def _register(command: click.Command) -> click.Command:
     return command
 
 
-def load_inputs(graph_name: str, workload_spec: str):  # noqa: ANN201 - (Graph, Workload)
+def load_inputs(graph_name: str, workload_spec: str):
     from stagegraph.catalog import load_graph
     from stagegraph.execute import install_reference_runner
     from stagegraph.workload import parse_workload
@@ -27,18 +27,34 @@ def load_inputs(graph_name: str, workload_spec: str):  # noqa: ANN201 - (Graph, 
 @click.command()
 @click.argument("graph")
 @click.argument("workload")
-@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
-              help="Override a field of the cost model's params (validated).")
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Override a field of the cost model's params (validated).",
+)
 @click.option("--until", metavar="TAG", help="Stop after the stage tagged TAG and print the IR.")
 @click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after every stage.")
-@click.option("--emit", type=click.Choice(["jit", "object", "shared"]), default="jit",
-              show_default=True)
-@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Path for --emit object|shared.")
+@click.option(
+    "--emit", type=click.Choice(["jit", "object", "shared"]), default="jit", show_default=True
+)
+@click.option(
+    "-o", "--output", type=click.Path(dir_okay=False), help="Path for --emit object|shared."
+)
 @click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
-def run(graph: str, workload: str, params: tuple[str, ...], until: str | None,
-        dump_ir: str | None, emit: str, output: str | None, threads: int | None,
-        as_json: bool) -> None:
+def run(
+    graph: str,
+    workload: str,
+    params: tuple[str, ...],
+    until: str | None,
+    dump_ir: str | None,
+    emit: str,
+    output: str | None,
+    threads: int | None,
+    as_json: bool,
+) -> None:
     """Compile WORKLOAD through GRAPH, run it and verify it against the reference."""
     from stagegraph.engine import Engine
     from stagegraph.execute import parse_assignments, run_report, with_emit, with_params
@@ -53,9 +69,15 @@ def run(graph: str, workload: str, params: tuple[str, ...], until: str | None,
         result = engine.run(loaded, work, until=until)
         module = result.module
         if as_json:
-            emit_json({"graph": loaded.name, "workload": work.spec, "until": until,
-                       "level": module.level if module else None,
-                       "ir": module.text() if module else None})
+            emit_json(
+                {
+                    "graph": loaded.name,
+                    "workload": work.spec,
+                    "until": until,
+                    "level": module.level if module else None,
+                    "ir": module.text() if module else None,
+                }
+            )
         else:
             click.echo(module.text() if module else "(no module at that point)")
         return
@@ -63,8 +85,10 @@ def run(graph: str, workload: str, params: tuple[str, ...], until: str | None,
     if as_json:
         emit_json(report.model_dump(mode="json"))
     else:
-        click.echo(f"{report.graph} on {report.workload}: "
-                   + {True: "VERIFIED", False: "WRONG RESULT", None: "NOT RUN"}[report.verified])
+        click.echo(
+            f"{report.graph} on {report.workload}: "
+            + {True: "VERIFIED", False: "WRONG RESULT", None: "NOT RUN"}[report.verified]
+        )
         click.echo(f"  {report.message}")
         for stage in report.stages:
             click.echo(f"  {stage.name:<14} {stage.kind:<9} {stage.seconds * 1e3:9.2f} ms")
@@ -72,3 +96,128 @@ def run(graph: str, workload: str, params: tuple[str, ...], until: str | None,
             click.echo(f"  run            {report.run_seconds * 1e3:9.2f} ms")
     if report.verified is False:
         raise SystemExit(1)
+
+
+@_register
+@click.command()
+@click.argument("graph")
+@click.argument("workload")
+@click.option(
+    "--splice-at",
+    metavar="TAG",
+    help="Tag after which the wrapper is spliced (default: the graph's own choice).",
+)
+@click.option("--warmup", type=click.IntRange(min=0), default=3, show_default=True)
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=2),
+    default=10,
+    show_default=True,
+    help="Minimum number of timed samples.",
+)
+@click.option(
+    "--min-time",
+    type=click.FloatRange(min=0),
+    default=0.0,
+    show_default=True,
+    help="Keep sampling at least this long (seconds).",
+)
+@click.option(
+    "--budget",
+    type=click.FloatRange(min=0),
+    default=10.0,
+    show_default=True,
+    help="Stop sampling after this long even if the interval is wider than ±2%.",
+)
+@click.option(
+    "--vs",
+    "versus",
+    metavar="GRAPH|numpy",
+    help="Measure a second variant interleaved and report the ratio.",
+)
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE")
+@click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Append a CSV row.")
+def bench(
+    graph: str,
+    workload: str,
+    splice_at: str | None,
+    warmup: int,
+    repeat: int,
+    min_time: float,
+    budget: float,
+    versus: str | None,
+    params: tuple[str, ...],
+    threads: int | None,
+    as_json: bool,
+    csv_path: str | None,
+) -> None:
+    """Benchmark WORKLOAD through GRAPH with the timing wrapper spliced at a tag."""
+    from stagegraph.bench import (
+        BenchOptions,
+        NumpyMeasurement,
+        append_csv,
+        benchmark,
+        compare,
+        prepare,
+    )
+    from stagegraph.catalog import load_graph
+    from stagegraph.engine import Engine
+    from stagegraph.execute import parse_assignments, with_params
+
+    loaded, work = load_inputs(graph, workload)
+    loaded = with_params(loaded, parse_assignments(params), threads)
+    options = BenchOptions(warmup=warmup, repeat=repeat, min_time_s=min_time, budget_s=budget)
+    engine = Engine()
+    if versus is None:
+        report = benchmark(engine, loaded, work, splice_at, options, threads)
+        reports = [report]
+        if as_json:
+            emit_json(report.model_dump(mode="json"))
+        else:
+            _print_report(report)
+    else:
+        first = prepare(engine, loaded, work, splice_at)
+        if versus == "numpy":
+            second = NumpyMeasurement(work)
+        else:
+            other = with_params(load_graph(versus), parse_assignments(params), threads)
+            second = prepare(engine, other, work, splice_at)
+        unverified = [m for m in (first, second) if hasattr(m, "verdict") and not m.verdict.ok]
+        if unverified:
+            reports = [m.report(None, threads) for m in unverified]
+            for r in reports:
+                _print_report(r) if not as_json else emit_json(r.model_dump(mode="json"))
+            raise SystemExit(1)
+        result = compare(first, second, options, threads)
+        reports = [result.a, result.b]
+        if as_json:
+            emit_json(result.model_dump(mode="json"))
+        else:
+            _print_report(result.a)
+            _print_report(result.b)
+            click.echo(
+                f"ratio {result.a.graph}/{result.b.graph} time: {result.ratio:.3f} "
+                f"[{result.ratio_low:.3f}, {result.ratio_high:.3f}]  (speedup of "
+                f"{result.a.graph}: {1 / result.ratio:.2f}x)"
+            )
+    if csv_path:
+        for r in reports:
+            append_csv(csv_path, r)
+    if not all(r.verified for r in reports):
+        raise SystemExit(1)
+
+
+def _print_report(report) -> None:
+    head = f"{report.graph} on {report.workload} (spliced at {report.splice_at})"
+    if not report.verified:
+        click.echo(f"{head}: WRONG RESULT, not timed\n  {report.message}")
+        return
+    speed = f", {report.gflops:.1f} GFLOP/s" if report.gflops else ""
+    click.echo(
+        f"{head}: median {report.median_s * 1e3:.4f} ms [{report.ci_low_s * 1e3:.4f}, "
+        f"{report.ci_high_s * 1e3:.4f}] over {report.samples} samples{speed}; "
+        f"min {report.min_s * 1e3:.4f} ms, cv {report.cv:.3f}, "
+        f"compile {report.compile_seconds:.3f} s"
+    )

@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from stagegraph.errors import StagegraphError, StageFailed
+from stagegraph.errors import StageFailed, StagegraphError
 from stagegraph.graph import Graph, GraphInput
 from stagegraph.ports import Binary, Facts, Module, Params, Schema
 from stagegraph.stage import Stage
@@ -224,6 +224,24 @@ class Engine:
                 hashes[(node, port)] = out_hashes[port]
         return RunResult(graph, values, Trace(graph=graph.name, records=tuple(records)), last)
 
+    def benchmark(
+        self,
+        graph: Graph,
+        workload: Any,
+        splice_at: str | None = None,
+        warmup: int = 3,
+        repeat: int = 10,
+        **options: Any,
+    ) -> Any:
+        """Splice the benchmark wrapper after ``splice_at``, verify, and time the payload.
+
+        Returns a :class:`~stagegraph.bench.BenchReport`; see that module for options.
+        """
+        from stagegraph.bench import BenchOptions, benchmark
+
+        opts = BenchOptions(warmup=warmup, repeat=repeat, **options)
+        return benchmark(self, graph, workload, splice_at, opts)
+
     def _run_stage(
         self, graph: Graph, stage: Stage, inputs: dict[str, Value], input_hashes: dict[str, str]
     ) -> tuple[dict[str, Value], dict[str, str], StageRecord]:
@@ -268,7 +286,11 @@ class Engine:
         from stagegraph.mlir import ir
 
         try:
-            with self.context, ir.Location.unknown(), capture_diagnostics(self.context) as diagnostics:
+            with (
+                self.context,
+                ir.Location.unknown(),
+                capture_diagnostics(self.context) as diagnostics,
+            ):
                 return stage.run(event.inputs)
         except StageFailed:
             raise

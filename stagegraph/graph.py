@@ -156,7 +156,9 @@ class Graph:
                         )
                     )
             if isinstance(dst, GraphInput):
-                problems.append(GraphError(f"graph {self.name!r}: edge '{edge}' feeds a graph input"))
+                problems.append(
+                    GraphError(f"graph {self.name!r}: edge '{edge}' feeds a graph input")
+                )
                 continue
             out = src.outputs.get(edge.src_port) if src is not None else None
             inp = dst.inputs.get(edge.dst_port) if dst is not None else None
@@ -205,8 +207,8 @@ class Graph:
         if self.default_splice is not None and not self._tagged(self.default_splice):
             problems.append(
                 UnknownTagError(
-                    f"graph {self.name!r}: default splice tag {self.default_splice!r} is on no stage"
-                    + did_you_mean(self.default_splice, self.tags)
+                    f"graph {self.name!r}: default splice tag {self.default_splice!r} "
+                    "is on no stage" + did_you_mean(self.default_splice, self.tags)
                 )
             )
         return problems

@@ -38,7 +38,7 @@ runtime = _load("runtime")
 
 
 def dialect(name: str) -> ModuleType:
-    """Return ``<root>.dialects.<name>`` (e.g. ``dialect("linalg")``, ``dialect("transform.structured")``)."""
+    """``<root>.dialects.<name>``, e.g. ``dialect("transform.structured")``."""
     return _load(f"dialects.{name}")
 
 

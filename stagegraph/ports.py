@@ -104,3 +104,9 @@ def compatible(produced: type, expected: type) -> bool:
     if issubclass(produced, Module) and issubclass(expected, Module):
         return "any" in (produced.level, expected.level) or produced.level == expected.level
     return issubclass(produced, expected)
+
+
+TensorModule = Module["tensor"]
+BufferModule = Module["buffer"]
+LLVMModule = Module["llvm"]
+AnyModule = Module["any"]

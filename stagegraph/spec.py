@@ -183,7 +183,8 @@ def graph_from_model(model: GraphFile, source: str = "<graph>") -> Graph:
         except Exception as exc:  # config validation
             raise GraphFileError(f"{source}: {exc}") from None
     inputs = [
-        GraphInput(name, resolve_type(i.type), frozenset(i.tags)) for name, i in model.inputs.items()
+        GraphInput(name, resolve_type(i.type), frozenset(i.tags))
+        for name, i in model.inputs.items()
     ]
     try:
         return Graph(
@@ -224,4 +225,3 @@ def _locate(root: yaml.Node | None, loc: tuple, source: str) -> str:
 
 def json_schema() -> dict[str, Any]:
     return GraphFile.model_json_schema()
-

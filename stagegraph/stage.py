@@ -176,7 +176,9 @@ class Stage:
 
     def with_config(self, **changes: Any) -> Stage:
         values = {**self.config.model_dump(), **changes}
-        return Stage(self.name, self.factory, self.factory.make_config(values, self.name), self.tags)
+        return Stage(
+            self.name, self.factory, self.factory.make_config(values, self.name), self.tags
+        )
 
     def renamed(self, name: str) -> Stage:
         return Stage(name, self.factory, self.config, self.tags)

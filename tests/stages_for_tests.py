@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from stagegraph.ports import Config, Facts, Module, Params
+from stagegraph.ports import BufferModule, Config, Facts, Params, TensorModule
 from stagegraph.stage import stage
 
 
@@ -23,7 +23,7 @@ class ScaleConfig(Config):
 
 
 @stage("analysis", name="test.analyze")
-def analyze(module: Module["tensor"]) -> ShapeFacts:
+def analyze(module: TensorModule) -> ShapeFacts:
     return ShapeFacts(m=3)
 
 
@@ -38,15 +38,15 @@ def select_other(facts: ShapeFacts) -> OtherParams:
 
 
 @stage("schedule", name="test.schedule")
-def schedule(module: Module["tensor"], params: TileParams) -> Module["tensor"]:
+def schedule(module: TensorModule, params: TileParams) -> TensorModule:
     return module
 
 
 @stage("passes", name="test.bufferize")
-def bufferize(module: Module["tensor"]) -> Module["buffer"]:
+def bufferize(module: TensorModule) -> BufferModule:
     return module
 
 
 @stage("wrapper", name="test.passthrough")
-def passthrough(module: Module["tensor"]) -> Module["tensor"]:
+def passthrough(module: TensorModule) -> TensorModule:
     return module

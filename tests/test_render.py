@@ -6,8 +6,8 @@ import pydot
 
 from stagegraph.engine import Engine
 from stagegraph.render import to_dot, to_text
-from tests.test_engine import linear_graph
 from tests.conftest import MATMUL_MLIR
+from tests.test_engine import linear_graph
 
 
 def test_dot_parses_and_has_every_stage_and_edge():

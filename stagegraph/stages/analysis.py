@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 from stagegraph.errors import PayloadError
 from stagegraph.irutil import format_diagnostic
-from stagegraph.ports import Config, Facts, Module
+from stagegraph.ports import Config, Facts, TensorModule
 from stagegraph.stage import stage
 
 # In priority order: a payload is named by the first class it contains (``primary_class``).
@@ -31,7 +31,7 @@ DTYPE_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8}
 DTYPE_BYTES |= {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 SUPPORTED_DTYPES = frozenset(DTYPE_BYTES)
 WRAPPER_ATTR = "stagegraph.wrapper"
-TensorModule = Module["tensor"]
+
 
 _CONTRACTIONS = frozenset(
     f"linalg.{name}"

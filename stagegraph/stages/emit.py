@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from stagegraph.ports import Binary, Config, Module
+from stagegraph.ports import Binary, Config, LLVMModule
 from stagegraph.stage import stage
 
 
@@ -18,7 +18,7 @@ class JitConfig(Config):
 
 
 @stage("emit", name="jit")
-def jit(module: Module["llvm"], config: JitConfig) -> Binary:
+def jit(module: LLVMModule, config: JitConfig) -> Binary:
     """Compile in-process; the fastest way from IR to a callable."""
     from stagegraph.runtime.jit import JitBinary
 
@@ -31,7 +31,7 @@ class FileConfig(Config):
 
 
 @stage("emit", name="object", cacheable=False)
-def object_file(module: Module["llvm"], config: FileConfig) -> Binary:
+def object_file(module: LLVMModule, config: FileConfig) -> Binary:
     """Write a position-independent object file (not callable by itself)."""
     from stagegraph.runtime.jit import build_key
     from stagegraph.runtime.shared import emit_object
@@ -43,7 +43,7 @@ def object_file(module: Module["llvm"], config: FileConfig) -> Binary:
 
 
 @stage("emit", name="shared", cacheable=False)
-def shared_library(module: Module["llvm"], config: FileConfig) -> Binary:
+def shared_library(module: LLVMModule, config: FileConfig) -> Binary:
     """Link a shared library that plain ctypes code can load and call."""
     from stagegraph.runtime.shared import emit_shared_library
 

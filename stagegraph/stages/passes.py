@@ -6,7 +6,7 @@ they expect and produce, so the graph type-checks where in the flow they can go.
 
 from __future__ import annotations
 
-from stagegraph.ports import Config, Module
+from stagegraph.ports import AnyModule, BufferModule, Config, LLVMModule, Module, TensorModule
 from stagegraph.stage import stage
 from stagegraph.stages import lowering
 from stagegraph.stages.rewrites import copies_to_linalg
@@ -33,13 +33,13 @@ def run_pipeline(module: Module, pipeline: str) -> Module:
 
 
 @stage("passes", name="pipeline")
-def pipeline(module: Module["any"], config: PipelineConfig) -> Module["any"]:
+def pipeline(module: AnyModule, config: PipelineConfig) -> AnyModule:
     """Any textual pass pipeline; the IR level is unchanged as far as the graph knows."""
     return run_pipeline(module, config.pipeline)
 
 
 @stage("passes", name="verify")
-def verify(module: Module["tensor"], config: PipelineConfig) -> Module["tensor"]:
+def verify(module: TensorModule, config: PipelineConfig) -> TensorModule:
     """The payload as given, verified (and optionally cleaned up by ``pipeline``)."""
     return run_pipeline(module, config.pipeline)
 
@@ -49,7 +49,7 @@ class BufferizeConfig(Config):
 
 
 @stage("passes", name="bufferize")
-def bufferize(module: Module["tensor"], config: BufferizeConfig) -> Module["buffer"]:
+def bufferize(module: TensorModule, config: BufferizeConfig) -> BufferModule:
     """Tensors to memrefs; results become caller-allocated out-parameters.
 
     Before that, every public function records its calling convention (which arguments
@@ -65,7 +65,9 @@ def record_public_signatures(module: Module) -> None:
     for op in module.ir.body.operations:
         if op.operation.name != "func.func" or not op.regions[0].blocks:
             continue
-        visibility = op.attributes["sym_visibility"].value if "sym_visibility" in op.attributes else ""
+        visibility = (
+            op.attributes["sym_visibility"].value if "sym_visibility" in op.attributes else ""
+        )
         if visibility != "private" and SIGNATURE_ATTR not in op.attributes:
             record_signature(module.ir, op.attributes["sym_name"].value)
 
@@ -75,7 +77,7 @@ class LoopsConfig(Config):
 
 
 @stage("passes", name="linalg_to_loops")
-def linalg_to_loops(module: Module["buffer"], config: LoopsConfig) -> Module["buffer"]:
+def linalg_to_loops(module: BufferModule, config: LoopsConfig) -> BufferModule:
     """Linalg ops on buffers (and strided copies) to scalar loops: the naive lowering."""
     copies_to_linalg(module.ir)
     return run_pipeline(module, config.pipeline)
@@ -86,7 +88,7 @@ class LowerConfig(Config):
 
 
 @stage("passes", name="lower_to_llvm")
-def lower_to_llvm(module: Module["buffer"], config: LowerConfig) -> Module["llvm"]:
+def lower_to_llvm(module: BufferModule, config: LowerConfig) -> LLVMModule:
     """Buffers, loops and vectors to the LLVM dialect.
 
     Copies become loops first: the wheel has no ``memrefCopy`` runtime to call.

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pydantic import model_validator
 
-from stagegraph.ports import Config, Module
+from stagegraph.ports import Config, Module, TensorModule
 from stagegraph.stage import stage
 
 
@@ -30,19 +30,21 @@ def apply_transform_module(payload: Module, schedule_text: str, entry: str, sour
     from stagegraph.mlir import interpreter
 
     schedule = parse_module(schedule_text, payload.ir.context, source=source)
-    interpreter.apply_named_sequence(payload.ir.operation, _named_sequence(schedule, entry), schedule)
+    interpreter.apply_named_sequence(
+        payload.ir.operation, _named_sequence(schedule, entry), schedule
+    )
 
 
-def _named_sequence(schedule, entry: str):  # noqa: ANN001, ANN202 - bindings types
+def _named_sequence(schedule, entry: str):
     for op in schedule.body.operations:
-        if op.operation.name == "transform.named_sequence":
-            if op.attributes["sym_name"].value == entry:
-                return op
+        name = op.operation.name
+        if name == "transform.named_sequence" and op.attributes["sym_name"].value == entry:
+            return op
     raise ValueError(f"transform module has no named sequence @{entry}")
 
 
 @stage("schedule", name="transform")
-def transform(module: Module["tensor"], config: TransformConfig) -> Module["tensor"]:
+def transform(module: TensorModule, config: TransformConfig) -> TensorModule:
     """Apply a hand-written transform schedule with the transform interpreter."""
     if config.file is not None:
         path = Path(config.file)
