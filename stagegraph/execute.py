@@ -75,8 +75,10 @@ def with_params(graph: Graph, overrides: dict[str, Any], threads: int | None = N
         model = next(p.type for p in stage.outputs.values() if issubclass(p.type, Params))
         for key in overrides:
             if key not in model.model_fields:
-                raise ConfigError(f"stage {stage.name!r} of graph {graph.name!r}: "
-                                  + unknown_param_message(model, key))
+                raise ConfigError(
+                    f"stage {stage.name!r} of graph {graph.name!r}: "
+                    + unknown_param_message(model, key)
+                )
         changes: dict[str, Any] = {"overrides": {**stage.config.overrides, **overrides}}
         if threads is not None:
             changes["threads"] = threads
@@ -127,8 +129,10 @@ def run_report(
     """Compile ``workload`` through ``graph``, run it once and verify the outputs."""
     engine = engine or Engine(hooks)
     result = compile_workload(engine, graph, workload)
-    stages = [StageTime(name=r.name, kind=r.kind, seconds=r.seconds, cached=r.cached)
-              for r in result.trace.records]
+    stages = [
+        StageTime(name=r.name, kind=r.kind, seconds=r.seconds, cached=r.cached)
+        for r in result.trace.records
+    ]
     common = {
         "graph": graph.name,
         "workload": workload.spec,
@@ -140,8 +144,12 @@ def run_report(
     binary = result.binary
     if binary is None or not hasattr(binary, "call"):
         path = getattr(binary, "path", None)
-        return RunReport(verified=None, message=f"wrote {path}; not executed",
-                         emitted=str(path) if path else None, **common)
+        return RunReport(
+            verified=None,
+            message=f"wrote {path}; not executed",
+            emitted=str(path) if path else None,
+            **common,
+        )
     outputs, seconds = execute(result, workload)
     verdict = workload.verify(outputs)
     return RunReport(
