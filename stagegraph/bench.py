@@ -123,6 +123,8 @@ class Measurement:
 
 def prepare(engine: Engine, graph: Graph, workload: Any, splice_at: str | None) -> Measurement:
     """Splice, compile and verify; raises nothing for a wrong result (the report says so)."""
+    if splice_at is not None:
+        graph.node_for_tag(splice_at)  # an unknown or ambiguous tag fails before compiling
     bench_graph, tag = spliced(graph, splice_at, workload.entry)
     result = engine.run(bench_graph, workload)
     return Measurement(graph, workload, result, tag)

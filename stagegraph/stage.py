@@ -120,6 +120,7 @@ class StageFactory:
     cacheable: bool = True
     doc: str = ""
     version: str = ""
+    takes_config: bool = True
 
     def __call__(
         self,
@@ -193,7 +194,10 @@ class Stage:
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """Call the stage function and return its outputs keyed by port name."""
-        result = self.factory.fn(**inputs, config=self.config)
+        if self.factory.takes_config:
+            result = self.factory.fn(**inputs, config=self.config)
+        else:
+            result = self.factory.fn(**inputs)
         ports = self.factory.outputs
         if not ports:
             return {}
@@ -251,6 +255,7 @@ def stage(
             cacheable=cacheable,
             doc=inspect.getdoc(obj) or "",
             version=_source_version(obj),
+            takes_config="config" in inspect.signature(fn).parameters,
         )
         _REGISTRY[reg_name] = factory
         return factory

@@ -1,0 +1,233 @@
+"""Benchmarking: wrapper spliced at any tag, verified before timing, built from the signature
+at the splice point. Timing values are never asserted, only their presence and sanity."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from stagegraph.cli import main
+from stagegraph.engine import Engine
+from stagegraph.errors import AmbiguousTagError, StageFailed
+from stagegraph.graph import Graph, GraphInput
+from stagegraph.ports import Module, TensorModule
+from stagegraph.stage import stage
+from stagegraph.stages.emit import jit
+from stagegraph.stages.passes import bufferize, linalg_to_loops, lower_to_llvm, verify
+from stagegraph.workload import Complexity, TensorSpec, Verdict, Workload
+
+FIELDS = {
+    "graph",
+    "workload",
+    "splice_at",
+    "verified",
+    "samples",
+    "median_s",
+    "min_s",
+    "p10_s",
+    "p90_s",
+    "cv",
+    "ci_low_s",
+    "ci_high_s",
+    "gflops",
+    "compile_seconds",
+}
+
+
+def bench_json(capsys, *args: str) -> tuple[int, dict]:
+    code = main(["bench", *args, "--json", "--repeat", "4", "--budget", "0.5"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else {}
+
+
+@pytest.mark.parametrize("tag", ["input", "bufferized"])
+def test_bench_at_tag_is_verified_with_all_fields(capsys, tag):
+    code, report = bench_json(capsys, "naive", "matmul:m=16,n=16,k=16", "--splice-at", tag)
+    assert code == 0
+    assert FIELDS <= set(report)
+    assert report["verified"] is True and report["splice_at"] == tag
+    assert report["samples"] >= 4
+    assert 0 < report["min_s"] <= report["median_s"] <= report["p90_s"]
+    assert report["ci_low_s"] <= report["median_s"] <= report["ci_high_s"]
+    assert report["gflops"] > 0 and report["compile_seconds"] > 0
+
+
+def test_default_splice_is_the_graphs_choice(capsys):
+    code, report = bench_json(capsys, "naive", "matmul:m=8,n=8,k=8")
+    assert code == 0 and report["splice_at"] == "bufferized"
+
+
+def test_unknown_tag_lists_tags(capsys):
+    code = main(["bench", "naive", "matmul:m=8,n=8,k=8", "--splice-at", "bufferised"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "did you mean 'bufferized'" in err and "its tags: bufferized, input" in err
+
+
+def test_tag_on_several_stages_is_an_error():
+    graph = Graph(
+        "twice",
+        [verify("a", tags={"x"}), verify("b", tags={"x"})],
+        ["payload -> a.module", "a.module -> b.module"],
+        [GraphInput("payload", Module["tensor"])],
+    )
+    with pytest.raises(AmbiguousTagError, match="tag 'x' is on several stages"):
+        Engine().benchmark(graph, None, splice_at="x")
+
+
+def test_csv_appends_rows_with_one_header(capsys, tmp_path):
+    path = tmp_path / "runs.csv"
+    for _ in range(2):
+        assert (
+            main(
+                [
+                    "bench",
+                    "naive",
+                    "matmul:m=8,n=8,k=8",
+                    "--repeat",
+                    "3",
+                    "--budget",
+                    "0.2",
+                    "--csv",
+                    str(path),
+                ]
+            )
+            == 0
+        )
+    rows = list(csv.DictReader(path.open()))
+    assert len(rows) == 2 and rows[0]["verified"] == "True"
+    assert path.read_text().count("median_s") == 1
+
+
+def test_vs_numpy_reports_ratio(capsys):
+    code = main(
+        [
+            "bench",
+            "naive",
+            "matmul:m=16,n=16,k=16",
+            "--vs",
+            "numpy",
+            "--json",
+            "--repeat",
+            "4",
+            "--budget",
+            "0.3",
+        ]
+    )
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert report["a"]["graph"] == "naive" and report["b"]["graph"] == "numpy"
+    assert report["ratio_low"] <= report["ratio"] <= report["ratio_high"]
+
+
+# -- the wrapper follows the signature at the splice point --------------------------------
+
+GLOBAL = """
+func.func @main(%a: tensor<8x4xf32>, %b: tensor<4x4xf32>) -> tensor<8x4xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<8x4xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<8x4xf32>) -> tensor<8x4xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<8x4xf32>, tensor<4x4xf32>)
+                     outs(%f : tensor<8x4xf32>) -> tensor<8x4xf32>
+  return %r : tensor<8x4xf32>
+}
+"""
+LOCAL = GLOBAL.replace("8x4", "4x4")
+
+
+@stage("schedule", name="test.halve_rows")
+def halve_rows(module: TensorModule) -> TensorModule:
+    """Like partitioning on 2 ranks: @main now works on half of the rows of A."""
+    from stagegraph.mlir import ir
+
+    local = ir.Module.parse(LOCAL, module.ir.context)
+    old = next(
+        op
+        for op in module.ir.body.operations
+        if "sym_name" in op.attributes and op.attributes["sym_name"].value == "main"
+    )
+    new = local.body.operations[0].clone(ir.InsertionPoint(old))
+    del new
+    old.erase()
+    if not module.ir.operation.verify():
+        raise ValueError("module does not verify after partitioning")
+    return module
+
+
+class LocalMatmul(Workload):
+    """The per-rank part of an 8x4 @ 4x4 matmul split in two row blocks."""
+
+    name = "test-local-matmul"
+
+    def payload(self, context=None):
+        from stagegraph.mlir import ir
+
+        return ir.Module.parse(GLOBAL, context)
+
+    def input_specs(self):
+        return [TensorSpec(shape=(4, 4), dtype="f32"), TensorSpec(shape=(4, 4), dtype="f32")]
+
+    def output_specs(self):
+        return [TensorSpec(shape=(4, 4), dtype="f32")]
+
+    def _compute_reference(self):
+        a, b = self.inputs()
+        return [a.astype(np.float64) @ b.astype(np.float64)]
+
+    @property
+    def complexity(self) -> Complexity:
+        return Complexity(flops=2 * 4 * 4 * 4, bytes_moved=3 * 64)
+
+
+def partitioned_graph() -> Graph:
+    return Graph(
+        "halved",
+        [
+            verify("load"),
+            halve_rows("partition", tags={"partitioned"}),
+            bufferize(),
+            linalg_to_loops("loops"),
+            lower_to_llvm("lower"),
+            jit("emit"),
+        ],
+        [
+            "payload -> load.module",
+            "load.module -> partition.module",
+            "partition.module -> bufferize.module",
+            "bufferize.module -> loops.module",
+            "loops.module -> lower.module",
+            "lower.module -> emit.module",
+        ],
+        [GraphInput("payload", Module["tensor"], frozenset({"input"}))],
+        default_splice="partitioned",
+    )
+
+
+def test_wrapper_uses_signature_after_partitioning():
+    report = Engine().benchmark(
+        partitioned_graph(), LocalMatmul(), splice_at="partitioned", repeat=3, budget_s=0.2
+    )
+    assert report.verified is True and report.samples >= 3
+
+
+def test_wrapper_before_signature_change_fails_clearly():
+    with pytest.raises(StageFailed) as info:
+        Engine().benchmark(partitioned_graph(), LocalMatmul(), splice_at="input", repeat=3)
+    assert info.value.stage == "partition"
+    assert "Verification failed" in str(info.value)
+    assert any("'func.call'" in d and "@main" in d for d in info.value.diagnostics)
+
+
+def test_wrong_result_is_reported_not_timed(monkeypatch):
+    monkeypatch.setattr(
+        LocalMatmul,
+        "verify",
+        lambda self, outs: Verdict(
+            ok=False, max_abs_error=1.0, max_rel_error=1.0, tolerance=0.0, message="wrong"
+        ),
+    )
+    report = Engine().benchmark(partitioned_graph(), LocalMatmul(), repeat=3)
+    assert report.verified is False and report.median_s is None and report.samples == 0

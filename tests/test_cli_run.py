@@ -1,0 +1,152 @@
+"""`stagegraph run`: verified results, overrides, --until, --dump-ir, --emit, bad input."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+
+import numpy as np
+import pytest
+
+from stagegraph.cli import main
+from tests.conftest import kernelbench_or_skip
+
+WORKLOADS = [
+    "matmul:m=24,n=16,k=8",
+    "matmul:m=10,n=7,k=5",
+    "mlp:batch=4,widths=8-16-8",
+    "ff:m=8,n=16,k=8",
+]
+
+
+def run_json(capsys, *args: str) -> tuple[int, dict]:
+    code = main(["run", *args, "--json"])
+    out = capsys.readouterr().out
+    return code, json.loads(out) if out.strip() else {}
+
+
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_naive_verifies(capsys, workload):
+    code, report = run_json(capsys, "naive", workload)
+    assert code == 0
+    assert report["verified"] is True
+    assert report["max_abs_error"] < 1e-4
+    assert [s["name"] for s in report["stages"]] == ["load", "bufferize", "loops", "lower", "emit"]
+    assert report["run_seconds"] > 0
+
+
+def test_until_prints_ir_at_tag(capsys):
+    code = main(["run", "naive", "matmul:m=8,n=8,k=8", "--until", "bufferized"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "memref<8x8xf32>" in out and "tensor<" not in out
+
+
+def test_dump_ir_numbered_files_and_index(capsys, tmp_path):
+    code = main(["run", "naive", "matmul:m=8,n=8,k=8", "--dump-ir", str(tmp_path)])
+    assert code == 0
+    files = sorted(p.name for p in tmp_path.glob("*.mlir"))
+    assert files == ["01-load.mlir", "02-bufferize.mlir", "03-loops.mlir", "04-lower.mlir"]
+    index = json.loads((tmp_path / "index.json").read_text())
+    assert [e["stage"] for e in index] == ["load", "bufferize", "loops", "lower"]
+    assert index[-1]["level"] == "llvm"
+
+
+def test_emit_shared_library_runs_with_plain_ctypes(capsys, tmp_path):
+    lib = tmp_path / "mm.so"
+    code, report = run_json(
+        capsys, "naive", "matmul:m=4,n=3,k=2", "--emit", "shared", "-o", str(lib)
+    )
+    assert code == 0 and report["verified"] is True and lib.exists()
+
+    class Desc2D(ctypes.Structure):
+        _fields_ = [
+            ("allocated", ctypes.c_void_p),
+            ("aligned", ctypes.c_void_p),
+            ("offset", ctypes.c_int64),
+            ("sizes", ctypes.c_int64 * 2),
+            ("strides", ctypes.c_int64 * 2),
+        ]
+
+    def desc(array: np.ndarray) -> Desc2D:
+        ptr = array.ctypes.data
+        return Desc2D(
+            ptr, ptr, 0, (ctypes.c_int64 * 2)(*array.shape), (ctypes.c_int64 * 2)(array.shape[1], 1)
+        )
+
+    a = np.arange(8, dtype=np.float32).reshape(4, 2)
+    b = np.arange(6, dtype=np.float32).reshape(2, 3)
+    c = np.zeros((4, 3), dtype=np.float32)
+    descs = [desc(a), desc(b), desc(c)]
+    library = ctypes.CDLL(str(lib))
+    library._mlir_ciface_main(*[ctypes.byref(d) for d in descs])
+    np.testing.assert_allclose(c, a @ b)
+
+
+def test_emit_object_writes_file(capsys, tmp_path):
+    obj = tmp_path / "mm.o"
+    code, report = run_json(
+        capsys, "naive", "matmul:m=4,n=3,k=2", "--emit", "object", "-o", str(obj)
+    )
+    assert code == 0 and report["verified"] is None
+    assert obj.stat().st_size > 0
+
+
+def test_mlir_file_with_npz_reference(capsys):
+    folder = kernelbench_or_skip()
+    payload = folder / "l1_019_ReLU.mlir"
+    code, report = run_json(capsys, "naive", str(payload))
+    assert code == 0 and report["verified"] is True
+
+
+def test_mlir_file_without_npz_uses_naive_as_reference(capsys, tmp_path):
+    from tests.conftest import MATMUL_MLIR
+
+    path = tmp_path / "mm.mlir"
+    path.write_text(MATMUL_MLIR)
+    code, report = run_json(capsys, "naive", str(path))
+    assert code == 0 and report["verified"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["naive", "matmull"], "unknown workload 'matmull'"),
+        (["naive", "matmul:mm=3"], "did you mean 'm'"),
+        (["naive", "matmul:m=-3"], "'m'"),
+        (["naive", "matmul:m=abc"], "'m'"),
+        (["nave", "matmul"], "did you mean 'naive'"),
+        (["naive", "matmul", "--until", "bufferised"], "did you mean 'bufferized'"),
+        (["naive", "matmul", "--param", "tile=4"], "no cost-model stage"),
+        (["naive", "matmul", "--emit", "shared"], "needs -o PATH"),
+        (["naive", "matmul", "--emit", "shared", "-o", "/no/such/dir/x.so"], "does not exist"),
+    ],
+)
+def test_bad_input_exit_2(capsys, args, message):
+    code = main(["run", *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_malformed_mlir_reports_line_and_column(capsys, tmp_path):
+    path = tmp_path / "bad.mlir"
+    path.write_text(
+        "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %b : tensor<4xf32>\n}\n"
+    )
+    code = main(["run", "naive", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"{path}:2:" in err and "Traceback" not in err
+
+
+def test_dynamic_shape_payload_rejected(capsys, tmp_path):
+    path = tmp_path / "dyn.mlir"
+    path.write_text(
+        "func.func @main(%a: tensor<?x4xf32>) -> tensor<?x4xf32> {\n"
+        "  return %a : tensor<?x4xf32>\n}\n"
+    )
+    code = main(["run", "naive", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "dynamic" in err and "Traceback" not in err
