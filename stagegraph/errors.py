@@ -145,3 +145,72 @@ class ReferenceUnavailableError(StagegraphError, RuntimeError):
 
 class VerificationError(StagegraphError, ValueError):
     """Outputs that do not match the workload's reference."""
+
+
+def restore_exception(cls: type[BaseException], args: tuple, state: dict) -> BaseException:
+    """Rebuild an exception from its args and ``__dict__`` without calling its ``__init__``.
+
+    Unpickling calls ``cls(*args)``, which fails for classes whose ``__init__`` takes other
+    arguments than the message (e.g. :class:`StageFailed`); this is the pickle-safe path.
+    """
+    exc = cls.__new__(cls, *args)
+    exc.args = args
+    exc.__dict__.update(state)
+    return exc
+
+
+class IsolatedFailure(StagegraphError, RuntimeError):
+    """A call run in a child process died of a signal, timed out, ran out of memory or raised.
+
+    ``reason`` is ``"signal"``, ``"timeout"``, ``"memory"``, ``"exception"`` or ``"exit"``
+    (the child exited without a result); the other fields say more, ``stderr_tail`` holds the
+    end of the child's captured stderr (MLIR/LLVM messages, faulthandler traceback).
+    """
+
+    def __init__(
+        self,
+        reason: str,
+        detail: str,
+        *,
+        label: str = "",
+        signal: str | None = None,
+        timeout_s: float | None = None,
+        memory_bytes: int | None = None,
+        exitcode: int | None = None,
+        exc_type: str | None = None,
+        exc_message: str | None = None,
+        child_traceback: str = "",
+        stderr_tail: str = "",
+    ) -> None:
+        self.reason, self.detail, self.label, self.signal = reason, detail, label, signal
+        self.timeout_s, self.memory_bytes, self.exitcode = timeout_s, memory_bytes, exitcode
+        self.exc_type, self.exc_message = exc_type, exc_message
+        self.child_traceback, self.stderr_tail = child_traceback, stderr_tail
+        text = f"isolated call{f' {label!r}' if label else ''} failed ({reason}): {detail}"
+        lines = stderr_tail.strip().splitlines()[-12:]
+        if lines:
+            text += "\nchild stderr (tail):\n" + "\n".join(f"  {line}" for line in lines)
+        super().__init__(text)
+
+    def __reduce__(self) -> tuple:
+        return (restore_exception, (type(self), self.args, self.__dict__))
+
+
+class MpiError(StagegraphError, RuntimeError):
+    """A multi-rank (MPI) run cannot start or did not finish."""
+
+
+class MpiUnavailableError(MpiError):
+    """MPICH (the ``mpich`` wheel) or ``mpi4py`` is not installed."""
+
+
+class RanksMismatchError(MpiError, ValueError):
+    """``--ranks`` differs from the number of devices in the workload's grid."""
+
+
+class RankFailedError(MpiError):
+    """A rank raised or died; the message carries that rank's error."""
+
+
+class MpiTimeoutError(MpiError, TimeoutError):
+    """The ranks did not finish within the timeout; the job was killed."""
