@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
 import click
 
 from stagegraph.cli import emit_json
+
+if TYPE_CHECKING:
+    from stagegraph.engine import Hook
+    from stagegraph.graph import Graph
 
 COMMANDS: list[click.Command] = []
 
@@ -23,8 +30,45 @@ def load_inputs(graph_name: str, workload_spec: str):
     return load_graph(graph_name), parse_workload(workload_spec)
 
 
+def inspection_options(command: click.Command) -> click.Command:
+    """``--print-ir-after``, ``--verify-each`` and ``--repro-dir``, shared by run/bench."""
+    options = [
+        click.option("--print-ir-after", "print_ir_after", multiple=True,
+                     metavar="STAGE|TAG|all", help="Print the IR after these stages."),
+        click.option("--verify-each", is_flag=True, help="Verify the IR after every stage."),
+        click.option("--repro-dir", type=click.Path(file_okay=False),
+                     help="Where failing stages write reproducers (default: a temp dir)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def build_hooks(
+    graph: Graph,
+    print_ir_after: Sequence[str],
+    verify_each: bool,
+    repro_dir: str | None,
+    dump_ir: str | None = None,
+) -> list[Hook]:
+    """The engine hooks the inspection options ask for (reproducers are always on)."""
+    from stagegraph.hooks import DumpIR, PrintIR, VerifyEach, check_selectors
+    from stagegraph.repro import ReproducerHook
+
+    hooks = [ReproducerHook(repro_dir)]
+    if verify_each:
+        hooks.append(VerifyEach())
+    if print_ir_after:
+        check_selectors(graph, list(print_ir_after))
+        hooks.append(PrintIR(list(print_ir_after), lambda text: click.echo(text, err=True)))
+    if dump_ir:
+        hooks.append(DumpIR(dump_ir))
+    return hooks
+
+
 @_register
 @click.command()
+@inspection_options
 @click.argument("graph")
 @click.argument("workload")
 @click.option(
@@ -44,6 +88,7 @@ def load_inputs(graph_name: str, workload_spec: str):
 )
 @click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+@click.option("--ranks", type=click.IntRange(min=1), help="Run on N MPI ranks (sharded workloads).")
 def run(
     graph: str,
     workload: str,
@@ -54,17 +99,25 @@ def run(
     output: str | None,
     threads: int | None,
     as_json: bool,
+    ranks: int | None,
+    print_ir_after: tuple[str, ...] = (),
+    verify_each: bool = False,
+    repro_dir: str | None = None,
 ) -> None:
     """Compile WORKLOAD through GRAPH, run it and verify it against the reference."""
+    if ranks is not None:
+        from stagegraph.mpi import run_command
+
+        unsupported = {"--param": params, "--until": until, "--dump-ir": dump_ir,
+                       "--emit": emit != "jit", "--threads": threads}  # fmt: skip
+        return run_command(graph, workload, ranks, as_json, unsupported)
     from stagegraph.engine import Engine
     from stagegraph.execute import parse_assignments, run_report, with_emit, with_params
-    from stagegraph.hooks import DumpIR
 
     loaded, work = load_inputs(graph, workload)
     loaded = with_params(loaded, parse_assignments(params), threads)
     loaded = with_emit(loaded, emit, output)
-    hooks = [DumpIR(dump_ir)] if dump_ir else []
-    engine = Engine(hooks)
+    engine = Engine(build_hooks(loaded, print_ir_after, verify_each, repro_dir, dump_ir))
     if until:
         result = engine.run(loaded, work, until=until)
         module = result.module
@@ -139,6 +192,8 @@ def run(
 @click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Append a CSV row.")
+@click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after each stage.")
+@inspection_options
 def bench(
     graph: str,
     workload: str,
@@ -152,6 +207,10 @@ def bench(
     threads: int | None,
     as_json: bool,
     csv_path: str | None,
+    dump_ir: str | None = None,
+    print_ir_after: tuple[str, ...] = (),
+    verify_each: bool = False,
+    repro_dir: str | None = None,
 ) -> None:
     """Benchmark WORKLOAD through GRAPH with the timing wrapper spliced at a tag."""
     from stagegraph.bench import (
@@ -169,7 +228,7 @@ def bench(
     loaded, work = load_inputs(graph, workload)
     loaded = with_params(loaded, parse_assignments(params), threads)
     options = BenchOptions(warmup=warmup, repeat=repeat, min_time_s=min_time, budget_s=budget)
-    engine = Engine()
+    engine = Engine(build_hooks(loaded, print_ir_after, verify_each, repro_dir, dump_ir))
     if versus is None:
         report = benchmark(engine, loaded, work, splice_at, options, threads)
         reports = [report]
@@ -221,3 +280,18 @@ def _print_report(report) -> None:
         f"min {report.min_s * 1e3:.4f} ms, cv {report.cv:.3f}, "
         f"compile {report.compile_seconds:.3f} s"
     )
+
+
+@_register
+@click.command()
+@click.argument("directory", type=click.Path(exists=True, file_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def repro(directory: str, as_json: bool) -> None:
+    """Re-run the failing stage recorded in a reproducer DIRECTORY on its input."""
+    from stagegraph.repro import replay
+
+    result = replay(directory)
+    if as_json:
+        emit_json(result)
+    else:
+        click.echo(f"stage {result['stage']!r} ran without error (the failure did not reproduce)")

@@ -1,17 +1,27 @@
-"""Instrumentation hooks: IR dumps (more land here: printing, verification, reproducers)."""
+"""Instrumentation hooks: IR dumps, IR printing and per-stage verification.
+
+All of them plug into the engine's one seam (:class:`~stagegraph.engine.Hook`); the CLI's
+``--dump-ir``, ``--print-ir-after`` and ``--verify-each`` only choose which hooks to pass.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from stagegraph.engine import Hook, StageEvent
 from stagegraph.errors import StagegraphError
+from stagegraph.graph import Graph
 from stagegraph.ports import Module
 
 
+def output_module(event: StageEvent) -> Module | None:
+    return next((v for v in event.outputs.values() if isinstance(v, Module)), None)
+
+
 class DumpIR(Hook):
-    """Write the IR after every stage that outputs a module, numbered in execution order.
+    """Write the IR after every stage that changed it, numbered in execution order.
 
     ``index.json`` lists each file with the stage, its kind, level and op-count delta.
     """
@@ -29,10 +39,15 @@ class DumpIR(Hook):
             ) from None
         self.count = 0
         self.index: list[dict] = []
+        self._before: str | None = None
+
+    def before_stage(self, event: StageEvent) -> None:
+        module = next((v for v in event.inputs.values() if isinstance(v, Module)), None)
+        self._before = module.text() if module is not None else None
 
     def after_stage(self, event: StageEvent) -> None:
-        module = next((v for v in event.outputs.values() if isinstance(v, Module)), None)
-        if module is None:
+        module = output_module(event)
+        if module is None or module.text() == self._before:
             return
         self.count += 1
         name = f"{self.count:02d}-{event.stage.name}.mlir"
@@ -51,3 +66,54 @@ class DumpIR(Hook):
             }
         )
         (self.directory / "index.json").write_text(json.dumps(self.index, indent=1))
+
+
+class PrintIR(Hook):
+    """Print the IR after the stages named (by name or tag; ``all`` for every stage)."""
+
+    def __init__(self, selectors: list[str], write: Callable[[str], None]) -> None:
+        self.selectors = set(selectors)
+        self.write = write
+
+    def after_stage(self, event: StageEvent) -> None:
+        stage = event.stage
+        wanted = "all" in self.selectors or stage.name in self.selectors
+        if not (wanted or self.selectors & stage.tags):
+            return
+        module = output_module(event)
+        if module is not None:
+            self.write(f"// ----- IR after {stage.name} ({stage.kind}, {module.level}) -----\n")
+            self.write(module.text())
+
+
+class VerifyEach(Hook):
+    """Run the MLIR verifier on every module a stage produces; fail at the culprit."""
+
+    def after_stage(self, event: StageEvent) -> None:
+        module = output_module(event)
+        if module is not None:
+            from stagegraph.errors import StageFailed
+            from stagegraph.irutil import error_diagnostics
+
+            try:
+                module.ir.operation.verify()
+            except Exception as exc:
+                raise StageFailed(
+                    event.graph.name,
+                    event.stage.name,
+                    "output does not verify",
+                    error_diagnostics(exc) or [str(exc)],
+                ) from None
+
+
+def check_selectors(graph: Graph, selectors: list[str]) -> None:
+    """Reject --print-ir-after names that are neither a stage, a tag nor ``all``."""
+    from stagegraph.errors import UnknownStageError, unknown_name_message
+
+    known = set(graph.stages) | set(graph.tags) | {"all"}
+    for name in selectors:
+        if name not in known:
+            raise UnknownStageError(
+                f"--print-ir-after: graph {graph.name!r}: "
+                + unknown_name_message("stage or tag", name, known)
+            )

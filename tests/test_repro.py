@@ -1,0 +1,101 @@
+"""Reproducers, IR printing and per-stage verification through the one hook seam."""
+
+from __future__ import annotations
+
+import json
+import re
+
+from stagegraph.cli import main
+from tests.conftest import tile_schedule
+
+BROKEN = tile_schedule(4).replace(
+    "%t, %loops:2 = transform.structured.tile_using_for %mm tile_sizes [4, 4]\n"
+    "      : (!transform.any_op) -> (!transform.any_op, !transform.any_op, !transform.any_op)",
+    "%i = transform.structured.interchange %mm iterator_interchange = [2, 1, 0]\n"
+    "      : (!transform.any_op) -> !transform.any_op",
+)
+
+
+def broken_graph_file(tmp_path) -> str:
+    import yaml
+
+    assert "interchange" in BROKEN
+    graph = {
+        "name": "broken",
+        "inputs": {"payload": {"type": "module:tensor", "tags": ["input"]}},
+        "stages": [
+            {"name": "schedule", "factory": "transform", "config": {"text": BROKEN}},
+            {"name": "bufferize", "factory": "bufferize"},
+        ],
+        "edges": ["payload -> schedule.module", "schedule.module -> bufferize.module"],
+    }
+    path = tmp_path / "broken.yaml"
+    path.write_text(yaml.safe_dump(graph))
+    return str(path)
+
+
+def test_broken_schedule_writes_reproducer_that_fails_the_same_way(capsys, tmp_path):
+    repro_root = tmp_path / "repro"
+    code = main(["run", broken_graph_file(tmp_path), "matmul:m=8,n=8,k=8",
+                 "--repro-dir", str(repro_root)])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err
+    assert "stage 'schedule' of graph 'broken' failed" in err
+    assert "transform applied to the wrong op kind" in err
+    directory = re.search(r"reproducer: (\S+)", err).group(1)
+    files = {p.name for p in (tmp_path / directory).iterdir()}
+    assert {
+        "input.mlir",
+        "stage.json",
+        "inputs.json",
+        "schedule.mlir",
+        "README",
+        "repro.sh",
+    } <= files
+    assert "linalg.matmul" in (tmp_path / directory / "input.mlir").read_text()
+    assert json.loads((tmp_path / directory / "stage.json").read_text())["factory"] == "transform"
+
+    code = main(["repro", directory])
+    again = capsys.readouterr().err
+    assert code == 2
+    assert "stage 'schedule' of graph 'broken' failed" in again
+    assert "transform applied to the wrong op kind" in again
+
+
+def test_pass_stage_reproducer_prints_opt_command(capsys, tmp_path):
+    import yaml
+
+    graph = {
+        "name": "badpass",
+        "stages": [{"name": "p", "factory": "pipeline", "config": {"pipeline": "no-such-pass"}}],
+        "edges": ["payload -> p.module"],
+    }
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump(graph))
+    code = main(["run", str(path), "matmul:m=4,n=4,k=4", "--repro-dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code == 2
+    directory = re.search(r"reproducer: (\S+)", err).group(1)
+    readme = (tmp_path / directory / "README").read_text()
+    assert "--pass-pipeline='builtin.module(no-such-pass)'" in readme
+    assert "-opt" in readme
+
+
+def test_print_ir_after_stage_and_tag(capsys):
+    code = main(["run", "naive", "matmul:m=4,n=4,k=4", "--print-ir-after", "bufferized"])
+    err = capsys.readouterr().err
+    assert code == 0
+    assert "IR after bufferize (passes, buffer)" in err and "memref<4x4xf32>" in err
+    assert "IR after lower" not in err
+    code = main(["run", "naive", "matmul:m=4,n=4,k=4", "--print-ir-after", "all"])
+    assert err.count("IR after") == 1 and capsys.readouterr().err.count("IR after") == 4
+
+
+def test_print_ir_after_unknown_name(capsys):
+    code = main(["run", "naive", "matmul", "--print-ir-after", "bufferise"])
+    err = capsys.readouterr().err
+    assert code == 2 and "did you mean" in err
+
+
+def test_verify_each_passes_on_good_flow(capsys):
+    assert main(["run", "naive", "matmul:m=4,n=4,k=4", "--verify-each"]) == 0
