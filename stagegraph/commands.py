@@ -11,6 +11,7 @@ from stagegraph.cli import emit_json
 
 if TYPE_CHECKING:
     from stagegraph.engine import Hook
+    from stagegraph.execute import RunReport
     from stagegraph.graph import Graph
 
 COMMANDS: list[click.Command] = []
@@ -88,6 +89,22 @@ def build_hooks(
 )
 @click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+@click.option("--isolate", is_flag=True, help="Compile and run in a child process with limits.")
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=300.0,
+    show_default=True,
+    help="With --isolate: wall-clock limit (s).",
+)
+@click.option(
+    "--memory",
+    "memory_gb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=8.0,
+    show_default=True,
+    help="With --isolate: address-space limit (GiB).",
+)
 @click.option("--ranks", type=click.IntRange(min=1), help="Run on N MPI ranks (sharded workloads).")
 def run(
     graph: str,
@@ -100,6 +117,9 @@ def run(
     threads: int | None,
     as_json: bool,
     ranks: int | None,
+    isolate: bool = False,
+    timeout: float = 300.0,
+    memory_gb: float = 8.0,
     print_ir_after: tuple[str, ...] = (),
     verify_each: bool = False,
     repro_dir: str | None = None,
@@ -117,6 +137,11 @@ def run(
     loaded, work = load_inputs(graph, workload)
     loaded = with_params(loaded, parse_assignments(params), threads)
     loaded = with_emit(loaded, emit, output)
+    if isolate:
+        report = _run_isolated(graph, workload, params, threads, emit, output, verify_each,
+                               repro_dir, timeout, memory_gb)  # fmt: skip
+        _print_run_report(report, as_json)
+        return
     engine = Engine(build_hooks(loaded, print_ir_after, verify_each, repro_dir, dump_ir))
     if until:
         result = engine.run(loaded, work, until=until)
@@ -135,6 +160,26 @@ def run(
             click.echo(module.text() if module else "(no module at that point)")
         return
     report = run_report(loaded, work, engine=engine, threads=threads)
+    _print_run_report(report, as_json)
+
+
+def _run_isolated(graph: str, workload: str, params: Sequence[str], threads: int | None,
+                  emit: str, output: str | None, verify_each: bool, repro_dir: str | None,
+                  timeout: float, memory_gb: float) -> RunReport:  # fmt: skip
+    import tempfile
+
+    from stagegraph.execute import IsolatedRun, parse_assignments, run_isolated_report
+    from stagegraph.isolate import Limits
+
+    with tempfile.TemporaryDirectory(prefix="stagegraph-crumb-") as scratch:
+        request = IsolatedRun(graph=graph, workload=workload, params=parse_assignments(params),
+                              threads=threads, emit=emit, output=output,
+                              breadcrumb=f"{scratch}/current", verify_each=verify_each)  # fmt: skip
+        limits = Limits(timeout_s=timeout, memory_bytes=int(memory_gb * 2**30))
+        return run_isolated_report(request, limits, repro_dir)
+
+
+def _print_run_report(report: RunReport, as_json: bool) -> None:
     if as_json:
         emit_json(report.model_dump(mode="json"))
     else:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import Field
 
 from stagegraph.engine import Engine, Hook, RunResult
 from stagegraph.errors import ConfigError, StagegraphError
@@ -176,3 +177,61 @@ def install_reference_runner() -> None:
 
     if workload_module.REFERENCE_RUNNER is None:
         workload_module.REFERENCE_RUNNER = naive_reference
+
+
+class IsolatedRun(Schema):
+    """What an isolated ``run`` needs to rebuild its graph and workload in the child."""
+
+    graph: str
+    workload: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    threads: int | None = None
+    emit: str = "jit"
+    output: str | None = None
+    breadcrumb: str
+    verify_each: bool = False
+
+
+def _isolated_child(request: IsolatedRun) -> RunReport:
+    from stagegraph.catalog import load_graph
+    from stagegraph.hooks import VerifyEach
+    from stagegraph.repro import CrashBreadcrumb
+    from stagegraph.workload import parse_workload
+
+    install_reference_runner()
+    graph = with_params(load_graph(request.graph), request.params, request.threads)
+    graph = with_emit(graph, request.emit, request.output)
+    hooks: list[Hook] = [CrashBreadcrumb(request.breadcrumb)]
+    if request.verify_each:
+        hooks.append(VerifyEach())
+    return run_report(graph, parse_workload(request.workload), hooks=hooks,
+                      threads=request.threads)  # fmt: skip
+
+
+def run_isolated_report(
+    request: IsolatedRun, limits: Any, repro_dir: str | None = None
+) -> RunReport:
+    """Compile and run in a child under ``limits``; a crash becomes a StageFailed naming the
+    stage that was running, with a reproducer of its input.
+
+    Raises:
+        StageFailed: the child died in a stage (signal, timeout, memory) or a stage raised.
+    """
+    from stagegraph.errors import IsolatedFailure, StageFailed
+    from stagegraph.repro import claim_breadcrumb
+
+    breadcrumb = Path(request.breadcrumb)
+    try:
+        return limits.run(_isolated_child, request, label=f"{request.graph} on {request.workload}")
+    except StageFailed as failed:  # a stage raised in the child: same error, plus a reproducer
+        if failed.reproducer is None:
+            claimed = claim_breadcrumb(breadcrumb, failed.reason, repro_dir, failed.diagnostics)
+            if claimed is not None:
+                raise claimed from failed
+        raise
+    except IsolatedFailure as failure:
+        tail = failure.stderr_tail.splitlines()[-12:]
+        error = claim_breadcrumb(breadcrumb, failure.detail, repro_dir, tail)
+        if error is None:
+            raise
+        raise error from failure

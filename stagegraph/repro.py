@@ -186,3 +186,40 @@ def replay(directory: str | Path) -> dict[str, Any]:
     except StageFailed:
         raise
     return {"stage": spec.stage, "ok": True, "outputs": sorted(p for _, p in result.values)}
+
+
+class CrashBreadcrumb(Hook):
+    """For isolated runs: keep a reproducer of the stage *about to run* on disk.
+
+    If the child dies (signal, timeout, memory), the parent still knows which stage was
+    running and has its input; :func:`claim_breadcrumb` turns it into a reproducer.
+    """
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory)
+
+    def before_stage(self, event: StageEvent) -> None:
+        inputs = {
+            port: value.text() if isinstance(value, Module) else value
+            for port, value in event.inputs.items()
+        }
+        self.directory.mkdir(parents=True, exist_ok=True)
+        write_reproducer(self.directory, event.graph.name, event.stage, inputs, "in progress")
+
+
+def claim_breadcrumb(
+    breadcrumb: Path, reason: str, root: str | Path | None, diagnostics: list[str] | None = None
+) -> StageFailed | None:
+    """A StageFailed naming the stage that was running when an isolated child died."""
+    if not (breadcrumb / "stage.json").exists():
+        return None
+    spec = StageSpec.model_validate_json((breadcrumb / "stage.json").read_text())
+    root = Path(root) if root else default_directory()
+    target = root / f"{spec.graph}-{spec.stage}-{time.strftime('%Y%m%d-%H%M%S')}"
+    root.mkdir(parents=True, exist_ok=True)
+    breadcrumb.rename(target)
+    spec = spec.model_copy(update={"error": reason})
+    (target / "stage.json").write_text(spec.model_dump_json(indent=2))
+    readme = (target / "README").read_text().replace("\nin progress\n", f"\n{reason}\n")
+    (target / "README").write_text(readme)
+    return StageFailed(spec.graph, spec.stage, reason, diagnostics, reproducer=str(target))

@@ -99,3 +99,39 @@ def test_print_ir_after_unknown_name(capsys):
 
 def test_verify_each_passes_on_good_flow(capsys):
     assert main(["run", "naive", "matmul:m=4,n=4,k=4", "--verify-each"]) == 0
+
+
+SEGV_GRAPH = """
+import ctypes
+
+from stagegraph.graph import Graph, GraphInput
+from stagegraph.ports import Module, TensorModule
+from stagegraph.stage import stage
+from stagegraph.stages.passes import verify
+
+
+@stage("schedule", name="test.segfault")
+def segfault(module: TensorModule) -> TensorModule:
+    ctypes.string_at(0)
+    return module
+
+
+def build():
+    return Graph("segv", [verify("load"), segfault("boom")],
+                 ["payload -> load.module", "load.module -> boom.module"],
+                 [GraphInput("payload", Module["tensor"])])
+"""
+
+
+def test_isolated_segfault_names_stage_and_parent_survives(capsys, tmp_path):
+    graph = tmp_path / "segv_graph.py"
+    graph.write_text(SEGV_GRAPH)
+    code = main(["run", str(graph), "matmul:m=4,n=4,k=4", "--isolate", "--timeout", "60",
+                 "--repro-dir", str(tmp_path / "r")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "stage 'boom' of graph 'segv' failed: killed by SIGSEGV" in err
+    directory = re.search(r"reproducer: (\S+)", err).group(1)
+    assert "linalg.matmul" in (tmp_path / directory / "input.mlir").read_text()
+    # the parent is fine: a normal isolated run still works afterwards
+    assert main(["run", "naive", "matmul:m=4,n=4,k=4", "--isolate"]) == 0
