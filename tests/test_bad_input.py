@@ -1,0 +1,142 @@
+"""The bad-input catalogue (README, "When input is wrong"): each row exits 2 with a
+one-paragraph message naming what is wrong and where, and no traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from stagegraph.cli import main
+
+GOOD_GRAPH = """\
+name: demo
+stages:
+  - {name: load, factory: verify}
+  - {name: bufferize, factory: bufferize}
+edges:
+  - payload -> load.module
+  - load.module -> bufferize.module
+"""
+
+FILES = {
+    "malformed.mlir": "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
+    "  return %b : tensor<4xf32>\n}\n",
+    "dynamic.mlir": "func.func @main(%a: tensor<?xf32>) -> tensor<?xf32> {\n"
+    "  return %a : tensor<?xf32>\n}\n",
+    "complex.mlir": "func.func @main(%a: tensor<4xcomplex<f32>>) -> tensor<4xcomplex<f32>> {\n"
+    "  return %a : tensor<4xcomplex<f32>>\n}\n",
+    "badyaml.yaml": "name: x\nstages: [\n  {name: a, factory: verify\n",
+    "missing.yaml": GOOD_GRAPH.replace("{name: load, factory: verify}", "{name: load}"),
+    "unknownkey.yaml": GOOD_GRAPH.replace("factory: verify}", "factory: verify, colour: red}"),
+    "unknownstage.yaml": GOOD_GRAPH.replace("factory: verify", "factory: verifi"),
+    "cycle.yaml": GOOD_GRAPH + "  - bufferize.module -> load.module\n",
+    "unconnected.yaml": GOOD_GRAPH.replace("  - load.module -> bufferize.module\n", ""),
+    "doubly.yaml": GOOD_GRAPH + "  - payload -> bufferize.module\n",
+    "mismatch.yaml": GOOD_GRAPH.replace(
+        "name: demo", "name: demo\ninputs:\n  payload: {type: 'module:llvm'}"
+    ),
+    "empty.yaml": "name: empty\nstages: []\n",
+}
+
+# (id, argv with {dir} for the temp folder, expected message fragments)
+CATALOGUE = [
+    (
+        "malformed-mlir",
+        ["run", "naive", "{dir}/malformed.mlir"],
+        ["malformed.mlir:2:10", "use of undeclared SSA value name"],
+    ),
+    ("dynamic-shapes", ["run", "naive", "{dir}/dynamic.mlir"], ["argument", "dynamic"]),
+    ("unsupported-dtype", ["run", "naive", "{dir}/complex.mlir"], ["complex<f32>"]),
+    ("unknown-graph", ["run", "naiv", "matmul"], ["unknown graph 'naiv'", "did you mean 'naive'"]),
+    (
+        "unknown-workload",
+        ["run", "naive", "matmull"],
+        ["unknown workload 'matmull'", "did you mean 'matmul'"],
+    ),
+    (
+        "unknown-stage",
+        ["validate", "{dir}/unknownstage.yaml"],
+        ["stage 'load'", "unknown stage factory 'verifi'", "did you mean 'verify'"],
+    ),
+    (
+        "unknown-tag",
+        ["run", "naive", "matmul", "--until", "bufferised"],
+        ["no tag 'bufferised'", "did you mean 'bufferized'", "its tags: bufferized, input"],
+    ),
+    (
+        "unknown-workload-parameter",
+        ["run", "naive", "matmul:mm=3"],
+        ["workload 'matmul'", "'mm'", "did you mean 'm'"],
+    ),
+    ("parameter-wrong-type", ["run", "naive", "matmul:m=abc"], ["'m'", "'abc'"]),
+    ("parameter-out-of-range", ["run", "naive", "matmul:m=0"], ["'m'", "greater than 0"]),
+    (
+        "unknown-param-override",
+        ["run", "naive", "matmul", "--param", "tile=4"],
+        ["graph 'naive' has no cost-model stage"],
+    ),
+    ("graph-bad-yaml", ["validate", "{dir}/badyaml.yaml"], ["badyaml.yaml:", "invalid YAML"]),
+    (
+        "graph-missing-field",
+        ["validate", "{dir}/missing.yaml"],
+        ["missing.yaml:3:", "stages.0.factory: Field required"],
+    ),
+    (
+        "graph-unknown-key",
+        ["validate", "{dir}/unknownkey.yaml"],
+        ["unknownkey.yaml:3:", "stages.0.colour: Extra inputs are not permitted"],
+    ),
+    ("graph-cycle", ["validate", "{dir}/cycle.yaml"], ["cycle: "]),
+    (
+        "graph-unconnected-port",
+        ["validate", "{dir}/unconnected.yaml"],
+        ["stage 'bufferize' input 'module'", "not connected"],
+    ),
+    (
+        "graph-doubly-connected-port",
+        ["validate", "{dir}/doubly.yaml"],
+        ["stage 'bufferize' input 'module' is connected 2 times"],
+    ),
+    (
+        "graph-type-mismatch",
+        ["validate", "{dir}/mismatch.yaml"],
+        [
+            "graph input 'payload' (Module[llvm]) cannot feed stage 'load' input 'module' "
+            "(Module[tensor])"
+        ],
+    ),
+    ("empty-graph", ["validate", "{dir}/empty.yaml"], ["graph 'empty' has no stages"]),
+    (
+        "unwritable-output",
+        ["run", "naive", "matmul:m=4,n=4,k=4", "--dump-ir", "/proc/no/dir"],
+        ["cannot write IR dumps to /proc/no/dir"],
+    ),
+    (
+        "unwritable-library",
+        ["run", "naive", "matmul", "--emit", "shared", "-o", "/no/dir/x.so"],
+        ["cannot write /no/dir/x.so"],
+    ),
+]
+
+
+@pytest.fixture
+def folder(tmp_path):
+    for name, text in FILES.items():
+        (tmp_path / name).write_text(text)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("argv", "fragments"), [c[1:] for c in CATALOGUE],
+                         ids=[c[0] for c in CATALOGUE])  # fmt: skip
+def test_catalogue(capsys, folder, argv, fragments):
+    code = main([a.replace("{dir}", str(folder)) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err
+    assert err.startswith("error: ")
+    for fragment in fragments:
+        assert fragment in err, f"{fragment!r} not in {err!r}"
+
+
+def test_debug_shows_traceback(capsys):
+    assert main(["--debug", "run", "naiv", "matmul"]) == 2
+    assert "Traceback" in capsys.readouterr().err
