@@ -238,6 +238,7 @@ def _print_run_report(report: RunReport, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 @click.option("--csv", "csv_path", type=click.Path(dir_okay=False), help="Append a CSV row.")
 @click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after each stage.")
+@click.option("--ranks", type=click.IntRange(min=1), help="Time on N MPI ranks (sharded).")
 @inspection_options
 def bench(
     graph: str,
@@ -253,6 +254,7 @@ def bench(
     as_json: bool,
     csv_path: str | None,
     dump_ir: str | None = None,
+    ranks: int | None = None,
     print_ir_after: tuple[str, ...] = (),
     verify_each: bool = False,
     repro_dir: str | None = None,
@@ -268,11 +270,20 @@ def bench(
     )
     from stagegraph.catalog import load_graph
     from stagegraph.engine import Engine
-    from stagegraph.execute import parse_assignments, with_params
+    from stagegraph.execute import check_single_process, parse_assignments, with_params
 
-    loaded, work = load_inputs(graph, workload)
-    loaded = with_params(loaded, parse_assignments(params), threads)
     options = BenchOptions(warmup=warmup, repeat=repeat, min_time_s=min_time, budget_s=budget)
+    if ranks is not None:
+        from stagegraph.mpi import bench_command
+
+        unsupported = {"--vs": versus, "--param": params, "--threads": threads,
+                       "--dump-ir": dump_ir, "--print-ir-after": print_ir_after,
+                       "--verify-each": verify_each, "--repro-dir": repro_dir}  # fmt: skip
+        return bench_command(graph, workload, ranks, splice_at, options, as_json, csv_path,
+                             unsupported)  # fmt: skip
+    loaded, work = load_inputs(graph, workload)
+    check_single_process(work)
+    loaded = with_params(loaded, parse_assignments(params), threads)
     engine = Engine(build_hooks(loaded, print_ir_after, verify_each, repro_dir, dump_ir))
     if versus is None:
         report = benchmark(engine, loaded, work, splice_at, options, threads)

@@ -67,7 +67,7 @@ def with_params(graph: Graph, overrides: dict[str, Any], threads: int | None = N
     """
     if not overrides and threads is None:
         return graph
-    from stagegraph.stages.costmodel import CostModelConfig, unknown_param_message
+    from stagegraph.stages.costmodel import CostModelConfig, override_keys, unknown_param_message
 
     stages = [s for s in params_stages(graph) if isinstance(s.config, CostModelConfig)]
     if not stages:
@@ -75,7 +75,7 @@ def with_params(graph: Graph, overrides: dict[str, Any], threads: int | None = N
     for stage in stages:
         model = next(p.type for p in stage.outputs.values() if issubclass(p.type, Params))
         for key in overrides:
-            if key not in model.model_fields:
+            if key not in override_keys(model):
                 raise ConfigError(
                     f"stage {stage.name!r} of graph {graph.name!r}: "
                     + unknown_param_message(model, key)
@@ -109,6 +109,24 @@ def compile_workload(
     engine: Engine, graph: Graph, workload: Any, until: str | None = None
 ) -> RunResult:
     return engine.run(graph, workload, until=until)
+
+
+def check_single_process(workload: Any) -> None:
+    """Refuse to run a sharded workload in this process: its code takes one rank's blocks.
+
+    A workload with a device grid (a ``layout``) compiles to per-rank code that calls MPI;
+    called here on the global arrays it would fail on shapes, far from the real cause.
+
+    Raises:
+        ConfigError: the workload is sharded; the message says which ``--ranks`` to pass.
+    """
+    layout = getattr(workload, "layout", None)
+    if layout is not None:
+        ranks = layout().ranks
+        raise ConfigError(
+            f"workload {workload.spec!r} is sharded over {ranks} ranks and runs only on MPI "
+            f"ranks: add --ranks {ranks}"
+        )
 
 
 def execute(result: RunResult, workload: Any) -> tuple[list[Any], float]:
@@ -151,6 +169,7 @@ def run_report(
             emitted=str(path) if path else None,
             **common,
         )
+    check_single_process(workload)
     outputs, seconds = execute(result, workload)
     verdict = workload.verify(outputs)
     return RunReport(

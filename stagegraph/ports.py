@@ -9,6 +9,7 @@ model produces and a schedule consumes), a subclass of :class:`Facts` (analysis 
 from __future__ import annotations
 
 import hashlib
+import io
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -68,8 +69,15 @@ class Module:
         return hashlib.sha256(self.text().encode()).hexdigest()
 
     def clone(self) -> Module:
-        """A deep copy in the same context, for a second stage that mutates the module."""
-        return type(self)(self.ir.operation.clone(), self.level)
+        """A deep copy in the same context, for a second stage that mutates the module.
+
+        Round-trips through bytecode: ``Operation.clone`` would give a ``ModuleOp``, which
+        the execution engine and other ``ir.Module`` APIs do not accept.
+        """
+        buffer = io.BytesIO()
+        self.ir.operation.write_bytecode(buffer)
+        copy = type(self.ir).parse(buffer.getvalue(), self.ir.context)
+        return type(self)(copy, self.level)
 
     def __repr__(self) -> str:
         return f"<Module level={self.level}>"

@@ -1,4 +1,4 @@
-"""Sharded feed-forward on MPI ranks: layout, partitioned IR, runs on 2 and 4 ranks, failures."""
+"""Sharded feed-forward on MPI ranks: layout, partitioned IR, runs and benchmarks, failures."""
 
 from __future__ import annotations
 
@@ -9,17 +9,19 @@ import time
 import numpy as np
 import pytest
 
+from stagegraph.bench import BenchOptions
 from stagegraph.catalog import load_graph
 from stagegraph.cli import main
 from stagegraph.engine import Engine
 from stagegraph.errors import (
+    ConfigError,
     MpiTimeoutError,
     MpiUnavailableError,
     RankFailedError,
     RanksMismatchError,
 )
-from stagegraph.mpi import find_mpich, run_on_ranks
-from stagegraph.mpi_worker import FAULT_ENV
+from stagegraph.mpi import bench_on_ranks, check_splice, find_mpich, run_on_ranks
+from stagegraph.mpi_worker import COMM_SPLIT_BUDGET, FAULT_ENV, sample_limit
 from stagegraph.workload import parse_workload
 from stagegraph.workloads.ff_sharded import local_slices, owns_block
 
@@ -136,3 +138,81 @@ def test_hanging_rank_is_killed_at_the_timeout(monkeypatch):
         if "stagegraph.mpi_worker" in line and marker in line and " Z" not in line
     ]  # fmt: skip
     assert not orphans
+
+
+# -- bench --ranks N --------------------------------------------------------------------------
+
+BENCH_1D = "ff-sharded:m=256,n=512,k=256,grid=2"
+
+
+def test_bench_two_ranks_slowest_rank_statistics(capsys):
+    args = ["bench", "sharded", BENCH_1D, "--ranks", "2", "--splice-at", "partitioned",
+            "--json", "--budget", "0.3", "--repeat", "4", "--warmup", "1"]  # fmt: skip
+    code = main(args)
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert report["verified"] is True
+    assert (report["graph"], report["splice_at"]) == ("sharded", "partitioned")
+    assert (report["ranks"], report["grid"]) == (2, [2])
+    assert report["local_inputs"] == [[256, 256], [256, 256], [256, 256]]
+    assert report["samples"] >= 4
+    assert 0 < report["min_s"] <= report["p10_s"] <= report["median_s"] <= report["p90_s"]
+    assert report["ci_low_s"] <= report["median_s"] <= report["ci_high_s"]
+    assert report["gflops"] > 0 and report["compile_seconds"] > 0 and report["cv"] >= 0
+    # the median of the per-call maximum bounds every rank's own median from above
+    assert len(report["rank_median_s"]) == 2
+    assert report["median_s"] >= max(report["rank_median_s"])
+    assert report["sample_limit"] is None  # a 1-D grid splits no communicator
+    assert "bench" in report["stage_seconds"]
+
+
+def test_bench_splice_before_partition_is_refused(capsys):
+    start = time.monotonic()
+    code = main(["bench", "sharded", SMALL_1D, "--ranks", "2", "--splice-at", "input"])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "cannot splice the benchmark wrapper at 'input'" in err
+    assert "before stage 'partition'" in err
+    assert time.monotonic() - start < 30  # refused before any rank starts
+
+
+def test_check_splice_accepts_partitioned_and_later():
+    graph = load_graph("sharded")
+    assert check_splice(graph, None) == "partitioned"
+    assert check_splice(graph, "bufferized") == "bufferized"
+    with pytest.raises(ConfigError, match="before stage 'partition'"):
+        check_splice(graph, "load")
+    with pytest.raises(ConfigError, match="no stage tagged 'partitioned'"):
+        check_splice(load_graph("naive"), "input")
+
+
+@pytest.mark.parametrize("versus", ["numpy", "naive"])
+def test_bench_ranks_rejects_vs(capsys, versus):
+    assert main(["bench", "sharded", SMALL_1D, "--ranks", "2", "--vs", versus]) == 2
+    assert "--ranks cannot be combined with --vs" in capsys.readouterr().err
+
+
+def test_bench_ranks_grid_mismatch(capsys):
+    assert main(["bench", "sharded", "ff-sharded:grid=2x2", "--ranks", "2"]) == 2
+    assert "use --ranks 4" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["run", "bench"])
+def test_sharded_without_ranks_hints_at_ranks(capsys, command):
+    assert main([command, "sharded", SMALL_1D]) == 2
+    err = capsys.readouterr().err
+    assert "runs only on MPI ranks: add --ranks 2" in err
+    assert "shape" not in err
+
+
+def test_two_d_bench_is_capped_below_the_comm_split_leak():
+    """Each call of a 2-D grid's entry leaks two communicators (upstream); MPICH has 2048.
+
+    Without the cap, the ~1023rd call fails; the repeat asked for here would pass that.
+    """
+    options = BenchOptions(warmup=0, repeat=2000, budget_s=30.0)
+    report = bench_on_ranks("sharded", "ff-sharded:m=8,n=16,k=8,grid=1x2", 2, options=options)
+    assert report.verified, report.message  # verified again after the timed calls
+    assert report.sample_limit == COMM_SPLIT_BUDGET // 2 - 3
+    assert report.samples == report.sample_limit
+    assert sample_limit(0, 5) is None

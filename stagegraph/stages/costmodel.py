@@ -28,6 +28,12 @@ def apply_overrides(params: P, overrides: dict[str, Any]) -> P:
     """``params`` with ``overrides`` applied and re-validated."""
     if not overrides:
         return params
+    custom = getattr(params, "with_overrides", None)
+    if custom is not None:
+        unknown = set(overrides) - override_keys(type(params))
+        if unknown:
+            raise ConfigError(unknown_param_message(type(params), sorted(unknown)[0]))
+        return custom(overrides)
     unknown = set(overrides) - set(type(params).model_fields)
     if unknown:
         raise ConfigError(unknown_param_message(type(params), sorted(unknown)[0]))
@@ -40,11 +46,17 @@ def apply_overrides(params: P, overrides: dict[str, Any]) -> P:
         raise ConfigError(f"invalid --param for {type(params).__name__}: {details}") from None
 
 
+def override_keys(model: type[Params]) -> set[str]:
+    """The ``--param`` keys a params model accepts (its fields, unless it says otherwise)."""
+    custom = getattr(model, "override_keys", None)
+    return set(custom()) if custom is not None else set(model.model_fields)
+
+
 def unknown_param_message(model: type[Params], name: str) -> str:
     from stagegraph.errors import did_you_mean
 
-    fields = ", ".join(model.model_fields)
+    keys = sorted(override_keys(model))
     return (
-        f"unknown parameter {name!r} for {model.__name__}{did_you_mean(name, model.model_fields)}; "
-        f"its fields: {fields}"
+        f"unknown parameter {name!r} for {model.__name__}{did_you_mean(name, keys)}; "
+        f"its parameters: {', '.join(keys)}"
     )
