@@ -1,0 +1,234 @@
+"""The generic (non-matmul) x86 schedule: params, op selection and end-to-end results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stagegraph.stages.analysis import analyze, parse_payload
+from stagegraph.stages.generic_params import (
+    GenericParams,
+    heuristic_generic_params,
+    largest_divisor_at_most,
+    reduction_tile_sizes,
+    tile_sizes_for,
+)
+from stagegraph.stages.target import Target
+
+KERNELBENCH = Path(__file__).resolve().parents[2] / "shared" / "kernelbench" / "level1"
+
+CHAIN = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @main(%a: tensor<24x40xf32>, %b: tensor<24x40xf32>) -> tensor<24x40xf32> {
+  %e = tensor.empty() : tensor<24x40xf32>
+  %s = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%a, %b : tensor<24x40xf32>, tensor<24x40xf32>) outs(%e : tensor<24x40xf32>) {
+  ^bb0(%x: f32, %y: f32, %o: f32):
+    %r = arith.addf %x, %y : f32
+    linalg.yield %r : f32
+  } -> tensor<24x40xf32>
+  %t = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%s : tensor<24x40xf32>) outs(%e : tensor<24x40xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %r = math.exp %x : f32
+    linalg.yield %r : f32
+  } -> tensor<24x40xf32>
+  %u = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%t, %a : tensor<24x40xf32>, tensor<24x40xf32>) outs(%e : tensor<24x40xf32>) {
+  ^bb0(%x: f32, %y: f32, %o: f32):
+    %r = arith.mulf %x, %y : f32
+    linalg.yield %r : f32
+  } -> tensor<24x40xf32>
+  return %u : tensor<24x40xf32>
+}
+"""
+
+ROW_SUM = """
+func.func @main(%a: tensor<32x100xf32>) -> tensor<32xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<32xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<32xf32>) -> tensor<32xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(i, j) -> (i, j)>, affine_map<(i, j) -> (i)>],
+                       iterator_types = ["parallel", "reduction"]}
+      ins(%a : tensor<32x100xf32>) outs(%acc : tensor<32xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %s = arith.addf %x, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<32xf32>
+  return %r : tensor<32xf32>
+}
+"""
+
+# A matmul with a bias epilogue (the matmul schedule's), a wrapper function, and a ReLU.
+MIXED = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @main(%a: tensor<16x8xf32>, %b: tensor<8x32xf32>) -> tensor<16x32xf32> {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<16x32xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e : tensor<16x32xf32>) -> tensor<16x32xf32>
+  %m = linalg.matmul ins(%a, %b : tensor<16x8xf32>, tensor<8x32xf32>)
+                     outs(%acc : tensor<16x32xf32>) -> tensor<16x32xf32>
+  %r = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%m : tensor<16x32xf32>) outs(%e : tensor<16x32xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %y = arith.maximumf %x, %zero : f32
+    linalg.yield %y : f32
+  } -> tensor<16x32xf32>
+  return %r : tensor<16x32xf32>
+}
+func.func @bench(%x: tensor<64xf32>) -> tensor<64xf32> attributes {stagegraph.wrapper} {
+  %e = tensor.empty() : tensor<64xf32>
+  %r = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
+                       iterator_types = ["parallel"]}
+      ins(%x : tensor<64xf32>) outs(%e : tensor<64xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %y = arith.negf %v : f32
+    linalg.yield %y : f32
+  } -> tensor<64xf32>
+  return %r : tensor<64xf32>
+}
+"""
+
+AVX512 = Target(isa=frozenset({"avx512f"}), vector_bits=512, l1d_bytes=48 * 1024)
+
+
+def _jit(text: str, params: GenericParams | None = None):
+    from stagegraph.runtime.jit import JitBinary
+    from stagegraph.stages.generic_schedule import lower_generic
+
+    module = parse_payload(text)
+    lower_generic(module, params)
+    return JitBinary(module, opt_level=2)
+
+
+def _op_names(module) -> list[str]:
+    from stagegraph.mlir import ir
+
+    names: list[str] = []
+
+    def visit(op):
+        names.append(op.name)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return names
+
+
+# ----------------------------------------------------------------------------- params
+
+
+def test_params_follow_the_target():
+    facts = analyze(parse_payload(CHAIN))
+    wide = heuristic_generic_params(facts, AVX512)
+    narrow = heuristic_generic_params(facts, Target(vector_bits=128))
+    assert (wide.lanes, narrow.lanes) == (16, 4)
+    assert wide.inner_tile == 4 * wide.lanes and narrow.inner_tile == 4 * narrow.lanes
+
+
+def test_tile_sizes_are_static_divisors():
+    facts = analyze(parse_payload(CHAIN))
+    params = GenericParams(inner_tile=16)
+    assert tile_sizes_for(facts.ops[0], params) == [1, 10]  # 40: largest divisor <= 16
+    assert largest_divisor_at_most(255, 16) == 15
+    row = analyze(parse_payload(ROW_SUM)).ops[1]
+    outer, inner = reduction_tile_sizes(row, GenericParams(reduction_chunk=64))
+    assert outer == [1, 0] and inner == [0, 50]
+    outer, inner = reduction_tile_sizes(row, GenericParams(reduction_chunk=1024))
+    assert outer == [1, 0] and inner == [0, 0]  # the whole row in one tile
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def test_schedule_leaves_matmul_epilogue_and_wrapper_alone():
+    from stagegraph.mlir import ir
+    from stagegraph.stages.generic_schedule import (
+        apply_generic_schedule,
+        build_generic_schedule,
+    )
+
+    module = parse_payload(MIXED)
+    facts = analyze(module)
+    with module.context, ir.Location.unknown():
+        schedule = build_generic_schedule(facts, heuristic_generic_params(facts, AVX512))
+        apply_generic_schedule(module, schedule, facts)
+    names = _op_names(module)
+    # fill (feeds the matmul), matmul and its epilogue stay; so does the wrapper's generic.
+    assert names.count("linalg.matmul") == 1 and names.count("linalg.fill") == 1
+    assert names.count("linalg.generic") == 2
+    assert not any(n.startswith(("vector.", "scf.")) for n in names)
+    assert "stagegraph.generic_op" not in str(module)  # labels are removed
+
+
+def test_chain_is_fused_and_vectorized():
+    from stagegraph.mlir import ir
+    from stagegraph.stages.generic_schedule import (
+        apply_generic_schedule,
+        build_generic_schedule,
+    )
+
+    module = parse_payload(CHAIN)
+    facts = analyze(module)
+    with module.context, ir.Location.unknown():
+        schedule = build_generic_schedule(facts, heuristic_generic_params(facts, AVX512))
+        apply_generic_schedule(module, schedule, facts)
+    names = _op_names(module)
+    assert names.count("scf.forall") == 1  # one loop nest for the three ops
+    assert "linalg.generic" not in names and "vector.transfer_read" in names
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.parametrize("fuse", [True, False])
+def test_elementwise_chain_runs(fuse):
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((24, 40), dtype=np.float32) for _ in range(2))
+    params = GenericParams(lanes=8, inner_tile=16, fuse_elementwise=fuse)
+    (out,) = _jit(CHAIN, params).call("main", [a, b])
+    np.testing.assert_allclose(out, np.exp(a + b) * a, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("chunk", [1024, 25])
+def test_row_reduction_runs(chunk):
+    a = np.random.default_rng(1).standard_normal((32, 100), dtype=np.float32)
+    (out,) = _jit(ROW_SUM, GenericParams(reduction_chunk=chunk)).call("main", [a])
+    np.testing.assert_allclose(out, a.sum(axis=1), rtol=1e-4, atol=1e-4)
+
+
+KB_CASES = [
+    "l1_019_ReLU",  # elementwise
+    "l1_027_SELU",  # elementwise chain (fusion)
+    "l1_023_Softmax",  # reductions + elementwise
+    "l1_047_Sum_reduction_over_a_dimension",  # reduction over an outer dim
+    "l1_051_Argmax_over_a_dimension",  # not vectorizable: left to the fallback
+    "l1_039_L2Norm",  # a norm
+    "l1_041_Max_Pooling_1D",  # pooling (decomposed)
+    "l1_045_Average_Pooling_2D",  # pooling
+    "l1_067_conv_standard_1D",  # 1-D convolution
+    "l1_063_conv_standard_2D_square_input_square_kernel",  # 2-D convolution (decomposed)
+]
+
+
+@pytest.mark.parametrize("stem", KB_CASES)
+def test_kernelbench_payload_verifies(stem):
+    if not KERNELBENCH.is_dir():
+        pytest.skip(f"shared KernelBench payloads not found at {KERNELBENCH}")
+    from stagegraph.mlir import ir
+    from stagegraph.ports import Module
+    from stagegraph.runtime.jit import JitBinary
+    from stagegraph.stages.generic_schedule import lower_generic
+    from stagegraph.workload import parse_workload
+
+    path = next(KERNELBENCH.glob(f"{stem}*.mlir"), None)
+    if path is None:
+        pytest.skip(f"{stem} not in {KERNELBENCH}")
+    workload = parse_workload(str(path))
+    module = Module["tensor"](workload.payload())
+    lower_generic(module)
+    with module.ir.context, ir.Location.unknown():
+        binary = JitBinary(module.ir, opt_level=2)
+    verdict = workload.verify(binary.call(workload.entry, workload.inputs()))
+    assert verdict.ok, verdict.message
