@@ -1,0 +1,75 @@
+"""Locate an OpenMP runtime (``__kmpc_*`` ABI) for JIT-compiled parallel loops.
+
+MLIR's ``convert-openmp-to-llvm`` emits calls to the LLVM/Intel runtime ABI (``__kmpc_fork_call``
+...), which GNU ``libgomp`` does not provide. The MLIR wheel ships no runtime, so one comes
+from PyPI: ``intel-openmp`` (``libiomp5.so``) or ``cmeel-libomp`` (LLVM ``libomp.so``). Code
+compiled with one thread needs no runtime at all.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from importlib import metadata
+from pathlib import Path
+
+ENV_VAR = "STAGEGRAPH_OPENMP_LIB"
+_DISTRIBUTIONS = ("intel-openmp", "cmeel-libomp")
+_NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
+
+
+class OpenMPRuntimeNotFound(RuntimeError):
+    """No OpenMP runtime with the ``__kmpc_*`` ABI is installed."""
+
+
+@functools.cache
+def library_path() -> str:
+    """Absolute path of the runtime to pass to ``ExecutionEngine(shared_libs=[...])``.
+
+    Raises:
+        OpenMPRuntimeNotFound: neither ``$STAGEGRAPH_OPENMP_LIB`` nor a known package has one.
+    """
+    _keep_heap_pages()
+    override = os.environ.get(ENV_VAR)
+    if override:
+        if not Path(override).is_file():
+            raise OpenMPRuntimeNotFound(f"{ENV_VAR}={override} is not a file")
+        return str(Path(override).resolve())
+    for dist in _DISTRIBUTIONS:
+        try:
+            files = metadata.distribution(dist).files or []
+        except metadata.PackageNotFoundError:
+            continue
+        for file in files:
+            if Path(file.name).name in _NAMES:
+                path = Path(file.locate()).resolve()
+                if path.is_file() and _has_kmpc(path):
+                    return str(path)
+    raise OpenMPRuntimeNotFound(
+        "multi-threaded code needs an OpenMP runtime with the __kmpc_* ABI: "
+        "pip install 'intel-openmp==2026.2.0' (or set $STAGEGRAPH_OPENMP_LIB)"
+    )
+
+
+def _keep_heap_pages() -> None:
+    """Serve the per-block packing buffers from the heap, not fresh mmaps.
+
+    Parallel blocks allocate their packed panels inside the parallel loop; with glibc's
+    default thresholds each MB-sized malloc is a new mmap whose page faults cost more than
+    the block's arithmetic (and serialize the threads on the address-space lock).
+    """
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+    except OSError:
+        return
+    m_trim_threshold, m_mmap_threshold = -1, -3
+    libc.mallopt(m_mmap_threshold, 1 << 30)
+    libc.mallopt(m_trim_threshold, 1 << 30)
+
+
+def _has_kmpc(path: Path) -> bool:
+    try:
+        return hasattr(ctypes.CDLL(str(path)), "__kmpc_fork_call")
+    except OSError:
+        return False

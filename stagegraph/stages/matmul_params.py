@@ -1,0 +1,132 @@
+"""The knobs of the x86 matmul schedule and a heuristic that derives them from the target.
+
+The schedule is BLIS-shaped: a parallel loop over ``tile_m x tile_n`` cache blocks of C,
+inside each block A and B are packed (zero-padded) into ``reg_m``-row and ``reg_n``-column
+panels, and an unrolled ``reg_m x reg_n`` register tile of accumulators is swept over k.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, model_validator
+
+from stagegraph.ports import Params
+from stagegraph.stages.target import Target
+
+_DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2}
+
+
+class MatmulParams(Params):
+    """Tile sizes and options of one matmul (plus its fused fill and elementwise consumers)."""
+
+    tile_m: int = Field(64, ge=1, le=1 << 16, description="rows of C per cache block")
+    tile_n: int = Field(256, ge=1, le=1 << 16, description="columns of C per cache block")
+    tile_k: int = Field(
+        0, ge=0, le=1 << 16, description="k extent swept per accumulator pass (0: all of K)"
+    )
+    reg_m: int = Field(8, ge=1, le=32, description="rows of the register tile")
+    reg_n: int = Field(32, ge=1, le=256, description="columns of the register tile")
+    k_unroll: int = Field(1, ge=1, le=16, description="k steps per kernel iteration")
+    vector_width: int = Field(16, ge=1, le=64, description="SIMD lanes of the element type")
+    vector_registers: int = Field(32, ge=8, le=64, description="architectural SIMD registers")
+    pack: bool = Field(True, description="pack A and B into zero-padded register panels")
+    threads: int = Field(1, ge=1, le=1024, description="threads sharing the block loop")
+
+    @model_validator(mode="after")
+    def _check(self) -> MatmulParams:
+        if self.reg_n % self.vector_width:
+            raise ValueError(
+                f"reg_n={self.reg_n} must be a multiple of vector_width={self.vector_width}"
+            )
+        if self.tile_m % self.reg_m or self.tile_n % self.reg_n:
+            raise ValueError(
+                f"cache tile {self.tile_m}x{self.tile_n} must be a multiple of the "
+                f"register tile {self.reg_m}x{self.reg_n}"
+            )
+        if self.tile_k and self.tile_k % self.k_unroll:
+            raise ValueError(f"tile_k={self.tile_k} must be a multiple of k_unroll")
+        if self.accumulator_registers + self.reg_n // self.vector_width + 1 > (
+            self.vector_registers
+        ):
+            raise ValueError(
+                f"register tile {self.reg_m}x{self.reg_n} needs more than "
+                f"{self.vector_registers} vector registers"
+            )
+        return self
+
+    @property
+    def accumulator_registers(self) -> int:
+        return self.reg_m * (self.reg_n // self.vector_width)
+
+
+def heuristic_matmul_params(
+    m: int, n: int, k: int, dtype: str, target: Target, threads: int = 1
+) -> MatmulParams:
+    """Derive tiles from the vector width, register count and cache sizes (no size table).
+
+    Register tile: two vectors wide (two independent FMA chains per broadcast) and as many
+    rows as fit the register file after the B vectors and one broadcast. Cache block: the
+    B micro-panel (k x reg_n) streams from L2 while the A block (tile_m x k) stays in L2 and
+    the C block fits beside them; blocks are balanced over ``threads``.
+    """
+    elem = _DTYPE_BYTES.get(dtype, 4)
+    lanes = max(1, target.vector_bits // (8 * elem))
+    registers = 32 if target.has("avx512f") or target.vector_bits >= 512 else 16
+    reg_n = 2 * lanes
+    reg_m = max(1, min(8, (registers - 2 - 1) // 2))
+    if registers == 16:
+        reg_m = 6
+    reg_m = min(reg_m, _round_up(m, 1))
+    # Do not pad a tiny problem up to a big register tile.
+    if n <= lanes:
+        reg_n = lanes
+    k_unroll = next(u for u in (4, 2, 1) if k % u == 0)
+
+    # Cache block: A block (tile_m x kc) in half of L2.
+    kc = k
+    tile_m = max(reg_m, _round_down(target.l2_bytes // 2 // max(1, kc * elem), reg_m))
+    tile_m = min(tile_m, 4 * 64, _round_up(m, reg_m))
+    # N block: B panel for the block (kc x tile_n) sized to L2 as well, at most all of n.
+    tile_n = max(reg_n, _round_down(target.l2_bytes // max(1, kc * elem), reg_n))
+    tile_n = min(tile_n, 512, _round_up(n, reg_n))
+    # Enough blocks for every thread, evenly.
+    if threads > 1:
+        tile_m, tile_n = _split_for_threads(m, n, tile_m, tile_n, reg_m, reg_n, threads)
+    return MatmulParams(
+        tile_m=tile_m,
+        tile_n=tile_n,
+        tile_k=0,
+        reg_m=reg_m,
+        reg_n=reg_n,
+        k_unroll=k_unroll,
+        vector_width=lanes,
+        vector_registers=registers,
+        pack=True,
+        threads=threads,
+    )
+
+
+def _split_for_threads(
+    m: int, n: int, tile_m: int, tile_n: int, reg_m: int, reg_n: int, threads: int
+) -> tuple[int, int]:
+    """Shrink the block until the block count is a multiple of ``threads`` (or large)."""
+    for _ in range(16):
+        blocks = math.ceil(m / tile_m) * math.ceil(n / tile_n)
+        if blocks % threads == 0 or blocks >= 4 * threads:
+            break
+        if tile_n >= tile_m and tile_n > reg_n:
+            tile_n = max(reg_n, _round_up(tile_n // 2, reg_n))
+        elif tile_m > reg_m:
+            tile_m = max(reg_m, _round_up(tile_m // 2, reg_m))
+        else:
+            break
+    return tile_m, tile_n
+
+
+def _round_up(x: int, to: int) -> int:
+    return max(to, -(-x // to) * to)
+
+
+def _round_down(x: int, to: int) -> int:
+    return max(to, x // to * to)

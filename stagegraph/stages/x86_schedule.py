@@ -1,0 +1,372 @@
+"""Transform-dialect schedule for f32 matmuls on x86 (AVX-512 / AVX2), built with the Python API.
+
+Per matmul (with its zero fill and a chain of elementwise consumers such as bias + ReLU):
+
+1. tile the last consumer into ``tile_m x tile_n`` blocks with ``scf.forall`` and fuse the
+   chain, the matmul and the fill into it (no separate pass over C);
+2. pack the block with ``structured.pack`` into ``reg_m``-row panels of A and ``reg_n``-column
+   panels of B (zero padding makes every register tile static, so odd shapes need no masks);
+   the unpack and the elementwise consumers then run together per register tile;
+3. tile the packed contraction into ``reg_m x reg_n x k_unroll`` register tiles, vectorize,
+   hoist the accumulator out of the k loop and lower the contraction to ``vector.fma``.
+
+Without packing (``pack=False``) the block is register-tiled in place and the edge tiles are
+vectorized with masks. The schedule stays on tensors; ``lowering.BUFFERIZE`` follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stagegraph.mlir import dialect, interpreter, ir, loop, structured, transform
+from stagegraph.ports import Facts
+from stagegraph.stages.matmul_params import MatmulParams
+
+_tvec = dialect("transform.vector")
+_ttensor = dialect("transform.tensor")
+
+
+class MatmulSite(Facts):
+    """One ``linalg.matmul`` of a payload, in walk order, with what can be fused around it."""
+
+    function: str
+    m: int
+    n: int
+    k: int
+    dtype: str = "f32"
+    has_fill: bool = False
+    consumers: int = 0  # elementwise linalg.generic ops chained on the result, fused into blocks
+
+
+def find_matmuls(payload: ir.Module) -> list[MatmulSite]:
+    """Walk the payload's functions and describe every ``linalg.matmul`` (walk order)."""
+    sites: list[MatmulSite] = []
+    for fn in payload.body.operations:
+        if fn.operation.name != "func.func":
+            continue
+        name = ir.StringAttr(fn.attributes["sym_name"]).value
+        for op in _walk(fn.operation):
+            if op.name != "linalg.matmul":
+                continue
+            a, b = (ir.RankedTensorType(op.operands[i].type) for i in (0, 1))
+            has_fill = _defining_op_name(op.operands[2]) == "linalg.fill"
+            sites.append(
+                MatmulSite(
+                    function=name,
+                    m=a.shape[0],
+                    n=b.shape[1],
+                    k=a.shape[1],
+                    dtype=str(a.element_type),
+                    has_fill=has_fill,
+                    consumers=_elementwise_chain(op),
+                )
+            )
+    return sites
+
+
+def _defining_op_name(value: ir.Value) -> str | None:
+    owner = value.owner
+    return owner.operation.name if isinstance(owner, ir.Operation | ir.OpView) else None
+
+
+def _walk(op: ir.Operation):
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                yield child.operation
+                yield from _walk(child.operation)
+
+
+def _elementwise_chain(op: ir.Operation) -> int:
+    """Number of single-use, all-parallel generics of the same shape consuming ``op`` in turn."""
+    count = 0
+    shape = ir.RankedTensorType(op.results[0].type).shape
+    while len(op.results) == 1:
+        uses = list(op.results[0].uses)
+        if len(uses) != 1:
+            break
+        user = uses[0].owner.operation
+        if user.name != "linalg.generic" or len(user.results) != 1:
+            break
+        iterators = [str(a) for a in ir.ArrayAttr(user.attributes["iterator_types"])]
+        if any("parallel" not in it for it in iterators):
+            break
+        if ir.RankedTensorType(user.results[0].type).shape != shape:
+            break
+        # The matmul result must be an input (not the init) of the consumer.
+        n_inputs = len(user.operands) - 1
+        if uses[0].operand_number >= n_inputs:
+            break
+        count += 1
+        op = user
+    return count
+
+
+def _any() -> ir.Type:
+    return transform.AnyOpType.get()
+
+
+def _patterns(target: ir.Value, *builders) -> None:
+    """One ``transform.apply_patterns`` region holding the given pattern-set ops."""
+    op = transform.ApplyPatternsOp(target)
+    with ir.InsertionPoint(op.regions[0].blocks[0]):
+        for build in builders:
+            build()
+
+
+def _producer(op: ir.Value, operand: int) -> ir.Value:
+    return transform.GetProducerOfOperand(_any(), op, operand).result
+
+
+def _match(target: ir.Value, name: str) -> ir.Value:
+    return structured.MatchOp.match_op_names(target, [name]).result
+
+
+def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, p: MatmulParams) -> None:
+    chain = [mm]
+    for _ in range(site.consumers):
+        chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
+    fill = _producer(mm, 2) if site.has_fill else None
+    tiled = structured.TileUsingForallOp(chain[-1], tile_sizes=[p.tile_m, p.tile_n])
+    forall = tiled.forall_op
+    block_mm = tiled.tiled_op
+    for producer in reversed(chain[:-1]):
+        fused = structured.FuseIntoContainingOp(producer, forall)
+        forall = fused.new_containing_op
+        block_mm = fused.fused_op
+    block_fill = None
+    if fill is not None:
+        fused = structured.FuseIntoContainingOp(fill, forall)
+        forall, block_fill = fused.new_containing_op, fused.fused_op
+    if p.pack:
+        _packed_kernel(func, forall, block_mm, site, p)
+    else:
+        _unpacked_kernel(func, forall, block_mm, block_fill, site, p)
+
+
+def _cleanup(func: ir.Value) -> None:
+    _patterns(
+        func,
+        structured.ApplyFoldIntoPackAndUnpackPatternsOp,
+        structured.ApplyTilingCanonicalizationPatternsOp,
+        transform.ApplyCanonicalizationPatternsOp,
+    )
+
+
+def _packed_kernel(
+    func: ir.Value, forall: ir.Value, block_mm: ir.Value, site: MatmulSite, p: MatmulParams
+) -> None:
+    packed = structured.PackOp(
+        _any(), block_mm, static_packed_sizes=[p.reg_m, p.reg_n, 0], packed_sizes=[]
+    ).packed_op
+    # B is packed as [K, N/reg_n, reg_n]; make each reg_n-wide panel contiguous over k.
+    pack_b = _producer(packed, 1)
+    structured.PackTransposeOp(_any(), _any(), _any(), pack_b, packed, outer_perm=[1, 0])
+    _cleanup(func)
+    # Re-find the ops from the unpack (patterns replace ops; a one-block forall is even
+    # inlined). Earlier sites' unpacks are vectorized already, so the match is this site's.
+    unpack = _match(func, "linalg.unpack")
+    kernel = _producer(unpack, 0)
+    pack_a, pack_b = _producer(kernel, 0), _producer(kernel, 1)
+    zero = _producer(kernel, 2) if site.has_fill else None
+    # Kernel dims: (mo, no, k, mi, ni); loops: no, mo, k.
+    tk = p.tile_k if p.tile_k and p.tile_k < site.k else 0
+    if tk:
+        kernel = structured.TileUsingForOp(kernel, sizes=[0, 0, tk, 0, 0]).tiled_linalg_op
+    kernel = structured.TileUsingForOp(
+        kernel, sizes=[1, 1, p.k_unroll, 0, 0], interchange=[1, 0, 2, 3, 4]
+    ).tiled_linalg_op
+    if zero is not None:
+        # The packed C is zeroed tile by tile with vector stores (it stays in L2).
+        zero = structured.TileUsingForOp(zero, sizes=[1, 1, 0, 0]).tiled_linalg_op
+    kp = _pack_k_step(site.k)
+    pack_a = structured.TileUsingForOp(pack_a, sizes=[1, kp]).tiled_linalg_op
+    pack_b = structured.TileUsingForOp(pack_b, sizes=[1, kp]).tiled_linalg_op
+    # Unpack and the elementwise chain run together per register tile: one pass over C.
+    chain = [unpack]
+    for _ in range(site.consumers):
+        chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
+    tiled = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n])
+    outputs = [tiled.tiled_linalg_op]
+    for producer in reversed(chain[:-1]):
+        outputs.append(structured.FuseIntoContainingOp(producer, tiled.loops[1]).fused_op)
+    _cleanup(func)
+    structured.VectorizeOp(kernel)
+    structured.VectorizeOp(pack_a, [1, kp, p.reg_m])
+    structured.VectorizeOp(pack_b, [1, kp, p.reg_n])
+    if zero is not None:
+        structured.VectorizeOp(zero)
+    if site.consumers:
+        # The tile unpack becomes a slice of the packed tile, read by the (masked) consumers:
+        # a masked unpack write followed by a masked read would make bufferization copy.
+        structured.LowerUnPackOp(
+            _any(),
+            _any(),
+            _any(),
+            _any(),
+            _any(),
+            outputs[-1],
+            lowerUnpadLikeWithExtractSlice=True,
+        )
+        for op in outputs[:-1]:
+            structured.VectorizeOp(op, [p.reg_m, p.reg_n])
+    else:
+        structured.VectorizeOp(outputs[-1], [1, 1, p.reg_m, p.reg_n])
+    _hoist_accumulators(func)
+
+
+def _pack_k_step(k: int) -> int:
+    return next(s for s in (8, 4, 2, 1) if k % s == 0)
+
+
+def _unpacked_kernel(
+    func: ir.Value,
+    forall: ir.Value,
+    block_mm: ir.Value,
+    block_fill: ir.Value | None,
+    site: MatmulSite,
+    p: MatmulParams,
+) -> None:
+    """Register tiles in place (no packing): edge tiles are vectorized with masks."""
+    outputs = []
+    if site.consumers:
+        chain = [transform.GetConsumersOfResult(_any(), block_mm, 0).result]
+        for _ in range(site.consumers - 1):
+            chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
+        tiled = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n])
+        outputs = [tiled.tiled_linalg_op]
+        for producer in reversed(chain[:-1]):
+            outputs.append(structured.FuseIntoContainingOp(producer, tiled.loops[1]).fused_op)
+    tk = p.tile_k if p.tile_k and p.tile_k < site.k else 0
+    if tk:
+        block_mm = structured.TileUsingForOp(block_mm, sizes=[0, 0, tk]).tiled_linalg_op
+    kernel = structured.TileUsingForOp(
+        block_mm, sizes=[p.reg_m, p.reg_n, p.k_unroll], interchange=[1, 0, 2]
+    ).tiled_linalg_op
+    if block_fill is not None:
+        block_fill = structured.TileUsingForOp(block_fill, sizes=[p.reg_m, p.reg_n]).tiled_linalg_op
+    _cleanup(func)
+    structured.VectorizeOp(kernel, [p.reg_m, p.reg_n, p.k_unroll])
+    if block_fill is not None:
+        structured.VectorizeOp(block_fill, [p.reg_m, p.reg_n])
+    for op in outputs:
+        structured.VectorizeOp(op, [p.reg_m, p.reg_n])
+    _hoist_accumulators(func)
+
+
+def _hoist_accumulators(func: ir.Value) -> None:
+    """Keep the register tile in registers across the k loop."""
+    _patterns(
+        func,
+        _tvec.ApplyVectorReductionToContractPatternsOp,
+        _tvec.ApplyTransferPermutationPatternsOp,
+        transform.ApplyCanonicalizationPatternsOp,
+    )
+    # Only now drop unit dims (earlier it hides broadcasts from the contraction folding), so
+    # the hoisted accumulator is a plain reg_m x reg_n vector.
+    _patterns(
+        func,
+        _tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp,
+        transform.ApplyCanonicalizationPatternsOp,
+    )
+    contract = _match(func, "vector.contract")
+    # No k loop is left when k fits one step; then there is nothing to hoist.
+    kloop = transform.GetParentOp(
+        _any(), contract, op_name="scf.for", allow_empty_results=True
+    ).result
+    loop.HoistLoopInvariantSubsetsOp(kloop)
+    loop.HoistLoopInvariantSubsetsOp(kloop)
+
+
+def _lower_vectors(func: ir.Value) -> None:
+    """Contraction -> outer products -> FMAs; n-D transfers stay for the unrolling pass."""
+    _patterns(func, _tvec.ApplyLowerMaskedTransfersPatternsOp, _tvec.ApplyLowerMasksPatternsOp)
+    _patterns(
+        func,
+        _ttensor.ApplyFoldTensorSubsetOpsIntoVectorTransfersPatternsOp,
+        _tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp,
+        _tvec.ApplyTransferPermutationPatternsOp,
+        transform.ApplyCanonicalizationPatternsOp,
+    )
+    _patterns(
+        func,
+        lambda: _tvec.ApplyLowerContractionPatternsOp(
+            lowering_strategy=_tvec.VectorContractLowering.OuterProduct
+        ),
+    )
+    _patterns(func, _tvec.ApplyLowerOuterProductPatternsOp)
+    _patterns(
+        func,
+        lambda: _tvec.ApplyLowerTransposePatternsOp(
+            lowering_strategy=_tvec.VectorTransposeLowering.Shuffle16x16
+        ),
+        _tvec.ApplyLowerShapeCastPatternsOp,
+    )
+    _patterns(
+        func,
+        _tvec.ApplyTransferPermutationPatternsOp,
+        lambda: _tvec.ApplyLowerTransferPatternsOp(max_transfer_rank=1),
+    )
+    _patterns(func, transform.ApplyCanonicalizationPatternsOp)
+    # Equal block offsets must be one SSA value, or bufferization copies each block.
+
+
+def build_matmul_schedule(
+    params: MatmulParams | Sequence[MatmulParams], sites: Sequence[MatmulSite]
+) -> ir.Module:
+    """A transform module whose ``__transform_main`` schedules every matmul in ``sites``.
+
+    ``sites`` comes from :func:`find_matmuls` on the payload (walk order); ``params`` is one
+    model for all of them or one per site. Build inside the payload's context.
+    """
+    per_site = [params] * len(sites) if isinstance(params, MatmulParams) else list(params)
+    if len(per_site) != len(sites):
+        raise ValueError(f"{len(per_site)} params for {len(sites)} matmuls")
+    for site, p in zip(sites, per_site, strict=True):
+        kc = p.tile_k if p.tile_k and p.tile_k < site.k else site.k
+        if kc % p.k_unroll or site.k % kc:
+            raise ValueError(
+                f"matmul {site.m}x{site.n}x{site.k} in @{site.function}: k_unroll="
+                f"{p.k_unroll} and tile_k={p.tile_k} must divide k (register tiles are static)"
+            )
+    module = ir.Module.create()
+    module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+    with ir.InsertionPoint(module.body):
+        seq = transform.NamedSequenceOp(
+            "__transform_main",
+            [_any()],
+            [],
+            arg_attrs=[{"transform.readonly": ir.UnitAttr.get()}],
+        )
+        with ir.InsertionPoint(seq.body):
+            if sites:
+                _schedule_all(seq.bodyTarget, sites, per_site)
+            transform.YieldOp([])
+    return module
+
+
+def _schedule_all(root: ir.Value, sites: Sequence[MatmulSite], params: list[MatmulParams]):
+    matmuls = _match(root, "linalg.matmul")
+    handles = (
+        transform.SplitHandleOp([_any()] * len(sites), matmuls).results
+        if len(sites) > 1
+        else [matmuls]
+    )
+    funcs = [transform.GetParentOp(_any(), h, op_name="func.func").result for h in handles]
+    for func, mm, site, p in zip(funcs, handles, sites, params, strict=True):
+        _schedule_site(func, mm, site, p)
+    all_funcs = (
+        transform.MergeHandlesOp(funcs, deduplicate=True).result if len(funcs) > 1 else funcs[0]
+    )
+    _lower_vectors(all_funcs)
+
+
+def apply_schedule(payload: ir.Module, schedule: ir.Module) -> None:
+    """Run ``__transform_main`` of ``schedule`` on ``payload`` (in place)."""
+    entry = next(
+        op
+        for op in schedule.body.operations
+        if op.operation.name == "transform.named_sequence"
+        and ir.StringAttr(op.attributes["sym_name"]).value == "__transform_main"
+    )
+    interpreter.apply_named_sequence(payload, entry, schedule)

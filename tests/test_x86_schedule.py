@@ -1,0 +1,248 @@
+"""The x86 matmul schedule: params constraints, IR structure and results of every variant."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from stagegraph.stages.matmul_params import MatmulParams, heuristic_matmul_params
+from stagegraph.stages.target import Target
+
+AVX512 = Target(
+    isa=frozenset({"avx512f", "avx2", "fma"}),
+    cores=2,
+    vector_bits=512,
+    l1d_bytes=48 * 1024,
+    l2_bytes=1024 * 1024,
+    l3_bytes=32 * 1024 * 1024,
+)
+AVX2 = Target(isa=frozenset({"avx2", "fma"}), cores=8, vector_bits=256)
+
+
+def _matmul(m: int, n: int, k: int) -> str:
+    t = f"tensor<{m}x{n}xf32>"
+    return f"""
+func.func @mm(%a: tensor<{m}x{k}xf32>, %b: tensor<{k}x{n}xf32>) -> {t} {{
+  %c0 = arith.constant 0.0 : f32
+  %e = tensor.empty() : {t}
+  %f = linalg.fill ins(%c0 : f32) outs(%e : {t}) -> {t}
+  %r = linalg.matmul ins(%a, %b : tensor<{m}x{k}xf32>, tensor<{k}x{n}xf32>) outs(%f : {t}) -> {t}
+  return %r : {t}
+}}
+func.func @bench(%a: tensor<{m}x{k}xf32>, %b: tensor<{k}x{n}xf32>) -> {t} {{
+  %r = func.call @mm(%a, %b) : (tensor<{m}x{k}xf32>, tensor<{k}x{n}xf32>) -> {t}
+  return %r : {t}
+}}
+"""
+
+
+def _mlp(batch: int, widths: list[int]) -> str:
+    args = [f"%x: tensor<{batch}x{widths[0]}xf32>"]
+    body = ["  %c0 = arith.constant 0.0 : f32"]
+    cur = "%x"
+    for i, (k, n) in enumerate(itertools.pairwise(widths)):
+        args += [f"%w{i}: tensor<{k}x{n}xf32>", f"%b{i}: tensor<{n}xf32>"]
+        t = f"tensor<{batch}x{n}xf32>"
+        body += [
+            f"  %e{i} = tensor.empty() : {t}",
+            f"  %f{i} = linalg.fill ins(%c0 : f32) outs(%e{i} : {t}) -> {t}",
+            f"  %m{i} = linalg.matmul ins({cur}, %w{i} : tensor<{batch}x{k}xf32>, "
+            f"tensor<{k}x{n}xf32>) outs(%f{i} : {t}) -> {t}",
+            f"  %y{i} = linalg.generic {{indexing_maps = [affine_map<(d0, d1) -> (d0, d1)>, "
+            "affine_map<(d0, d1) -> (d1)>, affine_map<(d0, d1) -> (d0, d1)>], "
+            '  iterator_types = ["parallel", "parallel"]} '
+            f"ins(%m{i}, %b{i} : {t}, tensor<{n}xf32>) outs(%e{i} : {t}) {{",
+            "  ^bb0(%in: f32, %bb: f32, %out: f32):",
+            "    %s = arith.addf %in, %bb : f32",
+            "    %z = arith.maximumf %s, %c0 : f32",
+            "    linalg.yield %z : f32",
+            f"  }} -> {t}",
+        ]
+        cur = f"%y{i}"
+    t = f"tensor<{batch}x{widths[-1]}xf32>"
+    head = f"func.func @mlp({', '.join(args)}) -> {t} {{"
+    return "\n".join([head, *body, f"  return {cur} : {t}", "}"])
+
+
+def _params(m: int, n: int, k: int, **override) -> MatmulParams:
+    base = heuristic_matmul_params(m, n, k, "f32", AVX512, override.get("threads", 1))
+    return MatmulParams(**{**base.model_dump(), **override})
+
+
+def _compile(text: str, entry: str, override: dict):
+    from stagegraph.mlir import execution_engine, ir, new_context, passmanager
+    from stagegraph.stages import lowering
+    from stagegraph.stages.x86_schedule import apply_schedule, build_matmul_schedule, find_matmuls
+
+    threads = override.get("threads", 1)
+    with new_context(), ir.Location.unknown():
+        payload = ir.Module.parse(text)
+        sites = find_matmuls(payload)
+        params = [_params(s.m, s.n, s.k, **override) for s in sites]
+        apply_schedule(payload, build_matmul_schedule(params, sites))
+        for fn in payload.body.operations:
+            fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        tail = lowering.LOWER_TO_LLVM_OPENMP if threads > 1 else lowering.LOWER_TO_LLVM
+        passmanager.PassManager.parse(f"builtin.module({lowering.BUFFERIZE},{tail})").run(
+            payload.operation
+        )
+        libs = []
+        if threads > 1:
+            from stagegraph.runtime import openmp
+
+            libs = [openmp.library_path()]
+        return execution_engine.ExecutionEngine(payload, opt_level=3, shared_libs=libs)
+
+
+def _call(engine, entry: str, arrays: list[np.ndarray]) -> None:
+    from stagegraph.mlir import runtime
+
+    engine.invoke(
+        entry,
+        *[ctypes.pointer(ctypes.pointer(runtime.get_ranked_memref_descriptor(a))) for a in arrays],
+    )
+
+
+def _run_matmul(m: int, n: int, k: int, entry: str = "mm", **override) -> None:
+    rng = np.random.default_rng(m * 7 + n * 3 + k)
+    a = rng.standard_normal((m, k), np.float32)
+    b = rng.standard_normal((k, n), np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    _call(_compile(_matmul(m, n, k), entry, override), entry, [a, b, c])
+    np.testing.assert_allclose(c, a @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+# --- params model -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])
+@pytest.mark.parametrize("shape", [(1, 1, 1), (100, 37, 53), (1000, 1000, 1000), (384, 1536, 768)])
+@pytest.mark.parametrize("threads", [1, 2, 8])
+def test_heuristic_respects_constraints(target, shape, threads):
+    m, n, k = shape
+    p = heuristic_matmul_params(m, n, k, "f32", target, threads)
+    lanes = target.vector_bits // 32
+    assert p.vector_width == lanes
+    assert p.reg_n % p.vector_width == 0
+    assert p.tile_m % p.reg_m == 0 and p.tile_n % p.reg_n == 0
+    assert k % p.k_unroll == 0
+    assert p.accumulator_registers + p.reg_n // lanes + 1 <= p.vector_registers
+    assert p.threads == threads
+
+
+def test_heuristic_uses_the_register_file():
+    assert heuristic_matmul_params(1024, 1024, 1024, "f32", AVX512).accumulator_registers == 16
+    avx2 = heuristic_matmul_params(1024, 1024, 1024, "f32", AVX2)
+    assert (avx2.reg_m, avx2.reg_n, avx2.vector_registers) == (6, 16, 16)
+
+
+def test_heuristic_gives_every_thread_a_block():
+    p = heuristic_matmul_params(256, 256, 256, "f32", AVX512, threads=2)
+    blocks = -(-256 // p.tile_m) * -(-256 // p.tile_n)
+    assert blocks % 2 == 0
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [{"reg_n": 24}, {"tile_m": 60}, {"reg_m": 16}, {"threads": 0}, {"unknown": 1}],
+)
+def test_bad_overrides_are_rejected(bad):
+    with pytest.raises(ValidationError):
+        MatmulParams(**{**MatmulParams().model_dump(), **bad})
+
+
+# --- schedule structure ---------------------------------------------------------------------
+
+
+def test_find_matmuls_sees_fill_and_fusable_consumers():
+    from stagegraph.mlir import ir, new_context
+    from stagegraph.stages.x86_schedule import find_matmuls
+
+    with new_context():
+        sites = find_matmuls(ir.Module.parse(_mlp(8, [16, 32, 24])))
+    assert [(s.m, s.n, s.k, s.has_fill, s.consumers) for s in sites] == [
+        (8, 32, 16, True, 1),
+        (8, 24, 32, True, 1),
+    ]
+
+
+def test_schedule_is_a_named_sequence_and_leaves_other_functions_alone():
+    from stagegraph.mlir import ir, new_context
+    from stagegraph.stages.x86_schedule import (
+        apply_schedule,
+        build_matmul_schedule,
+        find_matmuls,
+    )
+
+    with new_context(), ir.Location.unknown():
+        payload = ir.Module.parse(_matmul(100, 37, 53))
+        sites = find_matmuls(payload)
+        schedule = build_matmul_schedule(_params(100, 37, 53), sites)
+        names = [op.operation.name for op in schedule.body.operations]
+        assert names == ["transform.named_sequence"]
+        bench_before = str(payload.body.operations[1])
+        apply_schedule(payload, schedule)
+        mm, bench = payload.body.operations
+        assert str(bench) == bench_before
+        ops = [op.name for op in _walk(mm.operation)]
+        assert "linalg.matmul" not in ops
+        assert "vector.fma" in ops
+        assert "linalg.pack" not in ops and "linalg.unpack" not in ops
+
+
+def _walk(op):
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                yield child.operation
+                yield from _walk(child.operation)
+
+
+# --- results --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [(100, 37, 53), (1, 1, 1), (128, 96, 64), (17, 64, 3)])
+@pytest.mark.parametrize("pack", [True, False], ids=["pack", "nopack"])
+def test_matmul_is_correct(shape, pack):
+    _run_matmul(*shape, pack=pack)
+
+
+def test_matmul_with_several_blocks_and_k_blocking():
+    _run_matmul(72, 100, 45, tile_m=16, tile_n=64, tile_k=9, k_unroll=1)
+
+
+def test_benchmark_wrapper_calls_the_scheduled_function():
+    _run_matmul(33, 40, 21, entry="bench")
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["pack", "nopack"])
+def test_matmul_two_threads(pack):
+    pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    _run_matmul(100, 70, 53, threads=2, tile_m=32, tile_n=32, pack=pack)
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["pack", "nopack"])
+@pytest.mark.parametrize("dims", [(37, [19, 45, 23]), (16, [32, 64, 32, 64])])
+def test_mlp_layers_fused(dims, pack):
+    batch, widths = dims
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((batch, widths[0]), np.float32)
+    ws = [rng.standard_normal((k, n), np.float32) for k, n in itertools.pairwise(widths)]
+    bs = [rng.standard_normal((n,), np.float32) for n in widths[1:]]
+    out = np.full((batch, widths[-1]), np.nan, np.float32)
+    engine = _compile(_mlp(batch, widths), "mlp", {"pack": pack})
+    _call(engine, "mlp", [x, *[a for pair in zip(ws, bs, strict=True) for a in pair], out])
+    ref = x
+    for w, b in zip(ws, bs, strict=True):
+        ref = np.maximum(ref @ w + b, 0)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("n", [256, 1000])
+def test_matmul_large(n):
+    _run_matmul(n, n, n)
