@@ -152,3 +152,58 @@ def test_dynamic_shape_payload_rejected(capsys, tmp_path):
     code = main(["run", "naive", str(path)])
     err = capsys.readouterr().err
     assert code == 2 and "dynamic" in err and "Traceback" not in err
+
+
+# -- the x86 graph ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("workload", WORKLOADS)
+def test_x86_verifies(capsys, workload, threads):
+    code, report = run_json(capsys, "x86", workload, "--threads", threads)
+    assert code == 0, report
+    assert report["verified"] is True
+    assert report["threads"] == int(threads)
+    names = [s["name"] for s in report["stages"]]
+    assert names[:4] == ["load", "analyze", "target", "select"] or "schedule" in names
+    assert report["params"]["matmul"], "matmul workloads get matmul params"
+
+
+def test_x86_until_scheduled_shows_vector_code(capsys):
+    code = main(["run", "x86", "matmul:m=32,n=32,k=32", "--until", "scheduled"])
+    out = capsys.readouterr().out
+    assert code == 0 and "vector.fma" in out
+
+
+def test_x86_param_override_is_applied(capsys):
+    code, report = run_json(capsys, "x86", "matmul:m=32,n=32,k=32", "--param", "reg_m=4",
+                            "--param", "pack=false", "--threads", "1")  # fmt: skip
+    assert code == 0 and report["verified"] is True
+    assert report["params"]["matmul"][0]["reg_m"] == 4
+    assert report["params"]["matmul"][0]["pack"] is False
+
+
+@pytest.mark.parametrize(
+    ("param", "message"),
+    [
+        ("tile_mm=3", "unknown parameter 'tile_mm' for X86Params (did you mean 'tile_m'"),
+        ("reg_n=7", "reg_n=7 must be a multiple of vector_width"),
+        ("reg_m=abc", "reg_m='abc': Input should be a valid integer"),
+        ("reg_m=0", "reg_m=0: Input should be greater than or equal to 1"),
+    ],
+)
+def test_x86_bad_param(capsys, param, message):
+    code = main(["run", "x86", "matmul:m=16,n=16,k=16", "--param", param])
+    err = capsys.readouterr().err
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize(
+    "stem",
+    ["l1_001_Square_matrix_multiplication", "l1_019_ReLU", "l1_023_Softmax",
+     "l1_041_Max_Pooling_1D"],
+)  # fmt: skip
+def test_x86_kernelbench_matches_npz(capsys, stem):
+    folder = kernelbench_or_skip()
+    code, report = run_json(capsys, "x86", str(folder / f"{stem}.mlir"))
+    assert code == 0 and report["verified"] is True

@@ -41,7 +41,10 @@ def apply_overrides(params: P, overrides: dict[str, Any]) -> P:
         return type(params).model_validate({**params.model_dump(), **overrides})
     except ValidationError as exc:
         details = "; ".join(
-            f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}" for e in exc.errors()
+            f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}"
+            if e["loc"]
+            else e["msg"]
+            for e in exc.errors()
         )
         raise ConfigError(f"invalid --param for {type(params).__name__}: {details}") from None
 

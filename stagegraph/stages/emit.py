@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import Field
 
 from stagegraph.ports import Binary, Config, LLVMModule
@@ -22,7 +24,8 @@ def jit(module: LLVMModule, config: JitConfig) -> Binary:
     """Compile in-process; the fastest way from IR to a callable."""
     from stagegraph.runtime.jit import JitBinary
 
-    return JitBinary(module.ir, opt_level=config.opt_level, shared_libs=config.shared_libs)
+    libs = [*config.shared_libs, *runtime_libraries(module.ir)]
+    return JitBinary(module.ir, opt_level=config.opt_level, shared_libs=libs)
 
 
 class FileConfig(Config):
@@ -48,3 +51,25 @@ def shared_library(module: LLVMModule, config: FileConfig) -> Binary:
     from stagegraph.runtime.shared import emit_shared_library
 
     return emit_shared_library(module.ir, config.path, opt_level=config.opt_level)
+
+
+def runtime_libraries(module: Any) -> list[str]:
+    """Shared libraries the module needs at run time: an OpenMP runtime for ``omp`` ops
+    (translated to ``__kmpc_*`` calls only when the engine is created)."""
+    from stagegraph.mlir import ir
+
+    found = False
+
+    def visit(op: Any) -> Any:
+        nonlocal found
+        if op.name.startswith("omp."):
+            found = True
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    if not found:
+        return []
+    from stagegraph.runtime.openmp import library_path
+
+    return [library_path()]

@@ -1,0 +1,97 @@
+"""The x86 CPU flow's cost model and schedule stages.
+
+The params stage turns payload facts and the target into :class:`X86Params` (one
+:class:`MatmulParams` per ``linalg.matmul`` of the entry, in walk order, plus the generic
+schedule's knobs); the schedule stage applies the generic schedule to the other linalg ops
+and then the matmul schedule, both built with the transform dialect's Python API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field
+
+from stagegraph.errors import ConfigError
+from stagegraph.ports import BufferModule, LLVMModule, Params, TensorModule
+from stagegraph.stage import stage
+from stagegraph.stages.analysis import PayloadFacts
+from stagegraph.stages.costmodel import CostModelConfig, apply_overrides
+from stagegraph.stages.generic_params import GenericParams, heuristic_generic_params
+from stagegraph.stages.matmul_params import MatmulParams, heuristic_matmul_params
+from stagegraph.stages.target import Target
+
+
+class X86Params(Params):
+    """Everything the x86 schedule needs for one payload."""
+
+    matmul: tuple[MatmulParams, ...] = ()
+    generic: GenericParams = Field(default_factory=GenericParams)
+
+    @classmethod
+    def override_keys(cls) -> set[str]:
+        """``--param`` keys: a matmul field applies to every matmul, a generic field to all
+        other ops."""
+        return set(MatmulParams.model_fields) | set(GenericParams.model_fields)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> X86Params:
+        mm = {k: v for k, v in overrides.items() if k in MatmulParams.model_fields}
+        gen = {k: v for k, v in overrides.items() if k in GenericParams.model_fields}
+        return X86Params(
+            matmul=tuple(apply_overrides(p, mm) for p in self.matmul),
+            generic=apply_overrides(self.generic, gen),
+        )
+
+
+def matmul_ops(facts: PayloadFacts) -> list[Any]:
+    """The entry's ``linalg.matmul`` ops in walk order: what the matmul schedule handles."""
+    return [op for op in facts.ops if op.name == "linalg.matmul" and op.contraction is not None]
+
+
+@stage("params", name="x86.heuristic")
+def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X86Params:
+    """Tiles from the vector width, register file and cache sizes; threads from the target."""
+    threads = config.threads or target.cores
+    sites = []
+    for op in matmul_ops(facts):
+        c = op.contraction
+        dtype = op.inputs[0].dtype if op.inputs else "f32"
+        sites.append(heuristic_matmul_params(c.m, c.n, c.k, dtype, target, threads=threads))
+    params = X86Params(matmul=tuple(sites), generic=heuristic_generic_params(facts, target))
+    return apply_overrides(params, config.overrides)
+
+
+@stage("schedule", name="x86.schedule")
+def schedule(module: TensorModule, facts: PayloadFacts, params: X86Params) -> TensorModule:
+    """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels."""
+    from stagegraph.stages.generic_schedule import apply_generic_schedule, build_generic_schedule
+    from stagegraph.stages.x86_schedule import apply_schedule, build_matmul_schedule, find_matmuls
+
+    generic = build_generic_schedule(facts, params.generic)
+    apply_generic_schedule(module.ir, generic, facts)
+    sites = find_matmuls(module.ir)
+    if sites:
+        if len(sites) != len(params.matmul):
+            raise ConfigError(
+                f"the payload has {len(sites)} linalg.matmul ops but the params describe "
+                f"{len(params.matmul)}; params must come from this payload's facts"
+            )
+        apply_schedule(module.ir, build_matmul_schedule(params.matmul, sites))
+    return module
+
+
+X86_FINISH = "func.func(lower-vector-multi-reduction),convert-linalg-to-loops"
+
+
+@stage("passes", name="x86.lower")
+def lower(module: BufferModule, params: X86Params) -> LLVMModule:
+    """Leftover vector reductions and linalg ops to loops, then to LLVM; parallel block
+    loops become OpenMP loops when the params ask for more than one thread."""
+    from stagegraph.stages import lowering
+    from stagegraph.stages.passes import run_pipeline
+    from stagegraph.stages.rewrites import copies_to_linalg
+
+    copies_to_linalg(module.ir)
+    threads = max((p.threads for p in params.matmul), default=1)
+    final = lowering.LOWER_TO_LLVM_OPENMP if threads > 1 else lowering.LOWER_TO_LLVM
+    return run_pipeline(module, f"{X86_FINISH},{final}")
