@@ -200,7 +200,8 @@ def test_x86_bad_param(capsys, param, message):
 
 @pytest.mark.parametrize(
     "stem",
-    ["l1_001_Square_matrix_multiplication", "l1_019_ReLU", "l1_023_Softmax",
+    ["l1_001_Square_matrix_multiplication", "l1_015_Matmul_for_lower_triangular_matrices",
+     "l1_019_ReLU", "l1_023_Softmax",
      "l1_041_Max_Pooling_1D"],
 )  # fmt: skip
 def test_x86_kernelbench_matches_npz(capsys, stem):

@@ -132,7 +132,9 @@ def coerce(entry: str, index: int, spec: Arg, value: Any) -> Any:
     """Check one input against its spec; scalars become numpy scalars of the right type."""
     if spec.is_scalar:
         if isinstance(value, np.ndarray):
-            raise SignatureError(f"{entry}: argument #{index} is a {spec.dtype} scalar")
+            if value.ndim != 0:  # a 0-d array (as workloads and .npz files hold) is a scalar
+                raise SignatureError(f"{entry}: argument #{index} is a {spec.dtype} scalar")
+            value = value.item()
         return spec.np_dtype.type(value)
     array = np.asarray(value)
     if array.dtype != spec.np_dtype:

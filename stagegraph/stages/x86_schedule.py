@@ -93,6 +93,8 @@ def _elementwise_chain(op: ir.Operation) -> int:
             break
         if ir.RankedTensorType(user.results[0].type).shape != shape:
             break
+        if any(_is_i1_tensor(v.type) for v in user.operands):
+            break  # vectors of i1 are bit-packed, memrefs of i1 are bytes: leave it unfused
         # The matmul result must be an input (not the init) of the consumer.
         n_inputs = len(user.operands) - 1
         if uses[0].operand_number >= n_inputs:
@@ -100,6 +102,13 @@ def _elementwise_chain(op: ir.Operation) -> int:
         count += 1
         op = user
     return count
+
+
+def _is_i1_tensor(value_type: ir.Type) -> bool:
+    if not isinstance(value_type, ir.ShapedType):
+        return False
+    element = ir.ShapedType(value_type).element_type
+    return isinstance(element, ir.IntegerType) and ir.IntegerType(element).width == 1
 
 
 def _any() -> ir.Type:
