@@ -90,3 +90,23 @@ def test_import_does_not_load_mlir():
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.stdout.strip() == "False"
+
+
+def test_show_x86_has_every_stage_and_edge(capsys):
+    from stagegraph.catalog import load_graph
+
+    graph = load_graph("x86")
+    code, out, _ = run_cli(capsys, "show", "x86")
+    assert code == 0
+    (dot,) = pydot.graph_from_dot_data(out)
+    names = {n.get_name().strip('"') for n in dot.get_nodes()} - {"node", "graph", "edge"}
+    assert names == set(graph.order())
+    edges = [(e.get_source(), e.get_destination()) for e in dot.get_edges()]
+    assert sorted(edges) == sorted((e.src, e.dst) for e in graph.edges)
+
+
+def test_list_graphs_and_workloads(capsys):
+    code, out, _ = run_cli(capsys, "list", "graphs")
+    assert code == 0 and {"naive", "x86", "sharded"} <= set(out.split())
+    code, out, _ = run_cli(capsys, "list", "workloads")
+    assert code == 0 and {"matmul", "mlp", "ff", "ff-sharded"} <= set(out.split())
