@@ -52,25 +52,38 @@ def error_diagnostics(exc: BaseException) -> list[str]:
     return [format_diagnostic(d) for d in getattr(exc, "error_diagnostics", [])]
 
 
-def parse_module(text: str, context: Any, source: str = "<payload>") -> Any:
-    """Parse MLIR assembly, turning parse errors into a PayloadError with file:line:col."""
+def parse_capturing(
+    text: str, context: Any, source: str = "<payload>"
+) -> tuple[Any, list[str], Exception | None]:
+    """Parse ``text``; return the module (or None), the located diagnostics and the error.
+
+    A handler collects the diagnostics: in these bindings a parse ``MLIRError`` carries none.
+    """
     from stagegraph.mlir import ir
 
-    diagnostics: list[Any] = []
+    diagnostics: list[str] = []
 
     def keep(diag: Any) -> bool:
-        diagnostics.append(format_diagnostic(diag, source))
+        diagnostics.append(format_diagnostic(diag, source).strip())
         return True
 
     handle = context.attach_diagnostic_handler(keep)
     try:
         with context:
-            return ir.Module.parse(text)
+            return ir.Module.parse(text), diagnostics, None
     except ir.MLIRError as exc:
-        details = "; ".join(diagnostics) or str(exc)
-        raise PayloadError(f"cannot parse MLIR in {source}: {details}") from None
+        return None, diagnostics, exc
     finally:
         handle.detach()
+
+
+def parse_module(text: str, context: Any, source: str = "<payload>") -> Any:
+    """Parse MLIR assembly, turning parse errors into a PayloadError with file:line:col."""
+    module, diagnostics, error = parse_capturing(text, context, source)
+    if module is None:
+        details = "; ".join(diagnostics) or str(error)
+        raise PayloadError(f"cannot parse MLIR in {source}: {details}")
+    return module
 
 
 def location_text(loc: Any, source: str = "-") -> str:

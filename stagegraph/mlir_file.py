@@ -9,7 +9,6 @@ those are the inputs and the reference; otherwise the reference comes from
 from __future__ import annotations
 
 import functools
-import re
 import typing
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -33,8 +32,6 @@ if typing.TYPE_CHECKING:
     from stagegraph.mlir import ir
 
 _CAST_OPS = {"extf", "truncf", "extsi", "extui", "trunci", "sitofp", "uitofp", "fptosi", "fptoui"}
-_MISSING_DIALECT = re.compile(r"Dialect `([^']+)' not found for custom op '([^']+)'")
-_UNREGISTERED_OP = re.compile(r"'([^']+)' op created with unregistered dialect")
 
 
 class MlirFileParams(WorkloadParams):
@@ -161,54 +158,10 @@ class MlirFileWorkload(Workload):
 
 
 def _parse(path: Path, text: str, context: ir.Context) -> ir.Module:
-    """Parse with diagnostics captured, so errors carry ``file:line:column``."""
-    from stagegraph.mlir import ir
+    """Parse with diagnostics located as ``file:line:column``; unregistered ops named."""
+    from stagegraph.stages.analysis import parse_payload
 
-    diagnostics: list[str] = []
-
-    def handler(diagnostic: Any) -> bool:
-        diagnostics.append(_located(path, diagnostic))
-        return True
-
-    attached = context.attach_diagnostic_handler(handler)
-    try:
-        with context:
-            return ir.Module.parse(text)
-    except ir.MLIRError as error:
-        messages = diagnostics or [f"{path}: {error}"]
-        raise PayloadError(_explain(messages)) from None
-    finally:
-        attached.detach()
-
-
-def _located(path: Path, diagnostic: Any) -> str:
-    from stagegraph.mlir import ir
-
-    location = diagnostic.location
-    where = str(path)
-    if isinstance(location, ir.FileLineColLoc):
-        where = f"{path}:{location.start_line}:{location.start_col}"
-    notes = "".join(f"\n  note: {_clip(note.message)}" for note in diagnostic.notes)
-    return f"{where}: {diagnostic.message}{notes}"
-
-
-def _clip(text: str, limit: int = 160) -> str:
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _explain(messages: list[str]) -> str:
-    """Prefix a plain statement when the failure is an op of a dialect we do not have."""
-    text = "\n".join(messages)
-    missing = _MISSING_DIALECT.search(text)
-    if missing:
-        return (
-            f"op '{missing.group(2)}' belongs to dialect '{missing.group(1)}', which these MLIR "
-            f"bindings do not register; the payload cannot be used here:\n{text}"
-        )
-    unregistered = _UNREGISTERED_OP.search(text)
-    if unregistered:
-        return f"op '{unregistered.group(1)}' is from an unregistered dialect:\n{text}"
-    return text
+    return parse_payload(text, context, source=str(path))
 
 
 # ---------------------------------------------------------------- inspection

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from stagegraph.errors import PayloadError
-from stagegraph.irutil import format_diagnostic
+from stagegraph.irutil import format_diagnostic, parse_capturing
 from stagegraph.ports import Config, Facts, TensorModule
 from stagegraph.stage import stage
 
@@ -332,7 +332,7 @@ def select_entry(functions: Sequence[Any], entry: str | None = None) -> Any:
 # --------------------------------------------------------------------------- linalg ops
 
 
-def _linalg_ops(fn: Any) -> list[Any]:
+def linalg_ops(fn: Any) -> list[Any]:
     """Linalg ops (not their region terminators) of a function, in program order."""
     from stagegraph.mlir import ir
 
@@ -608,7 +608,7 @@ def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
         if not fn.regions[0].blocks:
             raise UnsupportedPayloadError(f"payload function @{name} is a declaration, no body")
         fn_facts = tuple(function_facts(f, strict=f == fn) for f in functions)
-        ops = _linalg_ops(fn)
+        ops = linalg_ops(fn)
         facts = [op_facts(op, i, f"payload function @{name}") for i, op in enumerate(ops)]
         layers = _layers(ops, facts)
     entry_facts = fn_facts[functions.index(fn)]
@@ -635,35 +635,13 @@ def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
 _CUSTOM_OP_DIAGNOSTIC = re.compile(r"Dialect `([\w.]+)' not found for custom op '([\w.]+)'")
 
 
-def _parse_capturing(
-    text: str, context: Any, source: str = "<payload>"
-) -> tuple[Any, list[str], Exception | None]:
-    """Parse ``text``; return the module (or None), the diagnostics and the error."""
-    from stagegraph.mlir import ir
-
-    diagnostics: list[str] = []
-
-    def handler(diagnostic: Any) -> bool:
-        diagnostics.append(format_diagnostic(diagnostic, source).strip())
-        return True
-
-    handle = context.attach_diagnostic_handler(handler)
-    try:
-        with context:
-            return ir.Module.parse(text), diagnostics, None
-    except ir.MLIRError as error:
-        return None, diagnostics, error
-    finally:
-        handle.detach()
-
-
 def unregistered_ops(text: str) -> list[str]:
     """Names of the ops of ``text`` whose dialect these bindings do not register."""
     from stagegraph.mlir import ir, new_context
 
     context = new_context()
     context.allow_unregistered_dialects = True
-    module, diagnostics, _ = _parse_capturing(text, context)
+    module, diagnostics, _ = parse_capturing(text, context)
     if module is not None:
         names: list[str] = []
 
@@ -721,9 +699,14 @@ def parse_payload(text: str, context: Any | None = None, source: str = "<payload
     from stagegraph.mlir import new_context
 
     context = context or new_context()
-    module, diagnostics, error = _parse_capturing(text, context, source)
+    module, diagnostics, error = parse_capturing(text, context, source)
     if module is None:
-        raise explain_parse_error(text, error, diagnostics) from None
+        problem = explain_parse_error(text, error, diagnostics)
+        if isinstance(problem, UnregisteredOpError):
+            raise UnregisteredOpError(
+                f"{source}: {problem}", op_name=problem.op_name, dialect=problem.dialect
+            ) from None
+        raise problem from None
     return module
 
 

@@ -21,7 +21,7 @@ import math
 from typing import Any
 
 from stagegraph.stages import lowering
-from stagegraph.stages.analysis import WRAPPER_ATTR, OpFacts, PayloadFacts, analyze
+from stagegraph.stages.analysis import WRAPPER_ATTR, OpFacts, PayloadFacts, analyze, linalg_ops
 from stagegraph.stages.generic_params import (
     GenericParams,
     largest_divisor_at_most,
@@ -164,21 +164,6 @@ def _vectorize_enabled(op: OpFacts, params: GenericParams) -> bool:
 # ----------------------------------------------------------------------------- annotation
 
 
-def _linalg_ops(fn: Any) -> list[Any]:
-    """Linalg ops of a function in pre-order: the order of ``PayloadFacts.ops``."""
-    from stagegraph.mlir import ir
-
-    found: list[Any] = []
-
-    def visit(op: Any) -> Any:
-        if op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index"):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    fn.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return found
-
-
 def _entry_function(module: Any, name: str) -> Any:
     for op in module.body.operations:
         attrs = op.operation.attributes
@@ -204,7 +189,7 @@ def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
     from stagegraph.mlir import ir
 
     fn = _entry_function(module, facts.entry)
-    ops = _linalg_ops(fn)
+    ops = linalg_ops(fn)
     if [op.name for op in ops] != [f.name for f in facts.ops]:
         raise ValueError("payload linalg ops differ from the facts; re-run the analysis")
     position = {op: i for i, op in enumerate(ops)}
