@@ -7,6 +7,7 @@ trace. Instrumentation (IR dumps, reproducers, verification) plugs in through :c
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Iterable, Mapping
@@ -143,6 +144,19 @@ class Engine:
             self._context = new_context()
         return self._context
 
+    @functools.cached_property
+    def versions(self) -> str:
+        """stagegraph's and the bindings' versions: part of every cache key."""
+        from importlib import metadata
+
+        from stagegraph.mlir import binding_version
+
+        try:
+            own = metadata.version("stagegraph")
+        except metadata.PackageNotFoundError:
+            own = "unknown"
+        return f"stagegraph=={own};{binding_version()}"
+
     def clear_cache(self) -> None:
         self._cache.clear()
 
@@ -248,7 +262,11 @@ class Engine:
         event = StageEvent(graph, stage, inputs)
         for hook in self.hooks:
             hook.before_stage(event)
-        key_data = stage.spec_hash() + "".join(f"|{p}={h}" for p, h in sorted(input_hashes.items()))
+        key_data = (
+            self.versions
+            + stage.spec_hash()
+            + "".join(f"|{p}={h}" for p, h in sorted(input_hashes.items()))
+        )
         key = hashlib.sha256(key_data.encode()).hexdigest()
         module_in = next((v for v in inputs.values() if isinstance(v, Module)), None)
         ops_in = _ops(module_in)
