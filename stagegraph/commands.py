@@ -45,6 +45,41 @@ def inspection_options(command: click.Command) -> click.Command:
     return command
 
 
+def cost_model_options(command: click.Command) -> click.Command:
+    """``--cost-model``, ``--db`` and ``--params-file``, shared by run/bench/tune."""
+    options = [
+        click.option("--cost-model", "cost_model", metavar="NAME",
+                     help="heuristic (default), analytical, tuned (needs --db) or fixed "
+                          "(needs --params-file)."),
+        click.option("--db", "db", type=click.Path(dir_okay=False),
+                     help="Tuning database (SQLite) for --cost-model tuned and tune."),
+        click.option("--params-file", type=click.Path(dir_okay=False),
+                     help="JSON params for --cost-model fixed."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def swap_cost_model(graph: Graph, work, cost_model: str | None, db: str | None,
+                    params_file: str | None) -> Graph:  # fmt: skip
+    from stagegraph.execute import with_cost_model
+
+    return with_cost_model(graph, cost_model, workload=work.spec, db=db, params_file=params_file)
+
+
+def report_cost_model(engine, graph: Graph, work, cost_model: str | None) -> dict | None:
+    """Describe the cost model's choice; say on stderr when ``tuned`` fell back."""
+    if cost_model is None:
+        return None
+    from stagegraph.tune import describe_cost_model
+
+    info = describe_cost_model(engine, graph, work, cost_model)
+    if info.get("source") == "heuristic (fallback)":
+        click.echo(f"cost model 'tuned': {info['note']}", err=True)
+    return info
+
+
 def build_hooks(
     graph: Graph,
     print_ir_after: Sequence[str],
@@ -106,6 +141,7 @@ def build_hooks(
     help="With --isolate: address-space limit (GiB).",
 )
 @click.option("--ranks", type=click.IntRange(min=1), help="Run on N MPI ranks (sharded workloads).")
+@cost_model_options
 def run(
     graph: str,
     workload: str,
@@ -123,6 +159,9 @@ def run(
     print_ir_after: tuple[str, ...] = (),
     verify_each: bool = False,
     repro_dir: str | None = None,
+    cost_model: str | None = None,
+    db: str | None = None,
+    params_file: str | None = None,
 ) -> None:
     """Compile WORKLOAD through GRAPH, run it and verify it against the reference."""
     if ranks is not None:
@@ -135,8 +174,13 @@ def run(
     from stagegraph.execute import parse_assignments, run_report, with_emit, with_params
 
     loaded, work = load_inputs(graph, workload)
+    loaded = swap_cost_model(loaded, work, cost_model, db, params_file)
     loaded = with_params(loaded, parse_assignments(params), threads)
     loaded = with_emit(loaded, emit, output)
+    if isolate and cost_model is not None:
+        from stagegraph.errors import ConfigError
+
+        raise ConfigError("--isolate does not take --cost-model yet; run without --isolate")
     if isolate:
         report = _run_isolated(graph, workload, params, threads, emit, output, verify_each,
                                repro_dir, timeout, memory_gb)  # fmt: skip
@@ -159,7 +203,13 @@ def run(
         else:
             click.echo(module.text() if module else "(no module at that point)")
         return
+    info = report_cost_model(engine, loaded, work, cost_model)
     report = run_report(loaded, work, engine=engine, threads=threads)
+    if info is not None and as_json:
+        emit_json({**report.model_dump(mode="json"), "cost_model": info})
+        if report.verified is False:
+            raise SystemExit(1)
+        return
     _print_run_report(report, as_json)
 
 
@@ -240,6 +290,7 @@ def _print_run_report(report: RunReport, as_json: bool) -> None:
 @click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after each stage.")
 @click.option("--ranks", type=click.IntRange(min=1), help="Time on N MPI ranks (sharded).")
 @inspection_options
+@cost_model_options
 def bench(
     graph: str,
     workload: str,
@@ -258,6 +309,9 @@ def bench(
     print_ir_after: tuple[str, ...] = (),
     verify_each: bool = False,
     repro_dir: str | None = None,
+    cost_model: str | None = None,
+    db: str | None = None,
+    params_file: str | None = None,
 ) -> None:
     """Benchmark WORKLOAD through GRAPH with the timing wrapper spliced at a tag."""
     from stagegraph.bench import (
@@ -283,15 +337,20 @@ def bench(
                              unsupported)  # fmt: skip
     loaded, work = load_inputs(graph, workload)
     check_single_process(work)
+    loaded = swap_cost_model(loaded, work, cost_model, db, params_file)
     loaded = with_params(loaded, parse_assignments(params), threads)
     engine = Engine(build_hooks(loaded, print_ir_after, verify_each, repro_dir, dump_ir))
+    info = report_cost_model(engine, loaded, work, cost_model)
     if versus is None:
         report = benchmark(engine, loaded, work, splice_at, options, threads)
         reports = [report]
         if as_json:
-            emit_json(report.model_dump(mode="json"))
+            extra = {"cost_model": info} if info is not None else {}
+            emit_json({**report.model_dump(mode="json"), **extra})
         else:
             _print_report(report)
+            if info is not None:
+                click.echo(f"  cost model {info['name']} ({info['source']}): {info['params']}")
     else:
         first = prepare(engine, loaded, work, splice_at)
         if versus == "numpy":
@@ -351,3 +410,88 @@ def repro(directory: str, as_json: bool) -> None:
         emit_json(result)
     else:
         click.echo(f"stage {result['stage']!r} ran without error (the failure did not reproduce)")
+
+
+@_register
+@click.command()
+@click.argument("graph")
+@click.argument("workload")
+@click.option("--budget", type=click.IntRange(min=1), default=12, show_default=True,
+              help="Candidates to consider (reused ones from --db count).")
+@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Isolated local workers measuring at once (without --cluster).")
+@click.option("--cluster", metavar="ADDRESS", help="tcp://HOST:PORT (a Dask scheduler) or local:N.")
+@click.option("--db", default="stagegraph-tune.db", show_default=True,
+              type=click.Path(dir_okay=False), help="Tuning database (resumable).")
+@click.option("--strategy", type=click.Choice(["random", "model", "evolve"]), default="random",
+              show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--cost-model", "cost_model", default="heuristic", show_default=True,
+              metavar="NAME", help="The baseline's cost model.")
+@click.option("--fix", "fixes", multiple=True, metavar="FIELD=VALUE",
+              help="Pin a tunable field in the space.")
+@click.option("--batch-size", type=click.IntRange(min=1), help="Candidates per isolated child.")
+@click.option("--samples", type=click.IntRange(min=4), default=20, show_default=True)
+@click.option("--compile-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True)
+@click.option("--run-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
+              show_default=True)
+@click.option("--memory", "memory_gb", type=click.FloatRange(min=0, min_open=True), default=4.0,
+              show_default=True, help="Address-space limit per worker child (GiB).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON report (no progress bar).")
+@click.option("--explain", is_flag=True, help="Print the space and its size; measure nothing.")
+def tune(graph: str, workload: str, budget: int, jobs: int, cluster: str | None, db: str,
+         strategy: str, seed: int, cost_model: str, fixes: tuple[str, ...],
+         batch_size: int | None, samples: int, compile_timeout: float, run_timeout: float,
+         memory_gb: float, as_json: bool, explain: bool) -> None:  # fmt: skip
+    """Search params for WORKLOAD through GRAPH; every candidate isolated, recorded in --db.
+
+    Test-only: STAGEGRAPH_TUNE_FAULT="KIND@HASH,..." (KIND segfault|hang|oom|wrong; HASH a
+    params-hash prefix or *) makes those candidates fail that way in the worker.
+    """
+    import os
+
+    from stagegraph.execute import parse_assignments
+    from stagegraph.tune.runner import TuneOptions
+    from stagegraph.tune.runner import explain as explain_space
+    from stagegraph.tune.runner import tune as run_tune
+
+    faults = {}
+    for item in filter(None, os.environ.get("STAGEGRAPH_TUNE_FAULT", "").split(",")):
+        kind, _, key = item.partition("@")
+        faults[key or "*"] = kind
+    options = TuneOptions(graph=graph, workload=workload, budget=budget, jobs=jobs,
+                          cluster=cluster, db=db, strategy=strategy, seed=seed,
+                          cost_model=cost_model, fixes=parse_assignments(fixes),
+                          batch_size=batch_size, samples=samples,
+                          compile_timeout_s=compile_timeout, run_timeout_s=run_timeout,
+                          memory_bytes=int(memory_gb * 2**30), faults=faults)  # fmt: skip
+    if explain:
+        info = explain_space(options)
+        if as_json:
+            emit_json(info)
+            return
+        click.echo(f"search space of {graph} on {info['workload']}:")
+        for name, dom in info["fields"].items():
+            click.echo(f"  {name:<16} {dom['low']}..{dom['high']}")
+        click.echo("  fixed: " + ", ".join(f"{k}={v}" for k, v in info["fixed"].items()))
+        click.echo("  constraints:")
+        for name in info["constraints"]:
+            click.echo(f"    {name}")
+        size = f"{info['size']}" if info["size_exact"] else f">= {info['size']} (z3 count capped)"
+        click.echo(f"  size: {size}; product of domains {info['product_of_domains']:.3g}")
+        return
+    report = run_tune(options, progress=not as_json)
+    if as_json:
+        emit_json(report.model_dump(mode="json"))
+        return
+    base = report.baseline
+    click.echo(f"tuned {report.graph} on {report.workload} ({report.strategy}, db {report.db})")
+    click.echo(f"  measured {report.measured}, failed {report.failed}, reused {report.reused}")
+    if base["median_s"] is not None:
+        click.echo(f"  baseline median {base['median_s'] * 1e3:.4f} ms")
+    if report.best is not None:
+        click.echo(f"  best median {report.best.median_s * 1e3:.4f} ms: {report.best.params}")
+    for failure in report.failures:
+        click.echo(f"  failed {failure.params_hash}: {failure.reason}: {failure.detail}")
+    click.echo(f"  {report.message}")

@@ -214,3 +214,23 @@ class RankFailedError(MpiError):
 
 class MpiTimeoutError(MpiError, TimeoutError):
     """The ranks did not finish within the timeout; the job was killed."""
+
+
+class UnknownCostModelError(StagegraphError, KeyError):
+    """A ``--cost-model`` name that is not registered."""
+
+
+class EmptySearchSpaceError(StagegraphError, ValueError):
+    """The tuning constraints admit no parameters; ``conflicts`` names the clashing ones."""
+
+    def __init__(self, message: str, conflicts: list[str] | None = None) -> None:
+        self.conflicts = list(conflicts or [])
+        super().__init__(message)
+
+
+class ClusterUnreachableError(StagegraphError, ConnectionError):
+    """``--cluster`` names a Dask scheduler that cannot be reached (or a bad address)."""
+
+
+class TuneDBError(StagegraphError, RuntimeError):
+    """The tuning database cannot be opened, read or written."""

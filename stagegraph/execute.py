@@ -254,3 +254,36 @@ def run_isolated_report(
         if error is None:
             raise
         raise error from failure
+
+
+def with_cost_model(
+    graph: Graph,
+    name: str | None,
+    *,
+    workload: str = "",
+    db: str | None = None,
+    params_file: str | None = None,
+) -> Graph:
+    """Swap the graph's cost model (its ``select`` params stage) for the one named ``name``.
+
+    ``tuned`` looks ``workload`` on this graph up in ``db``; ``fixed`` reads ``params_file``.
+
+    Raises:
+        UnknownCostModelError: ``name`` is not a registered cost model (did you mean).
+        ConfigError: the graph has no single params stage to swap.
+    """
+    from stagegraph.tune import DEFAULT_COST_MODEL, cost_model_factory
+
+    if name is None:
+        return graph
+    factory = cost_model_factory(name)
+    stages = params_stages(graph)
+    if len(stages) != 1:
+        raise ConfigError(f"graph {graph.name!r} has {len(stages)} params stages; need one")
+    if name == DEFAULT_COST_MODEL and stages[0].factory is factory:
+        return graph
+    extra: dict[str, Any] = {
+        "tuned": {"db": db, "workload": workload, "graph": graph.name},
+        "fixed": {"path": params_file},
+    }.get(name, {})
+    return graph.replace(stages[0].name, factory(stages[0].name, **extra))

@@ -17,7 +17,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, field_serializer
 
 from stagegraph.ports import Config, Facts
 from stagegraph.stage import stage
@@ -44,6 +44,11 @@ class Target(Facts):
     l2_bytes: int = 1024 * 1024
     l3_bytes: int = 8 * 1024 * 1024
     frequency_ghz: float | None = None
+
+    @field_serializer("isa")
+    def _sorted_isa(self, isa: frozenset[str]) -> list[str]:
+        """Sorted, so the content hash is the same in every process."""
+        return sorted(isa)
 
     def has(self, feature: str) -> bool:
         return feature in self.isa

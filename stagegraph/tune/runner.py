@@ -1,0 +1,264 @@
+"""The tuner: propose candidates, measure them isolated (locally or on Dask), record each
+in the DB as it finishes, and report the best against an interleaved baseline."""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from stagegraph.ports import Schema
+from stagegraph.tune.db import CandidateResult, TuneDB, TuneKey, best_result
+
+DEFAULT_DB = "stagegraph-tune.db"
+
+
+class TuneOptions(Schema):
+    """The ``stagegraph tune`` command line, as data."""
+
+    graph: str
+    workload: str
+    budget: int = Field(12, ge=1)
+    jobs: int = Field(1, ge=1)
+    cluster: str | None = None
+    db: str = DEFAULT_DB
+    strategy: str = "random"
+    seed: int = 0
+    cost_model: str = "heuristic"
+    fixes: dict[str, Any] = Field(default_factory=dict)
+    batch_size: int | None = Field(None, ge=1)
+    compile_timeout_s: float = Field(60.0, gt=0)
+    run_timeout_s: float = Field(60.0, gt=0)
+    memory_bytes: int | None = 4 * 2**30
+    samples: int = Field(20, ge=4)
+    faults: dict[str, str] = Field(default_factory=dict)
+
+
+class Failure(Schema):
+    params_hash: str
+    reason: str | None
+    detail: str | None
+
+
+class Best(Schema):
+    params: dict[str, Any]
+    params_hash: str
+    median_s: float
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    confidence: float
+
+
+class TuneReport(Schema):
+    """What ``stagegraph tune --json`` prints."""
+
+    graph: str
+    workload: str
+    target: str
+    strategy: str
+    cost_model: str
+    db: str
+    budget: int
+    baseline: dict[str, Any]
+    best: Best | None
+    winner: bool
+    message: str
+    measured: int
+    failed: int
+    reused: int
+    exhausted: bool = False
+    failures: list[Failure] = Field(default_factory=list)
+    seconds: float
+
+
+class Problem:
+    """The payload's facts, the machine, the baseline params and the space around them."""
+
+    def __init__(self, options: TuneOptions) -> None:
+        from stagegraph.commands import load_inputs
+        from stagegraph.engine import Engine
+        from stagegraph.execute import with_cost_model
+        from stagegraph.stages.costmodels import target_hash
+        from stagegraph.tune.space import build_space
+
+        graph, workload = load_inputs(options.graph, options.workload)
+        self.graph = with_cost_model(graph, options.cost_model, workload=workload.spec)
+        self.workload = workload
+        select = next(s.name for s in self.graph.stages.values() if s.kind == "params")
+        facts_edge = next(e for e in self.graph.in_edges(select) if e.dst_port == "facts")
+        target_edge = next(e for e in self.graph.in_edges(select) if e.dst_port == "target")
+        result = Engine().run(self.graph, workload, until=select)
+        self.facts = result.value(facts_edge.src, facts_edge.src_port)
+        self.target = result.value(target_edge.src, target_edge.src_port)
+        self.base = result.value(select, "params")
+        self.space = build_space(self.facts, self.target, self.base, options.fixes)
+        self.key = TuneKey(
+            workload=workload.spec, graph=options.graph, target=target_hash(self.target)
+        )
+
+
+def explain(options: TuneOptions) -> dict[str, Any]:
+    """The space (fields, domains, constraints) and its size; measures nothing."""
+    problem = Problem(options)
+    problem.space.require_nonempty()
+    return {
+        "graph": options.graph,
+        "workload": problem.workload.spec,
+        "baseline": problem.base.model_dump(mode="json"),
+        **problem.space.describe(),
+    }
+
+
+def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
+    """Run the tuner; see the module docstring.
+
+    Raises:
+        EmptySearchSpaceError: the constraints conflict (named).
+        ClusterUnreachableError: ``options.cluster`` cannot be reached (before the DB opens).
+    """
+    from stagegraph.tune.executor import make_executor
+    from stagegraph.tune.search import make_strategy
+    from stagegraph.tune.worker import BatchTask
+
+    start = time.perf_counter()
+    problem = Problem(options)
+    problem.space.require_nonempty()
+    strategy = make_strategy(options.strategy, problem.space, options.seed, options.budget)
+    executor = make_executor(options.cluster, options.jobs)
+    db = TuneDB(options.db)
+    bar = _progress(options.budget, enabled=progress)
+    counts = {"measured": 0, "failed": 0, "reused": 0}
+    history: dict[str, CandidateResult] = {}
+    seen: set[str] = set()
+    exhausted = False
+    try:
+        workers = options.jobs if options.cluster is None else max(1, options.jobs)
+        size = options.batch_size or max(1, min(4, math.ceil(options.budget / workers)))
+        while sum(counts.values()) < options.budget:
+            want = min(options.budget - sum(counts.values()), size * workers)
+            proposals = strategy.propose(want, seen, history)
+            if not proposals:
+                exhausted = True
+                break
+            fresh = []
+            for params in proposals:
+                h = params.content_hash()[:16]
+                known = db.get(problem.key, h)
+                if known is not None:
+                    history[h] = known
+                    counts["reused"] += 1
+                    _tick(bar, counts, history)
+                else:
+                    fresh.append(params.model_dump(mode="json"))
+            tasks = [
+                BatchTask(
+                    graph=options.graph,
+                    workload=problem.workload.spec,
+                    key=problem.key,
+                    baseline=problem.base.model_dump(mode="json"),
+                    candidates=fresh[i : i + size],
+                    db=str(db.path) if executor.shares_filesystem else None,
+                    compile_timeout_s=options.compile_timeout_s,
+                    run_timeout_s=options.run_timeout_s,
+                    memory_bytes=options.memory_bytes,
+                    samples=options.samples,
+                    faults=options.faults,
+                )
+                for i in range(0, len(fresh), size)
+            ]
+            for results in executor.run(tasks):
+                for result in results:
+                    db.record(problem.key, result)
+                    history[result.params_hash] = result
+                    counts["measured" if result.status == "ok" else "failed"] += 1
+                    _tick(bar, counts, history)
+    finally:
+        if bar is not None:
+            bar.close()
+        executor.close()
+        db.close()
+    return _report(options, problem, history, counts, exhausted, time.perf_counter() - start)
+
+
+def _progress(total: int, enabled: bool) -> Any:
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="tune", unit="cand", file=sys.stderr, leave=True)
+
+
+def _tick(bar: Any, counts: dict[str, int], history: dict[str, CandidateResult]) -> None:
+    if bar is None:
+        return
+    ok = [r.median_s for r in history.values() if r.status == "ok" and r.median_s]
+    bar.update(1)
+    bar.set_postfix(
+        done=counts["measured"] + counts["reused"],
+        failed=counts["failed"],
+        best=f"{min(ok) * 1e3:.3f}ms" if ok else "-",
+    )
+
+
+def _report(
+    options: TuneOptions,
+    problem: Problem,
+    history: dict[str, CandidateResult],
+    counts: dict[str, int],
+    exhausted: bool,
+    seconds: float,
+) -> TuneReport:
+    results = list(history.values())
+    base_samples = [x for r in results for x in r.baseline_samples]
+    baseline = {
+        "params": problem.base.model_dump(mode="json"),
+        "params_hash": problem.base.content_hash()[:16],
+        "median_s": float(np.median(base_samples)) if base_samples else None,
+    }
+    found = best_result(results)
+    best, winner = None, False
+    if found is None:
+        message = "no candidate was measured successfully"
+    else:
+        result, r = found
+        best = Best(
+            params=result.params,
+            params_hash=result.params_hash,
+            median_s=result.median_s,
+            speedup=r.ratio,
+            speedup_low=r.low,
+            speedup_high=r.high,
+            confidence=r.confidence,
+        )
+        winner = r.low > 1.0
+        message = (
+            f"best candidate is {r.ratio:.3f}x the baseline's speed [{r.low:.3f}, {r.high:.3f}]"
+            + ("" if winner else "; not better beyond the noise: keep the baseline")
+        )
+    failures = [
+        Failure(params_hash=r.params_hash, reason=r.reason, detail=r.detail)
+        for r in results
+        if r.status != "ok"
+    ]
+    return TuneReport(
+        graph=options.graph,
+        workload=problem.workload.spec,
+        target=problem.key.target,
+        strategy=options.strategy,
+        cost_model=options.cost_model,
+        db=options.db,
+        budget=options.budget,
+        baseline=baseline,
+        best=best,
+        winner=winner,
+        message=message,
+        exhausted=exhausted,
+        failures=failures,
+        seconds=seconds,
+        **counts,
+    )

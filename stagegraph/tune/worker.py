@@ -1,0 +1,188 @@
+"""The isolated side of tuning: one child compiles, verifies and times a batch of candidates.
+
+The child keeps one :class:`~stagegraph.engine.Engine` for the whole batch, so the stages
+upstream of the params (load, analysis, target) run once and are served from the memo
+cache for every candidate; only ``select`` and what follows it re-run. The baseline is
+compiled once and timed interleaved with each candidate (paired samples). Each phase has
+its own alarm (compile / run timeout), and the child writes which candidate and phase it is
+in, so when it dies the parent knows whom to blame. Each result is appended to a file (and
+to the DB when it is on this host) the moment it is known.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import math
+import signal
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from stagegraph.ports import Schema
+from stagegraph.tune.db import CandidateResult, TuneKey
+
+FAULTS = ("segfault", "hang", "oom", "wrong")
+
+
+class BatchTask(Schema):
+    """Everything a worker needs to evaluate candidates (picklable, JSON-safe)."""
+
+    graph: str
+    workload: str
+    key: TuneKey
+    baseline: dict[str, Any]
+    candidates: list[dict[str, Any]]
+    db: str | None = None
+    compile_timeout_s: float = 60.0
+    run_timeout_s: float = 60.0
+    memory_bytes: int | None = 4 * 2**30
+    samples: int = 20
+    faults: dict[str, str] = Field(default_factory=dict)
+
+
+def params_hash(params: dict[str, Any]) -> str:
+    from stagegraph.stages.x86 import X86Params
+
+    return X86Params.model_validate(params).content_hash()[:16]
+
+
+def fault_for(faults: dict[str, str], phash: str) -> str | None:
+    """The injected fault of a candidate: keyed by params-hash prefix, or ``*`` for all."""
+    for key, kind in faults.items():
+        if key == "*" or phash.startswith(key):
+            return kind
+    return None
+
+
+def _inject(kind: str) -> None:
+    """Test-only faults, triggered where the JIT-compiled code would run."""
+    if kind == "segfault":
+        ctypes.string_at(0)
+    elif kind == "hang":
+        while True:
+            pass
+    elif kind == "oom":
+        hoard = []
+        while True:
+            hoard.append(bytearray(64 * 2**20))
+
+
+def _mark(work: Path, phash: str, phase: str) -> None:
+    (work / "progress").write_text(json.dumps({"params_hash": phash, "phase": phase}))
+
+
+def _alarm(seconds: float) -> None:
+    signal.alarm(max(1, math.ceil(seconds)) if seconds else 0)
+
+
+def _interleaved(base: Any, cand: Any, samples: int) -> tuple[list[float], list[float]]:
+    """Alternate chunks of baseline and candidate so machine noise hits both alike."""
+    import numpy as np
+
+    base.measure(1, warmup=2)
+    cand.measure(1, warmup=2)
+    chunk = max(1, samples // 4)
+    bs, cs = [], []
+    for _ in range(4):
+        bs.append(base.measure(chunk))
+        cs.append(cand.measure(chunk))
+    return np.concatenate(bs).tolist(), np.concatenate(cs).tolist()
+
+
+def run_batch(task: BatchTask, work: str) -> int:
+    """Child entry: evaluate every candidate of ``task``; results go to ``work``/results."""
+    from stagegraph.bench import prepare
+    from stagegraph.catalog import load_graph
+    from stagegraph.engine import Engine
+    from stagegraph.execute import install_reference_runner
+    from stagegraph.stages.costmodels import fixed
+    from stagegraph.workload import parse_workload
+
+    out = Path(work)
+    install_reference_runner()
+    graph = load_graph(task.graph)
+    workload = parse_workload(task.workload)
+    engine = Engine()
+    db = None
+    if task.db:
+        from stagegraph.tune.db import TuneDB
+
+        db = TuneDB(task.db)
+
+    def compile_params(params: dict[str, Any]) -> Any:
+        return prepare(
+            engine, graph.replace("select", fixed("select", params=params)), workload, None
+        )
+
+    _mark(out, "baseline", "compile")
+    _alarm(task.compile_timeout_s)
+    base = compile_params(task.baseline)
+    _alarm(0)
+    if not base.verdict.ok:
+        raise RuntimeError(f"the baseline does not verify: {base.verdict.message}")
+    for params in task.candidates:
+        result = _evaluate(task, out, params, base, compile_params)
+        with (out / "results.jsonl").open("a") as handle:
+            handle.write(result.model_dump_json() + "\n")
+        if db is not None:
+            db.record(task.key, result)
+    _alarm(0)
+    return len(task.candidates)
+
+
+def _evaluate(task: BatchTask, out: Path, params: dict, base: Any, compile_params: Any) -> Any:
+    from stagegraph.errors import StageFailed
+
+    phash = params_hash(params)
+    common = {"params_hash": phash, "params": params}
+    _mark(out, phash, "compile")
+    measurement = None
+    try:
+        _alarm(task.compile_timeout_s)
+        measurement = compile_params(params)
+        _alarm(0)
+        trace = measurement.result.trace
+        timing = {"compile_s": trace.compile_seconds(), "executed": trace.executed()}
+        fault = fault_for(task.faults, phash)
+        if not measurement.verdict.ok or fault == "wrong":
+            message = measurement.verdict.message if fault != "wrong" else "injected wrong result"
+            return CandidateResult(
+                status="failed", reason="wrong result", detail=message, **common, **timing
+            )
+        _mark(out, phash, "run")
+        _alarm(task.run_timeout_s)
+        if fault:
+            _inject(fault)
+        base_samples, samples = _interleaved(base, measurement, task.samples)
+        _alarm(0)
+        import numpy as np
+
+        return CandidateResult(
+            status="ok",
+            samples=samples,
+            baseline_samples=base_samples,
+            median_s=float(np.median(samples)),
+            **common,
+            **timing,
+        )
+    except MemoryError:
+        _alarm(0)
+        return CandidateResult(status="failed", reason="memory", detail="MemoryError", **common)
+    except StageFailed as exc:
+        _alarm(0)
+        reason = "invalid IR" if exc.diagnostics else "compile error"
+        detail = f"stage {exc.stage!r}: {exc.reason.splitlines()[0] if exc.reason else ''}"
+        return CandidateResult(status="failed", reason=reason, detail=detail, **common)
+    except Exception as exc:
+        _alarm(0)
+        detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return CandidateResult(status="failed", reason="exception", detail=detail, **common)
+    finally:
+        del measurement
+        with contextlib.suppress(Exception):
+            import gc
+
+            gc.collect()
