@@ -130,3 +130,27 @@ def _round_up(x: int, to: int) -> int:
 
 def _round_down(x: int, to: int) -> int:
     return max(to, x // to * to)
+
+
+# -- tuning declaration (read by stagegraph.tune.space) ------------------------------------
+
+#: Fields a tuner may vary; vector_width, vector_registers and threads stay as the cost
+#: model chose them (they describe the machine and the run, not the schedule).
+TUNABLE_FIELDS = ("tile_m", "tile_n", "tile_k", "reg_m", "reg_n", "k_unroll", "pack")
+
+
+def tuning_constraints(p: object, logic: object) -> dict[str, object]:
+    """The validator's rules as named expressions over ``p``'s fields.
+
+    ``logic`` provides ``Or`` (z3, or plain Python), so a solver and a checker share one
+    statement of the rules. The register budget is multiplied through by vector_width
+    (exact because reg_n is a multiple of it) to stay free of division.
+    """
+    return {
+        "reg_n_multiple_of_vector_width": p.reg_n % p.vector_width == 0,
+        "tile_m_multiple_of_reg_m": p.tile_m % p.reg_m == 0,
+        "tile_n_multiple_of_reg_n": p.tile_n % p.reg_n == 0,
+        "tile_k_multiple_of_k_unroll": logic.Or(p.tile_k == 0, p.tile_k % p.k_unroll == 0),
+        "register_budget": p.reg_m * p.reg_n + p.reg_n + p.vector_width
+        <= p.vector_registers * p.vector_width,
+    }
