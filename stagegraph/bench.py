@@ -13,6 +13,7 @@ from pydantic import Field
 
 from stagegraph.engine import Engine, RunResult
 from stagegraph.errors import StagegraphError
+from stagegraph.execute import effective_threads
 from stagegraph.graph import Graph
 from stagegraph.ports import Schema
 
@@ -106,7 +107,7 @@ class Measurement:
             "message": self.verdict.message,
             "compile_seconds": trace.compile_seconds(),
             "stage_seconds": {r.name: r.seconds for r in trace.records},
-            "threads": threads,
+            "threads": effective_threads(threads),
         }
         if samples is None or not self.verdict.ok:
             return BenchReport(**base)

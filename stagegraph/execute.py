@@ -41,6 +41,15 @@ class RunReport(Schema):
     emitted: str | None = None
 
 
+def effective_threads(threads: int | None) -> int:
+    """What ``--threads`` means when not given: all usable cores (as the cost models assume)."""
+    if threads is not None:
+        return threads
+    from stagegraph.stages.target import usable_cores
+
+    return usable_cores()
+
+
 def parse_assignments(items: Sequence[str]) -> dict[str, Any]:
     """``KEY=VALUE`` strings to a dict; values read as YAML scalars (``8``, ``true``, ``[1,2]``)."""
     result: dict[str, Any] = {}
@@ -157,7 +166,7 @@ def run_report(
         "workload": workload.spec,
         "stages": stages,
         "compile_seconds": result.trace.compile_seconds(),
-        "threads": threads,
+        "threads": effective_threads(threads),
         "params": result.params.model_dump(mode="json") if result.params else None,
     }
     binary = result.binary

@@ -208,3 +208,11 @@ def test_x86_kernelbench_matches_npz(capsys, stem):
     folder = kernelbench_or_skip()
     code, report = run_json(capsys, "x86", str(folder / f"{stem}.mlir"))
     assert code == 0 and report["verified"] is True
+
+
+def test_x86_parallel_shared_library_links_the_openmp_runtime(capsys, tmp_path):
+    lib = tmp_path / "mm.so"
+    code, report = run_json(capsys, "x86", "matmul:m=256,n=128,k=64", "--threads", "2",
+                            "--emit", "shared", "-o", str(lib))  # fmt: skip
+    assert code == 0 and report["verified"] is True
+    assert report["params"]["matmul"][0]["threads"] == 2

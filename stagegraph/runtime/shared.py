@@ -34,8 +34,13 @@ class ToolchainError(StagegraphError, RuntimeError):
     """The system linker is missing or failed."""
 
 
-def emit_object(module: Any, path: str | Path, *, opt_level: int = 3) -> Path:
-    """Compile an LLVM-dialect module to a position-independent object file at ``path``."""
+def emit_object(
+    module: Any, path: str | Path, *, opt_level: int = 3, shared_libs: Sequence[str] = ()
+) -> Path:
+    """Compile an LLVM-dialect module to a position-independent object file at ``path``.
+
+    ``shared_libs`` resolve external symbols (e.g. the OpenMP runtime) while compiling.
+    """
     from stagegraph.mlir import execution_engine
     from stagegraph.runtime.jit import check_llvm_level
 
@@ -43,7 +48,11 @@ def emit_object(module: Any, path: str | Path, *, opt_level: int = 3) -> Path:
     path = Path(path)
     with module.context:
         engine = execution_engine.ExecutionEngine(
-            module, opt_level=opt_level, enable_object_dump=True, enable_pic=True
+            module,
+            opt_level=opt_level,
+            shared_libs=list(shared_libs),
+            enable_object_dump=True,
+            enable_pic=True,
         )
         engine.dump_to_object_file(str(path))
     if not path.exists() or path.stat().st_size == 0:
@@ -56,7 +65,8 @@ def link_shared(objects: Sequence[str | Path], path: str | Path, *, cc: str | No
     compiler = cc or os.environ.get("CC", "cc")
     if shutil.which(compiler) is None:
         raise ToolchainError(f"no C compiler {compiler!r} on PATH to link {path}")
-    cmd = [compiler, "-shared", "-o", str(path), *map(str, objects), "-lm"]
+    rpaths = [f"-Wl,-rpath,{Path(o).resolve().parent}" for o in objects if ".so" in Path(o).name]
+    cmd = [compiler, "-shared", "-o", str(path), *map(str, objects), *rpaths, "-lm"]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode:
         raise ToolchainError(f"{' '.join(cmd)} failed:\n{proc.stderr.strip()}")
@@ -69,6 +79,7 @@ def emit_shared_library(
     *,
     opt_level: int = 3,
     signatures: Mapping[str, Signature] | None = None,
+    shared_libs: Sequence[str] = (),
 ) -> SharedLibraryBinary:
     """Compile and link ``module`` into ``path`` (a ``.so``) and load it.
 
@@ -80,8 +91,9 @@ def emit_shared_library(
     with module.context:
         sigs = {**read_signatures(module), **(signatures or {})}
     with tempfile.TemporaryDirectory(prefix="stagegraph-") as tmp:
-        obj = emit_object(module, Path(tmp) / "module.o", opt_level=opt_level)
-        link_shared([obj], path)
+        obj = emit_object(module, Path(tmp) / "module.o", opt_level=opt_level,
+                          shared_libs=shared_libs)  # fmt: skip
+        link_shared([obj, *shared_libs], path)
     signature_path(path).write_text(
         json.dumps({name: sig.model_dump(mode="json") for name, sig in sigs.items()}, indent=1)
     )

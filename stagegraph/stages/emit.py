@@ -39,7 +39,8 @@ def object_file(module: LLVMModule, config: FileConfig) -> Binary:
     from stagegraph.runtime.jit import build_key
     from stagegraph.runtime.shared import emit_object
 
-    path = emit_object(module.ir, config.path, opt_level=config.opt_level)
+    libs = runtime_libraries(module.ir)
+    path = emit_object(module.ir, config.path, opt_level=config.opt_level, shared_libs=libs)
     binary = Binary(build_key(module.ir, "object", config.opt_level))
     binary.path = str(path)  # type: ignore[attr-defined]
     return binary
@@ -50,7 +51,8 @@ def shared_library(module: LLVMModule, config: FileConfig) -> Binary:
     """Link a shared library that plain ctypes code can load and call."""
     from stagegraph.runtime.shared import emit_shared_library
 
-    return emit_shared_library(module.ir, config.path, opt_level=config.opt_level)
+    libs = runtime_libraries(module.ir)
+    return emit_shared_library(module.ir, config.path, opt_level=config.opt_level, shared_libs=libs)
 
 
 def runtime_libraries(module: Any) -> list[str]:
