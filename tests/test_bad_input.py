@@ -35,6 +35,10 @@ FILES = {
         "name: demo", "name: demo\ninputs:\n  payload: {type: 'module:llvm'}"
     ),
     "empty.yaml": "name: empty\nstages: []\n",
+    "external.mlir": "func.func private @no_such_function(f32) -> f32\n"
+    "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %a : tensor<4xf32>\n}\n"
+    "func.func @other(%x: f32) -> f32 {\n"
+    "  %y = func.call @no_such_function(%x) : (f32) -> f32\n  return %y : f32\n}\n",
 }
 
 # (id, argv with {dir} for the temp folder, expected message fragments)

@@ -25,6 +25,7 @@ def jit(module: LLVMModule, config: JitConfig) -> Binary:
     from stagegraph.runtime.jit import JitBinary
 
     libs = [*config.shared_libs, *runtime_libraries(module.ir)]
+    check_external_symbols(module.ir, libs)
     return JitBinary(module.ir, opt_level=config.opt_level, shared_libs=libs)
 
 
@@ -75,3 +76,27 @@ def runtime_libraries(module: Any) -> list[str]:
     from stagegraph.runtime.openmp import library_path
 
     return [library_path()]
+
+
+def check_external_symbols(module: Any, libraries: list[str]) -> None:
+    """Fail clearly, before the JIT does, on calls no loaded library provides.
+
+    The execution engine reports a missing symbol on stderr and then crashes the process.
+    """
+    import ctypes
+
+    from stagegraph.runtime.jit import EmitError
+
+    handles = [ctypes.CDLL(None), *(ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL) for lib in libraries)]
+    missing = []
+    for op in module.body.operations:
+        if op.operation.name != "llvm.func" or op.regions[0].blocks:
+            continue
+        name = op.attributes["sym_name"].value
+        if not name.startswith("llvm.") and not any(hasattr(h, name) for h in handles):
+            missing.append(name)
+    if missing:
+        raise EmitError(
+            f"the module calls {', '.join(sorted(missing))}, which no loaded library provides; "
+            "add the library with the jit stage's shared_libs config"
+        )

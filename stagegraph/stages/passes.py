@@ -60,7 +60,7 @@ def bufferize(module: TensorModule, config: BufferizeConfig) -> BufferModule:
 
 
 def record_public_signatures(module: Module) -> None:
-    from stagegraph.runtime.memref import SIGNATURE_ATTR, record_signature
+    from stagegraph.runtime.memref import SIGNATURE_ATTR, SignatureError, record_signature
 
     for op in module.ir.body.operations:
         if op.operation.name != "func.func" or not op.regions[0].blocks:
@@ -69,7 +69,10 @@ def record_public_signatures(module: Module) -> None:
             op.attributes["sym_visibility"].value if "sym_visibility" in op.attributes else ""
         )
         if visibility != "private" and SIGNATURE_ATTR not in op.attributes:
-            record_signature(module.ir, op.attributes["sym_name"].value)
+            try:
+                record_signature(module.ir, op.attributes["sym_name"].value)
+            except SignatureError:
+                continue  # not callable from numpy (e.g. scalar results): not an entry
 
 
 class LoopsConfig(Config):
