@@ -110,6 +110,11 @@ CATALOGUE = [
     ),
     ("empty-graph", ["validate", "{dir}/empty.yaml"], ["graph 'empty' has no stages"]),
     (
+        "unresolved-symbol",
+        ["run", "naive", "{dir}/external.mlir"],
+        ["stage 'emit'", "calls no_such_function, which no loaded library provides"],
+    ),
+    (
         "unwritable-output",
         ["run", "naive", "matmul:m=4,n=4,k=4", "--dump-ir", "/proc/no/dir"],
         ["cannot write IR dumps to /proc/no/dir"],
