@@ -155,6 +155,7 @@ def run_report(
     threads: int | None = None,
 ) -> RunReport:
     """Compile ``workload`` through ``graph``, run it once and verify the outputs."""
+    check_single_process(workload)
     engine = engine or Engine(hooks)
     result = compile_workload(engine, graph, workload)
     stages = [
@@ -178,7 +179,6 @@ def run_report(
             emitted=str(path) if path else None,
             **common,
         )
-    check_single_process(workload)
     outputs, seconds = execute(result, workload)
     verdict = workload.verify(outputs)
     return RunReport(

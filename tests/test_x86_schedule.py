@@ -246,3 +246,204 @@ def test_mlp_layers_fused(dims, pack):
 @pytest.mark.parametrize("n", [256, 1000])
 def test_matmul_large(n):
     _run_matmul(n, n, n)
+
+
+# --- matmul-like ops: batch matmuls, transposed operands, contraction generics --------------
+
+
+def _contraction(maps: tuple[str, str, str], a: tuple, b: tuple, c: tuple, iterators: str) -> str:
+    """A contraction ``linalg.generic`` (zero fill, mul-add body) in function ``@mm``."""
+    ta, tb, tc = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in (a, b, c))
+    its = ", ".join(f'"{it}"' for it in iterators.split())
+    return f"""
+func.func @mm(%a: {ta}, %b: {tb}) -> {tc} {{
+  %c0 = arith.constant 0.0 : f32
+  %e = tensor.empty() : {tc}
+  %f = linalg.fill ins(%c0 : f32) outs(%e : {tc}) -> {tc}
+  %r = linalg.generic {{indexing_maps = [affine_map<{maps[0]}>, affine_map<{maps[1]}>,
+      affine_map<{maps[2]}>], iterator_types = [{its}]}}
+      ins(%a, %b : {ta}, {tb}) outs(%f : {tc}) {{
+  ^bb0(%x: f32, %y: f32, %z: f32):
+    %p = arith.mulf %x, %y : f32
+    %s = arith.addf %z, %p : f32
+    linalg.yield %s : f32
+  }} -> {tc}
+  return %r : {tc}
+}}
+"""
+
+
+def _named(op: str, a: tuple, b: tuple, c: tuple) -> str:
+    ta, tb, tc = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in (a, b, c))
+    return f"""
+func.func @mm(%a: {ta}, %b: {tb}) -> {tc} {{
+  %c0 = arith.constant 0.0 : f32
+  %e = tensor.empty() : {tc}
+  %f = linalg.fill ins(%c0 : f32) outs(%e : {tc}) -> {tc}
+  %r = {op} ins(%a, %b : {ta}, {tb}) outs(%f : {tc}) -> {tc}
+  return %r : {tc}
+}}
+"""
+
+
+def _schedule_stage(text: str, threads: int = 1):
+    """The x86 params + schedule stages on ``text``, then bufferize + LLVM + JIT; returns
+    (engine, sites scheduled, ops left in the scheduled IR)."""
+    from stagegraph.mlir import execution_engine, ir, new_context, passmanager
+    from stagegraph.ports import Module
+    from stagegraph.stages import lowering
+    from stagegraph.stages.analysis import analyze
+    from stagegraph.stages.costmodel import CostModelConfig
+    from stagegraph.stages.x86 import heuristic, matmul_ops, schedule
+
+    context = new_context()
+    with context, ir.Location.unknown():
+        payload = ir.Module.parse(text)
+        facts = analyze(payload)
+        params = heuristic.fn(facts, AVX512, CostModelConfig(threads=threads))
+        schedule.fn(Module["tensor"](payload), facts, params)
+        names = [op.name for fn in payload.body.operations for op in _walk(fn.operation)]
+        for fn in payload.body.operations:
+            fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        tail = lowering.LOWER_TO_LLVM_OPENMP if threads > 1 else lowering.LOWER_TO_LLVM
+        passmanager.PassManager.parse(
+            f"builtin.module({lowering.BUFFERIZE},{X86_FINISH},{tail})"
+        ).run(payload.operation)
+        libs = []
+        if threads > 1:
+            from stagegraph.runtime import openmp
+
+            libs = [openmp.library_path()]
+        engine = execution_engine.ExecutionEngine(payload, opt_level=3, shared_libs=libs)
+        return engine, len(matmul_ops(facts)), names
+
+
+X86_FINISH = "func.func(lower-vector-multi-reduction),convert-linalg-to-loops"
+
+
+def _check(
+    text: str, a_shape: tuple, b_shape: tuple, expected, threads: int = 1, sites: int = 1
+) -> list[str]:
+    rng = np.random.default_rng(sum(a_shape) * 7 + sum(b_shape))
+    a = rng.standard_normal(a_shape, np.float32)
+    b = rng.standard_normal(b_shape, np.float32)
+    ref = expected(a, b)
+    out = np.full(ref.shape, np.nan, np.float32)
+    engine, n_sites, names = _schedule_stage(text, threads)
+    assert n_sites == sites
+    _call(engine, "mm", [a, b, out])
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.sqrt(a.size))
+    return names
+
+
+@pytest.mark.parametrize("shape", [(4, 32, 32, 32), (3, 17, 20, 9), (1, 100, 24, 16), (5, 2, 7, 3)])
+def test_batch_matmul_is_scheduled_and_correct(shape):
+    bsz, m, n, k = shape
+    text = _named("linalg.batch_matmul", (bsz, m, k), (bsz, k, n), (bsz, m, n))
+    names = _check(text, (bsz, m, k), (bsz, k, n), np.matmul)
+    assert "linalg.batch_matmul" not in names and "vector.fma" in names
+
+
+def test_batch_matmul_with_a_unit_dim_is_left_alone_and_correct():
+    text = _named("linalg.batch_matmul", (5, 1, 3), (5, 3, 7), (5, 1, 7))
+    names = _check(text, (5, 1, 3), (5, 3, 7), np.matmul, sites=0)
+    assert "linalg.batch_matmul" in names
+
+
+def test_batch_matmul_two_threads():
+    pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    text = _named("linalg.batch_matmul", (6, 40, 12), (6, 12, 33), (6, 40, 33))
+    _check(text, (6, 40, 12), (6, 12, 33), np.matmul, threads=2)
+
+
+_TRANSPOSED = {
+    # name: (maps, a shape, b shape, c shape, iterators, reference)
+    "a_t": (
+        ("(m, n, k) -> (k, m)", "(m, n, k) -> (k, n)", "(m, n, k) -> (m, n)"),
+        (19, 37),
+        (19, 45),
+        (37, 45),
+        "parallel parallel reduction",
+        lambda a, b: a.T @ b,
+    ),
+    "b_t": (
+        ("(m, n, k) -> (m, k)", "(m, n, k) -> (n, k)", "(m, n, k) -> (m, n)"),
+        (37, 19),
+        (45, 19),
+        (37, 45),
+        "parallel parallel reduction",
+        lambda a, b: a @ b.T,
+    ),
+    "both_t_k_outer": (
+        ("(k, n, m) -> (k, m)", "(k, n, m) -> (n, k)", "(k, n, m) -> (m, n)"),
+        (12, 21),
+        (50, 12),
+        (21, 50),
+        "reduction parallel parallel",
+        lambda a, b: a.T @ b.T,
+    ),
+    "batch_b_t_batch_inner": (
+        ("(m, b, n, k) -> (b, m, k)", "(m, b, n, k) -> (b, n, k)", "(m, b, n, k) -> (b, m, n)"),
+        (3, 10, 8),
+        (3, 35, 8),
+        (3, 10, 35),
+        "parallel parallel parallel reduction",
+        lambda a, b: a @ b.transpose(0, 2, 1),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_TRANSPOSED))
+def test_transposed_contraction_is_scheduled_and_correct(case):
+    maps, a, b, c, iterators, ref = _TRANSPOSED[case]
+    names = _check(_contraction(maps, a, b, c, iterators), a, b, ref)
+    assert "linalg.generic" not in names and "vector.fma" in names
+
+
+@pytest.mark.parametrize("pack", [True, False], ids=["pack", "nopack"])
+@pytest.mark.parametrize("layout", [(True, False), (False, True), (True, True)])
+def test_transposed_matmul_sites(layout, pack):
+    """``linalg.matmul`` with transposing ``indexing_maps`` through find_matmuls directly."""
+    ta, tb = layout
+    m, n, k = 23, 40, 13
+    a_map = "(m, n, k) -> (k, m)" if ta else "(m, n, k) -> (m, k)"
+    b_map = "(m, n, k) -> (n, k)" if tb else "(m, n, k) -> (k, n)"
+    a_shape, b_shape = ((k, m) if ta else (m, k)), ((n, k) if tb else (k, n))
+    ts = [f"tensor<{x}x{y}xf32>" for x, y in (a_shape, b_shape, (m, n))]
+    text = f"""
+func.func @mm(%a: {ts[0]}, %b: {ts[1]}) -> {ts[2]} {{
+  %c0 = arith.constant 0.0 : f32
+  %e = tensor.empty() : {ts[2]}
+  %f = linalg.fill ins(%c0 : f32) outs(%e : {ts[2]}) -> {ts[2]}
+  %r = linalg.matmul indexing_maps = [affine_map<{a_map}>, affine_map<{b_map}>,
+      affine_map<(m, n, k) -> (m, n)>] ins(%a, %b : {ts[0]}, {ts[1]}) outs(%f : {ts[2]}) -> {ts[2]}
+  return %r : {ts[2]}
+}}
+"""
+    from stagegraph.mlir import ir, new_context
+    from stagegraph.stages.x86_schedule import find_matmuls
+
+    with new_context():
+        (site,) = find_matmuls(ir.Module.parse(text))
+    assert (site.m, site.n, site.k, site.transpose_a, site.transpose_b) == (m, n, k, ta, tb)
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal(a_shape, np.float32)
+    b = rng.standard_normal(b_shape, np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    _call(_compile(text, "mm", {"pack": pack}), "mm", [a, b, out])
+    ref = (a.T if ta else a) @ (b.T if tb else b)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
+
+
+def test_broadcast_contraction_is_left_alone_and_correct():
+    """A batch matmul whose B is shared by the batch (broadcast) is no matmul site."""
+    maps = ("(b, m, n, k) -> (b, m, k)", "(b, m, n, k) -> (k, n)", "(b, m, n, k) -> (b, m, n)")
+    text = _contraction(maps, (2, 9, 5), (5, 7), (2, 9, 7), "parallel parallel parallel reduction")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 9, 5), np.float32)
+    b = rng.standard_normal((5, 7), np.float32)
+    out = np.full((2, 9, 7), np.nan, np.float32)
+    engine, n_sites, _ = _schedule_stage(text)
+    assert n_sites == 0
+    _call(engine, "mm", [a, b, out])
+    np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)

@@ -44,19 +44,37 @@ class X86Params(Params):
 
 
 def matmul_ops(facts: PayloadFacts) -> list[Any]:
-    """The entry's ``linalg.matmul`` ops in walk order: what the matmul schedule handles."""
-    return [op for op in facts.ops if op.name == "linalg.matmul" and op.contraction is not None]
+    """The entry's matmul-like ops in walk order: what the matmul schedule handles (each as
+    one ``linalg.matmul`` per batch element, see ``x86_schedule.canonicalize_contractions``)."""
+    from stagegraph.stages.x86_schedule import matmul_like_ops
+
+    return matmul_like_ops(facts)
+
+
+# Below this much matmul work per thread (about 40 us of one core's FMAs), forking and
+# joining OpenMP threads (and waiting for a busy core) costs more than it saves.
+MIN_FLOPS_PER_THREAD = 4 << 20
+
+
+def _threads_for(flops: int, cores: int) -> int:
+    """Threads for the matmul work of a payload when the config does not say."""
+    return max(1, min(cores, flops // MIN_FLOPS_PER_THREAD))
 
 
 @stage("params", name="x86.heuristic")
 def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X86Params:
-    """Tiles from the vector width, register file and cache sizes; threads from the target."""
-    threads = config.threads or target.cores
+    """Tiles from the vector width, register file and cache sizes; threads from the target
+    (fewer when the matmul work is small, see ``MIN_FLOPS_PER_THREAD``)."""
+    ops = matmul_ops(facts)
+    threads = config.threads or _threads_for(sum(op.flops for op in ops), target.cores)
     sites = []
-    for op in matmul_ops(facts):
+    for op in ops:
         c = op.contraction
         dtype = op.inputs[0].dtype if op.inputs else "f32"
-        sites.append(heuristic_matmul_params(c.m, c.n, c.k, dtype, target, threads=threads))
+        # Batch elements run in parallel already: then blocks need not be split for threads.
+        by_batch = c.batch >= 4 * threads or c.batch % threads == 0
+        p = heuristic_matmul_params(c.m, c.n, c.k, dtype, target, 1 if by_batch else threads)
+        sites.append(p.model_copy(update={"threads": threads}))
     params = X86Params(matmul=tuple(sites), generic=heuristic_generic_params(facts, target))
     return apply_overrides(params, config.overrides)
 
@@ -64,20 +82,33 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
 @stage("schedule", name="x86.schedule")
 def schedule(module: TensorModule, facts: PayloadFacts, params: X86Params) -> TensorModule:
     """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels."""
+    from stagegraph.stages import x86_schedule as mm
     from stagegraph.stages.generic_schedule import apply_generic_schedule, build_generic_schedule
-    from stagegraph.stages.x86_schedule import apply_schedule, build_matmul_schedule, find_matmuls
 
+    candidates = mm.label_contractions(module.ir, facts)
     generic = build_generic_schedule(facts, params.generic)
     apply_generic_schedule(module.ir, generic, facts)
-    sites = find_matmuls(module.ir)
+    mm.canonicalize_contractions(module.ir, candidates)
+    sites = mm.find_matmuls(module.ir)
     if sites:
-        if len(sites) != len(params.matmul):
-            raise ConfigError(
-                f"the payload has {len(sites)} linalg.matmul ops but the params describe "
-                f"{len(params.matmul)}; params must come from this payload's facts"
-            )
-        apply_schedule(module.ir, build_matmul_schedule(params.matmul, sites))
+        schedule_ir = mm.build_matmul_schedule(_site_params(params, facts, sites), sites)
+        mm.apply_schedule(module.ir, schedule_ir)
+    mm.strip_labels(module.ir)
     return module
+
+
+def _site_params(params: X86Params, facts: PayloadFacts, sites: list[Any]) -> list[MatmulParams]:
+    """The params of each site: by the op it was made from (an op the canonicalization could
+    not rewrite has params but no site), else by position."""
+    order = {op.index: i for i, op in enumerate(matmul_ops(facts))}
+    if len(order) == len(params.matmul) and all(s.source in order for s in sites):
+        return [params.matmul[order[s.source]] for s in sites]
+    if len(sites) != len(params.matmul):
+        raise ConfigError(
+            f"the payload has {len(sites)} linalg.matmul ops but the params describe "
+            f"{len(params.matmul)}; params must come from this payload's facts"
+        )
+    return list(params.matmul)
 
 
 X86_FINISH = "func.func(lower-vector-multi-reduction),convert-linalg-to-loops"

@@ -18,16 +18,44 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stagegraph.mlir import dialect, interpreter, ir, loop, structured, transform
+from stagegraph.mlir import dialect, interpreter, ir, linalg, loop, structured, transform
 from stagegraph.ports import Facts
+from stagegraph.stages.analysis import OpFacts
 from stagegraph.stages.matmul_params import MatmulParams
 
 _tvec = dialect("transform.vector")
 _ttensor = dialect("transform.tensor")
 
+# Set by find_matmuls on every site (its position): the schedule addresses sites by it.
+SITE_ATTR = "stagegraph.matmul_site"
+# Set by canonicalize_contractions on the linalg.matmul made from a matmul-like op: the
+# index (in PayloadFacts.ops) of the op it came from.
+SOURCE_ATTR = "stagegraph.matmul_source"
+_LABEL_ATTR = "stagegraph.matmul_like"  # ops to canonicalize, during canonicalize_contractions
+# Matmul-like ops rewritten into linalg.matmul (per batch element) before scheduling.
+_CANONICALIZABLE = frozenset(
+    f"linalg.{name}"
+    for name in (
+        "matmul",
+        "matmul_transpose_a",
+        "matmul_transpose_b",
+        "batch_matmul",
+        "batch_matmul_transpose_a",
+        "batch_matmul_transpose_b",
+        "contract",
+        "generic",
+    )
+)
+_FLOATS = frozenset({"f32", "f64", "f16", "bf16"})
+
 
 class MatmulSite(Facts):
-    """One ``linalg.matmul`` of a payload, in walk order, with what can be fused around it."""
+    """One ``linalg.matmul`` of a payload, in walk order, with what can be fused around it.
+
+    ``transpose_a``: A is stored ``[k, m]``; ``transpose_b``: B is stored ``[n, k]`` (the
+    matmul's ``indexing_maps``). ``source``: the index in ``PayloadFacts.ops`` of the
+    matmul-like op this matmul was made from by :func:`canonicalize_contractions`, if any.
+    """
 
     function: str
     m: int
@@ -36,11 +64,16 @@ class MatmulSite(Facts):
     dtype: str = "f32"
     has_fill: bool = False
     consumers: int = 0  # elementwise linalg.generic ops chained on the result, fused into blocks
+    transpose_a: bool = False
+    transpose_b: bool = False
+    source: int | None = None
 
 
 def find_matmuls(payload: ir.Module) -> list[MatmulSite]:
-    """Walk the payload's functions and describe every ``linalg.matmul`` (walk order)."""
+    """Walk the payload's functions and describe every ``linalg.matmul`` (walk order) whose
+    operands are plain or transposed matrices; label each with ``SITE_ATTR``."""
     sites: list[MatmulSite] = []
+    i64 = ir.IntegerType.get_signless(64, payload.context)
     for fn in payload.body.operations:
         if fn.operation.name != "func.func":
             continue
@@ -48,20 +81,221 @@ def find_matmuls(payload: ir.Module) -> list[MatmulSite]:
         for op in _walk(fn.operation):
             if op.name != "linalg.matmul":
                 continue
+            layout = _matmul_layout(op)
+            if layout is None:
+                continue
+            transpose_a, transpose_b = layout
             a, b = (ir.RankedTensorType(op.operands[i].type) for i in (0, 1))
+            m, k = (a.shape[1], a.shape[0]) if transpose_a else (a.shape[0], a.shape[1])
+            n = b.shape[0] if transpose_b else b.shape[1]
             has_fill = _defining_op_name(op.operands[2]) == "linalg.fill"
+            source = None
+            if SOURCE_ATTR in op.attributes:
+                source = ir.IntegerAttr(op.attributes[SOURCE_ATTR]).value
+            op.attributes[SITE_ATTR] = ir.IntegerAttr.get(i64, len(sites))
             sites.append(
                 MatmulSite(
                     function=name,
-                    m=a.shape[0],
-                    n=b.shape[1],
-                    k=a.shape[1],
+                    m=m,
+                    n=n,
+                    k=k,
                     dtype=str(a.element_type),
                     has_fill=has_fill,
                     consumers=_elementwise_chain(op),
+                    transpose_a=transpose_a,
+                    transpose_b=transpose_b,
+                    source=source,
                 )
             )
     return sites
+
+
+def _positions(amap: ir.AffineMap) -> list[int | None]:
+    return [e.position if isinstance(e, ir.AffineDimExpr) else None for e in amap.results]
+
+
+def _matmul_layout(op: ir.Operation) -> tuple[bool, bool] | None:
+    """(transpose_a, transpose_b) of a 2-D ``linalg.matmul`` on ranked tensors whose maps are
+    ``C[m, n] += A[m, k] * B[k, n]`` up to a transposition of A and/or B, else None
+    (broadcasts, memrefs, other loop orders)."""
+    if len(op.operands) != 3 or len(op.results) != 1:
+        return None
+    if not all(isinstance(v.type, ir.RankedTensorType) for v in op.operands):
+        return None
+    maps = [ir.AffineMapAttr(a).value for a in linalg.get_indexing_maps(op)]
+    if len(maps) != 3 or any(m.n_dims != 3 for m in maps):
+        return None
+    a, b, c = (_positions(m) for m in maps)
+    if c != [0, 1] or a not in ([0, 2], [2, 0]) or b not in ([2, 1], [1, 2]):
+        return None
+    return a == [2, 0], b == [1, 2]
+
+
+def canonicalizable(op: OpFacts) -> bool:
+    """Whether :func:`canonicalize_contractions` turns this op into ``linalg.matmul``s: a
+    float contraction with one m, one n and one k loop, any batch loops and no broadcast
+    operand (each operand indexes all of its loops); with batch loops, m, n and k > 1."""
+    c = op.contraction
+    if op.op_class != "matmul" or c is None or op.name not in _CANONICALIZABLE:
+        return False
+    if len(op.inputs) != 2 or len(op.outputs) != 1:
+        return False
+    if not (len(c.m_dims) == len(c.n_dims) == len(c.k_dims) == 1):
+        return False
+    values = (*op.inputs, *op.outputs)
+    if any(v.kind != "tensor" or v.dtype not in _FLOATS for v in values):
+        return False
+    if len({v.dtype for v in values}) != 1:
+        return False
+    if c.batch_dims and min(c.m, c.n, c.k) == 1:
+        return False  # dropping the unit batch dim would drop this unit dim too (no matmul)
+    rank = len(c.batch_dims) + 2
+    return len(op.loop_ranges) == rank + 1 and all(len(v.shape) == rank for v in values)
+
+
+def matmul_like_ops(facts) -> list[OpFacts]:
+    """The entry's ops that the matmul schedule handles, in walk order: one
+    ``linalg.matmul`` site per op (per batch element, in a loop over the batch)."""
+    return [op for op in facts.ops if canonicalizable(op)]
+
+
+class Candidate(Facts):
+    """A matmul-like op labelled for :func:`canonicalize_contractions`."""
+
+    op: OpFacts
+    has_fill: bool = False
+
+
+def label_contractions(payload: ir.Module, facts) -> list[Candidate]:
+    """Label the entry's matmul-like ops (:func:`matmul_like_ops`) for
+    :func:`canonicalize_contractions`: a ``linalg.matmul`` already in canonical form gets
+    ``SOURCE_ATTR`` directly; the others are returned. Run it while the payload is still the
+    one ``facts`` describe (before the generic schedule, which leaves these ops alone).
+    """
+    ops = _entry_linalg_ops(payload, facts.entry)
+    if [op.name for op in ops] != [f.name for f in facts.ops]:
+        raise ValueError("payload linalg ops differ from the facts; re-run the analysis")
+    i64 = ir.IntegerType.get_signless(64, payload.context)
+    todo = []
+    for op, f in zip(ops, facts.ops, strict=True):
+        if not canonicalizable(f):
+            continue
+        if f.name == "linalg.matmul" and _matmul_layout(op) is not None:
+            op.attributes[SOURCE_ATTR] = ir.IntegerAttr.get(i64, f.index)
+            continue
+        op.attributes[_LABEL_ATTR] = ir.IntegerAttr.get(i64, f.index)
+        todo.append(Candidate(op=f, has_fill=_defining_op_name(op.operands[2]) == "linalg.fill"))
+    return todo
+
+
+def canonicalize_contractions(payload: ir.Module, candidates: Sequence[Candidate]) -> None:
+    """Rewrite the labelled matmul-like ops into ``linalg.matmul`` in place.
+
+    Batch loops become an ``scf.forall`` with one matmul per batch element (the zero fill
+    fused in), loops are reordered to (m, n, k), unit dims dropped, and the op specialized to
+    ``linalg.matmul`` (a transposed operand becomes its ``indexing_maps``). Each matmul made
+    carries ``SOURCE_ATTR`` (its op's facts index); an op that cannot be rewritten stays a
+    correct, unscheduled op.
+    """
+    if candidates:
+        module = ir.Module.create()
+        module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+        with ir.InsertionPoint(module.body):
+            seq = transform.NamedSequenceOp(
+                "__transform_main",
+                [_any()],
+                [],
+                arg_attrs=[{"transform.readonly": ir.UnitAttr.get()}],
+            )
+            with ir.InsertionPoint(seq.body):
+                for candidate in candidates:
+                    _canonicalize_one(seq.bodyTarget, candidate.op, candidate.has_fill)
+                transform.YieldOp([])
+        apply_schedule(payload, module)
+    _strip(payload, _LABEL_ATTR)
+
+
+def strip_labels(payload: ir.Module) -> None:
+    """Drop the attributes this module's functions put on payload ops."""
+    _strip(payload, SITE_ATTR, SOURCE_ATTR, _LABEL_ATTR)
+
+
+def _entry_linalg_ops(payload: ir.Module, entry: str) -> list[ir.Operation]:
+    fn = next(
+        op.operation
+        for op in payload.body.operations
+        if op.operation.name == "func.func"
+        and ir.StringAttr(op.attributes["sym_name"]).value == entry
+        and "stagegraph.wrapper" not in op.attributes
+    )
+    found: list[ir.Operation] = []
+
+    def visit(op):
+        if op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index"):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+def _canonicalize_one(root: ir.Value, f: OpFacts, has_fill: bool) -> None:
+    """One failure-suppressing sub-sequence: batch loops to an scf.forall of unit-batch ops,
+    unit dims dropped, (m, n, k) loop order, specialized to linalg.matmul, labelled."""
+    c = f.contraction
+    assert c is not None
+    seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], root)
+    with ir.InsertionPoint(seq.body):
+        body_root = seq.bodyTarget
+        i64 = ir.IntegerType.get_signless(64)
+        op = structured.MatchOp(
+            _any(), body_root, op_attrs={_LABEL_ATTR: ir.IntegerAttr.get(i64, f.index)}
+        ).result
+        func = transform.GetParentOp(_any(), op, op_name="func.func").result
+        fill = _producer(op, 2) if has_fill else None
+        order = [*c.batch_dims, *c.m_dims, *c.n_dims, *c.k_dims]
+        if f.name != "linalg.generic":
+            op = structured.GeneralizeOp(op).result
+        if order != list(range(len(order))):
+            op = structured.InterchangeOp(op, iterator_interchange=order).result
+        scope = func
+        nb = len(c.batch_dims)
+        if nb:
+            tiled = structured.TileUsingForallOp(op, tile_sizes=[1] * nb + [0, 0, 0])
+            scope = tiled.forall_op
+            if fill is not None:
+                fused = structured.FuseIntoContainingOp(fill, scope)
+                scope = fused.new_containing_op
+                structured.GeneralizeOp(fused.fused_op)
+            _patterns(
+                scope,
+                structured.ApplyFoldUnitExtentDimsViaSlicesPatternsOp,
+                _ttensor.ApplyMergeConsecutiveInsertExtractSlicePatternsOp,
+                transform.ApplyCanonicalizationPatternsOp,
+            )
+            generics = _match(scope, "linalg.generic")
+            each = transform.ForeachOp([], [generics])
+            with ir.InsertionPoint(each.body):
+                structured.SpecializeOp(_any(), each.body.arguments[0])
+                transform.YieldOp([])
+            made = _match(scope, "linalg.matmul")
+        else:
+            made = structured.SpecializeOp(_any(), op).result
+        value = transform.ParamConstantOp(
+            transform.AnyParamType.get(), ir.IntegerAttr.get(i64, f.index)
+        ).param
+        transform.AnnotateOp(made, SOURCE_ATTR, param=value)
+        transform.YieldOp([])
+
+
+def _strip(payload: ir.Module, *names: str) -> None:
+    def visit(op):
+        for name in names:
+            if name in op.attributes:
+                del op.attributes[name]
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
 
 
 def _defining_op_name(value: ir.Value) -> str | None:
@@ -168,9 +402,17 @@ def _packed_kernel(
     packed = structured.PackOp(
         _any(), block_mm, static_packed_sizes=[p.reg_m, p.reg_n, 0], packed_sizes=[]
     ).packed_op
-    # B is packed as [K, N/reg_n, reg_n]; make each reg_n-wide panel contiguous over k.
-    pack_b = _producer(packed, 1)
-    structured.PackTransposeOp(_any(), _any(), _any(), pack_b, packed, outer_perm=[1, 0])
+    # B[k, n] is packed as [K, N/reg_n, reg_n]; make each reg_n-wide panel contiguous over
+    # k. A transposed B[n, k] packs as [N/reg_n, K, reg_n] already; a transposed A[k, m]
+    # packs as [K, M/reg_m, reg_m] and needs the transposition instead.
+    if site.transpose_a:
+        pack_a = _producer(packed, 0)
+        packed = structured.PackTransposeOp(
+            _any(), _any(), _any(), pack_a, packed, outer_perm=[1, 0]
+        ).results[0]
+    if not site.transpose_b:
+        pack_b = _producer(packed, 1)
+        structured.PackTransposeOp(_any(), _any(), _any(), pack_b, packed, outer_perm=[1, 0])
     _cleanup(func)
     # Re-find the ops from the unpack (patterns replace ops; a one-block forall is even
     # inlined). Earlier sites' unpacks are vectorized already, so the match is this site's.
@@ -355,12 +597,13 @@ def build_matmul_schedule(
 
 
 def _schedule_all(root: ir.Value, sites: Sequence[MatmulSite], params: list[MatmulParams]):
-    matmuls = _match(root, "linalg.matmul")
-    handles = (
-        transform.SplitHandleOp([_any()] * len(sites), matmuls).results
-        if len(sites) > 1
-        else [matmuls]
-    )
+    i64 = ir.IntegerType.get_signless(64)
+    handles = [
+        structured.MatchOp(
+            _any(), root, ops=["linalg.matmul"], op_attrs={SITE_ATTR: ir.IntegerAttr.get(i64, i)}
+        ).result
+        for i in range(len(sites))
+    ]
     funcs = [transform.GetParentOp(_any(), h, op_name="func.func").result for h in handles]
     for func, mm, site, p in zip(funcs, handles, sites, params, strict=True):
         _schedule_site(func, mm, site, p)
@@ -379,3 +622,4 @@ def apply_schedule(payload: ir.Module, schedule: ir.Module) -> None:
         and ir.StringAttr(op.attributes["sym_name"]).value == "__transform_main"
     )
     interpreter.apply_named_sequence(payload, entry, schedule)
+    _strip(payload, SITE_ATTR)
