@@ -216,3 +216,9 @@ def test_x86_parallel_shared_library_links_the_openmp_runtime(capsys, tmp_path):
                             "--emit", "shared", "-o", str(lib))  # fmt: skip
     assert code == 0 and report["verified"] is True
     assert report["params"]["matmul"][0]["threads"] == 2
+
+
+@pytest.mark.parametrize("graph", ["naive", "x86"])
+def test_bf16_matmul_verifies_with_bf16_tolerance(capsys, graph):
+    code, report = run_json(capsys, graph, "matmul:m=16,n=8,k=24,dtype=bf16")
+    assert code == 0 and report["verified"] is True

@@ -89,7 +89,10 @@ def schedule(module: TensorModule, facts: PayloadFacts, params: X86Params) -> Te
     generic = build_generic_schedule(facts, params.generic)
     apply_generic_schedule(module.ir, generic, facts)
     mm.canonicalize_contractions(module.ir, candidates)
-    sites = mm.find_matmuls(module.ir)
+    order = {op.index for op in matmul_ops(facts)}
+    # A matmul the cost model made no params for (e.g. mixed bf16 -> f32 types) stays
+    # on the generic path: correct, lowered to loops.
+    sites = [s for s in mm.find_matmuls(module.ir) if s.source in order]
     if sites:
         schedule_ir = mm.build_matmul_schedule(_site_params(params, facts, sites), sites)
         mm.apply_schedule(module.ir, schedule_ir)
