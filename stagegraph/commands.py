@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -29,6 +29,22 @@ def load_inputs(graph_name: str, workload_spec: str):
 
     install_reference_runner()
     return load_graph(graph_name), parse_workload(workload_spec)
+
+
+def isolation_options(command: click.Command) -> click.Command:
+    """``--isolate`` with its ``--timeout`` and ``--memory`` limits, shared by run/bench."""
+    options = [
+        click.option("--isolate", is_flag=True,
+                     help="Compile and run in a child process with limits."),
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
+                     show_default=True, help="With --isolate: wall-clock limit (s)."),
+        click.option("--memory", "memory_gb", type=click.FloatRange(min=0, min_open=True),
+                     default=8.0, show_default=True,
+                     help="With --isolate: address-space limit (GiB)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
 def inspection_options(command: click.Command) -> click.Command:
@@ -124,22 +140,7 @@ def build_hooks(
 )
 @click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
-@click.option("--isolate", is_flag=True, help="Compile and run in a child process with limits.")
-@click.option(
-    "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
-    default=300.0,
-    show_default=True,
-    help="With --isolate: wall-clock limit (s).",
-)
-@click.option(
-    "--memory",
-    "memory_gb",
-    type=click.FloatRange(min=0, min_open=True),
-    default=8.0,
-    show_default=True,
-    help="With --isolate: address-space limit (GiB).",
-)
+@isolation_options
 @click.option("--ranks", type=click.IntRange(min=1), help="Run on N MPI ranks (sharded workloads).")
 @cost_model_options
 def run(
@@ -215,7 +216,7 @@ def run(
 
 def _run_isolated(graph: str, workload: str, params: Sequence[str], threads: int | None,
                   emit: str, output: str | None, verify_each: bool, repro_dir: str | None,
-                  timeout: float, memory_gb: float) -> RunReport:  # fmt: skip
+                  timeout: float, memory_gb: float, bench: dict | None = None) -> Any:  # fmt: skip
     import tempfile
 
     from stagegraph.execute import IsolatedRun, parse_assignments, run_isolated_report
@@ -224,7 +225,8 @@ def _run_isolated(graph: str, workload: str, params: Sequence[str], threads: int
     with tempfile.TemporaryDirectory(prefix="stagegraph-crumb-") as scratch:
         request = IsolatedRun(graph=graph, workload=workload, params=parse_assignments(params),
                               threads=threads, emit=emit, output=output,
-                              breadcrumb=f"{scratch}/current", verify_each=verify_each)  # fmt: skip
+                              breadcrumb=f"{scratch}/current", verify_each=verify_each,
+                              bench=bench)  # fmt: skip
         limits = Limits(timeout_s=timeout, memory_bytes=int(memory_gb * 2**30))
         return run_isolated_report(request, limits, repro_dir)
 
@@ -290,6 +292,7 @@ def _print_run_report(report: RunReport, as_json: bool) -> None:
 @click.option("--dump-ir", type=click.Path(file_okay=False), help="Write the IR after each stage.")
 @click.option("--ranks", type=click.IntRange(min=1), help="Time on N MPI ranks (sharded).")
 @inspection_options
+@isolation_options
 @cost_model_options
 def bench(
     graph: str,
@@ -312,6 +315,9 @@ def bench(
     cost_model: str | None = None,
     db: str | None = None,
     params_file: str | None = None,
+    isolate: bool = False,
+    timeout: float = 300.0,
+    memory_gb: float = 8.0,
 ) -> None:
     """Benchmark WORKLOAD through GRAPH with the timing wrapper spliced at a tag."""
     from stagegraph.bench import (
@@ -337,6 +343,23 @@ def bench(
                              unsupported)  # fmt: skip
     loaded, work = load_inputs(graph, workload)
     check_single_process(work)
+    if isolate:
+        from stagegraph.errors import ConfigError
+
+        if versus or cost_model or print_ir_after or dump_ir:
+            raise ConfigError(
+                "bench --isolate measures one variant with the default cost model; "
+                "drop --vs/--cost-model/--print-ir-after/--dump-ir"
+            )
+        bench_options = {**options.model_dump(), "splice_at": splice_at}
+        report = _run_isolated(graph, workload, params, threads, "jit", None, verify_each,
+                               repro_dir, timeout, memory_gb, bench=bench_options)  # fmt: skip
+        emit_json(report.model_dump(mode="json")) if as_json else _print_report(report)
+        if csv_path:
+            append_csv(csv_path, report)
+        if not report.verified:
+            raise SystemExit(1)
+        return
     loaded = swap_cost_model(loaded, work, cost_model, db, params_file)
     loaded = with_params(loaded, parse_assignments(params), threads)
     engine = Engine(build_hooks(loaded, print_ir_after, verify_each, repro_dir, dump_ir))
@@ -416,28 +439,65 @@ def repro(directory: str, as_json: bool) -> None:
 @click.command()
 @click.argument("graph")
 @click.argument("workload")
-@click.option("--budget", type=click.IntRange(min=1), default=12, show_default=True,
-              help="Candidates to consider (reused ones from --db count).")
-@click.option("--jobs", type=click.IntRange(min=1), default=1, show_default=True,
-              help="Isolated local workers measuring at once (without --cluster).")
+@click.option(
+    "--budget",
+    type=click.IntRange(min=1),
+    default=12,
+    show_default=True,
+    help="Candidates to consider (reused ones from --db count).",
+)
+@click.option(
+    "--jobs",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="Isolated local workers measuring at once (without --cluster).",
+)
 @click.option("--cluster", metavar="ADDRESS", help="tcp://HOST:PORT (a Dask scheduler) or local:N.")
-@click.option("--db", default="stagegraph-tune.db", show_default=True,
-              type=click.Path(dir_okay=False), help="Tuning database (resumable).")
-@click.option("--strategy", type=click.Choice(["random", "model", "evolve"]), default="random",
-              show_default=True)
+@click.option(
+    "--db",
+    default="stagegraph-tune.db",
+    show_default=True,
+    type=click.Path(dir_okay=False),
+    help="Tuning database (resumable).",
+)
+@click.option(
+    "--strategy",
+    type=click.Choice(["random", "model", "evolve"]),
+    default="random",
+    show_default=True,
+)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--cost-model", "cost_model", default="heuristic", show_default=True,
-              metavar="NAME", help="The baseline's cost model.")
-@click.option("--fix", "fixes", multiple=True, metavar="FIELD=VALUE",
-              help="Pin a tunable field in the space.")
+@click.option(
+    "--cost-model",
+    "cost_model",
+    default="heuristic",
+    show_default=True,
+    metavar="NAME",
+    help="The baseline's cost model.",
+)
+@click.option(
+    "--fix", "fixes", multiple=True, metavar="FIELD=VALUE", help="Pin a tunable field in the space."
+)
 @click.option("--batch-size", type=click.IntRange(min=1), help="Candidates per isolated child.")
 @click.option("--samples", type=click.IntRange(min=4), default=20, show_default=True)
-@click.option("--compile-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True)
-@click.option("--run-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
-              show_default=True)
-@click.option("--memory", "memory_gb", type=click.FloatRange(min=0, min_open=True), default=4.0,
-              show_default=True, help="Address-space limit per worker child (GiB).")
+@click.option(
+    "--compile-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=60.0,
+    show_default=True,
+)
+@click.option(
+    "--run-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0, show_default=True
+)
+@click.option(
+    "--memory",
+    "memory_gb",
+    type=click.FloatRange(min=0, min_open=True),
+    default=4.0,
+    show_default=True,
+    help="Address-space limit per worker child (GiB).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report (no progress bar).")
 @click.option("--explain", is_flag=True, help="Print the space and its size; measure nothing.")
 def tune(graph: str, workload: str, budget: int, jobs: int, cluster: str | None, db: str,

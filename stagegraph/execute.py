@@ -218,9 +218,10 @@ class IsolatedRun(Schema):
     output: str | None = None
     breadcrumb: str
     verify_each: bool = False
+    bench: dict[str, Any] | None = None  # BenchOptions fields (+ splice_at): benchmark instead
 
 
-def _isolated_child(request: IsolatedRun) -> RunReport:
+def _isolated_child(request: IsolatedRun) -> Any:
     from stagegraph.catalog import load_graph
     from stagegraph.hooks import VerifyEach
     from stagegraph.repro import CrashBreadcrumb
@@ -232,15 +233,20 @@ def _isolated_child(request: IsolatedRun) -> RunReport:
     hooks: list[Hook] = [CrashBreadcrumb(request.breadcrumb)]
     if request.verify_each:
         hooks.append(VerifyEach())
-    return run_report(graph, parse_workload(request.workload), hooks=hooks,
-                      threads=request.threads)  # fmt: skip
+    workload = parse_workload(request.workload)
+    if request.bench is not None:
+        from stagegraph.bench import BenchOptions, benchmark
+
+        options = dict(request.bench)
+        splice_at = options.pop("splice_at", None)
+        return benchmark(Engine(hooks), graph, workload, splice_at, BenchOptions(**options),
+                         request.threads)  # fmt: skip
+    return run_report(graph, workload, hooks=hooks, threads=request.threads)
 
 
-def run_isolated_report(
-    request: IsolatedRun, limits: Any, repro_dir: str | None = None
-) -> RunReport:
-    """Compile and run in a child under ``limits``; a crash becomes a StageFailed naming the
-    stage that was running, with a reproducer of its input.
+def run_isolated_report(request: IsolatedRun, limits: Any, repro_dir: str | None = None) -> Any:
+    """Compile and run (or benchmark) in a child under ``limits``; a crash becomes a
+    StageFailed naming the stage that was running, with a reproducer of its input.
 
     Raises:
         StageFailed: the child died in a stage (signal, timeout, memory) or a stage raised.

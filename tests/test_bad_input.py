@@ -110,6 +110,11 @@ CATALOGUE = [
     ),
     ("empty-graph", ["validate", "{dir}/empty.yaml"], ["graph 'empty' has no stages"]),
     (
+        "unknown-cost-model",
+        ["run", "x86", "matmul", "--cost-model", "heuristc"],
+        ["unknown cost model 'heuristc'", "did you mean 'heuristic'"],
+    ),
+    (
         "unresolved-symbol",
         ["run", "naive", "{dir}/external.mlir"],
         ["stage 'emit'", "calls no_such_function, which no loaded library provides"],

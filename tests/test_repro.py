@@ -135,3 +135,12 @@ def test_isolated_segfault_names_stage_and_parent_survives(capsys, tmp_path):
     assert "linalg.matmul" in (tmp_path / directory / "input.mlir").read_text()
     # the parent is fine: a normal isolated run still works afterwards
     assert main(["run", "naive", "matmul:m=4,n=4,k=4", "--isolate"]) == 0
+
+
+def test_isolated_bench_segfault_names_stage(capsys, tmp_path):
+    graph = tmp_path / "segv_graph.py"
+    graph.write_text(SEGV_GRAPH)
+    code = main(["bench", str(graph), "matmul:m=4,n=4,k=4", "--isolate", "--splice-at", "boom",
+                 "--timeout", "60", "--repro-dir", str(tmp_path / "r")])  # fmt: skip
+    err = capsys.readouterr().err
+    assert code == 2 and "stage 'boom' of graph 'segv' failed: killed by SIGSEGV" in err
