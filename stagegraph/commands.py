@@ -500,10 +500,18 @@ def repro(directory: str, as_json: bool) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report (no progress bar).")
 @click.option("--explain", is_flag=True, help="Print the space and its size; measure nothing.")
+@click.option(
+    "--dump-ir",
+    type=click.Path(file_okay=False),
+    help="Write each candidate's IR after every stage that changed it, in DIR/HASH.",
+)
+@inspection_options
 def tune(graph: str, workload: str, budget: int, jobs: int, cluster: str | None, db: str,
          strategy: str, seed: int, cost_model: str, fixes: tuple[str, ...],
          batch_size: int | None, samples: int, compile_timeout: float, run_timeout: float,
-         memory_gb: float, as_json: bool, explain: bool) -> None:  # fmt: skip
+         memory_gb: float, as_json: bool, explain: bool, dump_ir: str | None = None,
+         print_ir_after: tuple[str, ...] = (), verify_each: bool = False,
+         repro_dir: str | None = None) -> None:  # fmt: skip
     """Search params for WORKLOAD through GRAPH; every candidate isolated, recorded in --db.
 
     Test-only: STAGEGRAPH_TUNE_FAULT="KIND@HASH,..." (KIND segfault|hang|oom|wrong; HASH a
@@ -516,6 +524,11 @@ def tune(graph: str, workload: str, budget: int, jobs: int, cluster: str | None,
     from stagegraph.tune.runner import explain as explain_space
     from stagegraph.tune.runner import tune as run_tune
 
+    if print_ir_after and not dump_ir:
+        from stagegraph.errors import ConfigError
+
+        raise ConfigError("tune --print-ir-after writes each candidate's IR to "
+                          "DIR/<params hash>/printed.mlir: give --dump-ir DIR")  # fmt: skip
     faults = {}
     for item in filter(None, os.environ.get("STAGEGRAPH_TUNE_FAULT", "").split(",")):
         kind, _, key = item.partition("@")
@@ -525,7 +538,9 @@ def tune(graph: str, workload: str, budget: int, jobs: int, cluster: str | None,
                           cost_model=cost_model, fixes=parse_assignments(fixes),
                           batch_size=batch_size, samples=samples,
                           compile_timeout_s=compile_timeout, run_timeout_s=run_timeout,
-                          memory_bytes=int(memory_gb * 2**30), faults=faults)  # fmt: skip
+                          memory_bytes=int(memory_gb * 2**30), faults=faults,
+                          dump_ir=dump_ir, print_ir_after=list(print_ir_after),
+                          verify_each=verify_each, repro_dir=repro_dir)  # fmt: skip
     if explain:
         info = explain_space(options)
         if as_json:

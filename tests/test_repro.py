@@ -144,3 +144,19 @@ def test_isolated_bench_segfault_names_stage(capsys, tmp_path):
                  "--timeout", "60", "--repro-dir", str(tmp_path / "r")])  # fmt: skip
     err = capsys.readouterr().err
     assert code == 2 and "stage 'boom' of graph 'segv' failed: killed by SIGSEGV" in err
+
+
+def test_tune_shares_the_ir_inspection_options(capsys, tmp_path):
+    dump = tmp_path / "ir"
+    code = main(["tune", "x86", "matmul:m=32,n=32,k=32", "--budget", "1", "--samples", "4",
+                 "--db", str(tmp_path / "t.db"), "--dump-ir", str(dump),
+                 "--print-ir-after", "scheduled", "--verify-each", "--json"])  # fmt: skip
+    capsys.readouterr()
+    assert code == 0
+    folders = [p for p in dump.iterdir() if p.is_dir()]
+    assert folders, "one folder per compiled candidate (and the baseline)"
+    for folder in folders:
+        assert (folder / "index.json").exists()
+        assert "IR after schedule" in (folder / "printed.mlir").read_text()
+    code = main(["tune", "x86", "matmul", "--print-ir-after", "scheduled"])
+    assert code == 2 and "give --dump-ir DIR" in capsys.readouterr().err

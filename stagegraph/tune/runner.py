@@ -36,6 +36,10 @@ class TuneOptions(Schema):
     memory_bytes: int | None = 4 * 2**30
     samples: int = Field(20, ge=4)
     faults: dict[str, str] = Field(default_factory=dict)
+    dump_ir: str | None = None
+    print_ir_after: list[str] = Field(default_factory=list)
+    verify_each: bool = False
+    repro_dir: str | None = None
 
 
 class Failure(Schema):
@@ -168,6 +172,10 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
                     memory_bytes=options.memory_bytes,
                     samples=options.samples,
                     faults=options.faults,
+                    dump_ir=options.dump_ir,
+                    print_ir_after=options.print_ir_after,
+                    verify_each=options.verify_each,
+                    repro_dir=options.repro_dir,
                 )
                 for i in range(0, len(fresh), size)
             ]

@@ -41,6 +41,10 @@ class BatchTask(Schema):
     memory_bytes: int | None = 4 * 2**30
     samples: int = 20
     faults: dict[str, str] = Field(default_factory=dict)
+    dump_ir: str | None = None
+    print_ir_after: list[str] = Field(default_factory=list)
+    verify_each: bool = False
+    repro_dir: str | None = None
 
 
 def params_hash(params: dict[str, Any]) -> str:
@@ -105,7 +109,8 @@ def run_batch(task: BatchTask, work: str) -> int:
     install_reference_runner()
     graph = load_graph(task.graph)
     workload = parse_workload(task.workload)
-    engine = Engine()
+    inspection = CandidateInspection(task)
+    engine = Engine(inspection.hooks())
     db = None
     if task.db:
         from stagegraph.tune.db import TuneDB
@@ -113,6 +118,7 @@ def run_batch(task: BatchTask, work: str) -> int:
         db = TuneDB(task.db)
 
     def compile_params(params: dict[str, Any]) -> Any:
+        inspection.start(params)
         return prepare(
             engine, graph.replace("select", fixed("select", params=params)), workload, None
         )
@@ -131,6 +137,52 @@ def run_batch(task: BatchTask, work: str) -> int:
             db.record(task.key, result)
     _alarm(0)
     return len(task.candidates)
+
+
+class CandidateInspection:
+    """``--dump-ir``/``--print-ir-after``/``--verify-each`` in a tuning worker: the same hooks
+    as ``run`` and ``bench``, writing into one folder per candidate (``DIR/<params hash>``)."""
+
+    def __init__(self, task: BatchTask) -> None:
+        from stagegraph.hooks import DumpIR, PrintIR, VerifyEach
+        from stagegraph.repro import ReproducerHook
+
+        self.task = task
+        self._hooks: list[Any] = [ReproducerHook(task.repro_dir)]
+        if task.verify_each:
+            self._hooks.append(VerifyEach())
+        self.dump: DumpIR | None = None
+        self.printed: Path | None = None
+        if task.print_ir_after:
+            self._hooks.append(PrintIR(task.print_ir_after, self._write))
+        self._dump_class = DumpIR
+
+    def _write(self, text: str) -> None:
+        if self.printed is not None:
+            with self.printed.open("a") as handle:
+                handle.write(text)
+
+    def hooks(self) -> list[Any]:
+        return [*self._hooks, self]
+
+    def start(self, params: dict[str, Any]) -> None:
+        if self.task.dump_ir is None:
+            return
+        folder = Path(self.task.dump_ir) / params_hash(params)
+        self.dump = self._dump_class(folder)
+        self.printed = folder / "printed.mlir" if self.task.print_ir_after else None
+
+    # Hook protocol: forward to the current candidate's IR dump.
+    def before_stage(self, event: Any) -> None:
+        if self.dump is not None:
+            self.dump.before_stage(event)
+
+    def after_stage(self, event: Any) -> None:
+        if self.dump is not None:
+            self.dump.after_stage(event)
+
+    def on_failure(self, event: Any, error: BaseException) -> str | None:
+        return None
 
 
 def _evaluate(task: BatchTask, out: Path, params: dict, base: Any, compile_params: Any) -> Any:
