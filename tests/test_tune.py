@@ -183,7 +183,7 @@ def test_faults_are_survived_and_recorded(problem, tmp_path):
         budget=4,
         jobs=1,
         db=str(tmp_path / "f.db"),
-        run_timeout_s=3,
+        run_timeout_s=6,
         memory_bytes=3 * 2**30,
         samples=4,
         faults=faults,

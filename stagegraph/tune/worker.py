@@ -71,7 +71,7 @@ def _inject(kind: str) -> None:
     elif kind == "oom":
         hoard = []
         while True:
-            hoard.append(bytearray(64 * 2**20))
+            hoard.append(bytearray(256 * 2**20))
 
 
 def _mark(work: Path, phash: str, phase: str) -> None:
