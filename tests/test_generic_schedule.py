@@ -232,3 +232,162 @@ def test_kernelbench_payload_verifies(stem):
         binary = JitBinary(module.ir, opt_level=2)
     verdict = workload.verify(binary.call(workload.entry, workload.inputs()))
     assert verdict.ok, verdict.message
+
+
+# ----------------------------------------------------------------------------- prepare
+
+# A max reduction that also computes an argmax nobody uses, then the max is subtracted.
+MAX_WITH_DEAD_ARGMAX = """
+#in = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+func.func @main(%a: tensor<16x32xf32>) -> tensor<16xf32> {
+  %ninf = arith.constant 0xFF800000 : f32
+  %c0 = arith.constant 0 : i64
+  %ei = tensor.empty() : tensor<16xi64>
+  %fi = linalg.fill ins(%c0 : i64) outs(%ei : tensor<16xi64>) -> tensor<16xi64>
+  %ef = tensor.empty() : tensor<16xf32>
+  %ff = linalg.fill ins(%ninf : f32) outs(%ef : tensor<16xf32>) -> tensor<16xf32>
+  %r:2 = linalg.generic {indexing_maps = [#in, #row, #row],
+                         iterator_types = ["parallel", "reduction"]}
+      ins(%a : tensor<16x32xf32>) outs(%ff, %fi : tensor<16xf32>, tensor<16xi64>) {
+  ^bb0(%x: f32, %m: f32, %i: i64):
+    %j = linalg.index 1 : index
+    %jj = arith.index_cast %j : index to i64
+    %mx = arith.maximumf %x, %m : f32
+    %gt = arith.cmpf ogt, %x, %m : f32
+    %sel = arith.select %gt, %jj, %i : i64
+    linalg.yield %mx, %sel : f32, i64
+  } -> (tensor<16xf32>, tensor<16xi64>)
+  return %r#0 : tensor<16xf32>
+}
+"""
+
+# An i1 mask (a cmp), an all-of reduction over it and a select by the reduced mask.
+BOOL_MASK = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0, 0)>
+func.func @main(%a: tensor<16x32xf32>, %b: tensor<16x32xf32>) -> tensor<16x32xf32> {
+  %true = arith.constant true
+  %zero = arith.constant 0.0 : f32
+  %e1 = tensor.empty() : tensor<16x32xi1>
+  %cmp = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%a : tensor<16x32xf32>) outs(%e1 : tensor<16x32xi1>) {
+  ^bb0(%x: f32, %o: i1):
+    %c = arith.cmpf ogt, %x, %zero : f32
+    linalg.yield %c : i1
+  } -> tensor<16x32xi1>
+  %e2 = tensor.empty() : tensor<16x1xi1>
+  %init = linalg.fill ins(%true : i1) outs(%e2 : tensor<16x1xi1>) -> tensor<16x1xi1>
+  %all = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}
+      ins(%cmp : tensor<16x32xi1>) outs(%init : tensor<16x1xi1>) {
+  ^bb0(%x: i1, %o: i1):
+    %r = arith.andi %x, %o : i1
+    linalg.yield %r : i1
+  } -> tensor<16x1xi1>
+  %e3 = tensor.empty() : tensor<16x32xf32>
+  %out = linalg.generic {indexing_maps = [#row, #id, #id, #id],
+                         iterator_types = ["parallel", "parallel"]}
+      ins(%all, %a, %b : tensor<16x1xi1>, tensor<16x32xf32>, tensor<16x32xf32>)
+      outs(%e3 : tensor<16x32xf32>) {
+  ^bb0(%m: i1, %x: f32, %y: f32, %o: f32):
+    %s = arith.select %m, %x, %y : f32
+    linalg.yield %s : f32
+  } -> tensor<16x32xf32>
+  return %out : tensor<16x32xf32>
+}
+"""
+
+# A transpose that only moves a unit dim (a reshape), then an elementwise op.
+UNIT_TRANSPOSE = """
+func.func @main(%a: tensor<4x1x24xf32>) -> tensor<4x24x1xf32> {
+  %e = tensor.empty() : tensor<4x24x1xf32>
+  %t = linalg.transpose ins(%a : tensor<4x1x24xf32>) outs(%e : tensor<4x24x1xf32>)
+       permutation = [0, 2, 1]
+  %r = linalg.generic {indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d1, d2)>,
+                                        affine_map<(d0, d1, d2) -> (d0, d1, d2)>],
+                       iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%t : tensor<4x24x1xf32>) outs(%e : tensor<4x24x1xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %y = arith.negf %x : f32
+    linalg.yield %y : f32
+  } -> tensor<4x24x1xf32>
+  return %r : tensor<4x24x1xf32>
+}
+"""
+
+
+def _prepared(text: str):
+    from stagegraph.mlir import ir
+    from stagegraph.stages.generic_schedule import _entry_function
+    from stagegraph.stages.prepare import prepare
+
+    module = parse_payload(text)
+    with module.context, ir.Location.unknown():
+        assert prepare(module, _entry_function(module, "main"))
+        assert module.operation.verify()
+    return module
+
+
+def test_dead_argmax_result_is_dropped_and_reduction_vectorizes():
+    module = _prepared(MAX_WITH_DEAD_ARGMAX)
+    facts = analyze(module)
+    (reduction,) = facts.ops_of("reduction")
+    assert len(reduction.outputs) == 1 and "linalg.index" not in reduction.body_ops
+    a = np.random.default_rng(2).standard_normal((16, 32), dtype=np.float32)
+    binary = _jit(MAX_WITH_DEAD_ARGMAX, GenericParams())
+    (out,) = binary.call("main", [a])
+    np.testing.assert_array_equal(out, a.max(axis=1))
+
+
+def test_bool_tensors_are_widened_and_vectorized():
+    from stagegraph.mlir import ir
+    from stagegraph.stages.generic_schedule import apply_generic_schedule, build_generic_schedule
+
+    module = _prepared(BOOL_MASK)
+    facts = analyze(module)
+    assert "i1" not in {v.dtype for op in facts.ops for v in op.inputs + op.outputs}
+    (reduction,) = facts.ops_of("reduction")
+    assert reduction.body_ops == ("arith.andi",)  # a single i8 combiner
+    module = parse_payload(BOOL_MASK)
+    facts = analyze(module)
+    with module.context, ir.Location.unknown():
+        schedule = build_generic_schedule(facts, heuristic_generic_params(facts, AVX512))
+        apply_generic_schedule(module, schedule, facts)  # prepares, rebuilds the schedule
+    assert "linalg.generic" not in _op_names(module)
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal((16, 32), dtype=np.float32) for _ in range(2))
+    a[::3] = np.abs(a[::3]) + 0.5  # some rows are all positive
+    (out,) = _jit(BOOL_MASK, GenericParams()).call("main", [a, b])
+    np.testing.assert_array_equal(out, np.where((a > 0).all(axis=1, keepdims=True), a, b))
+
+
+def test_unit_transpose_becomes_a_reshape():
+    module = _prepared(UNIT_TRANSPOSE)
+    assert "linalg.transpose" not in _op_names(module)
+    a = np.random.default_rng(4).standard_normal((4, 1, 24), dtype=np.float32)
+    (out,) = _jit(UNIT_TRANSPOSE, GenericParams()).call("main", [a])
+    np.testing.assert_array_equal(out, -a.transpose(0, 2, 1))
+
+
+def test_bool_tensor_returned_is_not_widened():
+    from stagegraph.mlir import ir
+    from stagegraph.stages.generic_schedule import _entry_function
+    from stagegraph.stages.prepare import prepare
+
+    text = """
+    func.func @main(%a: tensor<8xf32>) -> tensor<8xi1> {
+      %zero = arith.constant 0.0 : f32
+      %e = tensor.empty() : tensor<8xi1>
+      %c = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
+                           iterator_types = ["parallel"]}
+          ins(%a : tensor<8xf32>) outs(%e : tensor<8xi1>) {
+      ^bb0(%x: f32, %o: i1):
+        %r = arith.cmpf olt, %x, %zero : f32
+        linalg.yield %r : i1
+      } -> tensor<8xi1>
+      return %c : tensor<8xi1>
+    }
+    """
+    module = parse_payload(text)
+    with module.context, ir.Location.unknown():
+        assert not prepare(module, _entry_function(module, "main"))

@@ -31,6 +31,7 @@ from stagegraph.stages.generic_params import (
 
 OP_ATTR = "stagegraph.generic_op"
 FUSE_ATTR = "stagegraph.fuse_into"
+PARAMS_ATTR = "stagegraph.generic_params"
 ENTRY = "__transform_main"
 # Failures of one op's sub-sequence leave that op to the fallback; set to "propagate" to
 # see why a sub-sequence fails (debugging).
@@ -407,6 +408,8 @@ def build_generic_schedule(facts: PayloadFacts, params: GenericParams) -> Any:
     builder = _Builder(params)
     module = ir.Module.create()
     module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+    # The params, for apply_generic_schedule to rebuild the schedule after its rewrites.
+    module.operation.attributes[PARAMS_ATTR] = ir.StringAttr.get(params.model_dump_json())
     with ir.InsertionPoint(module.body):
         main = transform.NamedSequenceOp(
             ENTRY, [builder.any], [], arg_attrs=[{"transform.readonly": ir.UnitAttr.get()}]
@@ -427,15 +430,25 @@ def build_generic_schedule(facts: PayloadFacts, params: GenericParams) -> Any:
 
 
 def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | None = None) -> None:
-    """Label ``module`` (its entry function), apply ``schedule`` in place, drop the labels.
+    """Rewrite the entry function so more of it vectorizes (:func:`prepare.prepare`), label
+    it, apply ``schedule`` in place, drop the labels.
 
-    ``facts`` must describe ``module`` as it is now (default: analysed here).
+    ``facts`` must describe ``module`` as it is now (default: analysed here). When the
+    rewrites change the entry, the facts are re-analysed and the schedule rebuilt with the
+    params recorded in ``schedule`` (other ops, e.g. matmuls, are never rewritten, so their
+    labels stay valid).
     """
-    from stagegraph.mlir import interpreter
+    from stagegraph.mlir import interpreter, ir
+    from stagegraph.stages.prepare import prepare
 
     module = getattr(module, "ir", module)
     facts = facts or analyze(module)
-    with module.context:
+    with module.context, ir.Location.unknown():
+        attrs = schedule.operation.attributes
+        if PARAMS_ATTR in attrs and prepare(module, _entry_function(module, facts.entry)):
+            params = GenericParams.model_validate_json(ir.StringAttr(attrs[PARAMS_ATTR]).value)
+            facts = analyze(module, facts.entry)
+            schedule = build_generic_schedule(facts, params)
         annotate_generic_ops(module, facts)
         entry = next(
             op
