@@ -74,7 +74,7 @@ def _params(m: int, n: int, k: int, **override) -> MatmulParams:
 
 
 def _compile(text: str, entry: str, override: dict):
-    from stagegraph.mlir import execution_engine, ir, new_context, passmanager
+    from stagegraph.mlir import execution_engine, ir, new_context
     from stagegraph.stages import lowering
     from stagegraph.stages.x86_schedule import apply_schedule, build_matmul_schedule, find_matmuls
 
@@ -86,16 +86,28 @@ def _compile(text: str, entry: str, override: dict):
         apply_schedule(payload, build_matmul_schedule(params, sites))
         for fn in payload.body.operations:
             fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        tail = lowering.LOWER_TO_LLVM_OPENMP if threads > 1 else lowering.LOWER_TO_LLVM
-        passmanager.PassManager.parse(f"builtin.module({lowering.BUFFERIZE},{tail})").run(
-            payload.operation
-        )
-        libs = []
-        if threads > 1:
-            from stagegraph.runtime import openmp
-
-            libs = [openmp.library_path()]
+        libs = _lower(payload, lowering.BUFFERIZE, threads)
         return execution_engine.ExecutionEngine(payload, opt_level=3, shared_libs=libs)
+
+
+def _lower(payload, prefix: str, threads: int) -> list[str]:
+    """Bufferize and lower like ``x86.lower`` (dynamic OpenMP loops when threads > 1);
+    returns the shared libraries the JIT needs."""
+    from stagegraph.mlir import passmanager
+    from stagegraph.stages import lowering
+
+    def run(pipeline: str) -> None:
+        passmanager.PassManager.parse(f"builtin.module({pipeline})").run(payload.operation)
+
+    if threads <= 1:
+        run(f"{prefix},{lowering.LOWER_TO_LLVM}")
+        return []
+    from stagegraph.runtime import openmp
+
+    run(f"{prefix},{lowering.TO_OPENMP}")
+    lowering.schedule_dynamic(payload)  # a one-block loop has no omp.wsloop left
+    run(lowering.OPENMP_TO_LLVM)
+    return [openmp.library_path()]
 
 
 def _call(engine, entry: str, arrays: list[np.ndarray]) -> None:
@@ -144,6 +156,41 @@ def test_heuristic_gives_every_thread_a_block():
     p = heuristic_matmul_params(256, 256, 256, "f32", AVX512, threads=2)
     blocks = -(-256 // p.tile_m) * -(-256 // p.tile_n)
     assert blocks % 2 == 0
+
+
+@pytest.mark.parametrize("shape", [(2048, 2048, 2048), (1000, 1000, 1000), (384, 1536, 768)])
+def test_heuristic_blocks_k_so_the_b_micro_panel_stays_in_l1(shape):
+    m, n, k = shape
+    p = heuristic_matmul_params(m, n, k, "f32", AVX512)
+    assert 0 < p.tile_k < k and k % p.tile_k == 0 and p.tile_k % p.k_unroll == 0
+    assert (p.reg_n + p.reg_m) * p.tile_k * 4 <= AVX512.l1d_bytes
+    # The A slice of a block (tile_m x tile_k) stays within L2.
+    assert p.tile_m * p.tile_k * 4 <= AVX512.l2_bytes // 2
+
+
+def test_heuristic_leaves_a_short_k_whole():
+    assert heuristic_matmul_params(256, 256, 256, "f32", AVX512).tile_k == 0
+    assert heuristic_matmul_params(100, 37, 53, "f32", AVX512).tile_k == 0
+
+
+@pytest.mark.parametrize(
+    "shape", [(256, 256, 256), (512, 512, 512), (1000, 1000, 1000), (256, 1024, 1024)]
+)
+def test_heuristic_gives_each_thread_several_blocks(shape):
+    m, n, k = shape
+    one = heuristic_matmul_params(m, n, k, "f32", AVX512, threads=1)
+    two = heuristic_matmul_params(m, n, k, "f32", AVX512, threads=2)
+    blocks = -(-m // two.tile_m) * -(-n // two.tile_n)
+    assert blocks >= 4
+    assert min(two.tile_m, two.tile_n) >= min(128, m, n)  # blocks stay big enough to pack
+    assert (two.tile_k, two.reg_m, two.reg_n) == (one.tile_k, one.reg_m, one.reg_n)
+
+
+@pytest.mark.parametrize("shape", [(128, 128, 512), (100, 37, 53), (37, 45, 600)])
+def test_heuristic_splits_a_small_problem_for_every_thread(shape):
+    m, n, k = shape
+    p = heuristic_matmul_params(m, n, k, "f32", AVX512, threads=2)
+    assert -(-m // p.tile_m) * -(-n // p.tile_n) >= 2
 
 
 @pytest.mark.parametrize(
@@ -225,6 +272,43 @@ def test_matmul_two_threads(pack):
     _run_matmul(100, 70, 53, threads=2, tile_m=32, tile_n=32, pack=pack)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", [(37, 45, 600), (100, 70, 60), (8, 33, 256), (131, 17, 40)])
+def test_heuristic_params_odd_shapes(shape, threads):
+    """The heuristic's own params (k blocks, thread split) on odd shapes."""
+    if threads > 1:
+        pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    _run_matmul(*shape, threads=threads)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matmul_k_blocks_with_threads(threads):
+    if threads > 1:
+        pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    _run_matmul(100, 70, 60, threads=threads, tile_m=32, tile_n=32, tile_k=20, k_unroll=4)
+
+
+def test_parallel_block_loop_is_dynamic():
+    pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    from stagegraph.mlir import ir, new_context, passmanager
+    from stagegraph.stages import lowering
+    from stagegraph.stages.x86_schedule import apply_schedule, build_matmul_schedule, find_matmuls
+
+    with new_context(), ir.Location.unknown():
+        payload = ir.Module.parse(_matmul(64, 96, 32))
+        sites = find_matmuls(payload)
+        params = [_params(s.m, s.n, s.k, threads=2, tile_m=32, tile_n=32) for s in sites]
+        apply_schedule(payload, build_matmul_schedule(params, sites))
+        passmanager.PassManager.parse(
+            f"builtin.module({lowering.BUFFERIZE},{lowering.TO_OPENMP})"
+        ).run(payload.operation)
+        assert lowering.schedule_dynamic(payload) == 1
+        loops = [op for fn in payload.body.operations for op in _walk(fn.operation)]
+        (wsloop,) = [op for op in loops if op.name == "omp.wsloop"]
+        assert "schedule_kind" in wsloop.attributes
+        assert lowering.schedule_dynamic(payload) == 0  # already set: left alone
+
+
 @pytest.mark.parametrize("pack", [True, False], ids=["pack", "nopack"])
 @pytest.mark.parametrize("dims", [(37, [19, 45, 23]), (16, [32, 64, 32, 64])])
 def test_mlp_layers_fused(dims, pack):
@@ -235,6 +319,26 @@ def test_mlp_layers_fused(dims, pack):
     bs = [rng.standard_normal((n,), np.float32) for n in widths[1:]]
     out = np.full((batch, widths[-1]), np.nan, np.float32)
     engine = _compile(_mlp(batch, widths), "mlp", {"pack": pack})
+    _call(engine, "mlp", [x, *[a for pair in zip(ws, bs, strict=True) for a in pair], out])
+    ref = x
+    for w, b in zip(ws, bs, strict=True):
+        ref = np.maximum(ref @ w + b, 0)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_mlp_k_blocked_two_threads(threads):
+    """Bias + ReLU fused into k-blocked (k=480), thread-split blocks."""
+    if threads > 1:
+        pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    batch, widths = 40, [480, 200, 36]
+    assert heuristic_matmul_params(batch, 200, 480, "f32", AVX512).tile_k == 240
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((batch, widths[0]), np.float32)
+    ws = [rng.standard_normal((k, n), np.float32) for k, n in itertools.pairwise(widths)]
+    bs = [rng.standard_normal((n,), np.float32) for n in widths[1:]]
+    out = np.full((batch, widths[-1]), np.nan, np.float32)
+    engine = _compile(_mlp(batch, widths), "mlp", {"threads": threads})
     _call(engine, "mlp", [x, *[a for pair in zip(ws, bs, strict=True) for a in pair], out])
     ref = x
     for w, b in zip(ws, bs, strict=True):
@@ -289,7 +393,7 @@ func.func @mm(%a: {ta}, %b: {tb}) -> {tc} {{
 def _schedule_stage(text: str, threads: int = 1):
     """The x86 params + schedule stages on ``text``, then bufferize + LLVM + JIT; returns
     (engine, sites scheduled, ops left in the scheduled IR)."""
-    from stagegraph.mlir import execution_engine, ir, new_context, passmanager
+    from stagegraph.mlir import execution_engine, ir, new_context
     from stagegraph.ports import Module
     from stagegraph.stages import lowering
     from stagegraph.stages.analysis import analyze
@@ -305,15 +409,7 @@ def _schedule_stage(text: str, threads: int = 1):
         names = [op.name for fn in payload.body.operations for op in _walk(fn.operation)]
         for fn in payload.body.operations:
             fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
-        tail = lowering.LOWER_TO_LLVM_OPENMP if threads > 1 else lowering.LOWER_TO_LLVM
-        passmanager.PassManager.parse(
-            f"builtin.module({lowering.BUFFERIZE},{X86_FINISH},{tail})"
-        ).run(payload.operation)
-        libs = []
-        if threads > 1:
-            from stagegraph.runtime import openmp
-
-            libs = [openmp.library_path()]
+        libs = _lower(payload, f"{lowering.BUFFERIZE},{X86_FINISH}", threads)
         engine = execution_engine.ExecutionEngine(payload, opt_level=3, shared_libs=libs)
         return engine, len(matmul_ops(facts)), names
 

@@ -6,8 +6,10 @@ arrays for both and nothing is allocated or freed across the boundary.
 
 ``LOWER_TO_LLVM`` runs ``scf.forall`` loops serially; ``LOWER_TO_LLVM_OPENMP`` turns them
 into OpenMP parallel loops (the JIT then needs an OpenMP runtime, see
-``stagegraph.runtime.openmp``). Both fully unroll the n-D vector transfers left by the
-schedules into 1-D ones first (a partial unroll leaves stack allocas inside loops).
+``stagegraph.runtime.openmp``). It is ``TO_OPENMP`` then ``OPENMP_TO_LLVM``; between the
+two, ``schedule_dynamic`` can make the loops hand out their iterations dynamically. Both
+fully unroll the n-D vector transfers left by the schedules into 1-D ones first (a partial
+unroll leaves stack allocas inside loops).
 """
 
 BUFFERIZE = (
@@ -28,13 +30,46 @@ _TO_LLVM = (
 # Serial: the per-block packing buffers are allocated once, outside the block loops.
 LOWER_TO_LLVM = f"func.func(scf-forall-to-for,buffer-loop-hoisting),{_VECTORS},{_TO_LLVM}"
 
-LOWER_TO_LLVM_OPENMP = (
+# Up to OpenMP: ``scf.forall`` -> ``scf.parallel`` -> ``omp.wsloop`` (memrefs still plain).
+TO_OPENMP = (
     f"func.func(scf-forall-to-parallel),{_VECTORS},"
     # Deallocation first: it must not insert ops into the omp.wsloop wrapper; the
     # memref.alloca_scope made by scf-to-openmp is lowered before scf-to-cf splits its body.
-    "buffer-deallocation-pipeline,convert-bufferization-to-memref,convert-scf-to-openmp,"
+    "buffer-deallocation-pipeline,convert-bufferization-to-memref,convert-scf-to-openmp"
+)
+
+OPENMP_TO_LLVM = (
     "expand-strided-metadata,lower-affine,convert-vector-to-llvm,finalize-memref-to-llvm,"
     "convert-scf-to-cf,convert-openmp-to-llvm,convert-to-llvm,reconcile-unrealized-casts"
 )
+
+LOWER_TO_LLVM_OPENMP = f"{TO_OPENMP},{OPENMP_TO_LLVM}"
+
+
+def schedule_dynamic(module) -> int:
+    """Give every ``omp.wsloop`` of ``module`` (an ``ir.Module`` after ``TO_OPENMP``) the
+    ``dynamic`` schedule (chunk 1): threads take the next block when they finish one.
+
+    A static split hands each thread a fixed share of the blocks, so the whole loop waits
+    for the slowest thread; on a machine whose cores are shared (another process, or the
+    spinning workers of another threading runtime) one slowed core then stalls the other.
+    Dynamic dispatch costs one atomic per block, nothing next to a cache block's work.
+    Returns the number of loops changed.
+    """
+    from stagegraph.mlir import ir
+
+    kind = ir.Attribute.parse("#omp<schedulekind dynamic>", module.context)
+    changed = 0
+
+    def visit(op):
+        nonlocal changed
+        if op.name == "omp.wsloop" and "schedule_kind" not in op.attributes:
+            op.attributes["schedule_kind"] = kind
+            changed += 1
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return changed
+
 
 LINALG_TO_LOOPS = "convert-linalg-to-loops"

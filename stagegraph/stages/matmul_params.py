@@ -60,15 +60,24 @@ class MatmulParams(Params):
         return self.reg_m * (self.reg_n // self.vector_width)
 
 
+# Blocks per thread the parallel block loop aims for (see _split_for_threads).
+BLOCKS_PER_THREAD = 8
+# Shortest block edge (rows and columns), in register panels of reg_n columns.
+MIN_BLOCK_PANELS = 4
+
+
 def heuristic_matmul_params(
     m: int, n: int, k: int, dtype: str, target: Target, threads: int = 1
 ) -> MatmulParams:
     """Derive tiles from the vector width, register count and cache sizes (no size table).
 
     Register tile: two vectors wide (two independent FMA chains per broadcast) and as many
-    rows as fit the register file after the B vectors and one broadcast. Cache block: the
-    B micro-panel (k x reg_n) streams from L2 while the A block (tile_m x k) stays in L2 and
-    the C block fits beside them; blocks are balanced over ``threads``.
+    rows as fit the register file after the B vectors and one broadcast. K block (tile_k):
+    the B micro-panel (kc x reg_n) stays in L1 while the register tile sweeps the block's
+    m panels. Cache block: the A slice (tile_m x kc) stays in L2 with the C block beside
+    it; B is re-packed once per M block and A once per N block, so blocks are as large as
+    that allows. With ``threads`` > 1 the block is halved until every thread has several
+    blocks to take (the parallel loop is scheduled dynamically).
     """
     elem = _DTYPE_BYTES.get(dtype, 4)
     lanes = max(1, target.vector_bits // (8 * elem))
@@ -83,20 +92,27 @@ def heuristic_matmul_params(
         reg_n = lanes
     k_unroll = next(u for u in (4, 2, 1) if k % u == 0)
 
-    # Cache block: A block (tile_m x kc) in half of L2.
-    kc = k
-    tile_m = max(reg_m, _round_down(target.l2_bytes // 2 // max(1, kc * elem), reg_m))
-    tile_m = min(tile_m, 4 * 64, _round_up(m, reg_m))
-    # N block: B panel for the block (kc x tile_n) sized to L2 as well, at most all of n.
-    tile_n = max(reg_n, _round_down(target.l2_bytes // max(1, kc * elem), reg_n))
-    tile_n = min(tile_n, 512, _round_up(n, reg_n))
-    # Enough blocks for every thread, evenly.
+    # K block: the B micro-panel (kc x reg_n) and the A micro-panel (reg_m x kc) of one
+    # register-tile sweep share three quarters of L1, so B stays in L1 across the m panels.
+    # Register tiles are static: kc is the divisor of k (multiple of k_unroll) nearest it.
+    kc_target = max(k_unroll, target.l1d_bytes * 3 // 4 // ((reg_n + reg_m) * elem))
+    kc = _nearest_divisor(k, kc_target, k_unroll)
+    tile_k = kc if kc < k else 0
+    # M block: its A slice (tile_m x kc) takes a quarter of L2, beside the streaming C rows.
+    tile_m = _round_down(target.l2_bytes // 4 // (kc * elem), reg_m)
+    tile_m = min(tile_m, _round_up(m, reg_m))
+    # N block: its B slice (kc x tile_n) in half of L2; A is re-packed once per N block, so
+    # wide, but the C block (tile_m x tile_n, revisited every K block) within half of L2.
+    tile_n = _round_down(target.l2_bytes // 2 // (kc * elem), reg_n)
+    tile_n = min(tile_n, _round_down(target.l2_bytes // 2 // (tile_m * elem), reg_n))
+    tile_n = min(tile_n, _round_up(n, reg_n))
+    # Enough blocks for every thread (threads take blocks dynamically, see lowering).
     if threads > 1:
         tile_m, tile_n = _split_for_threads(m, n, tile_m, tile_n, reg_m, reg_n, threads)
     return MatmulParams(
         tile_m=tile_m,
         tile_n=tile_n,
-        tile_k=0,
+        tile_k=tile_k,
         reg_m=reg_m,
         reg_n=reg_n,
         k_unroll=k_unroll,
@@ -110,18 +126,56 @@ def heuristic_matmul_params(
 def _split_for_threads(
     m: int, n: int, tile_m: int, tile_n: int, reg_m: int, reg_n: int, threads: int
 ) -> tuple[int, int]:
-    """Shrink the block until the block count is a multiple of ``threads`` (or large)."""
-    for _ in range(16):
+    """Halve the block (its longer edge first) until there are ``BLOCKS_PER_THREAD`` blocks
+    per thread, or both edges reach ``MIN_BLOCK_PANELS`` register panels.
+
+    Threads take blocks dynamically (``lowering.schedule_dynamic``): with several blocks
+    each, a thread slowed by another runnable thread on its core (e.g. an idle BLAS worker
+    spinning) does fewer blocks instead of holding up the loop. A block packs
+    ``(tile_m + tile_n) * kc`` elements for ``tile_m * tile_n * kc`` FMAs, so the edges
+    stay at least ``MIN_BLOCK_PANELS`` panels long (packing a few % of the block's time).
+    """
+    edge = MIN_BLOCK_PANELS * reg_n
+    min_m = min(_round_up(m, reg_m), _round_up(edge, reg_m))
+    min_n = min(_round_up(n, reg_n), edge)
+    tile_m, tile_n = _halve(m, n, tile_m, tile_n, min_m, min_n, reg_m, reg_n, threads)
+    # A small problem: one block per thread at least, down to one register panel.
+    return _halve(m, n, tile_m, tile_n, reg_m, reg_n, reg_m, reg_n, threads, per_thread=1)
+
+
+def _halve(
+    m: int,
+    n: int,
+    tile_m: int,
+    tile_n: int,
+    min_m: int,
+    min_n: int,
+    reg_m: int,
+    reg_n: int,
+    threads: int,
+    per_thread: int = BLOCKS_PER_THREAD,
+) -> tuple[int, int]:
+    for _ in range(32):
         blocks = math.ceil(m / tile_m) * math.ceil(n / tile_n)
-        if blocks % threads == 0 or blocks >= 4 * threads:
+        if blocks >= per_thread * threads:
             break
-        if tile_n >= tile_m and tile_n > reg_n:
-            tile_n = max(reg_n, _round_up(tile_n // 2, reg_n))
-        elif tile_m > reg_m:
-            tile_m = max(reg_m, _round_up(tile_m // 2, reg_m))
+        can_n = tile_n > min_n
+        can_m = tile_m > min_m
+        if can_n and (tile_n >= tile_m or not can_m):
+            tile_n = max(min_n, _round_up(tile_n // 2, reg_n))
+        elif can_m:
+            tile_m = max(min_m, _round_up(tile_m // 2, reg_m))
         else:
             break
     return tile_m, tile_n
+
+
+def _nearest_divisor(k: int, target: int, step: int) -> int:
+    """The divisor of ``k`` that is a multiple of ``step`` nearest ``target`` (by ratio)."""
+    if k <= target:
+        return k
+    divisors = [d for d in range(step, k + 1, step) if k % d == 0]
+    return min(divisors, key=lambda d: (abs(math.log(d / target)), -d))
 
 
 def _round_up(x: int, to: int) -> int:

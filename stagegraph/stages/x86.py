@@ -120,12 +120,17 @@ X86_FINISH = "func.func(lower-vector-multi-reduction),convert-linalg-to-loops"
 @stage("passes", name="x86.lower")
 def lower(module: BufferModule, params: X86Params) -> LLVMModule:
     """Leftover vector reductions and linalg ops to loops, then to LLVM; parallel block
-    loops become OpenMP loops when the params ask for more than one thread."""
+    loops become dynamically scheduled OpenMP loops when the params ask for more than one
+    thread."""
     from stagegraph.stages import lowering
     from stagegraph.stages.passes import run_pipeline
     from stagegraph.stages.rewrites import copies_to_linalg
 
     copies_to_linalg(module.ir)
     threads = max((p.threads for p in params.matmul), default=1)
-    final = lowering.LOWER_TO_LLVM_OPENMP if threads > 1 else lowering.LOWER_TO_LLVM
-    return run_pipeline(module, f"{X86_FINISH},{final}")
+    if threads <= 1:
+        return run_pipeline(module, f"{X86_FINISH},{lowering.LOWER_TO_LLVM}")
+    # Threads take the parallel loop's blocks dynamically (see lowering.schedule_dynamic).
+    run_pipeline(module, f"{X86_FINISH},{lowering.TO_OPENMP}")
+    lowering.schedule_dynamic(module.ir)
+    return run_pipeline(module, lowering.OPENMP_TO_LLVM)
