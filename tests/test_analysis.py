@@ -14,24 +14,14 @@ from stagegraph.stages.analysis import (
     analyze,
     parse_payload,
 )
-
-KERNELBENCH = Path(__file__).resolve().parents[2] / "shared" / "kernelbench" / "level1"
+from tests.conftest import KERNELBENCH, MATMUL_MLIR
 
 
 def facts_of(text: str, entry: str | None = None) -> PayloadFacts:
     return analyze(parse_payload(text), entry)
 
 
-MATMUL = """
-func.func @main(%a: tensor<16x8xf32>, %b: tensor<8x12xf32>) -> tensor<16x12xf32> {
-  %zero = arith.constant 0.0 : f32
-  %empty = tensor.empty() : tensor<16x12xf32>
-  %acc = linalg.fill ins(%zero : f32) outs(%empty : tensor<16x12xf32>) -> tensor<16x12xf32>
-  %r = linalg.matmul ins(%a, %b : tensor<16x8xf32>, tensor<8x12xf32>)
-                     outs(%acc : tensor<16x12xf32>) -> tensor<16x12xf32>
-  return %r : tensor<16x12xf32>
-}
-"""
+MATMUL = MATMUL_MLIR
 
 # C[m, n] += A[m, k] * B[n, k], written as a generic (the matmul_transpose_b layout).
 GENERIC_MATMUL_TRANSPOSED_B = """
