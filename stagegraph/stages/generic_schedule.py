@@ -32,7 +32,6 @@ from stagegraph.stages.generic_params import (
 OP_ATTR = "stagegraph.generic_op"
 FUSE_ATTR = "stagegraph.fuse_into"
 PARAMS_ATTR = "stagegraph.generic_params"
-ENTRY = "__transform_main"
 # Failures of one op's sub-sequence leave that op to the fallback; set to "propagate" to
 # see why a sub-sequence fails (debugging).
 FAILURES = "suppress"
@@ -404,28 +403,24 @@ def build_generic_schedule(facts: PayloadFacts, params: GenericParams) -> Any:
     Built in the current MLIR context (enter the payload's context first).
     """
     from stagegraph.mlir import ir, transform
+    from stagegraph.stages.transform import new_schedule
 
     builder = _Builder(params)
-    module = ir.Module.create()
-    module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+    module, main = new_schedule()
     # The params, for apply_generic_schedule to rebuild the schedule after its rewrites.
     module.operation.attributes[PARAMS_ATTR] = ir.StringAttr.get(params.model_dump_json())
-    with ir.InsertionPoint(module.body):
-        main = transform.NamedSequenceOp(
-            ENTRY, [builder.any], [], arg_attrs=[{"transform.readonly": ir.UnitAttr.get()}]
-        )
-        with ir.InsertionPoint(main.body):
-            root = main.bodyTarget
-            for op in reversed(facts.ops):
-                if not schedulable(op, facts):
-                    continue
-                if op.op_class == "elementwise":
-                    builder.elementwise(root, op, params.fuse_elementwise)
-                elif op.op_class == "reduction":
-                    builder.reduction(root, op, params.fuse_elementwise)
-                else:
-                    builder.convolution(root, op)
-            transform.YieldOp([])
+    with ir.InsertionPoint(main.body):
+        root = main.bodyTarget
+        for op in reversed(facts.ops):
+            if not schedulable(op, facts):
+                continue
+            if op.op_class == "elementwise":
+                builder.elementwise(root, op, params.fuse_elementwise)
+            elif op.op_class == "reduction":
+                builder.reduction(root, op, params.fuse_elementwise)
+            else:
+                builder.convolution(root, op)
+        transform.YieldOp([])
     return module
 
 
@@ -438,8 +433,9 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
     params recorded in ``schedule`` (other ops, e.g. matmuls, are never rewritten, so their
     labels stay valid).
     """
-    from stagegraph.mlir import interpreter, ir
+    from stagegraph.mlir import ir
     from stagegraph.stages.prepare import prepare
+    from stagegraph.stages.transform import apply_schedule_module
 
     module = getattr(module, "ir", module)
     facts = facts or analyze(module)
@@ -450,13 +446,7 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
             facts = analyze(module, facts.entry)
             schedule = build_generic_schedule(facts, params)
         annotate_generic_ops(module, facts)
-        entry = next(
-            op
-            for op in schedule.body.operations
-            if op.operation.name == "transform.named_sequence"
-            and op.attributes["sym_name"].value == ENTRY
-        )
-        interpreter.apply_named_sequence(module.operation, entry, schedule)
+        apply_schedule_module(module, schedule)
         strip_annotations(module)
 
 

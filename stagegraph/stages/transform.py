@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from pydantic import model_validator
 
@@ -24,18 +25,47 @@ class TransformConfig(Config):
         return self
 
 
+ENTRY = "__transform_main"
+
+
+def new_schedule() -> tuple[Any, Any]:
+    """An empty transform module and its ``@__transform_main`` sequence on the payload root.
+
+    Build inside the payload's context; end the sequence's body with ``transform.YieldOp``.
+    """
+    from stagegraph.mlir import ir
+    from stagegraph.mlir import transform as t
+
+    module = ir.Module.create()
+    module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+    with ir.InsertionPoint(module.body):
+        sequence = t.NamedSequenceOp(
+            ENTRY,
+            [t.AnyOpType.get()],
+            [],
+            arg_attrs=[{"transform.readonly": ir.UnitAttr.get()}],
+        )
+    return module, sequence
+
+
+def apply_schedule_module(payload: Any, schedule: Any, entry: str = ENTRY) -> None:
+    """Apply the named sequence ``entry`` of ``schedule`` to ``payload`` (in place)."""
+    from stagegraph.mlir import interpreter
+
+    payload = getattr(payload, "ir", payload)
+    operation = getattr(payload, "operation", payload)
+    interpreter.apply_named_sequence(operation, _named_sequence(schedule, entry), schedule)
+
+
 def apply_transform_module(payload: Module, schedule_text: str, entry: str, source: str) -> None:
     """Parse a transform module into the payload's context and apply its named sequence."""
     from stagegraph.irutil import parse_module
-    from stagegraph.mlir import interpreter
 
     schedule = parse_module(schedule_text, payload.ir.context, source=source)
-    interpreter.apply_named_sequence(
-        payload.ir.operation, _named_sequence(schedule, entry), schedule
-    )
+    apply_schedule_module(payload, schedule, entry)
 
 
-def _named_sequence(schedule, entry: str):
+def _named_sequence(schedule: Any, entry: str) -> Any:
     for op in schedule.body.operations:
         name = op.operation.name
         if name == "transform.named_sequence" and op.attributes["sym_name"].value == entry:

@@ -18,10 +18,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stagegraph.mlir import dialect, interpreter, ir, linalg, loop, structured, transform
+from stagegraph.mlir import dialect, ir, linalg, loop, structured, transform
 from stagegraph.ports import Facts
 from stagegraph.stages.analysis import OpFacts
 from stagegraph.stages.matmul_params import MatmulParams
+from stagegraph.stages.transform import apply_schedule_module, new_schedule
 
 _tvec = dialect("transform.vector")
 _ttensor = dialect("transform.tensor")
@@ -198,19 +199,11 @@ def canonicalize_contractions(payload: ir.Module, candidates: Sequence[Candidate
     correct, unscheduled op.
     """
     if candidates:
-        module = ir.Module.create()
-        module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
-        with ir.InsertionPoint(module.body):
-            seq = transform.NamedSequenceOp(
-                "__transform_main",
-                [_any()],
-                [],
-                arg_attrs=[{"transform.readonly": ir.UnitAttr.get()}],
-            )
-            with ir.InsertionPoint(seq.body):
-                for candidate in candidates:
-                    _canonicalize_one(seq.bodyTarget, candidate.op, candidate.has_fill)
-                transform.YieldOp([])
+        module, seq = new_schedule()
+        with ir.InsertionPoint(seq.body):
+            for candidate in candidates:
+                _canonicalize_one(seq.bodyTarget, candidate.op, candidate.has_fill)
+            transform.YieldOp([])
         apply_schedule(payload, module)
     _strip(payload, _LABEL_ATTR)
 
@@ -580,19 +573,11 @@ def build_matmul_schedule(
                 f"matmul {site.m}x{site.n}x{site.k} in @{site.function}: k_unroll="
                 f"{p.k_unroll} and tile_k={p.tile_k} must divide k (register tiles are static)"
             )
-    module = ir.Module.create()
-    module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
-    with ir.InsertionPoint(module.body):
-        seq = transform.NamedSequenceOp(
-            "__transform_main",
-            [_any()],
-            [],
-            arg_attrs=[{"transform.readonly": ir.UnitAttr.get()}],
-        )
-        with ir.InsertionPoint(seq.body):
-            if sites:
-                _schedule_all(seq.bodyTarget, sites, per_site)
-            transform.YieldOp([])
+    module, seq = new_schedule()
+    with ir.InsertionPoint(seq.body):
+        if sites:
+            _schedule_all(seq.bodyTarget, sites, per_site)
+        transform.YieldOp([])
     return module
 
 
@@ -615,11 +600,5 @@ def _schedule_all(root: ir.Value, sites: Sequence[MatmulSite], params: list[Matm
 
 def apply_schedule(payload: ir.Module, schedule: ir.Module) -> None:
     """Run ``__transform_main`` of ``schedule`` on ``payload`` (in place)."""
-    entry = next(
-        op
-        for op in schedule.body.operations
-        if op.operation.name == "transform.named_sequence"
-        and ir.StringAttr(op.attributes["sym_name"]).value == "__transform_main"
-    )
-    interpreter.apply_named_sequence(payload, entry, schedule)
+    apply_schedule_module(payload, schedule)
     _strip(payload, SITE_ATTR)
