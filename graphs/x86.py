@@ -37,6 +37,7 @@ def build() -> Graph:
             "schedule.module -> bufferize.module",
             "bufferize.module -> lower.module",
             "select.params -> lower.params",
+            "target.facts -> lower.target",
             "lower.module -> emit.module",
         ],
         [GraphInput("payload", Module["tensor"], frozenset({"input"}))],

@@ -58,9 +58,12 @@ def shared_library(module: LLVMModule, config: FileConfig) -> Binary:
 
 def runtime_libraries(module: Any) -> list[str]:
     """Shared libraries the module needs at run time: an OpenMP runtime for ``omp`` ops
-    (translated to ``__kmpc_*`` calls only when the engine is created)."""
+    (translated to ``__kmpc_*`` calls only when the engine is created) and glibc's libmvec
+    for the vector math functions the lowering called."""
     from stagegraph.mlir import ir
+    from stagegraph.stages.vector_math import declared_vector_functions, libmvec_path
 
+    libraries = [libmvec_path()] if declared_vector_functions(module) else []
     found = False
 
     def visit(op: Any) -> Any:
@@ -72,10 +75,10 @@ def runtime_libraries(module: Any) -> list[str]:
 
     module.operation.walk(visit)
     if not found:
-        return []
+        return libraries
     from stagegraph.runtime.openmp import library_path
 
-    return [library_path()]
+    return [library_path(), *libraries]
 
 
 def check_external_symbols(module: Any, libraries: list[str]) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import Field
 
 from stagegraph.errors import ConfigError
-from stagegraph.ports import BufferModule, LLVMModule, Params, TensorModule
+from stagegraph.ports import BufferModule, Config, LLVMModule, Params, TensorModule
 from stagegraph.stage import stage
 from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.costmodel import CostModelConfig, apply_overrides
@@ -117,16 +117,28 @@ def _site_params(params: X86Params, facts: PayloadFacts, sites: list[Any]) -> li
 X86_FINISH = "func.func(lower-vector-multi-reduction),convert-linalg-to-loops"
 
 
+class LowerConfig(Config):
+    """``vector_math``: call glibc's libmvec for vector math ops the target's ISA covers
+    (else LLVM scalarizes them into one libm call per lane)."""
+
+    vector_math: bool = True
+
+
 @stage("passes", name="x86.lower")
-def lower(module: BufferModule, params: X86Params) -> LLVMModule:
+def lower(
+    module: BufferModule, params: X86Params, target: Target, config: LowerConfig
+) -> LLVMModule:
     """Leftover vector reductions and linalg ops to loops, then to LLVM; parallel block
     loops become dynamically scheduled OpenMP loops when the params ask for more than one
     thread."""
     from stagegraph.stages import lowering
     from stagegraph.stages.passes import run_pipeline
     from stagegraph.stages.rewrites import copies_to_linalg
+    from stagegraph.stages.vector_math import call_vector_math
 
     copies_to_linalg(module.ir)
+    if config.vector_math:
+        call_vector_math(module.ir, target)
     threads = max((p.threads for p in params.matmul), default=1)
     if threads <= 1:
         return run_pipeline(module, f"{X86_FINISH},{lowering.LOWER_TO_LLVM}")
