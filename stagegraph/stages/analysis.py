@@ -393,20 +393,25 @@ def _loop_ranges(op: Any, maps: list[Any], operands: list[Any], where: str) -> t
 def _iterator_types(op: Any, maps: list[Any], n_outputs: int) -> tuple[IteratorType, ...]:
     """From the ``iterator_types`` attribute, else (named ops): a loop is parallel iff the
     outputs index it."""
-    from stagegraph.mlir import ir, linalg
 
     if not maps:
         return ()
     if "iterator_types" in op.attributes:
-        parallel = ir.AttrBuilder.get("linalg.IteratorTypeEnum")(
-            linalg.IteratorType.parallel, op.context
-        )
-        return tuple(
-            "parallel" if attr == parallel else "reduction"
-            for attr in op.attributes["iterator_types"]
-        )
+        return declared_iterator_types(op)
     in_outputs = {p for amap in maps[len(maps) - n_outputs :] for p in _dim_positions(amap)}
     return tuple("parallel" if d in in_outputs else "reduction" for d in range(maps[0].n_dims))
+
+
+def declared_iterator_types(op: Any) -> tuple[IteratorType, ...]:
+    """The ``iterator_types`` attribute of a ``linalg.generic``, read through the bindings."""
+    from stagegraph.mlir import ir, linalg
+
+    parallel = ir.AttrBuilder.get("linalg.IteratorTypeEnum")(
+        linalg.IteratorType.parallel, op.context
+    )
+    return tuple(
+        "parallel" if attr == parallel else "reduction" for attr in op.attributes["iterator_types"]
+    )
 
 
 def _body(op: Any) -> list[Any]:

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from stagegraph.mlir import dialect, ir, linalg, loop, structured, transform
 from stagegraph.ports import Facts
-from stagegraph.stages.analysis import OpFacts
+from stagegraph.stages.analysis import OpFacts, declared_iterator_types
 from stagegraph.stages.matmul_params import MatmulParams
 from stagegraph.stages.transform import apply_schedule_module, new_schedule
 
@@ -315,8 +315,7 @@ def _elementwise_chain(op: ir.Operation) -> int:
         user = uses[0].owner.operation
         if user.name != "linalg.generic" or len(user.results) != 1:
             break
-        iterators = [str(a) for a in ir.ArrayAttr(user.attributes["iterator_types"])]
-        if any("parallel" not in it for it in iterators):
+        if any(it != "parallel" for it in declared_iterator_types(user)):
             break
         if ir.RankedTensorType(user.results[0].type).shape != shape:
             break
