@@ -1,10 +1,14 @@
-"""x86 graph vs numpy/OpenBLAS (and the naive graph) on f32 matmul and the MLP.
+"""x86 graph vs numpy/OpenBLAS (and the naive graph) on f32 matmul and the MLP; bf16 vs f32.
 
 Every ratio compares two variants measured interleaved in the same process (see
-``stagegraph.bench.compare``); one child process per thread count pins OpenBLAS and OpenMP to
-that many threads. Prints a markdown table. Usage:
+``stagegraph.bench.compare``: with several threads it pauses before each switch so that one
+runtime's spinning workers are asleep while the other measures); one child process per thread
+count pins OpenBLAS and OpenMP to that many threads. A bf16 matmul (f32 accumulation) has no
+numpy equivalent: it is compared with the x86 graph's f32 matmul of the same shape and
+reported against the nominal fp32 FMA peak. Prints markdown tables. Usage:
 
-    python benchmarks/matmul.py [--sizes 256,512,1024,2048] [--budget 5] [--naive-max 512]
+    python benchmarks/matmul.py [--sizes 256,512,1024,2048] [--bf16-sizes 1024,2048]
+                                [--budget 5] [--naive-max 512]
 """
 
 from __future__ import annotations
@@ -19,39 +23,100 @@ MLP = "mlp:batch=256,widths=1024-1024-1024"
 ODD = ["matmul:m=1000,n=1000,k=1000", "matmul:m=384,n=1536,k=768"]
 
 
-def workloads(sizes: list[int]) -> list[str]:
-    return [f"matmul:m={s},n={s},k={s}" for s in sizes] + ODD + [MLP]
+def workloads(sizes: list[int], bf16_sizes: list[int]) -> list[str]:
+    square = [f"matmul:m={s},n={s},k={s}" for s in sizes]
+    return square + ODD + [MLP] + [f"matmul:m={s},n={s},k={s},dtype=bf16" for s in bf16_sizes]
 
 
 def child(specs: list[str], threads: int, budget: float, naive_max: int) -> None:
     """Measure in this process and print one JSON line per workload."""
-    from stagegraph.bench import BenchOptions, NumpyMeasurement, compare, prepare
+    from stagegraph.bench import BenchOptions
     from stagegraph.catalog import load_graph
     from stagegraph.engine import Engine
     from stagegraph.execute import with_params
-    from stagegraph.workload import parse_workload
 
     options = BenchOptions(warmup=3, repeat=10, budget_s=budget)
     x86 = with_params(load_graph("x86"), {}, threads)
     engine = Engine()
     for spec in specs:
-        work = parse_workload(spec)
-        fast = prepare(engine, x86, work, None)
-        row = {"workload": spec, "threads": threads, "verified": fast.verdict.ok,
-               "compile_s": fast.result.trace.compile_seconds()}  # fmt: skip
-        if fast.verdict.ok:
-            vs_numpy = compare(fast, NumpyMeasurement(work), options, threads)
-            row |= {"x86_gflops": vs_numpy.a.gflops, "numpy_gflops": vs_numpy.b.gflops,
-                    "vs_numpy": 1 / vs_numpy.ratio, "vs_numpy_low": 1 / vs_numpy.ratio_high,
-                    "vs_numpy_high": 1 / vs_numpy.ratio_low}  # fmt: skip
-            if max(work.params.model_dump().get(k, 0) or 0 for k in ("m", "batch")) <= naive_max:
-                slow = prepare(engine, load_graph("naive"), work, None)
-                vs_naive = compare(fast, slow, options.model_copy(update={"budget_s": budget}))
-                row |= {"naive_gflops": vs_naive.b.gflops, "vs_naive": 1 / vs_naive.ratio}
+        if "dtype=bf16" in spec:
+            row = bf16_row(engine, x86, spec, threads, options)
+        else:
+            row = f32_row(engine, x86, spec, threads, options, naive_max)
         print(json.dumps(row), flush=True)
 
 
+def bf16_row(engine, x86, spec: str, threads: int, options) -> dict:
+    """bf16 against the f32 matmul of the same shape, and against the fp32 peak."""
+    from stagegraph.bench import compare, prepare
+    from stagegraph.stages.target import read_target
+    from stagegraph.tune.roofline import peak_flops
+    from stagegraph.workload import parse_workload
+
+    work = parse_workload(spec)
+    bf16 = prepare(engine, x86, work, None)
+    row = {"workload": spec, "threads": threads, "verified": bf16.verdict.ok,
+           "compile_s": bf16.result.trace.compile_seconds()}  # fmt: skip
+    if bf16.verdict.ok:
+        f32 = prepare(engine, x86, parse_workload(spec.replace("dtype=bf16", "dtype=f32")), None)
+        vs = compare(bf16, f32, options, threads)
+        peak = peak_flops(read_target(), threads) / 1e9
+        row |= {"bf16_gflops": vs.a.gflops, "f32_gflops": vs.b.gflops,
+                "vs_f32": 1 / vs.ratio, "vs_f32_low": 1 / vs.ratio_high,
+                "vs_f32_high": 1 / vs.ratio_low, "fp32_peak_gflops": peak,
+                "of_peak": vs.a.gflops / peak}  # fmt: skip
+    return row
+
+
+def f32_row(engine, x86, spec: str, threads: int, options, naive_max: int) -> dict:
+    """The x86 graph against numpy (and the naive graph on small shapes)."""
+    from stagegraph.bench import NumpyMeasurement, compare, prepare
+    from stagegraph.catalog import load_graph
+    from stagegraph.workload import parse_workload
+
+    work = parse_workload(spec)
+    fast = prepare(engine, x86, work, None)
+    row = {"workload": spec, "threads": threads, "verified": fast.verdict.ok,
+           "compile_s": fast.result.trace.compile_seconds()}  # fmt: skip
+    if fast.verdict.ok:
+        vs_numpy = compare(fast, NumpyMeasurement(work), options, threads)
+        row |= {"x86_gflops": vs_numpy.a.gflops, "numpy_gflops": vs_numpy.b.gflops,
+                "vs_numpy": 1 / vs_numpy.ratio, "vs_numpy_low": 1 / vs_numpy.ratio_high,
+                "vs_numpy_high": 1 / vs_numpy.ratio_low}  # fmt: skip
+        if max(work.params.model_dump().get(k, 0) or 0 for k in ("m", "batch")) <= naive_max:
+            slow = prepare(engine, load_graph("naive"), work, None)
+            vs_naive = compare(fast, slow, options)
+            row |= {"naive_gflops": vs_naive.b.gflops, "vs_naive": 1 / vs_naive.ratio}
+    return row
+
+
 def table(rows: list[dict]) -> str:
+    """The f32 table, then the bf16 one when there are bf16 rows."""
+    f32 = [r for r in rows if "dtype=bf16" not in r["workload"]]
+    bf16 = [r for r in rows if "dtype=bf16" in r["workload"]]
+    return f32_table(f32) + ("\n\n" + bf16_table(bf16) if bf16 else "")
+
+
+def bf16_table(rows: list[dict]) -> str:
+    lines = [
+        "| bf16 matmul (f32 accumulation) | threads | bf16 GFLOP/s | x86 f32 GFLOP/s | "
+        "bf16 / f32 [95% CI] | fp32 peak GFLOP/s | of fp32 peak | compile s |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        if not r["verified"]:
+            lines.append(f"| {r['workload']} | {r['threads']} | NOT VERIFIED | | | | | |")
+            continue
+        lines.append(
+            f"| {r['workload']} | {r['threads']} | {r['bf16_gflops']:.0f} | "
+            f"{r['f32_gflops']:.0f} | {r['vs_f32']:.2f} [{r['vs_f32_low']:.2f}, "
+            f"{r['vs_f32_high']:.2f}] | {r['fp32_peak_gflops']:.0f} | {r['of_peak']:.0%} | "
+            f"{r['compile_s']:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def f32_table(rows: list[dict]) -> str:
     lines = [
         "| workload | threads | x86 GFLOP/s | numpy GFLOP/s | x86 / numpy [95% CI] | "
         "naive GFLOP/s | x86 / naive | compile s |",
@@ -74,6 +139,7 @@ def table(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="256,512,1024,2048")
+    parser.add_argument("--bf16-sizes", default="1024,2048", help="'' for none")
     parser.add_argument("--budget", type=float, default=5.0, help="seconds per comparison")
     parser.add_argument("--naive-max", type=int, default=512, help="largest m run on naive")
     parser.add_argument("--threads", default=None, help="comma list (default: 1 and all cores)")
@@ -81,7 +147,8 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("specs", nargs="*", help="workloads (default: the standard set)")
     args = parser.parse_args()
-    specs = args.specs or workloads([int(s) for s in args.sizes.split(",")])
+    sizes = [[int(s) for s in text.split(",") if s] for text in (args.sizes, args.bf16_sizes)]
+    specs = args.specs or workloads(*sizes)
     if args.child:
         child(specs, int(args.threads), args.budget, args.naive_max)
         return 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +29,9 @@ class BenchOptions(Schema):
     min_time_s: float = 0.0
     budget_s: float = 10.0
     rel_halfwidth: float = 0.02
+    # Pause before each switch between multi-threaded variants: OpenBLAS and OpenMP workers
+    # spin for ~0.1-0.2 s after a call and would steal the cores the other variant needs.
+    settle_s: float = 0.3
 
 
 class BenchReport(Schema):
@@ -205,6 +209,11 @@ class NumpyMeasurement:
         )
 
 
+def rewarm_calls(seconds_per_call: float, rewarm_s: float = 0.02) -> int:
+    """Calls that wake the sleeping worker threads and caches after a settle pause."""
+    return max(1, min(1000, math.ceil(rewarm_s / max(seconds_per_call, 1e-9))))
+
+
 def compare(
     a: Measurement,
     b: Measurement | NumpyMeasurement,
@@ -214,14 +223,19 @@ def compare(
     """Interleave batches of ``a`` and ``b`` so machine noise hits both alike."""
     from stagegraph.runtime.stats import ratio
 
-    a.measure(1, warmup=options.warmup)
-    b.measure(1, warmup=options.warmup)
+    first_a = float(a.measure(1, warmup=options.warmup)[0])
+    first_b = float(b.measure(1, warmup=options.warmup)[0])
     batch = max(1, options.repeat // 2)
+    multi_threaded = effective_threads(threads) > 1
+    settle = options.settle_s if multi_threaded else 0.0
+    rewarm_a, rewarm_b = (rewarm_calls(first_a), rewarm_calls(first_b)) if settle else (0, 0)
     chunks_a, chunks_b = [], []
     begin = time.perf_counter()
     while True:
-        chunks_a.append(a.measure(batch))
-        chunks_b.append(b.measure(batch))
+        time.sleep(settle)
+        chunks_a.append(a.measure(batch, warmup=rewarm_a))
+        time.sleep(settle)
+        chunks_b.append(b.measure(batch, warmup=rewarm_b))
         xa, xb = np.concatenate(chunks_a), np.concatenate(chunks_b)
         r = ratio(xa, xb, paired=True)
         spent = time.perf_counter() - begin

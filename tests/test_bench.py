@@ -123,6 +123,50 @@ def test_vs_numpy_reports_ratio(capsys):
     assert report["ratio_low"] <= report["ratio"] <= report["ratio_high"]
 
 
+class FakeMeasurement:
+    """Records each batch's warm-up count and when it started; every sample takes 1 ms."""
+
+    def __init__(self, log: list):
+        self.log = log
+
+    def measure(self, count: int, warmup: int = 0) -> np.ndarray:
+        import time
+
+        self.log.append((self, warmup, time.perf_counter()))
+        return np.full(count, 1e-3)
+
+    def report(self, samples, threads=None):
+        from stagegraph.bench import BenchReport
+
+        return BenchReport(graph="fake", workload="w", splice_at="-", verified=True,
+                           samples=samples.size)  # fmt: skip
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_compare_settles_and_rewarms_only_when_multithreaded(threads):
+    from stagegraph.bench import BenchOptions, compare
+
+    log: list = []
+    a, b = FakeMeasurement(log), FakeMeasurement(log)
+    options = BenchOptions(repeat=4, budget_s=0.0, settle_s=0.05)
+    result = compare(a, b, options, threads)
+    assert result.ratio == pytest.approx(1.0)
+    (_, _, a_start), (_, _, b_start) = log[2], log[3]  # the first timed batches
+    warmups = [w for _, w, _ in log[2:]]
+    if threads == 1:
+        assert warmups == [0, 0] and b_start - a_start < 0.05
+    else:  # 20 ms of 1 ms calls wake the other runtime's sleeping workers again
+        assert warmups == [20, 20] and b_start - a_start >= 0.05
+
+
+def test_rewarm_calls_cover_twenty_milliseconds_within_bounds():
+    from stagegraph.bench import rewarm_calls
+
+    assert rewarm_calls(1e-3) == 20
+    assert rewarm_calls(2.0) == 1
+    assert rewarm_calls(0.0) == 1000
+
+
 # -- the wrapper follows the signature at the splice point --------------------------------
 
 GLOBAL = """

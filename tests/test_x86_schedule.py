@@ -377,8 +377,10 @@ func.func @mm(%a: {ta}, %b: {tb}) -> {tc} {{
 """
 
 
-def _named(op: str, a: tuple, b: tuple, c: tuple) -> str:
-    ta, tb, tc = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in (a, b, c))
+def _named(op: str, a: tuple, b: tuple, c: tuple, dtype: str = "f32") -> str:
+    ta, tb, tc = (
+        f"tensor<{'x'.join(map(str, s))}x{t}>" for s, t in ((a, dtype), (b, dtype), (c, "f32"))
+    )
     return f"""
 func.func @mm(%a: {ta}, %b: {tb}) -> {tc} {{
   %c0 = arith.constant 0.0 : f32
@@ -390,7 +392,7 @@ func.func @mm(%a: {ta}, %b: {tb}) -> {tc} {{
 """
 
 
-def _schedule_stage(text: str, threads: int = 1):
+def _schedule_stage(text: str, threads: int = 1, overrides: dict | None = None):
     """The x86 params + schedule stages on ``text``, then bufferize + LLVM + JIT; returns
     (engine, sites scheduled, ops left in the scheduled IR)."""
     from stagegraph.mlir import execution_engine, ir, new_context
@@ -404,7 +406,8 @@ def _schedule_stage(text: str, threads: int = 1):
     with context, ir.Location.unknown():
         payload = ir.Module.parse(text)
         facts = analyze(payload)
-        params = heuristic.fn(facts, AVX512, CostModelConfig(threads=threads))
+        config = CostModelConfig(threads=threads, overrides=overrides or {})
+        params = heuristic.fn(facts, AVX512, config)
         schedule.fn(Module["tensor"](payload), facts, params)
         names = [op.name for fn in payload.body.operations for op in _walk(fn.operation)]
         for fn in payload.body.operations:
@@ -543,3 +546,71 @@ def test_broadcast_contraction_is_left_alone_and_correct():
     assert n_sites == 0
     _call(engine, "mm", [a, b, out])
     np.testing.assert_allclose(out, a @ b, rtol=1e-4, atol=1e-4)
+
+
+_MATMUL_B_T = (
+    "linalg.matmul indexing_maps = [affine_map<(m, n, k) -> (m, k)>, "
+    "affine_map<(m, n, k) -> (n, k)>, affine_map<(m, n, k) -> (m, n)>]"
+)
+
+
+def _bf16(x: np.ndarray) -> np.ndarray:
+    """The bf16 bit patterns of ``x`` (truncated), as numpy has no bf16 type."""
+    return (np.ascontiguousarray(x, np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def _from_bf16(bits: np.ndarray) -> np.ndarray:
+    return (bits.astype(np.uint32) << 16).view(np.float32)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("pack", [True, False], ids=["pack", "nopack"])
+@pytest.mark.parametrize(
+    ("op", "a_shape", "b_shape", "ref"),
+    [
+        ("linalg.matmul", (37, 19), (19, 45), np.matmul),
+        ("linalg.matmul", (130, 64), (64, 70), np.matmul),
+        (_MATMUL_B_T, (20, 9), (33, 9), lambda a, b: a @ b.T),
+        ("linalg.batch_matmul", (3, 17, 8), (3, 8, 20), np.matmul),
+    ],
+    ids=["odd", "blocks", "b_t", "batch"],
+)
+def test_bf16_matmul_is_widened_into_the_f32_kernel(op, a_shape, b_shape, ref, pack, threads):
+    """bf16 x bf16 -> f32: the widening is fused into the packing (no whole-matrix copy) and
+    the f32 FMA kernel computes exactly what f32 math on the bf16 values gives."""
+    if threads > 1:
+        pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    c_shape = ref(np.zeros(a_shape), np.zeros(b_shape)).shape
+    text = _named(op, a_shape, b_shape, c_shape, dtype="bf16")
+    rng = np.random.default_rng(sum(a_shape) + sum(b_shape))
+    a, b = _bf16(rng.standard_normal(a_shape)), _bf16(rng.standard_normal(b_shape))
+    out = np.full(c_shape, np.nan, np.float32)
+    engine, sites, names = _schedule_stage(text, threads, {"pack": pack})
+    assert sites == 1
+    if pack:  # (unpacked, the edge tiles are masked contractions, as for f32)
+        assert "vector.fma" in names and "linalg.matmul" not in names
+    _call(engine, "mm", [a, b, out])
+    expected = ref(_from_bf16(a).astype(np.float64), _from_bf16(b).astype(np.float64))
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5 * np.sqrt(a_shape[-1]))
+
+
+def test_bf16_widening_is_fused_into_the_blocks():
+    """No widened copy of a whole matrix: each block (or packing step) converts its slice."""
+    from stagegraph.mlir import ir, new_context
+    from stagegraph.ports import Module
+    from stagegraph.stages.analysis import analyze
+    from stagegraph.stages.costmodel import CostModelConfig
+    from stagegraph.stages.x86 import heuristic, schedule
+
+    text = _named("linalg.matmul", (256, 64), (64, 256), (256, 256), dtype="bf16")
+    with new_context(), ir.Location.unknown():
+        payload = ir.Module.parse(text)
+        facts = analyze(payload)
+        params = heuristic.fn(facts, AVX512, CostModelConfig(threads=2))
+        schedule.fn(Module["tensor"](payload), facts, params)
+        fn = payload.body.operations[0]
+        top = [op.operation.name for op in fn.regions[0].blocks[0].operations]
+        assert "scf.forall" in top
+        assert "linalg.copy" not in top and "arith.extf" not in top
+        inside = [op.name for op in _walk(fn.operation)]
+        assert "arith.extf" in inside or "linalg.copy" in inside

@@ -51,6 +51,12 @@ def matmul_ops(facts: PayloadFacts) -> list[Any]:
     return matmul_like_ops(facts)
 
 
+def compute_dtype(op: Any) -> str:
+    """The element type a matmul's micro-kernel computes in: its accumulator's (narrower
+    inputs such as bf16 -> f32 are widened first, see ``x86_schedule.widen_inputs``)."""
+    return op.outputs[0].dtype
+
+
 # Below this much matmul work per thread (about 40 us of one core's FMAs), forking and
 # joining OpenMP threads (and waiting for a busy core) costs more than it saves.
 MIN_FLOPS_PER_THREAD = 4 << 20
@@ -70,7 +76,7 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
     sites = []
     for op in ops:
         c = op.contraction
-        dtype = op.inputs[0].dtype if op.inputs else "f32"
+        dtype = compute_dtype(op)
         # Batch elements run in parallel already: then blocks need not be split for threads.
         by_batch = c.batch >= 4 * threads or c.batch % threads == 0
         p = heuristic_matmul_params(c.m, c.n, c.k, dtype, target, 1 if by_batch else threads)
@@ -89,9 +95,10 @@ def schedule(module: TensorModule, facts: PayloadFacts, params: X86Params) -> Te
     generic = build_generic_schedule(facts, params.generic)
     apply_generic_schedule(module.ir, generic, facts)
     mm.canonicalize_contractions(module.ir, candidates)
+    mm.widen_inputs(module.ir)
     order = {op.index for op in matmul_ops(facts)}
-    # A matmul the cost model made no params for (e.g. mixed bf16 -> f32 types) stays
-    # on the generic path: correct, lowered to loops.
+    # A matmul the cost model made no params for stays on the generic path: correct,
+    # lowered to loops.
     sites = [s for s in mm.find_matmuls(module.ir) if s.source in order]
     if sites:
         schedule_ir = mm.build_matmul_schedule(_site_params(params, facts, sites), sites)

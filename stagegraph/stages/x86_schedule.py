@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from stagegraph.mlir import dialect, ir, linalg, loop, structured, transform
+from stagegraph.mlir import dialect, ir, linalg, loop, structured, tensor, transform
 from stagegraph.ports import Facts
 from stagegraph.stages.analysis import OpFacts, declared_iterator_types
 from stagegraph.stages.matmul_params import MatmulParams
@@ -32,6 +32,9 @@ SITE_ATTR = "stagegraph.matmul_site"
 # Set by canonicalize_contractions on the linalg.matmul made from a matmul-like op: the
 # index (in PayloadFacts.ops) of the op it came from.
 SOURCE_ATTR = "stagegraph.matmul_source"
+# Set by widen_inputs on each widening copy: 2 * (the matmul's SOURCE_ATTR) + operand.
+_WIDEN_ATTR = "stagegraph.widen"
+_WIDEN_LANES = 64  # elements per vector step of a widening copy the packing does not absorb
 _LABEL_ATTR = "stagegraph.matmul_like"  # ops to canonicalize, during canonicalize_contractions
 # Matmul-like ops rewritten into linalg.matmul (per batch element) before scheduling.
 _CANONICALIZABLE = frozenset(
@@ -68,6 +71,7 @@ class MatmulSite(Facts):
     transpose_a: bool = False
     transpose_b: bool = False
     source: int | None = None
+    widened: tuple[bool, bool] = (False, False)  # A / B come from widen_inputs' copies
 
 
 def find_matmuls(payload: ir.Module) -> list[MatmulSite]:
@@ -106,6 +110,7 @@ def find_matmuls(payload: ir.Module) -> list[MatmulSite]:
                     transpose_a=transpose_a,
                     transpose_b=transpose_b,
                     source=source,
+                    widened=(_widening_copy(op.operands[0]), _widening_copy(op.operands[1])),
                 )
             )
     return sites
@@ -146,12 +151,68 @@ def canonicalizable(op: OpFacts) -> bool:
     values = (*op.inputs, *op.outputs)
     if any(v.kind != "tensor" or v.dtype not in _FLOATS for v in values):
         return False
-    if len({v.dtype for v in values}) != 1:
+    if len({v.dtype for v in op.inputs}) != 1 or _bits(op.inputs[0].dtype) > _bits(
+        op.outputs[0].dtype
+    ):
         return False
     if c.batch_dims and min(c.m, c.n, c.k) == 1:
         return False  # dropping the unit batch dim would drop this unit dim too (no matmul)
     rank = len(c.batch_dims) + 2
     return len(op.loop_ranges) == rank + 1 and all(len(v.shape) == rank for v in values)
+
+
+def _bits(dtype: str) -> int:
+    return int(dtype.removeprefix("bf").removeprefix("f"))
+
+
+def widen_inputs(payload: ir.Module) -> int:
+    """Give every canonicalized matmul whose inputs are narrower than its accumulator (e.g.
+    bf16 -> f32) a ``linalg.copy`` that widens each such input, so that it is scheduled as
+    a matmul of the accumulator's type (``x86.compute_dtype``). The widening is exact and is
+    fused into the packing of A and B (no widened copy of a whole matrix is stored); the
+    FMA micro-kernel then runs at the f32 rate instead of a mixed-type contraction that
+    lowers to shuffles and scalar reductions. Returns the number of inputs widened."""
+    mixed = []
+
+    def visit(op):
+        if op.name == "linalg.matmul" and SOURCE_ATTR in op.attributes:
+            mixed.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    i64 = ir.IntegerType.get_signless(64, payload.context)
+    widened = 0
+    for op in mixed:
+        wide = ir.RankedTensorType(op.operands[2].type).element_type
+        source = ir.IntegerAttr(op.attributes[SOURCE_ATTR]).value
+        operands = list(op.operands)
+        with ir.InsertionPoint(op), op.location:
+            for i in (0, 1):
+                narrow = ir.RankedTensorType(operands[i].type)
+                if narrow.element_type == wide:
+                    continue
+                empty = tensor.EmptyOp(narrow.shape, wide).result
+                operands[i] = linalg.copy(operands[i], outs=[empty])
+                operands[i].owner.attributes[_WIDEN_ATTR] = ir.IntegerAttr.get(i64, 2 * source + i)
+                widened += 1
+            if operands == list(op.operands):
+                continue
+            # A new op: the body's block arguments have the operands' element types.
+            maps = None
+            if "indexing_maps" in op.attributes:
+                maps = [ir.AffineMapAttr(m).value for m in op.attributes["indexing_maps"]]
+            made = linalg.matmul(*operands[:2], outs=[operands[2]], indexing_maps=maps)
+        for name in (SOURCE_ATTR, SITE_ATTR):
+            if name in op.attributes:
+                made.owner.attributes[name] = op.attributes[name]
+        op.result.replace_all_uses_with(made)
+        op.erase()
+    return widened
+
+
+def _widening_copy(value: ir.Value) -> bool:
+    owner = value.owner
+    return isinstance(owner, ir.Operation | ir.OpView) and _WIDEN_ATTR in owner.attributes
 
 
 def matmul_like_ops(facts) -> list[OpFacts]:
@@ -210,7 +271,7 @@ def canonicalize_contractions(payload: ir.Module, candidates: Sequence[Candidate
 
 def strip_labels(payload: ir.Module) -> None:
     """Drop the attributes this module's functions put on payload ops."""
-    _strip(payload, SITE_ATTR, SOURCE_ATTR, _LABEL_ATTR)
+    _strip(payload, SITE_ATTR, SOURCE_ATTR, _LABEL_ATTR, _WIDEN_ATTR)
 
 
 def _entry_linalg_ops(payload: ir.Module, entry: str) -> list[ir.Operation]:
@@ -373,9 +434,24 @@ def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, p: MatmulPara
     if fill is not None:
         fused = structured.FuseIntoContainingOp(fill, forall)
         forall, block_fill = fused.new_containing_op, fused.fused_op
+    widenings: list[ir.Value | None] = []
+    for operand, widened in enumerate(site.widened):
+        if not widened:
+            widenings.append(None)
+            continue
+        i64 = ir.IntegerType.get_signless(64)
+        mark = {_WIDEN_ATTR: ir.IntegerAttr.get(i64, 2 * (site.source or 0) + operand)}
+        copy = structured.MatchOp(_any(), func, ops=["linalg.copy"], op_attrs=mark).result
+        fused = structured.FuseIntoContainingOp(copy, forall)
+        forall = fused.new_containing_op
+        widenings.append(fused.fused_op)
     if p.pack:
-        _packed_kernel(func, forall, block_mm, site, p)
+        _packed_kernel(func, forall, block_mm, site, p, widenings)
     else:
+        for copy in widenings:
+            if copy is not None:
+                tiled = structured.TileUsingForOp(copy, sizes=[1, _WIDEN_LANES])
+                structured.VectorizeOp(tiled.tiled_linalg_op, [1, _WIDEN_LANES])
         _unpacked_kernel(func, forall, block_mm, block_fill, site, p)
 
 
@@ -389,7 +465,12 @@ def _cleanup(func: ir.Value) -> None:
 
 
 def _packed_kernel(
-    func: ir.Value, forall: ir.Value, block_mm: ir.Value, site: MatmulSite, p: MatmulParams
+    func: ir.Value,
+    forall: ir.Value,
+    block_mm: ir.Value,
+    site: MatmulSite,
+    p: MatmulParams,
+    widenings: Sequence[ir.Value | None],
 ) -> None:
     packed = structured.PackOp(
         _any(), block_mm, static_packed_sizes=[p.reg_m, p.reg_n, 0], packed_sizes=[]
@@ -423,8 +504,20 @@ def _packed_kernel(
         # The packed C is zeroed tile by tile with vector stores (it stays in L2).
         zero = structured.TileUsingForOp(zero, sizes=[1, 1, 0, 0]).tiled_linalg_op
     kp = _pack_k_step(site.k)
-    pack_a = structured.TileUsingForOp(pack_a, sizes=[1, kp]).tiled_linalg_op
-    pack_b = structured.TileUsingForOp(pack_b, sizes=[1, kp]).tiled_linalg_op
+    # A widened input is converted per packing step, into the panel being packed.
+    tiled_a = structured.TileUsingForOp(pack_a, sizes=[1, kp])
+    tiled_b = structured.TileUsingForOp(pack_b, sizes=[1, kp])
+    pack_a, pack_b = tiled_a.tiled_linalg_op, tiled_b.tiled_linalg_op
+    steps = []
+    for copy, tiled, panel in zip(
+        widenings,
+        (tiled_a, tiled_b),
+        ([kp, p.reg_m] if site.transpose_a else [p.reg_m, kp],
+         [p.reg_n, kp] if site.transpose_b else [kp, p.reg_n]),
+        strict=True,
+    ):  # fmt: skip
+        if copy is not None:
+            steps.append((structured.FuseIntoContainingOp(copy, tiled.loops[1]).fused_op, panel))
     # Unpack and the elementwise chain run together per register tile: one pass over C.
     chain = [unpack]
     for _ in range(site.consumers):
@@ -435,6 +528,8 @@ def _packed_kernel(
         outputs.append(structured.FuseIntoContainingOp(producer, tiled.loops[1]).fused_op)
     _cleanup(func)
     structured.VectorizeOp(kernel)
+    for step, panel in steps:
+        structured.VectorizeOp(step, panel)
     structured.VectorizeOp(pack_a, [1, kp, p.reg_m])
     structured.VectorizeOp(pack_b, [1, kp, p.reg_n])
     if zero is not None:

@@ -29,9 +29,16 @@ def _level(nbytes: float, target: Target) -> str:
     return "mem"
 
 
+def peak_flops(target: Target, threads: int = 1, lanes: int | None = None) -> float:
+    """FMA peak (flop/s) of ``threads`` cores at ``lanes`` f32 lanes (default: the target's
+    vector width): two FMA ports, two flops per lane each cycle."""
+    ghz = target.frequency_ghz or 2.5
+    lanes = lanes or max(1, target.vector_bits // 32)
+    return ghz * 1e9 * lanes * 2 * _FMA_PORTS * max(1, min(threads, target.cores))
+
+
 def estimate_seconds(p: MatmulParams, m: int, n: int, k: int, elem: int, target: Target) -> float:
     """Estimated seconds: max(compute, traffic) over the padded problem, per thread."""
-    ghz = target.frequency_ghz or 2.5
     lanes = max(1, p.vector_width)
     threads = max(1, min(p.threads, target.cores))
     mp, np_ = math.ceil(m / p.reg_m) * p.reg_m, math.ceil(n / p.reg_n) * p.reg_n
@@ -43,7 +50,7 @@ def estimate_seconds(p: MatmulParams, m: int, n: int, k: int, elem: int, target:
     efficiency *= min(1.0, accumulators / max(loads, 1.0))
     blocks = math.ceil(m / p.tile_m) * math.ceil(n / p.tile_n)
     balance = blocks / (math.ceil(blocks / threads) * threads)
-    peak = ghz * 1e9 * lanes * 2 * _FMA_PORTS * threads * balance
+    peak = peak_flops(target, threads, lanes) * balance
     compute = flops / (peak * max(efficiency, 1e-3))
 
     kc = p.tile_k or k
@@ -64,6 +71,7 @@ def estimate_seconds(p: MatmulParams, m: int, n: int, k: int, elem: int, target:
         traffic[_level(p.tile_m * p.tile_n * elem, target)] = traffic.get(
             "l2", 0.0
         ) + 2 * m * n * elem * math.ceil(k / p.tile_k)
+    ghz = target.frequency_ghz or 2.5
     memory = sum(b / (_BYTES_PER_CYCLE[lvl] * ghz * 1e9 * threads) for lvl, b in traffic.items())
     packing = (a_bytes + b_bytes) * 2 / (_BYTES_PER_CYCLE["l2"] * ghz * 1e9 * threads)
     return max(compute, memory) + (packing if p.pack else 0.0)

@@ -19,7 +19,7 @@ from stagegraph.errors import ConfigError, EmptySearchSpaceError
 from stagegraph.stages.analysis import DTYPE_BYTES, PayloadFacts
 from stagegraph.stages.matmul_params import TUNABLE_FIELDS, MatmulParams, tuning_constraints
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86 import X86Params, matmul_ops
+from stagegraph.stages.x86 import X86Params, compute_dtype, matmul_ops
 
 _FIXED_FIELDS = ("vector_width", "vector_registers")
 
@@ -263,7 +263,7 @@ def sites_of(facts: PayloadFacts) -> list[Site]:
     sites = []
     for op in matmul_ops(facts):
         c = op.contraction
-        dtype = op.inputs[0].dtype if op.inputs else "f32"
+        dtype = compute_dtype(op)
         sites.append(Site(c.m, c.n, c.k, DTYPE_BYTES.get(dtype, 4)))
     return sites
 
