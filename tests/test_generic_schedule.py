@@ -391,3 +391,24 @@ def test_bool_tensor_returned_is_not_widened():
     module = parse_payload(text)
     with module.context, ir.Location.unknown():
         assert not prepare(module, _entry_function(module, "main"))
+
+
+def test_float_reductions_may_reassociate_and_integer_ones_are_untouched():
+    from stagegraph.mlir import ir, new_context
+    from stagegraph.stages.rewrites import reassociate_reductions
+
+    text = """
+func.func @f(%x: vector<64xf32>, %i: vector<64xi32>) -> (f32, f32, i32) {
+  %s = vector.reduction <add>, %x : vector<64xf32> into f32
+  %m = vector.reduction <maximumf>, %x : vector<64xf32> into f32
+  %n = vector.reduction <add>, %i : vector<64xi32> into i32
+  return %s, %m, %n : f32, f32, i32
+}
+"""
+    with new_context():
+        module = ir.Module.parse(text)
+        assert reassociate_reductions(module) == 2
+        ops = list(module.body.operations[0].regions[0].blocks[0].operations)[:3]
+        reassoc = ir.Attribute.parse("#arith.fastmath<reassoc>")
+        flags = ["fastmath" in op.attributes and op.attributes["fastmath"] == reassoc for op in ops]
+        assert flags == [True, True, False]

@@ -443,10 +443,10 @@ def test_batch_matmul_is_scheduled_and_correct(shape):
     assert "linalg.batch_matmul" not in names and "vector.fma" in names
 
 
-def test_batch_matmul_with_a_unit_dim_is_left_alone_and_correct():
+def test_batch_matmul_with_a_unit_dim_runs_as_a_reduction_and_is_correct():
     text = _named("linalg.batch_matmul", (5, 1, 3), (5, 3, 7), (5, 1, 7))
     names = _check(text, (5, 1, 3), (5, 3, 7), np.matmul, sites=0)
-    assert "linalg.batch_matmul" in names
+    assert "linalg.batch_matmul" not in names and "vector.reduction" in names
 
 
 def test_batch_matmul_two_threads():
@@ -614,3 +614,18 @@ def test_bf16_widening_is_fused_into_the_blocks():
         assert "linalg.copy" not in top and "arith.extf" not in top
         inside = [op.name for op in _walk(fn.operation)]
         assert "arith.extf" in inside or "linalg.copy" in inside
+
+
+@pytest.mark.parametrize(
+    ("a_shape", "b_shape"), [((37, 300), (300, 1)), ((1, 300), (300, 45)), ((1, 64), (64, 1))]
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matvec_runs_as_a_vectorized_reduction(a_shape, b_shape, threads):
+    """m or n = 1: no matmul micro-kernel (it would pad the unit dim to a register tile);
+    the generic schedule reduces contiguous chunks of each row instead."""
+    if threads > 1:
+        pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    c_shape = (a_shape[0], b_shape[1])
+    text = _named("linalg.matmul", a_shape, b_shape, c_shape)
+    names = _check(text, a_shape, b_shape, np.matmul, threads=threads, sites=0)
+    assert "linalg.matmul" not in names and "vector.reduction" in names

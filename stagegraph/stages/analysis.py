@@ -128,6 +128,12 @@ class ContractionFacts(Facts):
     transpose_a: bool = False
     transpose_b: bool = False
 
+    @property
+    def is_matvec(self) -> bool:
+        """m or n is 1 (matrix-vector, vector-matrix, dot): a row reduction with no reuse of
+        either operand, which register tiles of an m x n micro-kernel would mostly pad."""
+        return self.m == 1 or self.n == 1
+
 
 class ConvolutionFacts(Facts):
     """Loop positions of a convolution or pooling op, with its strides and dilations."""

@@ -101,10 +101,21 @@ def _epilogue_ops(facts: PayloadFacts) -> set[int]:
 
 
 def schedulable(op: OpFacts, facts: PayloadFacts) -> bool:
-    """Whether the generic schedule may transform this op at all."""
-    if op.op_class in ("matmul", "other") or not op.loop_ranges:
+    """Whether the generic schedule may transform this op at all (matmul-class ops only
+    when they are matrix-vector products, see :func:`reduction_like`)."""
+    if op.op_class == "other" or not op.loop_ranges:
+        return False
+    if op.op_class == "matmul" and not reduction_like(op):
         return False
     return op.index not in _epilogue_ops(facts)
+
+
+def reduction_like(op: OpFacts) -> bool:
+    """A reduction, or a matrix-vector product (scheduled as one: no operand reuse for a
+    matmul micro-kernel to exploit)."""
+    if op.op_class == "matmul":
+        return op.contraction is not None and op.contraction.is_matvec
+    return op.op_class == "reduction"
 
 
 def vectorizable_reduction(op: OpFacts) -> bool:
@@ -156,6 +167,7 @@ def _vectorize_enabled(op: OpFacts, params: GenericParams) -> bool:
     return {
         "elementwise": params.vectorize_elementwise,
         "reduction": params.vectorize_reductions and vectorizable_reduction(op),
+        "matmul": params.vectorize_reductions and reduction_like(op),
         "convolution": params.vectorize_convolutions,
         "pooling": params.vectorize_pooling,
     }.get(op.op_class, False)
@@ -321,6 +333,8 @@ class _Builder:
             each = transform.ForeachOp([], [targets])
             with ir.InsertionPoint(each.body):
                 target = each.body.arguments[0]
+                if op.op_class == "matmul":  # a matvec: vectorize as multiply + reduction
+                    target = self.structured.GeneralizeOp(target).result
                 if "parallel" not in op.iterator_types:
                     self._full_reduction(target, op, inner)
                 else:
@@ -345,6 +359,17 @@ class _Builder:
         tiled = structured.TileUsingForallOp(self.any, self.any, target, tile_sizes=tile)
         forall = tiled.results[1]
         computes = [tiled.results[0]]
+        if op.op_class == "matmul":
+            # A matvec tile reads its vector operand along a unit dim: fold the unit dims
+            # so the read is contiguous (else it is unrolled into one load per element).
+            fuse = False
+            folding = transform.ApplyPatternsOp(forall)
+            with self.ir.InsertionPoint(folding.patterns):
+                structured.ApplyFoldUnitExtentDimsViaSlicesPatternsOp()
+                transform.ApplyCanonicalizationPatternsOp()
+            computes = [structured.MatchOp(self.any, forall, ops=["linalg.generic"]).result]
+            extents = [t or r for t, r in zip(tile, op.loop_ranges, strict=True)]
+            inner = [size for size, extent in zip(inner, extents, strict=True) if extent != 1]
         if fuse:
             producers = self.match(body_root, FUSE_ATTR, op.index)
             fused = structured.FuseIntoContainingOp(self.any, self.any, producers, forall)
@@ -416,7 +441,7 @@ def build_generic_schedule(facts: PayloadFacts, params: GenericParams) -> Any:
                 continue
             if op.op_class == "elementwise":
                 builder.elementwise(root, op, params.fuse_elementwise)
-            elif op.op_class == "reduction":
+            elif reduction_like(op):
                 builder.reduction(root, op, params.fuse_elementwise)
             else:
                 builder.convolution(root, op)

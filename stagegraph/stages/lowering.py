@@ -21,10 +21,18 @@ BUFFERIZE = (
 
 _VECTORS = "func.func(convert-vector-to-scf{full-unroll=true target-rank=1},canonicalize)"
 
+# ``math.fpowi`` (x ** n from PyTorch) has no vector form in LLVM: constant exponents become
+# multiplications, the rest calls to a generated function (vectors per element).
+_POWI = "func.func(math-expand-ops{ops=fpowi}),convert-math-to-funcs"
+
+# Math ops LLVM has no intrinsic for (erf, tan, atan, cbrt, ...) call libm; the others
+# become intrinsics first, so vector sqrt, floor, fma, ... stay vector instructions.
+_MATH_TO_LLVM = "convert-math-to-llvm,convert-math-to-libm"
+
 _TO_LLVM = (
-    "buffer-deallocation-pipeline,convert-bufferization-to-memref,expand-strided-metadata,"
-    "lower-affine,convert-scf-to-cf,convert-vector-to-llvm,finalize-memref-to-llvm,"
-    "convert-to-llvm,reconcile-unrealized-casts"
+    f"{_POWI},buffer-deallocation-pipeline,convert-bufferization-to-memref,expand-strided-metadata,"
+    f"lower-affine,convert-scf-to-cf,convert-vector-to-llvm,finalize-memref-to-llvm,"
+    f"{_MATH_TO_LLVM},convert-to-llvm,reconcile-unrealized-casts"
 )
 
 # Serial: the per-block packing buffers are allocated once, outside the block loops.
@@ -39,8 +47,9 @@ TO_OPENMP = (
 )
 
 OPENMP_TO_LLVM = (
-    "expand-strided-metadata,lower-affine,convert-vector-to-llvm,finalize-memref-to-llvm,"
-    "convert-scf-to-cf,convert-openmp-to-llvm,convert-to-llvm,reconcile-unrealized-casts"
+    f"{_POWI},expand-strided-metadata,lower-affine,convert-vector-to-llvm,finalize-memref-to-llvm,"
+    f"convert-scf-to-cf,convert-openmp-to-llvm,{_MATH_TO_LLVM},convert-to-llvm,"
+    "reconcile-unrealized-casts"
 )
 
 LOWER_TO_LLVM_OPENMP = f"{TO_OPENMP},{OPENMP_TO_LLVM}"

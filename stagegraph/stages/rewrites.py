@@ -1,5 +1,9 @@
 """IR rewrites the pass registry lacks, done through the bindings.
 
+``vector.reduction`` of floats is an ordered reduction unless it may reassociate: LLVM then
+adds the lanes one after another (a chain of dependent adds as long as the vector), where a
+reassociating reduction is a tree of vector adds. :func:`reassociate_reductions` allows it.
+
 ``memref.copy`` between strided buffers lowers to a call of ``memrefCopy`` from
 ``libmlir_c_runner_utils``, which the torch-mlir wheel does not ship (the JIT then fails to
 resolve the symbol and crashes). Rewriting such copies as ``linalg.copy`` lets them lower to
@@ -28,3 +32,26 @@ def copies_to_linalg(module: Any) -> int:
             linalg.copy(op.operands[0], outs=[op.operands[1]])
         op.erase()
     return len(copies)
+
+
+def reassociate_reductions(module: Any) -> int:
+    """Let every float ``vector.reduction`` of ``module`` reassociate (the schedules made
+    them from chunks of a row, whose order is no more meaningful than a tree's); returns
+    the count. Every float combining kind (add, mul, min/max) is associative; sums then
+    round differently, as any blocked or parallel sum does."""
+    from stagegraph.mlir import ir
+
+    changed = 0
+
+    def visit(op: Any) -> Any:
+        nonlocal changed
+        if op.name != "vector.reduction" or not isinstance(
+            ir.VectorType(op.operands[0].type).element_type, ir.FloatType
+        ):
+            return ir.WalkResult.ADVANCE
+        op.attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<reassoc>")
+        changed += 1
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return changed

@@ -140,16 +140,18 @@ def lower(
     thread."""
     from stagegraph.stages import lowering
     from stagegraph.stages.passes import run_pipeline
-    from stagegraph.stages.rewrites import copies_to_linalg
+    from stagegraph.stages.rewrites import copies_to_linalg, reassociate_reductions
     from stagegraph.stages.vector_math import call_vector_math
 
     copies_to_linalg(module.ir)
     if config.vector_math:
         call_vector_math(module.ir, target)
+    run_pipeline(module, X86_FINISH)
+    reassociate_reductions(module.ir)
     threads = max((p.threads for p in params.matmul), default=1)
     if threads <= 1:
-        return run_pipeline(module, f"{X86_FINISH},{lowering.LOWER_TO_LLVM}")
+        return run_pipeline(module, lowering.LOWER_TO_LLVM)
     # Threads take the parallel loop's blocks dynamically (see lowering.schedule_dynamic).
-    run_pipeline(module, f"{X86_FINISH},{lowering.TO_OPENMP}")
+    run_pipeline(module, lowering.TO_OPENMP)
     lowering.schedule_dynamic(module.ir)
     return run_pipeline(module, lowering.OPENMP_TO_LLVM)

@@ -146,8 +146,8 @@ def canonicalizable(op: OpFacts) -> bool:
         return False
     if len(op.inputs) != 2 or len(op.outputs) != 1:
         return False
-    if not (len(c.m_dims) == len(c.n_dims) == len(c.k_dims) == 1):
-        return False
+    if not (len(c.m_dims) == len(c.n_dims) == len(c.k_dims) == 1) or c.is_matvec:
+        return False  # a matvec runs as a vectorized reduction (generic_schedule)
     values = (*op.inputs, *op.outputs)
     if any(v.kind != "tensor" or v.dtype not in _FLOATS for v in values):
         return False
@@ -155,7 +155,7 @@ def canonicalizable(op: OpFacts) -> bool:
         op.outputs[0].dtype
     ):
         return False
-    if c.batch_dims and min(c.m, c.n, c.k) == 1:
+    if c.batch_dims and c.k == 1:
         return False  # dropping the unit batch dim would drop this unit dim too (no matmul)
     rank = len(c.batch_dims) + 2
     return len(op.loop_ranges) == rank + 1 and all(len(v.shape) == rank for v in values)
