@@ -10,6 +10,9 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
   (vector<Nxi1> is bit-packed in LLVM memory while memref ``i1`` elements are bytes, so ops
   on ``i1`` tensors cannot be vectorized); the bodies convert at their boundary and bitwise
   combiners (``andi``/``ori``/``xori``) work on the ``i8`` values directly (they stay 0/1).
+* :func:`conv3d_to_conv2d_loops`: a 3-D convolution becomes loops over output depth and
+  filter depth around a 2-D convolution of depth slices, which the schedule tiles,
+  decomposes to 1-D and vectorizes (MLIR has no such decomposition for 3-D convolutions).
 
 Ops are found by walking the entry function; matmul-like ops are never changed.
 """
@@ -18,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagegraph.mlir import dialect, ir, linalg
+from stagegraph.mlir import arith, dialect, ir, linalg, scf, tensor
 
 _BITWISE = frozenset({"arith.andi", "arith.ori", "arith.xori"})
 
@@ -333,6 +336,125 @@ def widen_bool_tensors(fn: Any) -> int:
     return count
 
 
+# ----------------------------------------------------------------------------- 3-D convolutions
+
+# 3-D convolution -> the 2-D convolution of one depth slice (same layout, no depth dims).
+_CONV_3D_TO_2D = {"linalg.conv_3d_ncdhw_fcdhw": "conv_2d_nchw_fchw"}
+_DEPTH = 2  # the depth dim of input, filter and output in these layouts
+
+
+def _ints(attr: Any) -> list[int]:
+    return [int(v) for v in ir.DenseIntElementsAttr(attr)]
+
+
+def _depth_slice(source: Any, offset: Any) -> Any:
+    """``source[:, :, offset, ...]`` without the depth dim."""
+    shape = ir.RankedTensorType(source.type).shape
+    rank = len(shape)
+    offsets = [0] * rank
+    offsets[_DEPTH] = ir.ShapedType.get_dynamic_stride_or_offset()
+    sizes = [*shape[:_DEPTH], 1, *shape[_DEPTH + 1 :]]
+    kept = shape[:_DEPTH] + shape[_DEPTH + 1 :]
+    element = ir.RankedTensorType(source.type).element_type
+    result = ir.RankedTensorType.get(kept, element)
+    return tensor.ExtractSliceOp(result, source, [offset], [], [], offsets, sizes, [1] * rank)
+
+
+def _insert_depth_slice(value: Any, dest: Any, offset: Any) -> Any:
+    shape = ir.RankedTensorType(dest.type).shape
+    rank = len(shape)
+    offsets = [0] * rank
+    offsets[_DEPTH] = ir.ShapedType.get_dynamic_stride_or_offset()
+    sizes = [*shape[:_DEPTH], 1, *shape[_DEPTH + 1 :]]
+    return tensor.InsertSliceOp(value, dest, [offset], [], [], offsets, sizes, [1] * rank)
+
+
+def _index_constant(value: int) -> Any:
+    """An ``index`` constant at the current insertion point."""
+    return arith.ConstantOp(ir.IndexType.get(), value).result
+
+
+def conv3d_to_conv2d_loops(fn: Any) -> int:
+    """Rewrite each static 3-D convolution as ``for od: for kd: out[od] += conv2d(in[d],
+    filter[kd])`` with ``d = od * stride + kd * dilation``; returns the count."""
+    count = 0
+    for op in _top_ops(fn):
+        name = _CONV_3D_TO_2D.get(op.name)
+        if name is None or len(op.operands) != 3:
+            continue
+        image, kernel, init = op.operands
+        if not all(ir.RankedTensorType(v.type).has_static_shape for v in op.operands):
+            continue
+        strides, dilations = _ints(op.attributes["strides"]), _ints(op.attributes["dilations"])
+        depth = ir.RankedTensorType(init.type).shape[_DEPTH]
+        kernel_depth = ir.RankedTensorType(kernel.type).shape[_DEPTH]
+        with ir.InsertionPoint(op), op.location:
+            zero, one = _index_constant(0), _index_constant(1)
+            over_depth = scf.ForOp(zero, _index_constant(depth), one, [init])
+            with ir.InsertionPoint(over_depth.body):
+                od, acc = over_depth.induction_variable, over_depth.inner_iter_args[0]
+                plane = _depth_slice(acc, od)
+                over_kernel = scf.ForOp(zero, _index_constant(kernel_depth), one, [plane.result])
+                with ir.InsertionPoint(over_kernel.body):
+                    kd, partial = over_kernel.induction_variable, over_kernel.inner_iter_args[0]
+                    start = arith.MulIOp(od, _index_constant(strides[0])).result
+                    step = arith.MulIOp(kd, _index_constant(dilations[0])).result
+                    d = arith.AddIOp(start, step).result
+                    summed = getattr(linalg, name)(
+                        _depth_slice(image, d).result,
+                        _depth_slice(kernel, kd).result,
+                        outs=[partial],
+                        strides=strides[1:],
+                        dilations=dilations[1:],
+                    )
+                    scf.YieldOp([summed])
+                scf.YieldOp([_insert_depth_slice(over_kernel.results[0], acc, od).result])
+        op.results[0].replace_all_uses_with(over_depth.results[0])
+        op.erase()
+        count += 1
+    return count
+
+
+# ----------------------------------------------------------------------------- depthwise NCHW
+
+_NCHW_TO_NHWC, _NHWC_TO_NCHW, _CHW_TO_HWC = [0, 2, 3, 1], [0, 3, 1, 2], [1, 2, 0]
+
+
+def _transposed(value: Any, permutation: list[int]) -> Any:
+    source = ir.RankedTensorType(value.type)
+    shape = [source.shape[p] for p in permutation]
+    empty = tensor.EmptyOp(shape, source.element_type).result
+    return linalg.transpose(value, outs=[empty], permutation=permutation).results[0]
+
+
+def depthwise_to_channels_last(fn: Any) -> int:
+    """Rewrite each static ``depthwise_conv_2d_nchw_chw`` as transposes around
+    ``depthwise_conv_2d_nhwc_hwc``, which decomposes to a 1-D depthwise convolution that
+    vectorizes along the channels (the NCHW form has no decomposition); returns the count."""
+    count = 0
+    for op in _top_ops(fn):
+        if op.name != "linalg.depthwise_conv_2d_nchw_chw" or len(op.operands) != 3:
+            continue
+        if not all(ir.RankedTensorType(v.type).has_static_shape for v in op.operands):
+            continue
+        image, kernel, init = op.operands
+        if ir.RankedTensorType(kernel.type).shape[-1] == 1:
+            continue  # a one-wide window: the loops run along the contiguous width already
+        with ir.InsertionPoint(op), op.location:
+            summed = linalg.depthwise_conv_2d_nhwc_hwc(
+                _transposed(image, _NCHW_TO_NHWC),
+                _transposed(kernel, _CHW_TO_HWC),
+                outs=[_transposed(init, _NCHW_TO_NHWC)],
+                strides=_ints(op.attributes["strides"]),
+                dilations=_ints(op.attributes["dilations"]),
+            )
+            result = _transposed(summed, _NHWC_TO_NCHW)
+        op.results[0].replace_all_uses_with(result)
+        op.erase()
+        count += 1
+    return count
+
+
 # ----------------------------------------------------------------------------- entry
 
 
@@ -342,4 +464,6 @@ def prepare(module: Any, fn: Any) -> bool:
     changed = drop_dead_results(fn)
     changed += unit_transposes_to_reshapes(fn)
     changed += widen_bool_tensors(fn)
+    changed += conv3d_to_conv2d_loops(fn)
+    changed += depthwise_to_channels_last(fn)
     return bool(changed)
