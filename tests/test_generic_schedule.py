@@ -512,3 +512,30 @@ func.func @main(%x: {tx}, %k: {tk}) -> {to} {{
         window = x[:, :, a : a + strides[0] * oh : strides[0], b : b + strides[1] * ow : strides[1]]
         expected += window * k[None, :, a, b, None, None]
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+POWERS = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+func.func @main(%a: tensor<8x40xf32>) -> tensor<8x40xf32> {
+  %two = arith.constant 2.0 : f32
+  %three = arith.constant 3.0 : f32
+  %e = tensor.empty() : tensor<8x40xf32>
+  %r = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%a : tensor<8x40xf32>) outs(%e : tensor<8x40xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %s = math.powf %x, %two : f32
+    %c = math.powf %x, %three : f32
+    %t = arith.addf %s, %c : f32
+    linalg.yield %t : f32
+  } -> tensor<8x40xf32>
+  return %r : tensor<8x40xf32>
+}
+"""
+
+
+def test_square_becomes_a_multiply_and_other_powers_stay():
+    names = _op_names(_prepared(POWERS))
+    assert names.count("math.powf") == 1 and "arith.mulf" in names
+    a = np.random.default_rng(5).uniform(0.5, 2.0, (8, 40)).astype(np.float32)
+    (out,) = _jit(POWERS).call("main", [a])
+    np.testing.assert_allclose(out, a * a + a**3, rtol=1e-6)

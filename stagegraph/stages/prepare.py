@@ -10,6 +10,9 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
   (vector<Nxi1> is bit-packed in LLVM memory while memref ``i1`` elements are bytes, so ops
   on ``i1`` tensors cannot be vectorized); the bodies convert at their boundary and bitwise
   combiners (``andi``/``ori``/``xori``) work on the ``i8`` values directly (they stay 0/1).
+* :func:`squares_to_multiplies`: ``math.powf(x, 2.0)`` (PyTorch's ``x ** 2``) becomes
+  ``x * x``, exactly the correctly rounded square; as a vector op it would otherwise call
+  a vector ``pow`` from libmvec, an order of magnitude slower.
 * :func:`conv3d_to_conv2d_loops`: a 3-D convolution becomes loops over output depth and
   filter depth around a 2-D convolution of depth slices, which the schedule tiles,
   decomposes to 1-D and vectorizes (MLIR has no such decomposition for 3-D convolutions).
@@ -336,6 +339,39 @@ def widen_bool_tensors(fn: Any) -> int:
     return count
 
 
+# ----------------------------------------------------------------------------- powers
+
+
+def _float_constant(value: Any) -> float | None:
+    owner = _owner_op(value)
+    if owner is None or owner.name != "arith.constant":
+        return None
+    attr = owner.attributes["value"]
+    if isinstance(attr, ir.FloatAttr):
+        return ir.FloatAttr(attr).value
+    if isinstance(attr, ir.DenseFPElementsAttr) and ir.DenseFPElementsAttr(attr).is_splat:
+        return ir.FloatAttr(ir.DenseFPElementsAttr(attr).get_splat_value()).value
+    return None
+
+
+def squares_to_multiplies(fn: Any) -> int:
+    """Replace every ``math.powf(x, 2.0)`` in ``fn`` by ``x * x``; returns the count."""
+    squares: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        if op.name == "math.powf" and _float_constant(op.operands[1]) == 2.0:
+            squares.append(op)
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit)
+    for op in squares:
+        with ir.InsertionPoint(op), op.location:
+            square = arith.MulFOp(op.operands[0], op.operands[0]).result
+        op.results[0].replace_all_uses_with(square)
+        op.erase()
+    return len(squares)
+
+
 # ----------------------------------------------------------------------------- 3-D convolutions
 
 # 3-D convolution -> the 2-D convolution of one depth slice (same layout, no depth dims).
@@ -464,6 +500,7 @@ def prepare(module: Any, fn: Any) -> bool:
     changed = drop_dead_results(fn)
     changed += unit_transposes_to_reshapes(fn)
     changed += widen_bool_tensors(fn)
+    changed += squares_to_multiplies(fn)
     changed += conv3d_to_conv2d_loops(fn)
     changed += depthwise_to_channels_last(fn)
     return bool(changed)
