@@ -272,3 +272,25 @@ def test_shared_library_exports_c_interface(ctx, tmp_path):
     lib = ctypes.CDLL(str(tmp_path / "libmm.so"))
     assert hasattr(lib, "_mlir_ciface_mm")
     assert Path(str(tmp_path / "libmm.so") + ".signature.json").exists()
+
+
+def test_openmp_binary_leaves_the_callers_cpu_affinity_alone():
+    """The runtime must not pin the calling thread: numpy's threads, later target detection
+    (``usable_cores``) and other runtimes in the process keep every core."""
+    import os
+
+    from stagegraph.bench import prepare
+    from stagegraph.catalog import load_graph
+    from stagegraph.engine import Engine
+    from stagegraph.execute import with_params
+    from stagegraph.workload import parse_workload
+
+    pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    before = os.sched_getaffinity(0)
+    if len(before) < 2:
+        pytest.skip("needs two usable cores")
+    work = parse_workload("matmul:m=64,n=64,k=64")
+    measurement = prepare(Engine(), with_params(load_graph("x86"), {}, 2), work, None)
+    assert measurement.verdict.ok
+    measurement.measure(3)
+    assert os.sched_getaffinity(0) == before

@@ -31,7 +31,6 @@ def library_path() -> str:
         OpenMPRuntimeNotFound: neither ``$STAGEGRAPH_OPENMP_LIB`` nor a known package has one.
     """
     _keep_heap_pages()
-    _bind_threads()
     override = os.environ.get(ENV_VAR)
     if override:
         if not Path(override).is_file():
@@ -67,29 +66,6 @@ def _keep_heap_pages() -> None:
     m_trim_threshold, m_mmap_threshold = -1, -3
     libc.mallopt(m_mmap_threshold, 1 << 30)
     libc.mallopt(m_trim_threshold, 1 << 30)
-
-
-# Any of these set by the user: their thread placement stands.
-_PLACEMENT_VARS = ("OMP_PROC_BIND", "OMP_PLACES", "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
-
-
-def _bind_threads() -> None:
-    """Bind the OpenMP team one thread per core (``OMP_PROC_BIND=spread``,
-    ``OMP_PLACES=cores``) unless the user chose a placement; set before the runtime
-    initializes (it reads the environment at its first parallel region).
-
-    A deliberate choice, for processes that also run another threading runtime (numpy's
-    OpenBLAS, whose idle workers busy-wait for about 0.1 s after each call, so our threads
-    share the cores with a spinning thread). Measured interleaved with OpenBLAS on 2 cores,
-    2 threads: 1024^3 168-193 GFLOP/s unbound, 254-260 bound; 256^3 128-183 unbound,
-    363-379 bound. The cost: the calling thread stays bound to the first core for the life
-    of the process. ``KMP_BLOCKTIME`` keeps its default: our spinning workers did not
-    measurably slow OpenBLAS, and 0 or 1 ms gave no consistent gain for us.
-    """
-    if any(name in os.environ for name in _PLACEMENT_VARS):
-        return
-    os.environ["OMP_PROC_BIND"] = "spread"
-    os.environ["OMP_PLACES"] = "cores"
 
 
 def _has_kmpc(path: Path) -> bool:
