@@ -120,6 +120,19 @@ def _op_names(module) -> list[str]:
 # ----------------------------------------------------------------------------- params
 
 
+def _scheduled_op_names(text: str) -> list[str]:
+    """The op names after the generic schedule (heuristic params for ``AVX512``) on ``text``."""
+    from stagegraph.mlir import ir
+    from stagegraph.stages.generic_schedule import apply_generic_schedule, build_generic_schedule
+
+    module = parse_payload(text)
+    facts = analyze(module)
+    with module.context, ir.Location.unknown():
+        schedule = build_generic_schedule(facts, heuristic_generic_params(facts, AVX512))
+        apply_generic_schedule(module, schedule, facts)
+    return _op_names(module)
+
+
 def test_params_follow_the_target():
     facts = analyze(parse_payload(CHAIN))
     wide = heuristic_generic_params(facts, AVX512)
@@ -164,18 +177,7 @@ def test_schedule_leaves_matmul_epilogue_and_wrapper_alone():
 
 
 def test_chain_is_fused_and_vectorized():
-    from stagegraph.mlir import ir
-    from stagegraph.stages.generic_schedule import (
-        apply_generic_schedule,
-        build_generic_schedule,
-    )
-
-    module = parse_payload(CHAIN)
-    facts = analyze(module)
-    with module.context, ir.Location.unknown():
-        schedule = build_generic_schedule(facts, heuristic_generic_params(facts, AVX512))
-        apply_generic_schedule(module, schedule, facts)
-    names = _op_names(module)
+    names = _scheduled_op_names(CHAIN)
     assert names.count("scf.forall") == 1  # one loop nest for the three ops
     assert "linalg.generic" not in names and "vector.transfer_read" in names
 
@@ -454,15 +456,7 @@ func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
   return %r : {to}
 }}
 """
-    from stagegraph.mlir import ir
-    from stagegraph.stages.generic_schedule import apply_generic_schedule, build_generic_schedule
-
-    module = parse_payload(text)
-    facts = analyze(module)
-    with module.context, ir.Location.unknown():
-        schedule = build_generic_schedule(facts, heuristic_generic_params(facts, AVX512))
-        apply_generic_schedule(module, schedule, facts)
-    names = _op_names(module)
+    names = _scheduled_op_names(text)
     assert "linalg.conv_3d_ncdhw_fcdhw" not in names and "scf.for" in names
     assert "linalg.conv_2d_nchw_fchw" not in names and "vector.fma" in names
     rng = np.random.default_rng(0)
@@ -477,9 +471,6 @@ func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
 def test_depthwise_nchw_runs_channels_last_and_vectorized(kernel, strides):
     """NCHW depthwise convolutions are transposed to NHWC, decomposed and vectorized along
     the channels; the result matches the definition."""
-    from stagegraph.mlir import ir
-    from stagegraph.stages.generic_schedule import apply_generic_schedule, build_generic_schedule
-
     n, c, h, w = 2, 16, 9, 21
     kh, kw = kernel
     oh, ow = (h - kh) // strides[0] + 1, (w - kw) // strides[1] + 1
@@ -496,12 +487,7 @@ func.func @main(%x: {tx}, %k: {tk}) -> {to} {{
   return %r : {to}
 }}
 """
-    module = parse_payload(text)
-    facts = analyze(module)
-    with module.context, ir.Location.unknown():
-        schedule = build_generic_schedule(facts, heuristic_generic_params(facts, AVX512))
-        apply_generic_schedule(module, schedule, facts)
-    names = _op_names(module)
+    names = _scheduled_op_names(text)
     assert "linalg.depthwise_conv_2d_nchw_chw" not in names and "vector.fma" in names
     rng = np.random.default_rng(1)
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
