@@ -16,6 +16,8 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
 * :func:`conv3d_to_conv2d_loops`: a 3-D convolution becomes loops over output depth and
   filter depth around a 2-D convolution of depth slices, which the schedule tiles,
   decomposes to 1-D and vectorizes (MLIR has no such decomposition for 3-D convolutions).
+* :func:`depthwise_to_channels_last`: an NCHW depthwise convolution becomes transposes
+  around the NHWC one, which decomposes to 1-D and vectorizes along the channels.
 
 Ops are found by walking the entry function; matmul-like ops are never changed.
 """
@@ -383,26 +385,26 @@ def _ints(attr: Any) -> list[int]:
     return [int(v) for v in ir.DenseIntElementsAttr(attr)]
 
 
+def _depth_window(shape: list[int]) -> tuple[list[int], list[int]]:
+    """Static offsets and sizes of one depth slice (the offset itself is dynamic)."""
+    offsets = [0] * len(shape)
+    offsets[_DEPTH] = ir.ShapedType.get_dynamic_stride_or_offset()
+    return offsets, [*shape[:_DEPTH], 1, *shape[_DEPTH + 1 :]]
+
+
 def _depth_slice(source: Any, offset: Any) -> Any:
     """``source[:, :, offset, ...]`` without the depth dim."""
-    shape = ir.RankedTensorType(source.type).shape
-    rank = len(shape)
-    offsets = [0] * rank
-    offsets[_DEPTH] = ir.ShapedType.get_dynamic_stride_or_offset()
-    sizes = [*shape[:_DEPTH], 1, *shape[_DEPTH + 1 :]]
-    kept = shape[:_DEPTH] + shape[_DEPTH + 1 :]
-    element = ir.RankedTensorType(source.type).element_type
-    result = ir.RankedTensorType.get(kept, element)
-    return tensor.ExtractSliceOp(result, source, [offset], [], [], offsets, sizes, [1] * rank)
+    source_type = ir.RankedTensorType(source.type)
+    shape = source_type.shape
+    offsets, sizes = _depth_window(shape)
+    result = ir.RankedTensorType.get(shape[:_DEPTH] + shape[_DEPTH + 1 :], source_type.element_type)
+    return tensor.ExtractSliceOp(result, source, [offset], [], [], offsets, sizes, [1] * len(shape))
 
 
 def _insert_depth_slice(value: Any, dest: Any, offset: Any) -> Any:
     shape = ir.RankedTensorType(dest.type).shape
-    rank = len(shape)
-    offsets = [0] * rank
-    offsets[_DEPTH] = ir.ShapedType.get_dynamic_stride_or_offset()
-    sizes = [*shape[:_DEPTH], 1, *shape[_DEPTH + 1 :]]
-    return tensor.InsertSliceOp(value, dest, [offset], [], [], offsets, sizes, [1] * rank)
+    offsets, sizes = _depth_window(shape)
+    return tensor.InsertSliceOp(value, dest, [offset], [], [], offsets, sizes, [1] * len(shape))
 
 
 def _index_constant(value: int) -> Any:
