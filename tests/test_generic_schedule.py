@@ -525,3 +525,33 @@ def test_square_becomes_a_multiply_and_other_powers_stay():
     a = np.random.default_rng(5).uniform(0.5, 2.0, (8, 40)).astype(np.float32)
     (out,) = _jit(POWERS).call("main", [a])
     np.testing.assert_allclose(out, a * a + a**3, rtol=1e-6)
+
+
+def test_grouped_conv_runs_as_a_loop_of_vectorized_conv2d():
+    """NGCHW x GFCHW: one plain 2-D convolution per group, decomposed and vectorized."""
+    n, g, c, f, h, w, kh, kw = 2, 3, 4, 5, 8, 19, 3, 2
+    oh, ow = h - kh + 1, (w - (kw - 1) * 2 - 1) // 2 + 1  # width: stride 2, dilation 2
+    tx, tk, to = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in
+                  ((n, g, c, h, w), (g, f, c, kh, kw), (n, g, f, oh, ow)))  # fmt: skip
+    text = f"""
+func.func @main(%x: {tx}, %k: {tk}) -> {to} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {to}
+  %f = linalg.fill ins(%z : f32) outs(%e : {to}) -> {to}
+  %r = linalg.conv_2d_ngchw_gfchw {{dilations = dense<[1, 2]> : vector<2xi64>,
+      strides = dense<[1, 2]> : vector<2xi64>}}
+      ins(%x, %k : {tx}, {tk}) outs(%f : {to}) -> {to}
+  return %r : {to}
+}}
+"""
+    names = _scheduled_op_names(text)
+    assert "linalg.conv_2d_ngchw_gfchw" not in names and "vector.fma" in names
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((n, g, c, h, w)).astype(np.float32)
+    k = rng.standard_normal((g, f, c, kh, kw)).astype(np.float32)
+    (out,) = _jit(text).call("main", [x, k])
+    expected = np.zeros((n, g, f, oh, ow), np.float64)
+    for a, b in itertools.product(range(kh), range(kw)):
+        window = x[:, :, :, a : a + oh, 2 * b : 2 * b + 2 * ow : 2]
+        expected += np.einsum("ngchw,gfc->ngfhw", window, k[:, :, :, a, b])
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)

@@ -16,6 +16,8 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
 * :func:`conv3d_to_conv2d_loops`: a 3-D convolution becomes loops over output depth and
   filter depth around a 2-D convolution of depth slices, which the schedule tiles,
   decomposes to 1-D and vectorizes (MLIR has no such decomposition for 3-D convolutions).
+* :func:`grouped_conv_to_group_loops`: a grouped 2-D convolution becomes a loop over the
+  groups around a plain 2-D convolution.
 * :func:`depthwise_to_channels_last`: an NCHW depthwise convolution becomes transposes
   around the NHWC one, which decomposes to 1-D and vectorizes along the channels.
 
@@ -385,26 +387,28 @@ def _ints(attr: Any) -> list[int]:
     return [int(v) for v in ir.DenseIntElementsAttr(attr)]
 
 
-def _depth_window(shape: list[int]) -> tuple[list[int], list[int]]:
-    """Static offsets and sizes of one depth slice (the offset itself is dynamic)."""
+def _window(shape: list[int], dim: int) -> tuple[list[int], list[int]]:
+    """Static offsets and sizes of one slice along ``dim`` (its offset is dynamic)."""
     offsets = [0] * len(shape)
-    offsets[_DEPTH] = ir.ShapedType.get_dynamic_stride_or_offset()
-    return offsets, [*shape[:_DEPTH], 1, *shape[_DEPTH + 1 :]]
+    offsets[dim] = ir.ShapedType.get_dynamic_stride_or_offset()
+    return offsets, [*shape[:dim], 1, *shape[dim + 1 :]]
 
 
-def _depth_slice(source: Any, offset: Any) -> Any:
-    """``source[:, :, offset, ...]`` without the depth dim."""
+def _slice(source: Any, dim: int, offset: Any) -> Any:
+    """``source`` at ``offset`` along ``dim``, without that dim."""
     source_type = ir.RankedTensorType(source.type)
     shape = source_type.shape
-    offsets, sizes = _depth_window(shape)
-    result = ir.RankedTensorType.get(shape[:_DEPTH] + shape[_DEPTH + 1 :], source_type.element_type)
-    return tensor.ExtractSliceOp(result, source, [offset], [], [], offsets, sizes, [1] * len(shape))
+    offsets, sizes = _window(shape, dim)
+    result = ir.RankedTensorType.get(shape[:dim] + shape[dim + 1 :], source_type.element_type)
+    made = tensor.ExtractSliceOp(result, source, [offset], [], [], offsets, sizes, [1] * len(shape))
+    return made.result
 
 
-def _insert_depth_slice(value: Any, dest: Any, offset: Any) -> Any:
+def _insert_slice(value: Any, dest: Any, dim: int, offset: Any) -> Any:
     shape = ir.RankedTensorType(dest.type).shape
-    offsets, sizes = _depth_window(shape)
-    return tensor.InsertSliceOp(value, dest, [offset], [], [], offsets, sizes, [1] * len(shape))
+    offsets, sizes = _window(shape, dim)
+    made = tensor.InsertSliceOp(value, dest, [offset], [], [], offsets, sizes, [1] * len(shape))
+    return made.result
 
 
 def _index_constant(value: int) -> Any:
@@ -431,23 +435,62 @@ def conv3d_to_conv2d_loops(fn: Any) -> int:
             over_depth = scf.ForOp(zero, _index_constant(depth), one, [init])
             with ir.InsertionPoint(over_depth.body):
                 od, acc = over_depth.induction_variable, over_depth.inner_iter_args[0]
-                plane = _depth_slice(acc, od)
-                over_kernel = scf.ForOp(zero, _index_constant(kernel_depth), one, [plane.result])
+                plane = _slice(acc, _DEPTH, od)
+                over_kernel = scf.ForOp(zero, _index_constant(kernel_depth), one, [plane])
                 with ir.InsertionPoint(over_kernel.body):
                     kd, partial = over_kernel.induction_variable, over_kernel.inner_iter_args[0]
                     start = arith.MulIOp(od, _index_constant(strides[0])).result
                     step = arith.MulIOp(kd, _index_constant(dilations[0])).result
                     d = arith.AddIOp(start, step).result
                     summed = getattr(linalg, name)(
-                        _depth_slice(image, d).result,
-                        _depth_slice(kernel, kd).result,
+                        _slice(image, _DEPTH, d),
+                        _slice(kernel, _DEPTH, kd),
                         outs=[partial],
                         strides=strides[1:],
                         dilations=dilations[1:],
                     )
                     scf.YieldOp([summed])
-                scf.YieldOp([_insert_depth_slice(over_kernel.results[0], acc, od).result])
+                scf.YieldOp([_insert_slice(over_kernel.results[0], acc, _DEPTH, od)])
         op.results[0].replace_all_uses_with(over_depth.results[0])
+        op.erase()
+        count += 1
+    return count
+
+
+# ----------------------------------------------------------------------------- grouped 2-D
+
+# Grouped convolution -> the convolution of one group, and the group dim of (input,
+# filter, output) in its layout.
+_GROUPED = {"linalg.conv_2d_ngchw_gfchw": ("conv_2d_nchw_fchw", (1, 0, 1))}
+
+
+def grouped_conv_to_group_loops(fn: Any) -> int:
+    """Rewrite each static grouped 2-D convolution as a loop over the groups of plain 2-D
+    convolutions (which decompose and vectorize); returns the count."""
+    count = 0
+    for op in _top_ops(fn):
+        plan = _GROUPED.get(op.name)
+        if plan is None or len(op.operands) != 3:
+            continue
+        if not all(ir.RankedTensorType(v.type).has_static_shape for v in op.operands):
+            continue
+        name, (image_dim, kernel_dim, out_dim) = plan
+        image, kernel, init = op.operands
+        groups = ir.RankedTensorType(init.type).shape[out_dim]
+        with ir.InsertionPoint(op), op.location:
+            zero, one = _index_constant(0), _index_constant(1)
+            over_groups = scf.ForOp(zero, _index_constant(groups), one, [init])
+            with ir.InsertionPoint(over_groups.body):
+                g, acc = over_groups.induction_variable, over_groups.inner_iter_args[0]
+                summed = getattr(linalg, name)(
+                    _slice(image, image_dim, g),
+                    _slice(kernel, kernel_dim, g),
+                    outs=[_slice(acc, out_dim, g)],
+                    strides=_ints(op.attributes["strides"]),
+                    dilations=_ints(op.attributes["dilations"]),
+                )
+                scf.YieldOp([_insert_slice(summed, acc, out_dim, g)])
+        op.results[0].replace_all_uses_with(over_groups.results[0])
         op.erase()
         count += 1
     return count
@@ -504,5 +547,6 @@ def prepare(module: Any, fn: Any) -> bool:
     changed += widen_bool_tensors(fn)
     changed += squares_to_multiplies(fn)
     changed += conv3d_to_conv2d_loops(fn)
+    changed += grouped_conv_to_group_loops(fn)
     changed += depthwise_to_channels_last(fn)
     return bool(changed)
