@@ -555,3 +555,31 @@ func.func @main(%x: {tx}, %k: {tk}) -> {to} {{
         window = x[:, :, :, a : a + oh, 2 * b : 2 * b + 2 * ow : 2]
         expected += np.einsum("ngchw,gfc->ngfhw", window, k[:, :, :, a, b])
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_tile_size_prefers_a_divisor_but_not_a_tiny_one():
+    from stagegraph.stages.generic_params import tile_size
+
+    assert tile_size(512, 64) == 64 and tile_size(96, 64) == 48  # divisors
+    assert tile_size(4001, 64) == 64  # prime: a full tile, the last one partial
+    assert tile_size(40, 64) == 40
+
+
+@pytest.mark.parametrize("cols", [1009, 4001])
+def test_prime_extents_vectorize_with_masks(cols):
+    """A prime row length gets full-width vectors with a masked last tile (a divisor would
+    be 1); the elementwise chain and the row reduction stay correct."""
+    chain = CHAIN.replace("24x40", f"3x{cols}")
+    names = _scheduled_op_names(chain)
+    assert "linalg.generic" not in names and "vector.create_mask" in names
+    rng = np.random.default_rng(cols)
+    a, b = (rng.standard_normal((3, cols), dtype=np.float32) for _ in range(2))
+    (out,) = _jit(chain).call("main", [a, b])
+    np.testing.assert_allclose(out, np.exp(a + b) * a, rtol=1e-5, atol=1e-6)
+    row_sum = ROW_SUM.replace("32x100", f"32x{cols}")
+    names = _scheduled_op_names(row_sum)
+    assert "linalg.generic" not in names and "vector.reduction" in names
+    assert "vector.create_mask" in names or cols <= GenericParams().reduction_chunk
+    x = rng.standard_normal((32, cols), dtype=np.float32)
+    (total,) = _jit(row_sum).call("main", [x])
+    np.testing.assert_allclose(total, x.sum(axis=1), rtol=1e-4, atol=1e-4)

@@ -10,6 +10,7 @@ from typing import Any
 
 from stagegraph.errors import StagegraphError
 from stagegraph.mlir import execution_engine
+from stagegraph.runtime.heap import keep_heap_pages
 from stagegraph.runtime.memref import (
     CIFACE_PREFIX,
     CallableBinary,
@@ -62,6 +63,7 @@ class JitBinary(CallableBinary):
         signatures: Mapping[str, Signature] | None = None,
     ) -> None:
         check_llvm_level(module)
+        keep_heap_pages()
         libs = [str(p) for p in shared_libs]
         super().__init__(build_key(module, "jit", opt_level, libs))
         with module.context:

@@ -14,6 +14,8 @@ import os
 from importlib import metadata
 from pathlib import Path
 
+from stagegraph.runtime.heap import keep_heap_pages
+
 ENV_VAR = "STAGEGRAPH_OPENMP_LIB"
 _DISTRIBUTIONS = ("intel-openmp", "cmeel-libomp")
 _NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
@@ -30,7 +32,7 @@ def library_path() -> str:
     Raises:
         OpenMPRuntimeNotFound: neither ``$STAGEGRAPH_OPENMP_LIB`` nor a known package has one.
     """
-    _keep_heap_pages()
+    keep_heap_pages()
     override = os.environ.get(ENV_VAR)
     if override:
         if not Path(override).is_file():
@@ -50,22 +52,6 @@ def library_path() -> str:
         "multi-threaded code needs an OpenMP runtime with the __kmpc_* ABI: "
         "pip install 'intel-openmp==2026.2.0' (or set $STAGEGRAPH_OPENMP_LIB)"
     )
-
-
-def _keep_heap_pages() -> None:
-    """Serve the per-block packing buffers from the heap, not fresh mmaps.
-
-    Parallel blocks allocate their packed panels inside the parallel loop; with glibc's
-    default thresholds each MB-sized malloc is a new mmap whose page faults cost more than
-    the block's arithmetic (and serialize the threads on the address-space lock).
-    """
-    try:
-        libc = ctypes.CDLL("libc.so.6")
-    except OSError:
-        return
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    libc.mallopt(m_mmap_threshold, 1 << 30)
-    libc.mallopt(m_trim_threshold, 1 << 30)
 
 
 def _has_kmpc(path: Path) -> bool:

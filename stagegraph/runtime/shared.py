@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from stagegraph.errors import StagegraphError
+from stagegraph.runtime.heap import keep_heap_pages
 from stagegraph.runtime.memref import (
     CIFACE_PREFIX,
     CallableBinary,
@@ -115,6 +116,7 @@ class SharedLibraryBinary(CallableBinary):
     def __init__(self, path: str | Path, signatures: Mapping[str, Signature] | None = None):
         self.path = Path(path)
         super().__init__(hashlib.sha256(self.path.read_bytes()).hexdigest())
+        keep_heap_pages()
         self.library = ctypes.CDLL(str(self.path.resolve()))
         self.signatures = dict(signatures or {})
 

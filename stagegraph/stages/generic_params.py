@@ -94,11 +94,22 @@ def largest_divisor_at_most(n: int, cap: int) -> int:
     return 1
 
 
+def tile_size(extent: int, cap: int) -> int:
+    """A static divisor of ``extent`` of at most ``cap`` when one is at least half as large
+    as ``min(extent, cap)`` (no partial tiles); else ``min(extent, cap)``, whose last tile
+    is partial and vectorized with masks (a prime extent would otherwise give 1-wide
+    "vectors")."""
+    want = max(1, min(extent, cap))
+    divisor = largest_divisor_at_most(extent, want)
+    return divisor if 2 * divisor >= want else want
+
+
 def _fill(ranges: tuple[int, ...], dims: list[int], budget: int) -> list[int]:
-    """Tile sizes (1 elsewhere): ``dims`` innermost first, divisors, at most ``budget`` in all."""
+    """Tile sizes (1 elsewhere): ``dims`` innermost first (see :func:`tile_size`), at most
+    ``budget`` in all."""
     sizes = [1] * len(ranges)
     for d in dims:
-        size = largest_divisor_at_most(ranges[d], budget)
+        size = tile_size(ranges[d], budget)
         sizes[d] = size
         budget = max(1, budget // size)
         if size < ranges[d]:
@@ -107,8 +118,8 @@ def _fill(ranges: tuple[int, ...], dims: list[int], budget: int) -> list[int]:
 
 
 def tile_sizes_for(op: OpFacts, params: GenericParams) -> list[int]:
-    """Tile sizes of an elementwise op: 1 on every dim but the innermost, which takes a
-    static divisor of its range of at most ``inner_tile`` (one 1-D vector per tile).
+    """Tile sizes of an elementwise op: 1 on every dim but the innermost, which takes at
+    most ``inner_tile`` (:func:`tile_size`; one 1-D vector per tile).
     """
     ranges = op.loop_ranges
     return _fill(ranges, [len(ranges) - 1], params.inner_tile)
@@ -127,7 +138,7 @@ def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int],
     outer = [1 if d in parallel else 0 for d in range(len(ranges))]
     last = len(ranges) - 1
     if iterators and iterators[last] == "parallel":
-        outer[last] = largest_divisor_at_most(ranges[last], params.reduction_rows)
+        outer[last] = tile_size(ranges[last], params.reduction_rows)
     budget = max(1, params.reduction_chunk // max(1, outer[last] if outer else 1))
     chunk = _fill(ranges, reduction, budget)
     inner = [0] * len(ranges)

@@ -155,6 +155,15 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
     return sizes, decompose
 
 
+def partial_tiles(ranges: tuple[int, ...], *tilings: list[int]) -> bool:
+    """Whether any tiling (0 = untiled) leaves a partial last tile on some dim."""
+    return any(
+        size and extent % size
+        for sizes in tilings
+        for size, extent in zip(sizes, ranges, strict=True)
+    )
+
+
 def has_bool_operands(op: OpFacts) -> bool:
     """An ``i1`` operand: vector<Nxi1> loads/stores are bit-packed in LLVM while memref
     ``i1`` elements are bytes, so such ops are left to the scalar fallback."""
@@ -289,6 +298,8 @@ class _Builder:
             if inner_reduction
             else tv.VectorMultiReductionLowering.InnerParallel
         )
+        # Masked (partial) tiles: masks become masked transfers and create_mask ops first.
+        patterns(tv.ApplyLowerMaskedTransfersPatternsOp, tv.ApplyLowerMasksPatternsOp)
         patterns(
             tv.ApplyCastAwayVectorLeadingOneDimPatternsOp,
             tv.ApplyTransferPermutationPatternsOp,
@@ -356,6 +367,12 @@ class _Builder:
         if not any(tile):  # one tile: keep a one-trip loop to scope the patterns
             first = op.iterator_types.index("parallel")
             tile[first] = op.loop_ranges[first]
+        inner = inner or [0] * len(op.loop_ranges)
+        # Partial edge tiles are vectorized with masks at the full tile's shape (the fused
+        # producers may have other shapes, so nothing is fused then).
+        partial = partial_tiles(op.loop_ranges, tile, inner)
+        vector = [i or t or r for i, t, r in zip(inner, tile, op.loop_ranges, strict=True)]
+        fuse = fuse and not partial
         tiled = structured.TileUsingForallOp(self.any, self.any, target, tile_sizes=tile)
         forall = tiled.results[1]
         computes = [tiled.results[0]]
@@ -369,7 +386,9 @@ class _Builder:
                 transform.ApplyCanonicalizationPatternsOp()
             computes = [structured.MatchOp(self.any, forall, ops=["linalg.generic"]).result]
             extents = [t or r for t, r in zip(tile, op.loop_ranges, strict=True)]
-            inner = [size for size, extent in zip(inner, extents, strict=True) if extent != 1]
+            kept = [extent != 1 for extent in extents]
+            inner = [size for size, keep in zip(inner, kept, strict=True) if keep]
+            vector = [size for size, keep in zip(vector, kept, strict=True) if keep]
         if fuse:
             producers = self.match(body_root, FUSE_ATTR, op.index)
             fused = structured.FuseIntoContainingOp(self.any, self.any, producers, forall)
@@ -384,6 +403,9 @@ class _Builder:
         if any(inner):
             chunked = structured.TileUsingForOp(computes[0], sizes=inner)
             computes[0] = chunked.results[0]
+        if partial:
+            structured.VectorizeOp(computes[0], vector)
+            computes = []
         for handle in computes:
             structured.VectorizeOp(handle)
         innermost = op.iterator_types[-1] == "reduction"
@@ -395,7 +417,11 @@ class _Builder:
         if not any(sizes):
             sizes[0] = op.loop_ranges[0]
         tiled = self.structured.TileUsingForOp(target, sizes=sizes)
-        self.structured.VectorizeOp(tiled.results[0])
+        if partial_tiles(op.loop_ranges, sizes):
+            vector = [s or r for s, r in zip(sizes, op.loop_ranges, strict=True)]
+            self.structured.VectorizeOp(tiled.results[0], vector)
+        else:
+            self.structured.VectorizeOp(tiled.results[0])
         self.lower_vectors(tiled.results[1], inner_reduction=True)
 
     def convolution(self, root: Any, op: OpFacts) -> None:
