@@ -94,22 +94,22 @@ def largest_divisor_at_most(n: int, cap: int) -> int:
     return 1
 
 
-def tile_size(extent: int, cap: int) -> int:
+def tile_size(extent: int, cap: int, partial: bool = True) -> int:
     """A static divisor of ``extent`` of at most ``cap`` when one is at least half as large
     as ``min(extent, cap)`` (no partial tiles); else ``min(extent, cap)``, whose last tile
     is partial and vectorized with masks (a prime extent would otherwise give 1-wide
     "vectors")."""
     want = max(1, min(extent, cap))
     divisor = largest_divisor_at_most(extent, want)
-    return divisor if 2 * divisor >= want else want
+    return divisor if 2 * divisor >= want or not partial else want
 
 
-def _fill(ranges: tuple[int, ...], dims: list[int], budget: int) -> list[int]:
+def _fill(ranges: tuple[int, ...], dims: list[int], budget: int, partial: bool = True) -> list[int]:
     """Tile sizes (1 elsewhere): ``dims`` innermost first (see :func:`tile_size`), at most
     ``budget`` in all."""
     sizes = [1] * len(ranges)
     for d in dims:
-        size = tile_size(ranges[d], budget)
+        size = tile_size(ranges[d], budget, partial)
         sizes[d] = size
         budget = max(1, budget // size)
         if size < ranges[d]:
@@ -122,7 +122,10 @@ def tile_sizes_for(op: OpFacts, params: GenericParams) -> list[int]:
     most ``inner_tile`` (:func:`tile_size`; one 1-D vector per tile).
     """
     ranges = op.loop_ranges
-    return _fill(ranges, [len(ranges) - 1], params.inner_tile)
+    # Named ops (fills, copies) keep static divisors: masked stores of a fill's partial
+    # tiles made one payload's convolution run minutes instead of milliseconds.
+    partial = op.name == "linalg.generic"
+    return _fill(ranges, [len(ranges) - 1], params.inner_tile, partial)
 
 
 def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int], list[int]]:
