@@ -97,43 +97,34 @@ def table(rows: list[dict]) -> str:
     return f32_table(f32) + ("\n\n" + bf16_table(bf16) if bf16 else "")
 
 
-def bf16_table(rows: list[dict]) -> str:
-    lines = [
-        "| bf16 matmul (f32 accumulation) | threads | bf16 GFLOP/s | x86 f32 GFLOP/s | "
-        "bf16 / f32 [95% CI] | fp32 peak GFLOP/s | of fp32 peak | compile s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+def markdown(header: list[str], rows: list[dict], cells) -> str:
+    """A markdown table: workload and threads, then ``cells(row)`` (or NOT VERIFIED)."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for r in rows:
-        if not r["verified"]:
-            lines.append(f"| {r['workload']} | {r['threads']} | NOT VERIFIED | | | | | |")
-            continue
-        lines.append(
-            f"| {r['workload']} | {r['threads']} | {r['bf16_gflops']:.0f} | "
-            f"{r['f32_gflops']:.0f} | {r['vs_f32']:.2f} [{r['vs_f32_low']:.2f}, "
-            f"{r['vs_f32_high']:.2f}] | {r['fp32_peak_gflops']:.0f} | {r['of_peak']:.0%} | "
-            f"{r['compile_s']:.2f} |"
-        )
+        rest = cells(r) if r["verified"] else ["NOT VERIFIED"] + [""] * (len(header) - 3)
+        lines.append("| " + " | ".join([r["workload"], str(r["threads"]), *rest]) + " |")
     return "\n".join(lines)
+
+
+def bf16_table(rows: list[dict]) -> str:
+    header = ["bf16 matmul (f32 accumulation)", "threads", "bf16 GFLOP/s", "x86 f32 GFLOP/s",
+              "bf16 / f32 [95% CI]", "fp32 peak GFLOP/s", "of fp32 peak", "compile s"]  # fmt: skip
+    return markdown(header, rows, lambda r: [
+        f"{r['bf16_gflops']:.0f}", f"{r['f32_gflops']:.0f}",
+        f"{r['vs_f32']:.2f} [{r['vs_f32_low']:.2f}, {r['vs_f32_high']:.2f}]",
+        f"{r['fp32_peak_gflops']:.0f}", f"{r['of_peak']:.0%}", f"{r['compile_s']:.2f}",
+    ])  # fmt: skip
 
 
 def f32_table(rows: list[dict]) -> str:
-    lines = [
-        "| workload | threads | x86 GFLOP/s | numpy GFLOP/s | x86 / numpy [95% CI] | "
-        "naive GFLOP/s | x86 / naive | compile s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        if not r["verified"]:
-            lines.append(f"| {r['workload']} | {r['threads']} | NOT VERIFIED | | | | | |")
-            continue
-        naive = f"{r['naive_gflops']:.2f}" if "naive_gflops" in r else "-"
-        vs_naive = f"{r['vs_naive']:.0f}x" if "vs_naive" in r else "-"
-        lines.append(
-            f"| {r['workload']} | {r['threads']} | {r['x86_gflops']:.0f} | "
-            f"{r['numpy_gflops']:.0f} | {r['vs_numpy']:.2f} [{r['vs_numpy_low']:.2f}, "
-            f"{r['vs_numpy_high']:.2f}] | {naive} | {vs_naive} | {r['compile_s']:.2f} |"
-        )
-    return "\n".join(lines)
+    header = ["workload", "threads", "x86 GFLOP/s", "numpy GFLOP/s", "x86 / numpy [95% CI]",
+              "naive GFLOP/s", "x86 / naive", "compile s"]  # fmt: skip
+    return markdown(header, rows, lambda r: [
+        f"{r['x86_gflops']:.0f}", f"{r['numpy_gflops']:.0f}",
+        f"{r['vs_numpy']:.2f} [{r['vs_numpy_low']:.2f}, {r['vs_numpy_high']:.2f}]",
+        f"{r['naive_gflops']:.2f}" if "naive_gflops" in r else "-",
+        f"{r['vs_naive']:.0f}x" if "vs_naive" in r else "-", f"{r['compile_s']:.2f}",
+    ])  # fmt: skip
 
 
 def main() -> int:
