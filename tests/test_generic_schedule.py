@@ -583,3 +583,51 @@ def test_prime_extents_vectorize_with_masks(cols):
     x = rng.standard_normal((32, cols), dtype=np.float32)
     (total,) = _jit(row_sum).call("main", [x])
     np.testing.assert_allclose(total, x.sum(axis=1), rtol=1e-4, atol=1e-4)
+
+
+def _pooling(window: tuple[int, int], dilation: int = 1) -> str:
+    kh, kw = window
+    oh, ow = 9 - (kh - 1) * dilation, 40 - (kw - 1) * dilation
+    return f"""
+func.func @main(%x: tensor<2x16x9x40xf32>) -> tensor<2x16x{oh}x{ow}xf32> {{
+  %z = arith.constant 0.0 : f32
+  %w = tensor.empty() : tensor<{kh}x{kw}xf32>
+  %e = tensor.empty() : tensor<2x16x{oh}x{ow}xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<2x16x{oh}x{ow}xf32>) -> tensor<2x16x{oh}x{ow}xf32>
+  %r = linalg.pooling_nchw_sum {{dilations = dense<{dilation}> : vector<2xi64>,
+      strides = dense<1> : vector<2xi64>}}
+      ins(%x, %w : tensor<2x16x9x40xf32>, tensor<{kh}x{kw}xf32>)
+      outs(%f : tensor<2x16x{oh}x{ow}xf32>) -> tensor<2x16x{oh}x{ow}xf32>
+  return %r : tensor<2x16x{oh}x{ow}xf32>
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("window", "dilation", "vectorized"),
+    [((3, 3), 1, True), ((1, 8), 1, False), ((3, 3), 2, False)],
+    ids=["2d", "one-row", "dilated"],
+)
+def test_pooling_vectorizes_only_where_it_pays(window, dilation, vectorized):
+    """2-D windows are decomposed and vectorized; one-row and dilated windows stay loops
+    (their vectorized forms are shuffles slower than the loops); all stay correct."""
+    from stagegraph.stages.generic_schedule import convolution_plan
+
+    text = _pooling(window, dilation)
+    facts = analyze(parse_payload(text))
+    (pool,) = [op for op in facts.ops if op.op_class == "pooling"]
+    params = heuristic_generic_params(facts, AVX512)
+    assert (convolution_plan(pool, params) is not None) == vectorized
+    x = np.random.default_rng(6).standard_normal((2, 16, 9, 40)).astype(np.float32)
+    (out,) = _jit(text).call("main", [x])
+    kh, kw = window
+    expected = sum(
+        x[
+            :,
+            :,
+            a * dilation : a * dilation + out.shape[2],
+            b * dilation : b * dilation + out.shape[3],
+        ]
+        for a, b in itertools.product(range(kh), range(kw))
+    )
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

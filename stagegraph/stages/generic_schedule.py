@@ -136,6 +136,10 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
         return None
     if op.op_class == "pooling" and any(d > 1 for d in conv.dilations):
         return None  # dilated pooling windows vectorize into shuffles slower than loops
+    if op.op_class == "pooling" and any(op.loop_ranges[d] == 1 for d in conv.filter_loop):
+        # A one-row window (1-D pooling in a 2-D op): shuffles again, and nothing for them
+        # to amortize over (avg pool 1-D: 0.14 ms vectorized, 0.07 ms as loops).
+        return None
     if math.prod(op.loop_ranges[d] for d in conv.filter_loop) == 1:
         return None  # pointwise: a matmul in disguise, better left to loops (or matmul path)
     decompose = op.name in DECOMPOSABLE
