@@ -31,7 +31,7 @@ _MATH_TO_LLVM = "convert-math-to-llvm,convert-math-to-libm"
 
 _TO_LLVM = (
     f"{_POWI},buffer-deallocation-pipeline,convert-bufferization-to-memref,expand-strided-metadata,"
-    f"lower-affine,convert-scf-to-cf,convert-vector-to-llvm,finalize-memref-to-llvm,"
+    "lower-affine,convert-scf-to-cf,convert-vector-to-llvm,finalize-memref-to-llvm,"
     f"{_MATH_TO_LLVM},convert-to-llvm,reconcile-unrealized-casts"
 )
 

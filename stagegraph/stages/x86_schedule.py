@@ -211,8 +211,8 @@ def widen_inputs(payload: ir.Module) -> int:
 
 
 def _widening_copy(value: ir.Value) -> bool:
-    owner = value.owner
-    return isinstance(owner, ir.Operation | ir.OpView) and _WIDEN_ATTR in owner.attributes
+    owner = _defining_op(value)
+    return owner is not None and _WIDEN_ATTR in owner.attributes
 
 
 def matmul_like_ops(facts) -> list[OpFacts]:
@@ -352,9 +352,14 @@ def _strip(payload: ir.Module, *names: str) -> None:
     payload.operation.walk(visit)
 
 
-def _defining_op_name(value: ir.Value) -> str | None:
+def _defining_op(value: ir.Value) -> ir.Operation | None:
     owner = value.owner
-    return owner.operation.name if isinstance(owner, ir.Operation | ir.OpView) else None
+    return owner.operation if isinstance(owner, ir.Operation | ir.OpView) else None
+
+
+def _defining_op_name(value: ir.Value) -> str | None:
+    owner = _defining_op(value)
+    return owner.name if owner is not None else None
 
 
 def _walk(op: ir.Operation):
