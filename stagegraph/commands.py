@@ -61,6 +61,47 @@ def inspection_options(command: click.Command) -> click.Command:
     return command
 
 
+def time_limit_options(command: click.Command) -> click.Command:
+    """``--compile-timeout`` and ``--run-timeout`` for in-process run/bench (see watchdog)."""
+    options = [
+        click.option("--compile-timeout", type=click.FloatRange(min=0, min_open=True),
+                     default=600.0, show_default=True,
+                     help="Without --isolate: end the run if compiling takes longer (s)."),
+        click.option("--run-timeout", type=click.FloatRange(min=0, min_open=True),
+                     default=300.0, show_default=True,
+                     help="Without --isolate: end the run if running or timing the compiled "
+                          "code takes longer (s; bench adds --budget)."),
+    ]  # fmt: skip
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def watched(hooks: list[Hook], compile_timeout: float, run_timeout: float) -> list[Hook]:
+    """``hooks`` plus a :class:`~stagegraph.watchdog.Watchdog` with these limits."""
+    from stagegraph.watchdog import Watchdog
+
+    return [*hooks, Watchdog(compile_timeout, run_timeout)]
+
+
+def stop_watchdogs(hooks: Sequence[Hook]) -> None:
+    from stagegraph.watchdog import Watchdog
+
+    for hook in hooks:
+        if isinstance(hook, Watchdog):
+            hook.stop()
+
+
+def target_option(command: click.Command) -> click.Command:
+    """``--target``, shared by run/bench/tune."""
+    return click.option(
+        "--target",
+        metavar="NAME",
+        help="host (default, or $STAGEGRAPH_TARGET), x86-64-v2|v3|v4, or an LLVM CPU name "
+        "(znver3, skylake-avx512, sapphirerapids, ...).",
+    )(command)
+
+
 def cost_model_options(command: click.Command) -> click.Command:
     """``--cost-model``, ``--db`` and ``--params-file``, shared by run/bench/tune."""
     options = [
@@ -143,6 +184,8 @@ def build_hooks(
 @isolation_options
 @click.option("--ranks", type=click.IntRange(min=1), help="Run on N MPI ranks (sharded workloads).")
 @cost_model_options
+@target_option
+@time_limit_options
 def run(
     graph: str,
     workload: str,
@@ -163,20 +206,30 @@ def run(
     cost_model: str | None = None,
     db: str | None = None,
     params_file: str | None = None,
+    target: str | None = None,
+    compile_timeout: float = 600.0,
+    run_timeout: float = 300.0,
 ) -> None:
     """Compile WORKLOAD through GRAPH, run it and verify it against the reference."""
     if ranks is not None:
         from stagegraph.mpi import run_command
 
         unsupported = {"--param": params, "--until": until, "--dump-ir": dump_ir,
-                       "--emit": emit != "jit", "--threads": threads}  # fmt: skip
+                       "--emit": emit != "jit", "--threads": threads,
+                       "--target": target}  # fmt: skip
         return run_command(graph, workload, ranks, as_json, unsupported)
     from stagegraph.engine import Engine
-    from stagegraph.execute import parse_assignments, run_report, with_emit, with_params
+    from stagegraph.execute import (
+        parse_assignments,
+        with_emit,
+        with_params,
+        with_target,
+    )
 
     loaded, work = load_inputs(graph, workload)
     loaded = swap_cost_model(loaded, work, cost_model, db, params_file)
     loaded = with_params(loaded, parse_assignments(params), threads)
+    loaded = with_target(loaded, target)
     loaded = with_emit(loaded, emit, output)
     if isolate and cost_model is not None:
         from stagegraph.errors import ConfigError
@@ -184,10 +237,22 @@ def run(
         raise ConfigError("--isolate does not take --cost-model yet; run without --isolate")
     if isolate:
         report = _run_isolated(graph, workload, params, threads, emit, output, verify_each,
-                               repro_dir, timeout, memory_gb)  # fmt: skip
+                               repro_dir, timeout, memory_gb, target=target)  # fmt: skip
         _print_run_report(report, as_json)
         return
-    engine = Engine(build_hooks(loaded, print_ir_after, verify_each, repro_dir, dump_ir))
+    hooks = build_hooks(loaded, print_ir_after, verify_each, repro_dir, dump_ir)
+    engine = Engine(watched(hooks, compile_timeout, run_timeout))
+    try:
+        _run_in_process(engine, loaded, work, until, as_json, cost_model, threads)
+    finally:
+        stop_watchdogs(engine.hooks)
+
+
+def _run_in_process(engine, loaded: Graph, work, until: str | None, as_json: bool,
+                    cost_model: str | None, threads: int | None) -> None:  # fmt: skip
+    """The in-process part of ``run``: print the IR at ``until``, or run and report."""
+    from stagegraph.execute import run_report
+
     if until:
         result = engine.run(loaded, work, until=until)
         module = result.module
@@ -216,7 +281,8 @@ def run(
 
 def _run_isolated(graph: str, workload: str, params: Sequence[str], threads: int | None,
                   emit: str, output: str | None, verify_each: bool, repro_dir: str | None,
-                  timeout: float, memory_gb: float, bench: dict | None = None) -> Any:  # fmt: skip
+                  timeout: float, memory_gb: float, bench: dict | None = None,
+                  target: str | None = None) -> Any:  # fmt: skip
     import tempfile
 
     from stagegraph.execute import IsolatedRun, parse_assignments, run_isolated_report
@@ -224,7 +290,7 @@ def _run_isolated(graph: str, workload: str, params: Sequence[str], threads: int
 
     with tempfile.TemporaryDirectory(prefix="stagegraph-crumb-") as scratch:
         request = IsolatedRun(graph=graph, workload=workload, params=parse_assignments(params),
-                              threads=threads, emit=emit, output=output,
+                              threads=threads, target=target, emit=emit, output=output,
                               breadcrumb=f"{scratch}/current", verify_each=verify_each,
                               bench=bench)  # fmt: skip
         limits = Limits(timeout_s=timeout, memory_bytes=int(memory_gb * 2**30))
@@ -294,6 +360,8 @@ def _print_run_report(report: RunReport, as_json: bool) -> None:
 @inspection_options
 @isolation_options
 @cost_model_options
+@target_option
+@time_limit_options
 def bench(
     graph: str,
     workload: str,
@@ -318,19 +386,19 @@ def bench(
     isolate: bool = False,
     timeout: float = 300.0,
     memory_gb: float = 8.0,
+    target: str | None = None,
+    compile_timeout: float = 600.0,
+    run_timeout: float = 300.0,
 ) -> None:
     """Benchmark WORKLOAD through GRAPH with the timing wrapper spliced at a tag."""
-    from stagegraph.bench import (
-        BenchOptions,
-        NumpyMeasurement,
-        append_csv,
-        benchmark,
-        compare,
-        prepare,
-    )
-    from stagegraph.catalog import load_graph
+    from stagegraph.bench import BenchOptions, append_csv
     from stagegraph.engine import Engine
-    from stagegraph.execute import check_single_process, parse_assignments, with_params
+    from stagegraph.execute import (
+        check_single_process,
+        parse_assignments,
+        with_params,
+        with_target,
+    )
 
     options = BenchOptions(warmup=warmup, repeat=repeat, min_time_s=min_time, budget_s=budget)
     if ranks is not None:
@@ -338,11 +406,13 @@ def bench(
 
         unsupported = {"--vs": versus, "--param": params, "--threads": threads,
                        "--dump-ir": dump_ir, "--print-ir-after": print_ir_after,
-                       "--verify-each": verify_each, "--repro-dir": repro_dir}  # fmt: skip
+                       "--verify-each": verify_each, "--repro-dir": repro_dir,
+                       "--target": target}  # fmt: skip
         return bench_command(graph, workload, ranks, splice_at, options, as_json, csv_path,
                              unsupported)  # fmt: skip
     loaded, work = load_inputs(graph, workload)
     check_single_process(work)
+    loaded = with_target(loaded, target)
     if isolate:
         from stagegraph.errors import ConfigError
 
@@ -353,7 +423,8 @@ def bench(
             )
         bench_options = {**options.model_dump(), "splice_at": splice_at}
         report = _run_isolated(graph, workload, params, threads, "jit", None, verify_each,
-                               repro_dir, timeout, memory_gb, bench=bench_options)  # fmt: skip
+                               repro_dir, timeout, memory_gb, bench=bench_options,
+                               target=target)  # fmt: skip
         emit_json(report.model_dump(mode="json")) if as_json else _print_report(report)
         if csv_path:
             append_csv(csv_path, report)
@@ -362,7 +433,28 @@ def bench(
         return
     loaded = swap_cost_model(loaded, work, cost_model, db, params_file)
     loaded = with_params(loaded, parse_assignments(params), threads)
-    engine = Engine(build_hooks(loaded, print_ir_after, verify_each, repro_dir, dump_ir))
+    hooks = build_hooks(loaded, print_ir_after, verify_each, repro_dir, dump_ir)
+    engine = Engine(watched(hooks, compile_timeout, run_timeout + budget))
+    try:
+        reports = _bench_in_process(engine, loaded, work, splice_at, options, threads, versus,
+                                    params, target, as_json, cost_model)  # fmt: skip
+    finally:
+        stop_watchdogs(engine.hooks)
+    if csv_path:
+        for r in reports:
+            append_csv(csv_path, r)
+    if not all(r.verified for r in reports):
+        raise SystemExit(1)
+
+
+def _bench_in_process(engine, loaded: Graph, work, splice_at: str | None, options, threads,
+                      versus: str | None, params: Sequence[str], target: str | None,
+                      as_json: bool, cost_model: str | None) -> list:  # fmt: skip
+    """The in-process part of ``bench``: measure (or compare), print, return the reports."""
+    from stagegraph.bench import NumpyMeasurement, benchmark, compare, prepare
+    from stagegraph.catalog import load_graph
+    from stagegraph.execute import parse_assignments, with_params, with_target
+
     info = report_cost_model(engine, loaded, work, cost_model)
     if versus is None:
         report = benchmark(engine, loaded, work, splice_at, options, threads)
@@ -380,6 +472,7 @@ def bench(
             second = NumpyMeasurement(work)
         else:
             other = with_params(load_graph(versus), parse_assignments(params), threads)
+            other = with_target(other, target) if target and versus != "naive" else other
             second = prepare(engine, other, work, splice_at)
         unverified = [m for m in (first, second) if hasattr(m, "verdict") and not m.verdict.ok]
         if unverified:
@@ -399,11 +492,7 @@ def bench(
                 f"[{result.ratio_low:.3f}, {result.ratio_high:.3f}]  (speedup of "
                 f"{result.a.graph}: {1 / result.ratio:.2f}x)"
             )
-    if csv_path:
-        for r in reports:
-            append_csv(csv_path, r)
-    if not all(r.verified for r in reports):
-        raise SystemExit(1)
+    return reports
 
 
 def _print_report(report) -> None:
@@ -506,12 +595,13 @@ def repro(directory: str, as_json: bool) -> None:
     help="Write each candidate's IR after every stage that changed it, in DIR/HASH.",
 )
 @inspection_options
+@target_option
 def tune(graph: str, workload: str, budget: int, jobs: int, cluster: str | None, db: str,
          strategy: str, seed: int, cost_model: str, fixes: tuple[str, ...],
          batch_size: int | None, samples: int, compile_timeout: float, run_timeout: float,
          memory_gb: float, as_json: bool, explain: bool, dump_ir: str | None = None,
          print_ir_after: tuple[str, ...] = (), verify_each: bool = False,
-         repro_dir: str | None = None) -> None:  # fmt: skip
+         repro_dir: str | None = None, target: str | None = None) -> None:  # fmt: skip
     """Search params for WORKLOAD through GRAPH; every candidate isolated, recorded in --db.
 
     Test-only: STAGEGRAPH_TUNE_FAULT="KIND@HASH,..." (KIND segfault|hang|oom|wrong; HASH a
@@ -540,7 +630,8 @@ def tune(graph: str, workload: str, budget: int, jobs: int, cluster: str | None,
                           compile_timeout_s=compile_timeout, run_timeout_s=run_timeout,
                           memory_bytes=int(memory_gb * 2**30), faults=faults,
                           dump_ir=dump_ir, print_ir_after=list(print_ir_after),
-                          verify_each=verify_each, repro_dir=repro_dir)  # fmt: skip
+                          verify_each=verify_each, repro_dir=repro_dir,
+                          target=target)  # fmt: skip
     if explain:
         info = explain_space(options)
         if as_json:

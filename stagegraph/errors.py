@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable
+from typing import Any
 
 
 def did_you_mean(name: str, candidates: Iterable[str]) -> str:
@@ -127,6 +128,50 @@ class PayloadError(StagegraphError, ValueError):
     """A payload the project cannot handle (malformed, dynamic shapes, unsupported dtype)."""
 
 
+class UnsupportedPayloadError(PayloadError):
+    """The payload is outside what stagegraph can lower (dynamic shapes, dtypes, no entry)."""
+
+
+class UnregisteredOpError(UnsupportedPayloadError):
+    """The payload uses an op of a dialect these MLIR bindings do not register."""
+
+    def __init__(self, message: str, op_name: str, dialect: str) -> None:
+        super().__init__(message)
+        self.op_name = op_name
+        self.dialect = dialect
+
+    def __reduce__(self) -> tuple[Any, ...]:  # picklable across executor processes
+        return type(self), (str(self), self.op_name, self.dialect)
+
+
+class EmitError(StagegraphError, ValueError):
+    """A module cannot be turned into a binary (wrong IR level, toolchain failure)."""
+
+
+class ToolchainError(StagegraphError, RuntimeError):
+    """The system linker is missing or failed."""
+
+
+class SignatureError(StagegraphError, ValueError):
+    """An entry point's signature is missing, unsupported, or does not match the arguments."""
+
+
+class WrapperError(StagegraphError, ValueError):
+    """The benchmark wrapper cannot be built around a function."""
+
+
+class ShardingError(StagegraphError, ValueError):
+    """The ``shard`` ops of a module could not all be lowered."""
+
+
+class OpenMPRuntimeNotFound(StagegraphError, RuntimeError):
+    """No OpenMP runtime with the ``__kmpc_*`` ABI is installed."""
+
+
+class BaselineError(StagegraphError, RuntimeError):
+    """A tuning run's baseline params do not compile or verify: nothing can be compared."""
+
+
 class WorkloadError(StagegraphError, ValueError):
     """A workload spec that does not resolve (unknown name, bad parameter)."""
 
@@ -214,6 +259,14 @@ class RankFailedError(MpiError):
 
 class MpiTimeoutError(MpiError, TimeoutError):
     """The ranks did not finish within the timeout; the job was killed."""
+
+
+class UnknownTargetError(StagegraphError, KeyError):
+    """A ``--target`` name that is neither ``host``, an x86-64 level nor a known CPU."""
+
+
+class TargetNotRunnableError(StagegraphError, RuntimeError):
+    """Code built for a target whose ISA features this host lacks (it would die of SIGILL)."""
 
 
 class UnknownCostModelError(StagegraphError, KeyError):

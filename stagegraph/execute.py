@@ -96,6 +96,36 @@ def with_params(graph: Graph, overrides: dict[str, Any], threads: int | None = N
     return graph
 
 
+def with_target(graph: Graph, name: str | None) -> Graph:
+    """Set ``--target NAME`` on the graph's target stages (found by their ``Target`` output).
+
+    Raises:
+        UnknownTargetError: the name is not ``host``, an x86-64 level or a known CPU.
+        ConfigError: a named target for a graph with no target stage (it builds for the host).
+    """
+    if name is None:
+        return graph
+    from stagegraph.stages.target import Target, TargetConfig, resolve_target
+
+    resolve_target(name)  # an unknown name fails before anything compiles
+    stages = [
+        s
+        for s in graph.stages.values()
+        if isinstance(s.config, TargetConfig)
+        and any(issubclass(p.type, Target) for p in s.outputs.values())
+    ]
+    if not stages:
+        if name.strip().lower() == "host":
+            return graph
+        raise ConfigError(
+            f"graph {graph.name!r} has no target stage (no stage produces Target): it builds "
+            f"for the host only, so --target {name} cannot apply"
+        )
+    for stage in stages:
+        graph = graph.replace(stage.name, stage.with_config(name=name))
+    return graph
+
+
 def with_emit(graph: Graph, kind: str, path: str | None) -> Graph:
     """Swap the graph's emit stage for ``jit``, ``object`` or ``shared`` (to ``path``)."""
     if kind == "jit":
@@ -214,6 +244,7 @@ class IsolatedRun(Schema):
     workload: str
     params: dict[str, Any] = Field(default_factory=dict)
     threads: int | None = None
+    target: str | None = None
     emit: str = "jit"
     output: str | None = None
     breadcrumb: str
@@ -229,6 +260,7 @@ def _isolated_child(request: IsolatedRun) -> Any:
 
     install_reference_runner()
     graph = with_params(load_graph(request.graph), request.params, request.threads)
+    graph = with_target(graph, request.target)
     graph = with_emit(graph, request.emit, request.output)
     hooks: list[Hook] = [CrashBreadcrumb(request.breadcrumb)]
     if request.verify_each:

@@ -8,6 +8,7 @@ configuration. Calling the factory makes a :class:`Stage`: a name, tags and a fr
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import inspect
 import typing
@@ -97,13 +98,96 @@ def _ports_from_hints(fn: Callable, owner: str) -> tuple[tuple[Port, ...], tuple
 
 
 def _source_version(obj: Any) -> str:
-    """Hash of the defining module's source, so cache keys change when stage code changes."""
+    """Hash of the source of the module defining ``obj`` and of every module of the same
+    package (and of stagegraph) it imports, at any depth, lazily imports included: editing
+    a helper module (``x86_schedule.py`` for ``x86.schedule``) changes the cache key."""
     module = inspect.getmodule(obj)
+    if module is None:
+        return hashlib.sha256(getattr(obj, "__qualname__", "").encode()).hexdigest()[:16]
+    return dependency_version(module.__name__)
+
+
+@functools.cache
+def dependency_version(module_name: str) -> str:
+    """Hash of ``module_name``'s source and its in-project imports' (see _source_version)."""
+    roots = {module_name.partition(".")[0], "stagegraph"}
+    seen: dict[str, str] = {}
+    todo = [module_name]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen[name] = _module_source(name)
+        todo.extend(i for i in _imported_modules(name) if i.partition(".")[0] in roots)
+    digest = hashlib.sha256()
+    for name in sorted(seen):
+        digest.update(f"{name}\0{seen[name]}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def _module_source(name: str) -> str:
+    path = _module_file(name)
+    if path is None:
+        return ""
     try:
-        source = inspect.getsource(module) if module else ""
-    except (OSError, TypeError):
-        source = getattr(obj, "__qualname__", "")
-    return hashlib.sha256(source.encode()).hexdigest()[:16]
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _module_file(name: str) -> str | None:
+    """The ``.py`` file of a module, found without importing it (importing
+    ``stagegraph.mlir`` to hash it would load the bindings)."""
+    import importlib.util
+    import os
+    import sys
+
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        path = getattr(loaded, "__file__", None)
+        return path if path and path.endswith(".py") else None
+    parent, _, leaf = name.rpartition(".")
+    if not parent:
+        spec = importlib.util.find_spec(name)  # a top-level name: nothing is imported
+        origin = spec.origin if spec is not None else None
+        return origin if origin and origin.endswith(".py") else None
+    parent_file = _module_file(parent)
+    if parent_file is None or not parent_file.endswith("__init__.py"):
+        return None
+    folder = os.path.dirname(parent_file)
+    for candidate in (
+        os.path.join(folder, f"{leaf}.py"),
+        os.path.join(folder, leaf, "__init__.py"),
+    ):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+@functools.cache
+def _imported_modules(name: str) -> frozenset[str]:
+    """Modules named by the import statements anywhere in the module (function bodies too)."""
+    import ast
+
+    try:
+        tree = ast.parse(_module_source(name))
+    except SyntaxError:
+        return set()
+    package = name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # submodules
+    return frozenset(m for m in found if m)
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,6 +218,12 @@ class StageFactory:
         values = dict(config.model_dump() if isinstance(config, Config) else config or {})
         values.update(config_fields)
         return Stage(stage_name, self, self.make_config(values, stage_name), frozenset(tags))
+
+    @property
+    def code_version(self) -> str:
+        """``version`` if given, else the hash of the stage's code and its in-project
+        imports (:func:`_source_version`): part of every memo key."""
+        return self.version or _source_version(self.fn)
 
     def make_config(self, values: Mapping[str, Any], stage_name: str) -> Config:
         try:
@@ -189,7 +279,7 @@ class Stage:
 
     def spec_hash(self) -> str:
         """Identity of what this stage computes: factory, its code version and config."""
-        data = f"{self.factory.name}:{self.factory.version}:{self.config.content_hash()}"
+        data = f"{self.factory.name}:{self.factory.code_version}:{self.config.content_hash()}"
         return hashlib.sha256(data.encode()).hexdigest()
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
@@ -254,13 +344,27 @@ def stage(
             mutates=kind in MUTATING_KINDS if mutates is None else mutates,
             cacheable=cacheable,
             doc=inspect.getdoc(obj) or "",
-            version=_source_version(obj),
+            version="",  # computed on first use (see code_version): imports stay cheap
             takes_config="config" in inspect.signature(fn).parameters,
         )
+        other = _REGISTRY.get(reg_name)
+        if other is not None and _origin(other.fn) != _origin(fn):
+            raise StageDefinitionError(
+                f"stage name {reg_name!r} is already registered by {_origin(other.fn)}; "
+                f"{_origin(fn)} must use another name"
+            )
         _REGISTRY[reg_name] = factory
         return factory
 
     return declare
+
+
+def _origin(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of a stage function (a re-import of the same code is no clash)."""
+    fn = getattr(fn, "__func__", fn)
+    owner = getattr(fn, "__self__", None)
+    name = type(owner).__qualname__ if owner is not None else fn.__qualname__
+    return f"{fn.__module__}.{name}"
 
 
 def registered() -> dict[str, StageFactory]:
@@ -293,6 +397,24 @@ def get_factory(name: str) -> StageFactory:
 
 _LOADED = False
 
+#: The modules of the built-in stage library that declare stages. Only these are imported
+#: to list or look up factories: they load MLIR lazily, inside stage functions, so
+#: ``validate`` and ``list stages`` never pay for the bindings.
+LIBRARY_MODULES = tuple(
+    f"stagegraph.stages.{name}"
+    for name in (
+        "analysis",
+        "costmodels",
+        "emit",
+        "passes",
+        "sharding",
+        "target",
+        "transform",
+        "wrapper",
+        "x86",
+    )
+)
+
 
 def _load_library() -> None:
     global _LOADED
@@ -300,12 +422,9 @@ def _load_library() -> None:
         return
     _LOADED = True
     import importlib
-    import pkgutil
 
-    import stagegraph.stages as library
-
-    for info in pkgutil.iter_modules(library.__path__):
-        importlib.import_module(f"{library.__name__}.{info.name}")
+    for module in LIBRARY_MODULES:
+        importlib.import_module(module)
 
 
 def check_compatible(produced: Port, expected: Port) -> bool:

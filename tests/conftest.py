@@ -2,9 +2,26 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--target",
+        default=None,
+        help="pin every graph's target stage to this target (sets $STAGEGRAPH_TARGET), "
+        "e.g. x86-64-v3 to check the AVX2 code path on a wider host",
+    )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    target = config.getoption("--target")
+    if target:
+        os.environ["STAGEGRAPH_TARGET"] = target
+
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 KERNELBENCH = SHARED / "kernelbench" / "level1"

@@ -115,6 +115,16 @@ CATALOGUE = [
         ["unknown cost model 'heuristc'", "did you mean 'heuristic'"],
     ),
     (
+        "unknown-target",
+        ["run", "x86", "matmul:m=4,n=4,k=4", "--target", "znver33"],
+        ["unknown target 'znver33'", "did you mean 'znver3'"],
+    ),
+    (
+        "target-without-target-stage",
+        ["run", "naive", "matmul:m=4,n=4,k=4", "--target", "x86-64-v3"],
+        ["graph 'naive' has no target stage"],
+    ),
+    (
         "unresolved-symbol",
         ["run", "naive", "{dir}/external.mlir"],
         ["stage 'emit'", "calls no_such_function, which no loaded library provides"],

@@ -7,7 +7,7 @@ import pytest
 from stagegraph.engine import Engine
 from stagegraph.errors import StageFailed
 from stagegraph.graph import Graph, GraphInput
-from stagegraph.ports import Module
+from stagegraph.ports import Module, TensorModule
 from stagegraph.stages.passes import bufferize, linalg_to_loops, lower_to_llvm, pipeline, verify
 from stagegraph.stages.transform import transform
 from tests.conftest import MATMUL_MLIR, tile_schedule
@@ -168,3 +168,40 @@ def test_transform_failure_carries_diagnostics():
         Engine().run(graph, MATMUL_MLIR)
     assert info.value.stage == "tile"
     assert info.value.diagnostics, "MLIR diagnostics must be attached"
+
+
+def test_memo_key_covers_the_modules_a_stage_imports():
+    """x86.schedule's code lives mostly in x86_schedule.py (imported inside the function):
+    its version must change when that module does, and the stage's own module is no key."""
+    from stagegraph.stage import _imported_modules, dependency_version, get_factory
+
+    factory = get_factory("x86.schedule")
+    assert "stagegraph.stages.x86_schedule" in _imported_modules("stagegraph.stages.x86")
+    assert factory.code_version == dependency_version("stagegraph.stages.x86")
+    assert factory.code_version != dependency_version("stagegraph.stages.x86_schedule")
+
+
+def test_duplicate_stage_names_from_other_code_are_refused():
+    from stagegraph.errors import StageDefinitionError
+    from stagegraph.stage import stage
+
+    def verify(module: TensorModule) -> TensorModule:
+        return module
+
+    with pytest.raises(StageDefinitionError, match="already registered"):
+        stage("passes", name="verify")(verify)
+
+
+def test_listing_and_validating_do_not_load_mlir():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from stagegraph.cli import main\n"
+        "main(['list', 'stages']); main(['validate', 'x86'])\n"
+        "loaded = [m for m in sys.modules if m.startswith(('torch_mlir', 'mlir'))]\n"
+        "assert not loaded and 'stagegraph.mlir' not in sys.modules, loaded\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

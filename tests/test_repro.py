@@ -160,3 +160,24 @@ def test_tune_shares_the_ir_inspection_options(capsys, tmp_path):
         assert "IR after schedule" in (folder / "printed.mlir").read_text()
     code = main(["tune", "x86", "matmul", "--print-ir-after", "scheduled"])
     assert code == 2 and "give --dump-ir DIR" in capsys.readouterr().err
+
+
+def test_x86_schedule_reproducer_holds_the_transform_schedules(tmp_path):
+    """The reproducer of a failing x86.schedule carries the schedules built for its input."""
+    from stagegraph.catalog import load_graph
+    from stagegraph.engine import Engine
+    from stagegraph.repro import ReproducerHook
+    from stagegraph.workload import parse_workload
+
+    graph = load_graph("x86")
+    result = Engine().run(graph, parse_workload("mlp:batch=4,widths=8-16-8"), until="select")
+    inputs = {"module": result.value("load", "module").text(),
+              "facts": result.value("analyze", "facts"), "params": result.params}  # fmt: skip
+    hook = ReproducerHook(tmp_path)
+    event = type("Event", (), {"graph": graph, "stage": graph.stages["schedule"],
+                               "inputs": inputs})()  # fmt: skip
+    hook._pending = inputs
+    folder = hook.on_failure(event, RuntimeError("boom"))
+    text = (tmp_path / folder / "schedule.mlir").read_text()
+    assert text.count("transform.named_sequence @__transform_main") == 2  # generic + matmul
+    assert "transform.structured.pack" in text

@@ -90,10 +90,11 @@ def test_space_streams_distinct_valid_solutions(problem):
 def test_empty_space_names_conflicts(problem):
     from stagegraph.tune.space import build_space
 
-    space = build_space(problem.facts, problem.target, problem.base, {"reg_n": 24})
+    # 12 lanes is a multiple of no vector width from AVX2 (8 f32 lanes) up: any host.
+    space = build_space(problem.facts, problem.target, problem.base, {"reg_n": 12})
     with pytest.raises(EmptySearchSpaceError) as info:
         space.require_nonempty()
-    assert "fixed mm0.reg_n=24" in info.value.conflicts
+    assert "fixed mm0.reg_n=12" in info.value.conflicts
     assert "mm0.reg_n_multiple_of_vector_width" in info.value.conflicts
 
 
@@ -231,9 +232,9 @@ def test_tune_on_local_dask_cluster(tmp_path, capsys):
 
 
 def test_empty_space_cli_exit_2(tmp_path, capsys):
-    code = main(["tune", "x86", SMALL, "--fix", "reg_n=24", "--db", str(tmp_path / "e.db")])
+    code = main(["tune", "x86", SMALL, "--fix", "reg_n=12", "--db", str(tmp_path / "e.db")])
     err = capsys.readouterr().err
-    assert code == 2 and "reg_n_multiple_of_vector_width" in err and "fixed mm0.reg_n=24" in err
+    assert code == 2 and "reg_n_multiple_of_vector_width" in err and "fixed mm0.reg_n=12" in err
 
 
 def test_unreachable_cluster_exit_2_db_intact(tmp_path, capsys):

@@ -95,10 +95,13 @@ def _lower(payload, prefix: str, threads: int) -> list[str]:
     returns the shared libraries the JIT needs."""
     from stagegraph.mlir import passmanager
     from stagegraph.stages import lowering
+    from stagegraph.stages.rewrites import define_bf16_builtins, expand_bf16_truncation
 
     def run(pipeline: str) -> None:
         passmanager.PassManager.parse(f"builtin.module({pipeline})").run(payload.operation)
 
+    expand_bf16_truncation(payload)  # as x86.lower does for hosts without AVX-512 BF16
+    define_bf16_builtins(payload)
     if threads <= 1:
         run(f"{prefix},{lowering.LOWER_TO_LLVM}")
         return []

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
-from collections.abc import Callable, Mapping, Sequence
+import io
+import os
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stagegraph.errors import StagegraphError
+from stagegraph.errors import EmitError
 from stagegraph.mlir import execution_engine
 from stagegraph.runtime.heap import keep_heap_pages
 from stagegraph.runtime.memref import (
@@ -21,10 +27,6 @@ from stagegraph.runtime.memref import (
 )
 
 _PACKED = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
-
-
-class EmitError(StagegraphError, ValueError):
-    """A module cannot be turned into a binary (wrong IR level, toolchain failure)."""
 
 
 def build_key(module: Any, *options: object) -> str:
@@ -78,9 +80,15 @@ class JitBinary(CallableBinary):
                 module, opt_level=opt_level, shared_libs=libs
             )
         self._functions: dict[str, Callable[[Any], None]] = {}
+        for entry in sorted(self.entries):  # compile now: a missing symbol fails here
+            self.function(entry)
 
     def function(self, entry: str) -> Callable[[Any], None]:
-        """The packed ``void(void**)`` wrapper of ``entry``'s C interface."""
+        """The packed ``void(void**)`` wrapper of ``entry``'s C interface.
+
+        Raises:
+            EmitError: the JIT could not link the code (a symbol no library provides).
+        """
         if entry not in self._functions:
             if entry not in self.entries:
                 raise SignatureError(
@@ -88,7 +96,11 @@ class JitBinary(CallableBinary):
                     f"{', '.join(sorted(self.entries)) or 'none'}); set "
                     "llvm.emit_c_interface (record_signature) before lowering"
                 )
-            self._functions[entry] = _PACKED(self.engine.raw_lookup(CIFACE_PREFIX + entry))
+            with captured_stderr() as messages:
+                address = self.engine.raw_lookup(CIFACE_PREFIX + entry)
+            if not address:  # calling address 0 would segfault
+                raise EmitError(_link_failure(entry, messages.read()))
+            self._functions[entry] = _PACKED(address)
         return self._functions[entry]
 
     def _invoker(self, entry: str, marshalled: Marshalled) -> Callable[[], None]:
@@ -100,6 +112,42 @@ class JitBinary(CallableBinary):
 
         run.marshalled = marshalled  # type: ignore[attr-defined]  # keeps buffers alive
         return run
+
+
+@contextlib.contextmanager
+def captured_stderr() -> Iterator[io.StringIO]:
+    """Collect what native code writes to fd 2 while the block runs (LLVM's JIT reports
+    link errors there, not through an exception); the text is readable afterwards."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    text = io.StringIO()
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield text
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text.write(sink.read().decode(errors="replace"))
+            text.seek(0)
+
+
+_MISSING = re.compile(r"Symbols not found: \[([^\]]*)\]")
+
+
+def _link_failure(entry: str, messages: str) -> str:
+    """Why the JIT returned no address for ``entry``: the unresolved symbols, named."""
+    found = _MISSING.search(messages)
+    if found:
+        symbols = ", ".join(s.strip() for s in found.group(1).split(",") if s.strip())
+        return (
+            f"the JIT cannot link {entry!r}: no loaded library provides {symbols} (a "
+            "compiler-rt builtin or runtime function LLVM called); add the library with "
+            "the jit stage's shared_libs config"
+        )
+    detail = messages.strip().splitlines()[-1] if messages.strip() else "no message"
+    return f"the JIT could not compile or link {entry!r}: {detail}"
 
 
 def jit(module: Any, *, opt_level: int = 3, shared_libs: Sequence[str | Path] = ()) -> JitBinary:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from stagegraph.errors import StagegraphError
+from stagegraph.errors import SignatureError
 from stagegraph.ports import Binary, Schema
 
 SIGNATURE_ATTR = "stagegraph.signature"
@@ -69,10 +69,6 @@ _SCALAR_CTYPES: dict[str, Any] = {
     "ui64": ctypes.c_uint64,
     "index": ctypes.c_int64,
 }
-
-
-class SignatureError(StagegraphError, ValueError):
-    """An entry point's signature is missing, unsupported, or does not match the arguments."""
 
 
 class Arg(Schema):

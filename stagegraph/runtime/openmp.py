@@ -14,15 +14,12 @@ import os
 from importlib import metadata
 from pathlib import Path
 
+from stagegraph.errors import OpenMPRuntimeNotFound
 from stagegraph.runtime.heap import keep_heap_pages
 
 ENV_VAR = "STAGEGRAPH_OPENMP_LIB"
 _DISTRIBUTIONS = ("intel-openmp", "cmeel-libomp")
 _NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
-
-
-class OpenMPRuntimeNotFound(RuntimeError):
-    """No OpenMP runtime with the ``__kmpc_*`` ABI is installed."""
 
 
 @functools.cache

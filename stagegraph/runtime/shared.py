@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from stagegraph.errors import StagegraphError
+from stagegraph.errors import ToolchainError
 from stagegraph.runtime.heap import keep_heap_pages
 from stagegraph.runtime.memref import (
     CIFACE_PREFIX,
@@ -29,10 +29,6 @@ from stagegraph.runtime.memref import (
     Signature,
     SignatureError,
 )
-
-
-class ToolchainError(StagegraphError, RuntimeError):
-    """The system linker is missing or failed."""
 
 
 def emit_object(

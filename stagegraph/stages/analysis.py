@@ -18,7 +18,7 @@ import typing
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from stagegraph.errors import PayloadError
+from stagegraph.errors import UnregisteredOpError, UnsupportedPayloadError
 from stagegraph.irutil import format_diagnostic, parse_capturing
 from stagegraph.ports import Config, Facts, TensorModule
 from stagegraph.stage import stage
@@ -61,22 +61,6 @@ _NOT_FLOPS = frozenset(
     | {f"arith.{c}" for c in ("fptosi", "fptoui", "index_castui")}
     | {"tensor.extract"}  # a gather: a load, not arithmetic
 )
-
-
-class UnsupportedPayloadError(PayloadError):
-    """The payload is outside what stagegraph can lower (dynamic shapes, dtypes, no entry)."""
-
-
-class UnregisteredOpError(UnsupportedPayloadError):
-    """The payload uses an op of a dialect these MLIR bindings do not register."""
-
-    def __init__(self, message: str, op_name: str, dialect: str) -> None:
-        super().__init__(message)
-        self.op_name = op_name
-        self.dialect = dialect
-
-    def __reduce__(self) -> tuple[Any, ...]:  # picklable across executor processes
-        return type(self), (str(self), self.op_name, self.dialect)
 
 
 class ValueFacts(Facts):

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from stagegraph.errors import StagegraphError
+from stagegraph.errors import WrapperError
 from stagegraph.runtime.memref import (
     OUTPUTS_ATTR,
     CallableBinary,
@@ -38,10 +38,6 @@ from stagegraph.runtime.memref import (
 WRAPPER_ATTR = "stagegraph.wrapper"
 CLOCK = "clock_gettime"
 CLOCK_MONOTONIC = 1
-
-
-class WrapperError(StagegraphError, ValueError):
-    """The benchmark wrapper cannot be built around a function."""
 
 
 def is_wrapper(op: Any) -> bool:

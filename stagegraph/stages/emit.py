@@ -24,6 +24,7 @@ def jit(module: LLVMModule, config: JitConfig) -> Binary:
     """Compile in-process; the fastest way from IR to a callable."""
     from stagegraph.runtime.jit import JitBinary
 
+    check_runnable(module.ir)
     libs = [*config.shared_libs, *runtime_libraries(module.ir)]
     check_external_symbols(module.ir, libs)
     return JitBinary(module.ir, opt_level=config.opt_level, shared_libs=libs)
@@ -54,6 +55,30 @@ def shared_library(module: LLVMModule, config: FileConfig) -> Binary:
 
     libs = runtime_libraries(module.ir)
     return emit_shared_library(module.ir, config.path, opt_level=config.opt_level, shared_libs=libs)
+
+
+def check_runnable(module: Any) -> None:
+    """Refuse to load code built for ISA features this host lacks (it would die of SIGILL).
+
+    Raises:
+        TargetNotRunnableError: names the target and the missing features; emitting an
+            object file or a shared library for that target still works.
+    """
+    from stagegraph.errors import TargetNotRunnableError
+    from stagegraph.stages.lowering import required_isa
+    from stagegraph.stages.target import detect_target
+
+    recorded = required_isa(module)
+    if recorded is None:
+        return
+    name, isa = recorded
+    missing = sorted(isa - detect_target().isa)
+    if missing:
+        raise TargetNotRunnableError(
+            f"code built for target {name!r} cannot run on this host, which lacks "
+            f"{', '.join(missing)}; emit it instead (--emit object|shared -o PATH) or pick "
+            "a target this host runs (--target host)"
+        )
 
 
 def runtime_libraries(module: Any) -> list[str]:
@@ -88,7 +113,7 @@ def check_external_symbols(module: Any, libraries: list[str]) -> None:
     """
     import ctypes
 
-    from stagegraph.runtime.jit import EmitError
+    from stagegraph.errors import EmitError
 
     handles = [ctypes.CDLL(None), *(ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL) for lib in libraries)]
     missing = []

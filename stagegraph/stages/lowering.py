@@ -82,3 +82,50 @@ def schedule_dynamic(module) -> int:
 
 
 LINALG_TO_LOOPS = "convert-linalg-to-loops"
+
+
+TARGET_ISA_ATTR = "stagegraph.target_isa"
+TARGET_NAME_ATTR = "stagegraph.target_name"
+
+
+def pin_codegen_target(module, target) -> int:
+    """Build every function of an LLVM-dialect ``module`` for ``target``, not the host.
+
+    A named target (``target.cpu`` set) becomes each ``llvm.func``'s ``target_cpu`` and an
+    explicit ``target_features`` list: LLVM then builds that function for the named CPU
+    whatever the JIT's host is, and a feature the target lacks is switched off even when the
+    host has it (``-avx512f`` on an AVX-512 host pinned to ``x86-64-v3``). The target's ISA
+    is recorded on the module (``TARGET_ISA_ATTR``) so an emitter can refuse to run code the
+    host cannot execute. Returns the number of functions pinned (0 for the host target).
+    """
+    from stagegraph.mlir import ir
+    from stagegraph.stages.target_names import llvm_features
+
+    context = module.context
+    module.operation.attributes[TARGET_NAME_ATTR] = ir.StringAttr.get(target.name, context)
+    module.operation.attributes[TARGET_ISA_ATTR] = ir.ArrayAttr.get(
+        [ir.StringAttr.get(f, context) for f in sorted(target.isa)], context
+    )
+    if target.cpu is None:
+        return 0
+    quoted = ", ".join(f'"{f}"' for f in llvm_features(target.isa))
+    features = ir.Attribute.parse(f"#llvm.target_features<[{quoted}]>", context)
+    cpu = ir.StringAttr.get(target.cpu, context)
+    pinned = 0
+    for op in module.body.operations:
+        if op.operation.name == "llvm.func":
+            op.operation.attributes["target_cpu"] = cpu
+            op.operation.attributes["target_features"] = features
+            pinned += 1
+    return pinned
+
+
+def required_isa(module) -> tuple[str, frozenset[str]] | None:
+    """(target name, ISA features) recorded by :func:`pin_codegen_target`, if any."""
+    attrs = module.operation.attributes
+    if TARGET_ISA_ATTR not in attrs:
+        return None
+    from stagegraph.mlir import ir
+
+    name = ir.StringAttr(attrs[TARGET_NAME_ATTR]).value if TARGET_NAME_ATTR in attrs else "?"
+    return name, frozenset(ir.StringAttr(a).value for a in attrs[TARGET_ISA_ATTR])

@@ -9,7 +9,11 @@ from __future__ import annotations
 from stagegraph.ports import AnyModule, BufferModule, Config, LLVMModule, Module, TensorModule
 from stagegraph.stage import stage
 from stagegraph.stages import lowering
-from stagegraph.stages.rewrites import copies_to_linalg
+from stagegraph.stages.rewrites import (
+    copies_to_linalg,
+    define_bf16_builtins,
+    expand_bf16_truncation,
+)
 
 
 class PipelineConfig(Config):
@@ -60,7 +64,8 @@ def bufferize(module: TensorModule, config: BufferizeConfig) -> BufferModule:
 
 
 def record_public_signatures(module: Module) -> None:
-    from stagegraph.runtime.memref import SIGNATURE_ATTR, SignatureError, record_signature
+    from stagegraph.errors import SignatureError
+    from stagegraph.runtime.memref import SIGNATURE_ATTR, record_signature
 
     for op in module.ir.body.operations:
         if op.operation.name != "func.func" or not op.regions[0].blocks:
@@ -94,8 +99,11 @@ class LowerConfig(Config):
 def lower_to_llvm(module: BufferModule, config: LowerConfig) -> LLVMModule:
     """Buffers, loops and vectors to the LLVM dialect.
 
-    Copies become loops first: the wheel has no ``memrefCopy`` runtime to call.
+    Copies become loops first: the wheel has no ``memrefCopy`` runtime to call; and bf16
+    truncations become integer rounding (no ``__truncsfbf2`` builtin is linked).
     """
     if copies_to_linalg(module.ir):
         run_pipeline(module, lowering.LINALG_TO_LOOPS)
+    expand_bf16_truncation(module.ir)
+    define_bf16_builtins(module.ir)
     return run_pipeline(module, config.pipeline)

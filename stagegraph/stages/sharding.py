@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagegraph.errors import StagegraphError
+from stagegraph.errors import ShardingError
 from stagegraph.ports import Config, TensorModule
 from stagegraph.stage import stage
 from stagegraph.stages.passes import run_pipeline
@@ -20,10 +20,6 @@ from stagegraph.stages.passes import run_pipeline
 PROPAGATE = "func.func(sharding-propagation)"
 PARTITION = "func.func(shard-partition),canonicalize,cse"
 SHARD_TO_MPI = "convert-shard-to-mpi,canonicalize,cse"
-
-
-class ShardingError(StagegraphError, ValueError):
-    """The ``shard`` ops of a module could not all be lowered."""
 
 
 class PropagateConfig(Config):

@@ -34,8 +34,14 @@ _NOT_SIMD = {"smep"}  # x86 supervisor-mode protection, not arm64 SME
 
 
 class Target(Facts):
-    """The host (or a described machine) as seen by cost models."""
+    """The host (or a described machine) as seen by cost models.
 
+    ``name`` is what the target was asked as (``host``, ``x86-64-v3``, ``znver4``, ...);
+    ``cpu`` is the LLVM CPU the code is built for, None for the host the JIT runs on.
+    """
+
+    name: str = "host"
+    cpu: str | None = None
     arch: str = "x86_64"
     isa: frozenset[str] = frozenset()  # e.g. {"avx2", "fma", "avx512f", "avx512bf16", "amx_bf16"}
     cores: int = 1
@@ -53,6 +59,23 @@ class Target(Facts):
     def has(self, feature: str) -> bool:
         return feature in self.isa
 
+    @property
+    def vector_registers(self) -> int:
+        """Architectural SIMD registers: 32 with AVX-512 (EVEX), else 16."""
+        return 32 if self.has("avx512f") or self.vector_bits >= 512 else 16
+
+    @property
+    def tier(self) -> str:
+        """The x86-64 psABI level the ISA reaches (``x86-64-v3`` for AVX2 + FMA)."""
+        from stagegraph.stages.target_names import LEVELS
+
+        reached = [name for name, level in LEVELS.items() if level.isa <= self.isa]
+        return reached[-1] if reached else "x86-64"
+
+    def missing_on(self, host: Target) -> list[str]:
+        """ISA features this target's code may use that ``host`` lacks (sorted)."""
+        return sorted(self.isa - host.isa)
+
 
 def normalize_flag(flag: str) -> str:
     """Map a kernel cpuinfo flag to the spelling LLVM uses for the feature.
@@ -61,6 +84,8 @@ def normalize_flag(flag: str) -> str:
     ``avx512bf16`` / ``avxvnni``; AMX flags keep their underscore (``amx_bf16``).
     """
     flag = flag.strip().lower()
+    if flag == "pni":  # "Prescott New Instructions": the kernel's name for SSE3
+        return "sse3"
     if flag.startswith("avx512_"):
         return "avx512" + flag.removeprefix("avx512_")
     if flag.startswith("avx_"):
@@ -185,15 +210,53 @@ def target_from_override(**fields: Any) -> Target:
     return Target(**{**detect_target().model_dump(), **fields})
 
 
-class TargetConfig(Config):
-    """Fields to override on the detected host (to describe another machine)."""
+ENV_VAR = "STAGEGRAPH_TARGET"
 
+
+def resolve_target(name: str | None = None) -> Target:
+    """The facts of a named target: ``host`` (read from this machine), an x86-64 level
+    (``x86-64-v3``) or an LLVM CPU name (``znver3``). ``None`` means ``$STAGEGRAPH_TARGET``,
+    else ``host`` (so a whole test run can be pinned to a tier).
+
+    Raises:
+        UnknownTargetError: the name is none of these (with a "did you mean").
+    """
+    from stagegraph.errors import UnknownTargetError, unknown_name_message
+    from stagegraph.stages.target_names import NAMED
+
+    name = (name or os.environ.get(ENV_VAR) or "host").strip().lower()
+    if name == "host":
+        return detect_target()
+    machine = NAMED.get(name)
+    if machine is None:
+        raise UnknownTargetError(unknown_name_message("target", name, ["host", *NAMED]))
+    host = detect_target()
+    return Target(
+        name=name,
+        cpu=name,
+        arch="x86_64",
+        isa=machine.isa,
+        cores=host.cores,
+        vector_bits=vector_bits_for(machine.isa),
+        l1d_bytes=machine.l1d_bytes,
+        l2_bytes=machine.l2_bytes,
+        l3_bytes=machine.l3_bytes,
+        frequency_ghz=None,
+    )
+
+
+class TargetConfig(Config):
+    """``name``: ``host``, an x86-64 level or an LLVM CPU name (default: ``$STAGEGRAPH_TARGET``
+    or ``host``); ``overrides``: fields to replace on it (to describe another machine)."""
+
+    name: str | None = None
     overrides: dict[str, Any] = Field(default_factory=dict)
 
 
 @stage("analysis", name="target")
 def target(config: TargetConfig) -> Target:
-    """The machine parameter selection plans for: the host, with any overrides."""
+    """The machine parameter selection plans for: the named target, with any overrides."""
+    resolved = resolve_target(config.name)
     if config.overrides:
-        return target_from_override(**config.overrides)
-    return detect_target()
+        return Target(**{**resolved.model_dump(), **config.overrides})
+    return resolved

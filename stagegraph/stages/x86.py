@@ -8,6 +8,7 @@ and then the matmul schedule, both built with the transform dialect's Python API
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from pydantic import Field
@@ -88,11 +89,22 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
 @stage("schedule", name="x86.schedule")
 def schedule(module: TensorModule, facts: PayloadFacts, params: X86Params) -> TensorModule:
     """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels."""
+    _apply_schedules(module, facts, params)
+    return module
+
+
+def _apply_schedules(
+    module: TensorModule, facts: PayloadFacts, params: X86Params, applied: list[str] | None = None
+) -> None:
+    """What :func:`schedule` does; each transform module applied is appended to ``applied``
+    (as text: applying may change it)."""
     from stagegraph.stages import x86_schedule as mm
     from stagegraph.stages.generic_schedule import apply_generic_schedule, build_generic_schedule
 
+    applied = [] if applied is None else applied
     candidates = mm.label_contractions(module.ir, facts)
     generic = build_generic_schedule(facts, params.generic)
+    applied.append(generic.operation.get_asm(assume_verified=True))
     apply_generic_schedule(module.ir, generic, facts)
     mm.canonicalize_contractions(module.ir, candidates)
     mm.widen_inputs(module.ir)
@@ -102,9 +114,30 @@ def schedule(module: TensorModule, facts: PayloadFacts, params: X86Params) -> Te
     sites = [s for s in mm.find_matmuls(module.ir) if s.source in order]
     if sites:
         schedule_ir = mm.build_matmul_schedule(_site_params(params, facts, sites), sites)
+        applied.append(schedule_ir.operation.get_asm(assume_verified=True))
         mm.apply_schedule(module.ir, schedule_ir)
     mm.strip_labels(module.ir)
-    return module
+
+
+def describe_schedule(inputs: dict[str, Any], config: Config) -> str:
+    """The transform modules :func:`schedule` applies to these inputs, as MLIR text, for a
+    reproducer (they are built from the facts and params; run on a copy of the module)."""
+    from stagegraph.irutil import parse_module
+    from stagegraph.mlir import ir, new_context
+
+    module = inputs["module"]  # the reproducer hook keeps the module as text
+    applied: list[str] = []
+    context = new_context()
+    # The stage failed: keep the transform modules built before it did.
+    with contextlib.suppress(Exception), context, ir.Location.unknown():
+        copy = TensorModule(parse_module(module if isinstance(module, str) else module.text(),
+                                         context, "x86.schedule input"))  # fmt: skip
+        _apply_schedules(copy, inputs["facts"], inputs["params"], applied)
+    parts = [f"// transform module {i + 1} of {len(applied)}\n{m}" for i, m in enumerate(applied)]
+    return "\n".join(parts)
+
+
+schedule.fn.describe_schedule = describe_schedule  # read by stagegraph.repro
 
 
 def _site_params(params: X86Params, facts: PayloadFacts, sites: list[Any]) -> list[MatmulParams]:
@@ -140,7 +173,12 @@ def lower(
     thread."""
     from stagegraph.stages import lowering
     from stagegraph.stages.passes import run_pipeline
-    from stagegraph.stages.rewrites import copies_to_linalg, reassociate_reductions
+    from stagegraph.stages.rewrites import (
+        copies_to_linalg,
+        define_bf16_builtins,
+        expand_bf16_truncation,
+        reassociate_reductions,
+    )
     from stagegraph.stages.vector_math import call_vector_math
 
     copies_to_linalg(module.ir)
@@ -148,10 +186,16 @@ def lower(
         call_vector_math(module.ir, target)
     run_pipeline(module, X86_FINISH)
     reassociate_reductions(module.ir)
+    if not target.has("avx512bf16"):  # else LLVM would call compiler-rt's __truncsfbf2
+        expand_bf16_truncation(module.ir)
+        define_bf16_builtins(module.ir)
     threads = max((p.threads for p in params.matmul), default=1)
     if threads <= 1:
-        return run_pipeline(module, lowering.LOWER_TO_LLVM)
-    # Threads take the parallel loop's blocks dynamically (see lowering.schedule_dynamic).
-    run_pipeline(module, lowering.TO_OPENMP)
-    lowering.schedule_dynamic(module.ir)
-    return run_pipeline(module, lowering.OPENMP_TO_LLVM)
+        run_pipeline(module, lowering.LOWER_TO_LLVM)
+    else:
+        # Threads take the parallel loop's blocks dynamically (see lowering.schedule_dynamic).
+        run_pipeline(module, lowering.TO_OPENMP)
+        lowering.schedule_dynamic(module.ir)
+        run_pipeline(module, lowering.OPENMP_TO_LLVM)
+    lowering.pin_codegen_target(module.ir, target)
+    return module

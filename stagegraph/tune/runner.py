@@ -40,6 +40,7 @@ class TuneOptions(Schema):
     print_ir_after: list[str] = Field(default_factory=list)
     verify_each: bool = False
     repro_dir: str | None = None
+    target: str | None = None
 
 
 class Failure(Schema):
@@ -86,11 +87,12 @@ class Problem:
     def __init__(self, options: TuneOptions) -> None:
         from stagegraph.commands import load_inputs
         from stagegraph.engine import Engine
-        from stagegraph.execute import with_cost_model
+        from stagegraph.execute import with_cost_model, with_target
         from stagegraph.stages.costmodels import target_hash
         from stagegraph.tune.space import build_space
 
         graph, workload = load_inputs(options.graph, options.workload)
+        graph = with_target(graph, options.target)
         self.graph = with_cost_model(graph, options.cost_model, workload=workload.spec)
         self.workload = workload
         select = next(s.name for s in self.graph.stages.values() if s.kind == "params")
@@ -176,6 +178,7 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
                     print_ir_after=options.print_ir_after,
                     verify_each=options.verify_each,
                     repro_dir=options.repro_dir,
+                    target=options.target,
                 )
                 for i in range(0, len(fresh), size)
             ]

@@ -45,6 +45,7 @@ class BatchTask(Schema):
     print_ir_after: list[str] = Field(default_factory=list)
     verify_each: bool = False
     repro_dir: str | None = None
+    target: str | None = None
 
 
 def params_hash(params: dict[str, Any]) -> str:
@@ -101,13 +102,13 @@ def run_batch(task: BatchTask, work: str) -> int:
     from stagegraph.bench import prepare
     from stagegraph.catalog import load_graph
     from stagegraph.engine import Engine
-    from stagegraph.execute import install_reference_runner
+    from stagegraph.execute import install_reference_runner, with_target
     from stagegraph.stages.costmodels import fixed
     from stagegraph.workload import parse_workload
 
     out = Path(work)
     install_reference_runner()
-    graph = load_graph(task.graph)
+    graph = with_target(load_graph(task.graph), task.target)
     workload = parse_workload(task.workload)
     inspection = CandidateInspection(task)
     engine = Engine(inspection.hooks())
@@ -128,7 +129,9 @@ def run_batch(task: BatchTask, work: str) -> int:
     base = compile_params(task.baseline)
     _alarm(0)
     if not base.verdict.ok:
-        raise RuntimeError(f"the baseline does not verify: {base.verdict.message}")
+        from stagegraph.errors import BaselineError
+
+        raise BaselineError(f"the baseline does not verify: {base.verdict.message}")
     for params in task.candidates:
         result = _evaluate(task, out, params, base, compile_params)
         with (out / "results.jsonl").open("a") as handle:

@@ -1,0 +1,152 @@
+"""Named targets: x86-64 micro-architecture levels and LLVM CPU names as machine facts.
+
+``--target`` accepts ``host`` (read from the machine, see :mod:`stagegraph.stages.target`),
+the psABI levels ``x86-64``, ``x86-64-v2``, ``x86-64-v3`` (AVX2 + FMA) and ``x86-64-v4``
+(AVX-512 F/BW/CD/DQ/VL), or an LLVM CPU name (``znver3``, ``skylake-avx512``,
+``sapphirerapids``, ...). A name gives what the host would give: ISA features (spelled as
+the kernel's cpuinfo flags, normalized as :func:`~stagegraph.stages.target.normalize_flag`
+does), the vector width and register count they imply, and cache sizes.
+
+Cache sizes are per core and taken from the vendors' documentation of each family; the
+levels name no machine, so they get the defaults below (``LEVEL_CACHES``), sized like a
+common server core of that level. ``cores`` is never implied by a name: it stays the host's
+(the code runs, or is measured, here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# SIMD features, cumulative by level (cpuinfo spelling; its "pni" is read as sse3).
+_V1 = frozenset({"sse", "sse2"})
+_V2 = _V1 | {"sse3", "ssse3", "sse4_1", "sse4_2"}
+_V3 = _V2 | {"avx", "avx2", "fma", "f16c"}
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+_ICELAKE = _V4 | {
+    "avx512vnni",
+    "avx512vbmi",
+    "avx512vbmi2",
+    "avx512bitalg",
+    "avx512vpopcntdq",
+    "avx512ifma",
+}
+_SAPPHIRE = _ICELAKE | {
+    "avx512bf16",
+    "avx512fp16",
+    "avxvnni",
+    "amx_bf16",
+    "amx_tile",
+    "amx_int8",
+}
+_ZEN4 = _V4 | {
+    "avx512vnni",
+    "avx512vbmi",
+    "avx512vbmi2",
+    "avx512bitalg",
+    "avx512vpopcntdq",
+    "avx512ifma",
+    "avx512bf16",
+}
+
+KIB, MIB = 1024, 1024 * 1024
+
+
+@dataclass(frozen=True)
+class NamedMachine:
+    """What a target name implies: SIMD features and per-core cache sizes in bytes."""
+
+    isa: frozenset[str]
+    l1d_bytes: int
+    l2_bytes: int
+    l3_bytes: int
+
+
+def _m(isa: frozenset[str], l1: int, l2: int, l3: int) -> NamedMachine:
+    return NamedMachine(frozenset(isa), l1, l2, l3)
+
+
+#: The psABI levels: no machine, so caches of a typical server core of the level.
+LEVELS: dict[str, NamedMachine] = {
+    "x86-64": _m(_V1, 32 * KIB, 256 * KIB, 8 * MIB),
+    "x86-64-v2": _m(_V2, 32 * KIB, 256 * KIB, 8 * MIB),
+    "x86-64-v3": _m(_V3, 32 * KIB, 512 * KIB, 16 * MIB),
+    "x86-64-v4": _m(_V4, 32 * KIB, 1 * MIB, 16 * MIB),
+}
+
+#: LLVM x86 CPU names (``-mcpu``), grouped by family; caches per core.
+CPUS: dict[str, NamedMachine] = {
+    # Intel client and server cores.
+    "nehalem": _m(_V2, 32 * KIB, 256 * KIB, 8 * MIB),
+    "westmere": _m(_V2, 32 * KIB, 256 * KIB, 12 * MIB),
+    "sandybridge": _m(_V2 | {"avx"}, 32 * KIB, 256 * KIB, 8 * MIB),
+    "ivybridge": _m(_V2 | {"avx", "f16c"}, 32 * KIB, 256 * KIB, 8 * MIB),
+    "haswell": _m(_V3, 32 * KIB, 256 * KIB, 8 * MIB),
+    "broadwell": _m(_V3, 32 * KIB, 256 * KIB, 8 * MIB),
+    "skylake": _m(_V3, 32 * KIB, 256 * KIB, 8 * MIB),
+    "alderlake": _m(_V3 | {"avxvnni"}, 48 * KIB, 1280 * KIB, 30 * MIB),
+    "raptorlake": _m(_V3 | {"avxvnni"}, 48 * KIB, 2 * MIB, 36 * MIB),
+    "meteorlake": _m(_V3 | {"avxvnni"}, 48 * KIB, 2 * MIB, 24 * MIB),
+    "arrowlake": _m(_V3 | {"avxvnni"}, 48 * KIB, 3 * MIB, 36 * MIB),
+    "skylake-avx512": _m(_V4, 32 * KIB, 1 * MIB, 32 * MIB),
+    "skx": _m(_V4, 32 * KIB, 1 * MIB, 32 * MIB),
+    "cascadelake": _m(_V4 | {"avx512vnni"}, 32 * KIB, 1 * MIB, 32 * MIB),
+    "cooperlake": _m(_V4 | {"avx512vnni", "avx512bf16"}, 32 * KIB, 1 * MIB, 32 * MIB),
+    "cannonlake": _m(_V4 | {"avx512vbmi", "avx512ifma"}, 32 * KIB, 256 * KIB, 8 * MIB),
+    "icelake-client": _m(_ICELAKE, 48 * KIB, 512 * KIB, 8 * MIB),
+    "icelake-server": _m(_ICELAKE, 48 * KIB, 1280 * KIB, 48 * MIB),
+    "tigerlake": _m(_ICELAKE, 48 * KIB, 1280 * KIB, 12 * MIB),
+    "rocketlake": _m(_ICELAKE, 48 * KIB, 512 * KIB, 16 * MIB),
+    "sapphirerapids": _m(_SAPPHIRE, 48 * KIB, 2 * MIB, 60 * MIB),
+    "emeraldrapids": _m(_SAPPHIRE, 48 * KIB, 2 * MIB, 320 * MIB),
+    "graniterapids": _m(_SAPPHIRE | {"amx_fp16"}, 48 * KIB, 2 * MIB, 480 * MIB),
+    # AMD Zen cores (L3 per CCX/CCD).
+    "znver1": _m(_V3, 32 * KIB, 512 * KIB, 8 * MIB),
+    "znver2": _m(_V3, 32 * KIB, 512 * KIB, 16 * MIB),
+    "znver3": _m(_V3, 32 * KIB, 512 * KIB, 32 * MIB),
+    "znver4": _m(_ZEN4, 32 * KIB, 1 * MIB, 32 * MIB),
+    "znver5": _m(_ZEN4 | {"avxvnni"}, 48 * KIB, 1 * MIB, 32 * MIB),
+}
+
+NAMED: dict[str, NamedMachine] = {**LEVELS, **CPUS}
+
+# LLVM's spelling of the features a target enables or disables (per-function
+# "target-features"): every feature named here is listed, + when the target has it and -
+# when not, so a host's wider ISA never leaks into code built for a narrower target.
+_LLVM_FEATURES = {
+    "sse3": "sse3",
+    "ssse3": "ssse3",
+    "sse4_1": "sse4.1",
+    "sse4_2": "sse4.2",
+    "avx": "avx",
+    "avx2": "avx2",
+    "fma": "fma",
+    "f16c": "f16c",
+    "avx512f": "avx512f",
+    "avx512bw": "avx512bw",
+    "avx512cd": "avx512cd",
+    "avx512dq": "avx512dq",
+    "avx512vl": "avx512vl",
+    "avx512vnni": "avx512vnni",
+    "avx512vbmi": "avx512vbmi",
+    "avx512vbmi2": "avx512vbmi2",
+    "avx512bitalg": "avx512bitalg",
+    "avx512vpopcntdq": "avx512vpopcntdq",
+    "avx512ifma": "avx512ifma",
+    "avx512bf16": "avx512bf16",
+    "avx512fp16": "avx512fp16",
+    "avxvnni": "avxvnni",
+    "amx_tile": "amx-tile",
+    "amx_bf16": "amx-bf16",
+    "amx_int8": "amx-int8",
+    "amx_fp16": "amx-fp16",
+}
+
+
+def llvm_features(isa: frozenset[str]) -> list[str]:
+    """``+f``/``-f`` for every SIMD feature LLVM knows, from a cpuinfo-spelled ISA set."""
+    return [f"{'+' if ours in isa else '-'}{theirs}" for ours, theirs in _LLVM_FEATURES.items()]
+
+
+def known_names() -> list[str]:
+    """Every name ``--target`` accepts besides ``host``."""
+    return sorted(NAMED)
