@@ -16,9 +16,9 @@ from pathlib import Path
 
 from pydantic import Field
 
+from stagegraph.app.isolate import Limits
+from stagegraph.core.ports import Schema
 from stagegraph.errors import StagegraphError
-from stagegraph.isolate import Limits
-from stagegraph.ports import Schema
 
 
 class Row(Schema):
@@ -33,10 +33,10 @@ class Row(Schema):
 
 def measure(graph_name: str, path: str, budget_s: float) -> dict:
     """Compile, verify and time one payload through one graph (runs in the child)."""
-    from stagegraph.bench import BenchOptions, benchmark
-    from stagegraph.catalog import load_graph
-    from stagegraph.engine import Engine
-    from stagegraph.execute import install_reference_runner
+    from stagegraph.app.bench import BenchOptions, benchmark
+    from stagegraph.app.run import install_reference_runner
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.core.engine import Engine
     from stagegraph.stages.analysis import analyze
     from stagegraph.workload import parse_workload
 

@@ -1,7 +1,7 @@
 """x86 graph vs numpy/OpenBLAS (and the naive graph) on f32 matmul and the MLP; bf16 vs f32.
 
 Every ratio compares two variants measured interleaved in the same process (see
-``stagegraph.bench.compare``: with several threads it pauses before each switch so that one
+``stagegraph.app.bench.compare``: with several threads it pauses before each switch so that one
 runtime's spinning workers are asleep while the other measures); one child process per thread
 count pins OpenBLAS and OpenMP to that many threads. A bf16 matmul (f32 accumulation) has no
 numpy equivalent: it is compared with the x86 graph's f32 matmul of the same shape and
@@ -30,10 +30,10 @@ def workloads(sizes: list[int], bf16_sizes: list[int]) -> list[str]:
 
 def child(specs: list[str], threads: int, budget: float, naive_max: int) -> None:
     """Measure in this process and print one JSON line per workload."""
-    from stagegraph.bench import BenchOptions
-    from stagegraph.catalog import load_graph
-    from stagegraph.engine import Engine
-    from stagegraph.execute import with_params
+    from stagegraph.app.bench import BenchOptions
+    from stagegraph.app.run import with_params
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.core.engine import Engine
 
     options = BenchOptions(warmup=3, repeat=10, budget_s=budget)
     x86 = with_params(load_graph("x86"), {}, threads)
@@ -48,9 +48,9 @@ def child(specs: list[str], threads: int, budget: float, naive_max: int) -> None
 
 def bf16_row(engine, x86, spec: str, threads: int, options) -> dict:
     """bf16 against the f32 matmul of the same shape, and against the fp32 peak."""
-    from stagegraph.bench import compare, prepare
+    from stagegraph.app.bench import compare, prepare
     from stagegraph.stages.target import read_target
-    from stagegraph.tune.roofline import peak_flops
+    from stagegraph.stages.x86.roofline import peak_flops
     from stagegraph.workload import parse_workload
 
     work = parse_workload(spec)
@@ -70,8 +70,8 @@ def bf16_row(engine, x86, spec: str, threads: int, options) -> dict:
 
 def f32_row(engine, x86, spec: str, threads: int, options, naive_max: int) -> dict:
     """The x86 graph against numpy (and the naive graph on small shapes)."""
-    from stagegraph.bench import NumpyMeasurement, compare, prepare
-    from stagegraph.catalog import load_graph
+    from stagegraph.app.bench import NumpyMeasurement, compare, prepare
+    from stagegraph.core.catalog import load_graph
     from stagegraph.workload import parse_workload
 
     work = parse_workload(spec)

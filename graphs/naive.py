@@ -1,9 +1,9 @@
 """The reference flow: linalg straight to scalar loops, no schedule. Slow and simple."""
 
-from stagegraph.graph import Graph, GraphInput
-from stagegraph.ports import Module
-from stagegraph.stages.emit import jit
-from stagegraph.stages.passes import bufferize, linalg_to_loops, lower_to_llvm, verify
+from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.ports import Module
+from stagegraph.stages.common.emit import jit
+from stagegraph.stages.common.passes import bufferize, linalg_to_loops, lower_to_llvm, verify
 
 
 def build() -> Graph:

@@ -2,13 +2,13 @@
 
 The stage tagged ``partitioned`` holds the local (per-rank) signature; everything after it
 is the ordinary CPU flow. The JIT needs MPICH's ``libmpi`` at run time:
-``stagegraph run sharded ... --ranks N`` (see :mod:`stagegraph.mpi`) adds it.
+``stagegraph run sharded ... --ranks N`` (see :mod:`stagegraph.app.mpi_launch`) adds it.
 """
 
-from stagegraph.graph import Graph, GraphInput
-from stagegraph.ports import Module
-from stagegraph.stages.emit import jit
-from stagegraph.stages.passes import bufferize, linalg_to_loops, lower_to_llvm, verify
+from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.ports import Module
+from stagegraph.stages.common.emit import jit
+from stagegraph.stages.common.passes import bufferize, linalg_to_loops, lower_to_llvm, verify
 from stagegraph.stages.sharding import partition, propagate, shard_to_mpi
 
 

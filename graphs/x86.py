@@ -4,13 +4,13 @@
 Swap the cost model with ``graph.replace("select", other)`` (same output type).
 """
 
-from stagegraph.graph import Graph, GraphInput
-from stagegraph.ports import Module
+from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.ports import Module
 from stagegraph.stages.analysis import analyze_stage
-from stagegraph.stages.emit import jit
-from stagegraph.stages.passes import bufferize, verify
+from stagegraph.stages.common.emit import jit
+from stagegraph.stages.common.passes import bufferize, verify
 from stagegraph.stages.target import target
-from stagegraph.stages.x86 import heuristic, lower, schedule
+from stagegraph.stages.x86.stages import heuristic, lower, schedule
 
 
 def build() -> Graph:

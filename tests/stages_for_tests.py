@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from stagegraph.ports import BufferModule, Config, Facts, Params, TensorModule
-from stagegraph.stage import stage
+from stagegraph.core.ports import BufferModule, Config, Facts, Params, TensorModule
+from stagegraph.core.stage import stage
 
 
 class ShapeFacts(Facts):

@@ -448,8 +448,8 @@ def test_kernelbench_cumsum_is_unregistered() -> None:
 
 
 def test_analyze_stage_runs_in_a_graph_node() -> None:
-    from stagegraph.ports import Module
-    from stagegraph.stage import get_factory
+    from stagegraph.core.ports import Module
+    from stagegraph.core.stage import get_factory
 
     node = get_factory("analyze")(entry="main")
     outputs = node.run({"module": Module["tensor"](parse_payload(MATMUL))})

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from stagegraph.cli import main
+from stagegraph.cli.main import main
 
 GOOD_GRAPH = """\
 name: demo

@@ -9,14 +9,14 @@ import json
 import numpy as np
 import pytest
 
-from stagegraph.cli import main
-from stagegraph.engine import Engine
+from stagegraph.cli.main import main
+from stagegraph.core.engine import Engine
+from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.ports import Module, TensorModule
+from stagegraph.core.stage import stage
 from stagegraph.errors import AmbiguousTagError, StageFailed
-from stagegraph.graph import Graph, GraphInput
-from stagegraph.ports import Module, TensorModule
-from stagegraph.stage import stage
-from stagegraph.stages.emit import jit
-from stagegraph.stages.passes import bufferize, linalg_to_loops, lower_to_llvm, verify
+from stagegraph.stages.common.emit import jit
+from stagegraph.stages.common.passes import bufferize, linalg_to_loops, lower_to_llvm, verify
 from stagegraph.workload import Complexity, TensorSpec, Verdict, Workload
 
 FIELDS = {
@@ -136,7 +136,7 @@ class FakeMeasurement:
         return np.full(count, 1e-3)
 
     def report(self, samples, threads=None):
-        from stagegraph.bench import BenchReport
+        from stagegraph.app.bench import BenchReport
 
         return BenchReport(graph="fake", workload="w", splice_at="-", verified=True,
                            samples=samples.size)  # fmt: skip
@@ -144,7 +144,7 @@ class FakeMeasurement:
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_compare_settles_and_rewarms_only_when_multithreaded(threads):
-    from stagegraph.bench import BenchOptions, compare
+    from stagegraph.app.bench import BenchOptions, compare
 
     log: list = []
     a, b = FakeMeasurement(log), FakeMeasurement(log)
@@ -160,7 +160,7 @@ def test_compare_settles_and_rewarms_only_when_multithreaded(threads):
 
 
 def test_rewarm_calls_cover_twenty_milliseconds_within_bounds():
-    from stagegraph.bench import rewarm_calls
+    from stagegraph.app.bench import rewarm_calls
 
     assert rewarm_calls(1e-3) == 20
     assert rewarm_calls(2.0) == 1
@@ -185,7 +185,7 @@ LOCAL = GLOBAL.replace("8x4", "4x4")
 @stage("schedule", name="test.halve_rows")
 def halve_rows(module: TensorModule) -> TensorModule:
     """Like partitioning on 2 ranks: @main now works on half of the rows of A."""
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     local = ir.Module.parse(LOCAL, module.ir.context)
     old = next(
@@ -207,7 +207,7 @@ class LocalMatmul(Workload):
     name = "test-local-matmul"
 
     def payload(self, context=None):
-        from stagegraph.mlir import ir
+        from stagegraph.mlir.bindings import ir
 
         return ir.Module.parse(GLOBAL, context)
 

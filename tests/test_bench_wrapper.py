@@ -5,12 +5,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stagegraph.mlir import interpreter, ir, new_context, passmanager
+from stagegraph.mlir.bindings import interpreter, ir, new_context, passmanager
 from stagegraph.runtime.jit import JitBinary
 from stagegraph.runtime.memref import find_function, read_signature, record_signature
 from stagegraph.runtime.shared import emit_shared_library
-from stagegraph.stages import lowering
-from stagegraph.stages.bench_wrapper import (
+from stagegraph.stages.common import lowering
+from stagegraph.stages.common.bench_wrapper import (
     WRAPPER_ATTR,
     WrapperError,
     insert_bench_wrapper,

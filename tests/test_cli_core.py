@@ -8,7 +8,7 @@ import sys
 
 import pydot
 
-from stagegraph.cli import main
+from stagegraph.cli.main import main
 from tests.test_spec import GOOD
 
 
@@ -78,14 +78,17 @@ def test_schema_prints_json_schema(capsys):
 
 def test_console_script_runs_without_traceback(tmp_path):
     result = subprocess.run(
-        [sys.executable, "-m", "stagegraph.cli", "show", "nope"], capture_output=True, text=True
+        [sys.executable, "-m", "stagegraph.cli.main", "show", "nope"],
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
 
 
 def test_import_does_not_load_mlir():
     code = (
-        "import sys, stagegraph, stagegraph.graph, stagegraph.engine, stagegraph.cli; "
+        "import sys, stagegraph, stagegraph.core.graph, stagegraph.core.engine; "
+        "import stagegraph.cli.main; "
         "print(any(m.split('.')[0] in ('mlir', 'torch_mlir') for m in sys.modules))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
@@ -93,7 +96,7 @@ def test_import_does_not_load_mlir():
 
 
 def test_show_x86_has_every_stage_and_edge(capsys):
-    from stagegraph.catalog import load_graph
+    from stagegraph.core.catalog import load_graph
 
     graph = load_graph("x86")
     code, out, _ = run_cli(capsys, "show", "x86")

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from stagegraph.cli import main
+from stagegraph.cli.main import main
 from tests.conftest import kernelbench_or_skip
 
 WORKLOADS = [

@@ -4,12 +4,18 @@ from __future__ import annotations
 
 import pytest
 
-from stagegraph.engine import Engine
+from stagegraph.core.engine import Engine
+from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.ports import Module, TensorModule
 from stagegraph.errors import StageFailed
-from stagegraph.graph import Graph, GraphInput
-from stagegraph.ports import Module, TensorModule
-from stagegraph.stages.passes import bufferize, linalg_to_loops, lower_to_llvm, pipeline, verify
-from stagegraph.stages.transform import transform
+from stagegraph.stages.common.passes import (
+    bufferize,
+    linalg_to_loops,
+    lower_to_llvm,
+    pipeline,
+    verify,
+)
+from stagegraph.stages.common.transform import transform
 from tests.conftest import MATMUL_MLIR, tile_schedule
 
 PAYLOAD = GraphInput("payload", Module["tensor"], frozenset({"input"}))
@@ -37,7 +43,7 @@ def linear_graph(tile: int = 4) -> Graph:
 
 
 def op_names(module: Module) -> list[str]:
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     names: list[str] = []
 
@@ -51,7 +57,7 @@ def op_names(module: Module) -> list[str]:
 
 def loop_steps(module: Module) -> set[int]:
     """Constant steps of the scf.for loops: the tile sizes the schedule applied."""
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     steps: set[int] = set()
 
@@ -173,17 +179,19 @@ def test_transform_failure_carries_diagnostics():
 def test_memo_key_covers_the_modules_a_stage_imports():
     """x86.schedule's code lives mostly in x86_schedule.py (imported inside the function):
     its version must change when that module does, and the stage's own module is no key."""
-    from stagegraph.stage import _imported_modules, dependency_version, get_factory
+    from stagegraph.core.stage import _imported_modules, dependency_version, get_factory
 
     factory = get_factory("x86.schedule")
-    assert "stagegraph.stages.x86_schedule" in _imported_modules("stagegraph.stages.x86")
-    assert factory.code_version == dependency_version("stagegraph.stages.x86")
-    assert factory.code_version != dependency_version("stagegraph.stages.x86_schedule")
+    assert "stagegraph.stages.x86.matmul_schedule" in _imported_modules(
+        "stagegraph.stages.x86.stages"
+    )
+    assert factory.code_version == dependency_version("stagegraph.stages.x86.stages")
+    assert factory.code_version != dependency_version("stagegraph.stages.x86.matmul_schedule")
 
 
 def test_duplicate_stage_names_from_other_code_are_refused():
+    from stagegraph.core.stage import stage
     from stagegraph.errors import StageDefinitionError
-    from stagegraph.stage import stage
 
     def verify(module: TensorModule) -> TensorModule:
         return module
@@ -198,10 +206,10 @@ def test_listing_and_validating_do_not_load_mlir():
 
     code = (
         "import sys\n"
-        "from stagegraph.cli import main\n"
+        "from stagegraph.cli.main import main\n"
         "main(['list', 'stages']); main(['validate', 'x86'])\n"
         "loaded = [m for m in sys.modules if m.startswith(('torch_mlir', 'mlir'))]\n"
-        "assert not loaded and 'stagegraph.mlir' not in sys.modules, loaded\n"
+        "assert not loaded and 'stagegraph.mlir.bindings' not in sys.modules, loaded\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

@@ -6,14 +6,14 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from stagegraph.core.graph import Graph
+from stagegraph.core.graphfile import graph_from_text
 from stagegraph.errors import StagegraphError
-from stagegraph.graph import Graph
-from stagegraph.spec import graph_from_text
 
 NAMES = st.sampled_from(["payload", "load", "buf", "low", "x", "a.b", "", "emit"])
 FACTORIES = st.sampled_from(
     ["verify", "bufferize", "lower_to_llvm", "linalg_to_loops", "jit", "pipeline", "transform",
-     "nope", "os:system", "stagegraph.stage:stage", ""]
+     "nope", "os:system", "stagegraph.core.stage:stage", ""]
 )  # fmt: skip
 PORTS = st.sampled_from(["module", "facts", "params", "value", "binary", "x"])
 SCALARS = st.one_of(st.none(), st.booleans(), st.integers(-5, 5), st.text(max_size=8),
@@ -86,8 +86,8 @@ def test_workload_params_parse_or_raise_project_errors(values):
                        st.one_of(SCALARS, st.dictionaries(st.text(max_size=4), SCALARS)),
                        max_size=3))  # fmt: skip
 def test_stage_configs_validate_or_raise_project_errors(values):
-    from stagegraph.stage import StageFactory
-    from stagegraph.stages.costmodel import CostModelConfig
+    from stagegraph.core.stage import StageFactory
+    from stagegraph.stages.common.costmodel import CostModelConfig
 
     factory = StageFactory("fuzz", "params", lambda: None, (), (), CostModelConfig, False)
     try:

@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 
 from stagegraph.stages.analysis import analyze, parse_payload
-from stagegraph.stages.generic_params import (
+from stagegraph.stages.target import Target
+from stagegraph.stages.x86.generic_params import (
     GenericParams,
     heuristic_generic_params,
     largest_divisor_at_most,
     reduction_tile_sizes,
     tile_sizes_for,
 )
-from stagegraph.stages.target import Target
 
 KERNELBENCH = Path(__file__).resolve().parents[2] / "shared" / "kernelbench" / "level1"
 
@@ -97,7 +97,7 @@ AVX512 = Target(isa=frozenset({"avx512f"}), vector_bits=512, l1d_bytes=48 * 1024
 
 def _jit(text: str, params: GenericParams | None = None):
     from stagegraph.runtime.jit import JitBinary
-    from stagegraph.stages.generic_schedule import lower_generic
+    from stagegraph.stages.x86.generic_schedule import lower_generic
 
     module = parse_payload(text)
     lower_generic(module, params)
@@ -105,7 +105,7 @@ def _jit(text: str, params: GenericParams | None = None):
 
 
 def _op_names(module) -> list[str]:
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     names: list[str] = []
 
@@ -122,8 +122,11 @@ def _op_names(module) -> list[str]:
 
 def _scheduled_op_names(text: str) -> list[str]:
     """The op names after the generic schedule (heuristic params for ``AVX512``) on ``text``."""
-    from stagegraph.mlir import ir
-    from stagegraph.stages.generic_schedule import apply_generic_schedule, build_generic_schedule
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic_schedule import (
+        apply_generic_schedule,
+        build_generic_schedule,
+    )
 
     module = parse_payload(text)
     facts = analyze(module)
@@ -157,8 +160,8 @@ def test_tile_sizes_are_static_divisors():
 
 
 def test_schedule_leaves_matmul_epilogue_and_wrapper_alone():
-    from stagegraph.mlir import ir
-    from stagegraph.stages.generic_schedule import (
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic_schedule import (
         apply_generic_schedule,
         build_generic_schedule,
     )
@@ -219,10 +222,10 @@ KB_CASES = [
 def test_kernelbench_payload_verifies(stem):
     if not KERNELBENCH.is_dir():
         pytest.skip(f"shared KernelBench payloads not found at {KERNELBENCH}")
-    from stagegraph.mlir import ir
-    from stagegraph.ports import Module
+    from stagegraph.core.ports import Module
+    from stagegraph.mlir.bindings import ir
     from stagegraph.runtime.jit import JitBinary
-    from stagegraph.stages.generic_schedule import lower_generic
+    from stagegraph.stages.x86.generic_schedule import lower_generic
     from stagegraph.workload import parse_workload
 
     path = next(KERNELBENCH.glob(f"{stem}*.mlir"), None)
@@ -320,9 +323,9 @@ func.func @main(%a: tensor<4x1x24xf32>) -> tensor<4x24x1xf32> {
 
 
 def _prepared(text: str):
-    from stagegraph.mlir import ir
-    from stagegraph.stages.generic_schedule import _entry_function
-    from stagegraph.stages.prepare import prepare
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic_schedule import _entry_function
+    from stagegraph.stages.x86.prepare import prepare
 
     module = parse_payload(text)
     with module.context, ir.Location.unknown():
@@ -343,8 +346,11 @@ def test_dead_argmax_result_is_dropped_and_reduction_vectorizes():
 
 
 def test_bool_tensors_are_widened_and_vectorized():
-    from stagegraph.mlir import ir
-    from stagegraph.stages.generic_schedule import apply_generic_schedule, build_generic_schedule
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic_schedule import (
+        apply_generic_schedule,
+        build_generic_schedule,
+    )
 
     module = _prepared(BOOL_MASK)
     facts = analyze(module)
@@ -373,9 +379,9 @@ def test_unit_transpose_becomes_a_reshape():
 
 
 def test_bool_tensor_returned_is_not_widened():
-    from stagegraph.mlir import ir
-    from stagegraph.stages.generic_schedule import _entry_function
-    from stagegraph.stages.prepare import prepare
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic_schedule import _entry_function
+    from stagegraph.stages.x86.prepare import prepare
 
     text = """
     func.func @main(%a: tensor<8xf32>) -> tensor<8xi1> {
@@ -397,8 +403,8 @@ def test_bool_tensor_returned_is_not_widened():
 
 
 def test_float_reductions_may_reassociate_and_integer_ones_are_untouched():
-    from stagegraph.mlir import ir, new_context
-    from stagegraph.stages.rewrites import reassociate_reductions
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.stages.common.rewrites import reassociate_reductions
 
     text = """
 func.func @f(%x: vector<64xf32>, %i: vector<64xi32>) -> (f32, f32, i32) {
@@ -558,7 +564,7 @@ func.func @main(%x: {tx}, %k: {tk}) -> {to} {{
 
 
 def test_tile_size_prefers_a_divisor_but_not_a_tiny_one():
-    from stagegraph.stages.generic_params import tile_size
+    from stagegraph.stages.x86.generic_params import tile_size
 
     assert tile_size(512, 64) == 64 and tile_size(96, 64) == 48  # divisors
     assert tile_size(4001, 64) == 64  # prime: a full tile, the last one partial
@@ -611,7 +617,7 @@ func.func @main(%x: tensor<2x16x9x40xf32>) -> tensor<2x16x{oh}x{ow}xf32> {{
 def test_pooling_vectorizes_only_where_it_pays(window, dilation, vectorized):
     """2-D windows are decomposed and vectorized; one-row and dilated windows stay loops
     (their vectorized forms are shuffles slower than the loops); all stay correct."""
-    from stagegraph.stages.generic_schedule import convolution_plan
+    from stagegraph.stages.x86.generic_schedule import convolution_plan
 
     text = _pooling(window, dilation)
     facts = analyze(parse_payload(text))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.ports import Module
 from stagegraph.errors import (
     AmbiguousTagError,
     CycleError,
@@ -17,8 +19,6 @@ from stagegraph.errors import (
     UnknownStageError,
     UnknownTagError,
 )
-from stagegraph.graph import Graph, GraphInput
-from stagegraph.ports import Module
 from tests.stages_for_tests import analyze, bufferize, passthrough, schedule, select, select_other
 
 PAYLOAD = GraphInput("payload", Module["tensor"], frozenset({"input"}))

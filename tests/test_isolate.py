@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stagegraph.app.isolate import Limits, run_isolated
 from stagegraph.errors import IsolatedFailure, StageFailed, StagegraphError
-from stagegraph.isolate import Limits, run_isolated
 
 MB = 2**20
 
@@ -76,10 +76,10 @@ def _array(n: int) -> np.ndarray:
 
 def _jit_matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Parse, lower and JIT a matmul with the bindings, all inside the child."""
-    from stagegraph.mlir import ir, new_context, passmanager
+    from stagegraph.mlir.bindings import ir, new_context, passmanager
     from stagegraph.runtime.jit import JitBinary
     from stagegraph.runtime.memref import record_signature
-    from stagegraph.stages import lowering
+    from stagegraph.stages.common import lowering
 
     text = """
     func.func @mm(%a: tensor<4x3xf32>, %b: tensor<3x5xf32>) -> tensor<4x5xf32> {

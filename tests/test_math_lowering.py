@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from stagegraph.cli import main
+from stagegraph.cli.main import main
 
 ROWS, COLS = 8, 40
 T = f"tensor<{ROWS}x{COLS}xf32>"

@@ -13,11 +13,11 @@ import subprocess
 import numpy as np
 import pytest
 
-from stagegraph.catalog import load_graph
-from stagegraph.cli import main
-from stagegraph.engine import Engine
+from stagegraph.app.run import with_target
+from stagegraph.cli.main import main
+from stagegraph.core.catalog import load_graph
+from stagegraph.core.engine import Engine
 from stagegraph.errors import UnknownTargetError
-from stagegraph.execute import with_target
 from stagegraph.stages.target import detect_target, resolve_target
 from stagegraph.stages.target_names import NAMED, llvm_features
 from stagegraph.workload import from_bf16, parse_workload, to_bf16

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pydot
 
-from stagegraph.engine import Engine
-from stagegraph.render import to_dot, to_text
+from stagegraph.core.engine import Engine
+from stagegraph.core.render import to_dot, to_text
 from tests.conftest import MATMUL_MLIR
 from tests.test_engine import linear_graph
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import re
 
-from stagegraph.cli import main
+from stagegraph.cli.main import main
 from tests.conftest import tile_schedule
 
 BROKEN = tile_schedule(4).replace(
@@ -104,10 +104,10 @@ def test_verify_each_passes_on_good_flow(capsys):
 SEGV_GRAPH = """
 import ctypes
 
-from stagegraph.graph import Graph, GraphInput
-from stagegraph.ports import Module, TensorModule
-from stagegraph.stage import stage
-from stagegraph.stages.passes import verify
+from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.ports import Module, TensorModule
+from stagegraph.core.stage import stage
+from stagegraph.stages.common.passes import verify
 
 
 @stage("schedule", name="test.segfault")
@@ -164,9 +164,9 @@ def test_tune_shares_the_ir_inspection_options(capsys, tmp_path):
 
 def test_x86_schedule_reproducer_holds_the_transform_schedules(tmp_path):
     """The reproducer of a failing x86.schedule carries the schedules built for its input."""
-    from stagegraph.catalog import load_graph
-    from stagegraph.engine import Engine
-    from stagegraph.repro import ReproducerHook
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.core.engine import Engine
+    from stagegraph.instrument.repro import ReproducerHook
     from stagegraph.workload import parse_workload
 
     graph = load_graph("x86")

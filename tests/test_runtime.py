@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stagegraph.mlir import ir, new_context, passmanager
+from stagegraph.mlir.bindings import ir, new_context, passmanager
 from stagegraph.runtime import memref
 from stagegraph.runtime.jit import EmitError, JitBinary
 from stagegraph.runtime.memref import Arg, SignatureError, read_signature, record_signature
 from stagegraph.runtime.shared import SharedLibraryBinary, emit_shared_library
-from stagegraph.stages import lowering
+from stagegraph.stages.common import lowering
 
 MATMUL = """
 func.func @mm(%a: tensor<8x4xf32>, %b: tensor<4x6xf32>) -> tensor<8x6xf32> {
@@ -279,10 +279,10 @@ def test_openmp_binary_leaves_the_callers_cpu_affinity_alone():
     (``usable_cores``) and other runtimes in the process keep every core."""
     import os
 
-    from stagegraph.bench import prepare
-    from stagegraph.catalog import load_graph
-    from stagegraph.engine import Engine
-    from stagegraph.execute import with_params
+    from stagegraph.app.bench import prepare
+    from stagegraph.app.run import with_params
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.core.engine import Engine
     from stagegraph.workload import parse_workload
 
     pytest.importorskip("stagegraph.runtime.openmp").library_path()

@@ -9,10 +9,12 @@ import time
 import numpy as np
 import pytest
 
-from stagegraph.bench import BenchOptions
-from stagegraph.catalog import load_graph
-from stagegraph.cli import main
-from stagegraph.engine import Engine
+from stagegraph.app.bench import BenchOptions
+from stagegraph.app.mpi_launch import bench_on_ranks, check_splice, find_mpich, run_on_ranks
+from stagegraph.app.mpi_rank import COMM_SPLIT_BUDGET, FAULT_ENV, sample_limit
+from stagegraph.cli.main import main
+from stagegraph.core.catalog import load_graph
+from stagegraph.core.engine import Engine
 from stagegraph.errors import (
     ConfigError,
     MpiTimeoutError,
@@ -20,8 +22,6 @@ from stagegraph.errors import (
     RankFailedError,
     RanksMismatchError,
 )
-from stagegraph.mpi import bench_on_ranks, check_splice, find_mpich, run_on_ranks
-from stagegraph.mpi_worker import COMM_SPLIT_BUDGET, FAULT_ENV, sample_limit
 from stagegraph.workload import parse_workload
 from stagegraph.workloads.ff_sharded import local_slices, owns_block
 
@@ -30,7 +30,7 @@ SMALL_1D = "ff-sharded:m=16,n=32,k=16,grid=2"
 
 def entry_arg_shapes(module) -> list[tuple[int, ...]]:
     """Shapes of ``main``'s arguments, read through the bindings."""
-    from stagegraph.mlir import func, ir
+    from stagegraph.mlir.bindings import func, ir
 
     (main_op,) = [
         op for op in module.ir.body.operations
@@ -135,7 +135,7 @@ def test_hanging_rank_is_killed_at_the_timeout(monkeypatch):
     left = subprocess.run(["ps", "-eo", "pid,stat,args"], capture_output=True, text=True).stdout
     orphans = [
         line for line in left.splitlines()
-        if "stagegraph.mpi_worker" in line and marker in line and " Z" not in line
+        if "stagegraph.app.mpi_rank" in line and marker in line and " Z" not in line
     ]  # fmt: skip
     assert not orphans
 

@@ -6,6 +6,9 @@ import json
 
 import pytest
 
+from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.graphfile import dump_graph, graph_from_text, json_schema, load_graph_file
+from stagegraph.core.ports import Module
 from stagegraph.errors import (
     CycleError,
     GraphError,
@@ -13,9 +16,6 @@ from stagegraph.errors import (
     PortTypeError,
     UnconnectedPortError,
 )
-from stagegraph.graph import Graph, GraphInput
-from stagegraph.ports import Module
-from stagegraph.spec import dump_graph, graph_from_text, json_schema, load_graph_file
 from tests.stages_for_tests import analyze, bufferize, schedule, select
 
 GOOD = """\

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from stagegraph.catalog import load_graph
-from stagegraph.cli import main
-from stagegraph.engine import Engine
+from stagegraph.app.run import with_cost_model
+from stagegraph.cli.main import main
+from stagegraph.core.catalog import load_graph
+from stagegraph.core.engine import Engine
 from stagegraph.errors import EmptySearchSpaceError, UnknownCostModelError
-from stagegraph.execute import with_cost_model
 from stagegraph.workload import parse_workload
 
 SMALL = "matmul:m=64,n=64,k=64"
-CLI = [sys.executable, "-m", "stagegraph.cli"]
+CLI = [sys.executable, "-m", "stagegraph.cli.main"]
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,7 @@ def test_space_streams_distinct_valid_solutions(problem):
 
 
 def test_empty_space_names_conflicts(problem):
-    from stagegraph.tune.space import build_space
+    from stagegraph.stages.x86.space import build_space
 
     # 12 lanes is a multiple of no vector width from AVX2 (8 f32 lanes) up: any host.
     space = build_space(problem.facts, problem.target, problem.base, {"reg_n": 12})
@@ -156,7 +156,7 @@ def test_tune_reuse_and_tuned_cost_model(tmp_path, capsys):
 
 
 def test_tuned_lookup_uses_a_winning_db_entry(problem, tmp_path):
-    from stagegraph.stages.costmodels import TunedConfig, lookup_tuned
+    from stagegraph.stages.x86.costmodels import TunedConfig, lookup_tuned
     from stagegraph.tune.db import CandidateResult, TuneDB
 
     params = problem.space.to_params(next(problem.space.stream(0)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from stagegraph.stages.target import detect_target
-from stagegraph.stages.vector_math import call_vector_math, libmvec_path, vector_symbol
+from stagegraph.stages.x86.vector_math import call_vector_math, libmvec_path, vector_symbol
 
 pytestmark = pytest.mark.skipif(libmvec_path() is None, reason="no libmvec on this host")
 
@@ -64,7 +64,7 @@ def _softplus(shape: tuple[int, ...], dtype: str = "f32") -> str:
 
 def _ops(module) -> list[tuple[str, str]]:
     """(op name, callee or '') of every op in the module."""
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     found = []
 
@@ -80,14 +80,14 @@ def _ops(module) -> list[tuple[str, str]]:
 def _compile(text: str, isa: frozenset[str] | None, threads: int | None = None):
     """The x86 stages by hand: params, schedule, bufferize, then (unless ``isa`` is None)
     the libmvec rewrite, the x86 lowering and the JIT. Returns (binary, symbols, op list)."""
-    from stagegraph.mlir import ir, new_context
-    from stagegraph.ports import Module
+    from stagegraph.core.ports import Module
+    from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.runtime.jit import JitBinary
     from stagegraph.stages.analysis import analyze
-    from stagegraph.stages.costmodel import CostModelConfig
-    from stagegraph.stages.emit import runtime_libraries
-    from stagegraph.stages.passes import BufferizeConfig, bufferize
-    from stagegraph.stages.x86 import LowerConfig, heuristic, lower, schedule
+    from stagegraph.stages.common.costmodel import CostModelConfig
+    from stagegraph.stages.common.emit import runtime_libraries
+    from stagegraph.stages.common.passes import BufferizeConfig, bufferize
+    from stagegraph.stages.x86.stages import LowerConfig, heuristic, lower, schedule
 
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(text)
@@ -207,7 +207,7 @@ def test_baseline_unchanged():
 
 def test_unsupported_lanes_left_alone():
     """vector<6xf32> cannot be covered by 4-lane calls: the op stays a math op."""
-    from stagegraph.mlir import ir, new_context
+    from stagegraph.mlir.bindings import ir, new_context
 
     text = """
 func.func @f(%v: vector<6xf32>, %w: vector<4xf32>, %s: f32) -> (vector<6xf32>, vector<4xf32>, f32) {
@@ -227,7 +227,7 @@ func.func @f(%v: vector<6xf32>, %w: vector<4xf32>, %s: f32) -> (vector<6xf32>, v
 
 def test_nd_rows_split():
     """vector<2x24xf32>: each row becomes a 16-lane and an 8-lane call."""
-    from stagegraph.mlir import ir, new_context
+    from stagegraph.mlir.bindings import ir, new_context
 
     text = """
 func.func @f(%v: vector<2x24xf32>) -> vector<2x24xf32> {

@@ -11,13 +11,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from stagegraph.watchdog import EXIT_CODE, Watchdog
+from stagegraph.instrument.watchdog import EXIT_CODE, Watchdog
 
 HANGING = str(Path(__file__).parent / "data" / "hanging_graphs.py")
 
 
 def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    code = "from stagegraph.cli import run_main; run_main()"
+    code = "from stagegraph.cli.main import run_main; run_main()"
     return subprocess.run(
         [sys.executable, "-c", code, *args],
         capture_output=True,

@@ -43,8 +43,8 @@ func.func @scale(%x: tensor<3x4xf32>, %y: tensor<4xf32>) -> tensor<3x4xf32> {
 
 def jit_run(workload: Workload, inputs: list[np.ndarray] | None = None) -> list[np.ndarray]:
     """Test-only: naive lowering (loops) + ExecutionEngine; results come back as out-params."""
-    from stagegraph.mlir import execution_engine, ir, new_context, passmanager, runtime
-    from stagegraph.stages.lowering import BUFFERIZE, LINALG_TO_LOOPS, LOWER_TO_LLVM
+    from stagegraph.mlir.bindings import execution_engine, ir, new_context, passmanager, runtime
+    from stagegraph.stages.common.lowering import BUFFERIZE, LINALG_TO_LOOPS, LOWER_TO_LLVM
 
     context = new_context()
     module = workload.payload(context)
@@ -156,7 +156,7 @@ def test_payload_jits_to_verified_outputs(spec: str) -> None:
 
 
 def test_payload_is_fresh_each_call_and_named_main() -> None:
-    from stagegraph.mlir import new_context
+    from stagegraph.mlir.bindings import new_context
 
     w = parse_workload("matmul:m=4,n=5,k=6")
     context = new_context()

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from stagegraph.stages.matmul_params import MatmulParams, heuristic_matmul_params
 from stagegraph.stages.target import Target
+from stagegraph.stages.x86.matmul_params import MatmulParams, heuristic_matmul_params
 
 AVX512 = Target(
     isa=frozenset({"avx512f", "avx2", "fma"}),
@@ -74,9 +74,13 @@ def _params(m: int, n: int, k: int, **override) -> MatmulParams:
 
 
 def _compile(text: str, entry: str, override: dict):
-    from stagegraph.mlir import execution_engine, ir, new_context
-    from stagegraph.stages import lowering
-    from stagegraph.stages.x86_schedule import apply_schedule, build_matmul_schedule, find_matmuls
+    from stagegraph.mlir.bindings import execution_engine, ir, new_context
+    from stagegraph.stages.common import lowering
+    from stagegraph.stages.x86.matmul_schedule import (
+        apply_schedule,
+        build_matmul_schedule,
+        find_matmuls,
+    )
 
     threads = override.get("threads", 1)
     with new_context(), ir.Location.unknown():
@@ -93,9 +97,9 @@ def _compile(text: str, entry: str, override: dict):
 def _lower(payload, prefix: str, threads: int) -> list[str]:
     """Bufferize and lower like ``x86.lower`` (dynamic OpenMP loops when threads > 1);
     returns the shared libraries the JIT needs."""
-    from stagegraph.mlir import passmanager
-    from stagegraph.stages import lowering
-    from stagegraph.stages.rewrites import define_bf16_builtins, expand_bf16_truncation
+    from stagegraph.mlir.bindings import passmanager
+    from stagegraph.stages.common import lowering
+    from stagegraph.stages.common.rewrites import define_bf16_builtins, expand_bf16_truncation
 
     def run(pipeline: str) -> None:
         passmanager.PassManager.parse(f"builtin.module({pipeline})").run(payload.operation)
@@ -114,7 +118,7 @@ def _lower(payload, prefix: str, threads: int) -> list[str]:
 
 
 def _call(engine, entry: str, arrays: list[np.ndarray]) -> None:
-    from stagegraph.mlir import runtime
+    from stagegraph.mlir.bindings import runtime
 
     engine.invoke(
         entry,
@@ -209,8 +213,8 @@ def test_bad_overrides_are_rejected(bad):
 
 
 def test_find_matmuls_sees_fill_and_fusable_consumers():
-    from stagegraph.mlir import ir, new_context
-    from stagegraph.stages.x86_schedule import find_matmuls
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.stages.x86.matmul_schedule import find_matmuls
 
     with new_context():
         sites = find_matmuls(ir.Module.parse(_mlp(8, [16, 32, 24])))
@@ -221,8 +225,8 @@ def test_find_matmuls_sees_fill_and_fusable_consumers():
 
 
 def test_schedule_is_a_named_sequence_and_leaves_other_functions_alone():
-    from stagegraph.mlir import ir, new_context
-    from stagegraph.stages.x86_schedule import (
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.stages.x86.matmul_schedule import (
         apply_schedule,
         build_matmul_schedule,
         find_matmuls,
@@ -293,9 +297,13 @@ def test_matmul_k_blocks_with_threads(threads):
 
 def test_parallel_block_loop_is_dynamic():
     pytest.importorskip("stagegraph.runtime.openmp").library_path()
-    from stagegraph.mlir import ir, new_context, passmanager
-    from stagegraph.stages import lowering
-    from stagegraph.stages.x86_schedule import apply_schedule, build_matmul_schedule, find_matmuls
+    from stagegraph.mlir.bindings import ir, new_context, passmanager
+    from stagegraph.stages.common import lowering
+    from stagegraph.stages.x86.matmul_schedule import (
+        apply_schedule,
+        build_matmul_schedule,
+        find_matmuls,
+    )
 
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(_matmul(64, 96, 32))
@@ -398,12 +406,12 @@ func.func @mm(%a: {ta}, %b: {tb}) -> {tc} {{
 def _schedule_stage(text: str, threads: int = 1, overrides: dict | None = None):
     """The x86 params + schedule stages on ``text``, then bufferize + LLVM + JIT; returns
     (engine, sites scheduled, ops left in the scheduled IR)."""
-    from stagegraph.mlir import execution_engine, ir, new_context
-    from stagegraph.ports import Module
-    from stagegraph.stages import lowering
+    from stagegraph.core.ports import Module
+    from stagegraph.mlir.bindings import execution_engine, ir, new_context
     from stagegraph.stages.analysis import analyze
-    from stagegraph.stages.costmodel import CostModelConfig
-    from stagegraph.stages.x86 import heuristic, matmul_ops, schedule
+    from stagegraph.stages.common import lowering
+    from stagegraph.stages.common.costmodel import CostModelConfig
+    from stagegraph.stages.x86.stages import heuristic, matmul_ops, schedule
 
     context = new_context()
     with context, ir.Location.unknown():
@@ -522,8 +530,8 @@ func.func @mm(%a: {ts[0]}, %b: {ts[1]}) -> {ts[2]} {{
   return %r : {ts[2]}
 }}
 """
-    from stagegraph.mlir import ir, new_context
-    from stagegraph.stages.x86_schedule import find_matmuls
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.stages.x86.matmul_schedule import find_matmuls
 
     with new_context():
         (site,) = find_matmuls(ir.Module.parse(text))
@@ -599,11 +607,11 @@ def test_bf16_matmul_is_widened_into_the_f32_kernel(op, a_shape, b_shape, ref, p
 
 def test_bf16_widening_is_fused_into_the_blocks():
     """No widened copy of a whole matrix: each block (or packing step) converts its slice."""
-    from stagegraph.mlir import ir, new_context
-    from stagegraph.ports import Module
+    from stagegraph.core.ports import Module
+    from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.stages.analysis import analyze
-    from stagegraph.stages.costmodel import CostModelConfig
-    from stagegraph.stages.x86 import heuristic, schedule
+    from stagegraph.stages.common.costmodel import CostModelConfig
+    from stagegraph.stages.x86.stages import heuristic, schedule
 
     text = _named("linalg.matmul", (256, 64), (64, 256), (256, 256), dtype="bf16")
     with new_context(), ir.Location.unknown():

@@ -19,14 +19,14 @@ from stagegraph.workload import Complexity, TensorSpec, Workload, WorkloadParams
 from .matmul import build_module, zero_filled_matmul
 
 if typing.TYPE_CHECKING:
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
 SIGMOID_FLOPS = 4  # neg, exp, add, div
 
 
 def sigmoid(x: ir.Value, shape: list[int]) -> ir.Value:
     """Elementwise ``1 / (1 + exp(-x))`` into a fresh tensor."""
-    from stagegraph.mlir import arith, dialect, ir, linalg, tensor
+    from stagegraph.mlir.bindings import arith, dialect, ir, linalg, tensor
 
     math = dialect("math")
     f32 = ir.F32Type.get()
@@ -67,7 +67,7 @@ class FeedForward(Workload):
         return [TensorSpec(shape=(self.params.m, self.params.k), dtype="f32")]
 
     def build(self) -> ir.Module:
-        from stagegraph.mlir import ir
+        from stagegraph.mlir.bindings import ir
 
         m, n, k = self.params.m, self.params.n, self.params.k
 

@@ -25,14 +25,14 @@ from typing import Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from stagegraph.ports import Schema
+from stagegraph.core.ports import Schema
 from stagegraph.workload import Complexity, TensorSpec, Workload, register
 
 from .ff import FeedForward, FfParams, _ff, sigmoid
 from .matmul import build_module, zero_filled_matmul
 
 if typing.TYPE_CHECKING:
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
 GRID = "grid"
 Split = tuple[tuple[int, ...], ...]
@@ -144,7 +144,7 @@ class FeedForwardSharded(Workload):
         return self._dense().output_specs()
 
     def build(self) -> ir.Module:
-        from stagegraph.mlir import dialect, ir
+        from stagegraph.mlir.bindings import dialect, ir
 
         shard = dialect("shard")
         p, layout = self.params, self.layout()
@@ -199,7 +199,7 @@ def split_axes_attr(split: Split) -> ir.Attribute:
     contain it and ``shard`` has no attribute class), so the attribute is parsed from its
     assembly form — the one place this workload writes IR syntax.
     """
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     body = ", ".join("[" + ", ".join(str(a) for a in axes) + "]" for axes in split)
     return ir.Attribute.parse(f"#shard<axisarray[{body}]>")

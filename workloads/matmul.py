@@ -24,14 +24,14 @@ from stagegraph.workload import (
 )
 
 if typing.TYPE_CHECKING:
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
 ACCUMULATOR = {"f32": "f32", "bf16": "f32"}
 
 
 def element_type(dtype: str) -> ir.Type:
     """The MLIR element type for a dtype name (inside an active context)."""
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     return {"f32": ir.F32Type, "bf16": ir.BF16Type, "f16": ir.F16Type, "f64": ir.F64Type}[
         dtype
@@ -39,14 +39,14 @@ def element_type(dtype: str) -> ir.Type:
 
 
 def tensor_type(spec: TensorSpec) -> ir.RankedTensorType:
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     return ir.RankedTensorType.get(list(spec.shape), element_type(spec.dtype))
 
 
 def zero_filled_matmul(a: ir.Value, b: ir.Value, shape: list[int], acc: ir.Type) -> ir.Value:
     """``linalg.matmul(a, b)`` into ``fill(0, tensor.empty(shape))`` of element type ``acc``."""
-    from stagegraph.mlir import arith, linalg, tensor
+    from stagegraph.mlir.bindings import arith, linalg, tensor
 
     empty = tensor.EmptyOp(shape, acc)
     zero = arith.ConstantOp(acc, 0.0)
@@ -56,7 +56,7 @@ def zero_filled_matmul(a: ir.Value, b: ir.Value, shape: list[int], acc: ir.Type)
 
 def build_module(arg_specs: list[TensorSpec], body: Callable[..., Any]) -> ir.Module:
     """A module with one public ``func.func @main(args) -> body(args)``."""
-    from stagegraph.mlir import func, ir
+    from stagegraph.mlir.bindings import func, ir
 
     module = ir.Module.create()
     with ir.InsertionPoint(module.body):

@@ -28,12 +28,12 @@ from stagegraph.workload import (
 from .matmul import build_module, zero_filled_matmul
 
 if typing.TYPE_CHECKING:
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
 
 def bias_relu(x: ir.Value, bias: ir.Value, shape: list[int]) -> ir.Value:
     """``max(x[i, j] + bias[j], 0)`` as one ``linalg.generic`` into a fresh tensor."""
-    from stagegraph.mlir import arith, ir, linalg, tensor
+    from stagegraph.mlir.bindings import arith, ir, linalg, tensor
 
     f32 = ir.F32Type.get()
     identity = ir.AffineMap.get_identity(2)
@@ -82,7 +82,7 @@ class Mlp(Workload):
         return [TensorSpec(shape=(self.params.batch, self.params.widths[-1]), dtype="f32")]
 
     def build(self) -> ir.Module:
-        from stagegraph.mlir import ir
+        from stagegraph.mlir.bindings import ir
 
         batch, layers = self.params.batch, self._layers
 

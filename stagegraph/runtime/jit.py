@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from stagegraph.errors import EmitError
-from stagegraph.mlir import execution_engine
+from stagegraph.mlir.bindings import execution_engine
 from stagegraph.runtime.heap import keep_heap_pages
 from stagegraph.runtime.memref import (
     CIFACE_PREFIX,

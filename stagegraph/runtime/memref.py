@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from stagegraph.core.ports import Binary, Schema
 from stagegraph.errors import SignatureError
-from stagegraph.ports import Binary, Schema
 
 SIGNATURE_ATTR = "stagegraph.signature"
 OUTPUTS_ATTR = "stagegraph.outputs"
@@ -282,7 +282,7 @@ class CallableBinary(Binary):
 
 def element_name(element_type: Any) -> str:
     """MLIR element type -> the names in :data:`DTYPES` (read through the bindings)."""
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     for cls, name in (
         (ir.F16Type, "f16"),
@@ -319,7 +319,7 @@ def calling_types(function_type: Any) -> tuple[list[Any], list[bool]]:
 
     Tensors become identity-layout memrefs and tensor results become trailing out-params.
     """
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     def as_buffer(t: Any) -> Any:
         if isinstance(t, ir.RankedTensorType):
@@ -339,7 +339,7 @@ def calling_types(function_type: Any) -> tuple[list[Any], list[bool]]:
 
 def signature_from_types(entry: str, types: Sequence[Any], outputs: Sequence[bool]) -> Signature:
     """Build a :class:`Signature` from memref/scalar MLIR types."""
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     args = []
     for i, (t, out) in enumerate(zip(types, outputs, strict=True)):
@@ -368,7 +368,7 @@ def record_signature(module: Any, entry: str, outputs: Sequence[bool] | None = N
     Raises:
         SignatureError: the function is missing, already lowered, or not callable.
     """
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     op = _func_op(module, entry)
     with module.context:
@@ -395,7 +395,7 @@ def read_signature(module: Any, entry: str) -> Signature:
     Raises:
         SignatureError: nothing recorded and the types do not say which args are outputs.
     """
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     op = find_function(module, entry)
     if op is None:

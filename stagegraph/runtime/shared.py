@@ -38,7 +38,7 @@ def emit_object(
 
     ``shared_libs`` resolve external symbols (e.g. the OpenMP runtime) while compiling.
     """
-    from stagegraph.mlir import execution_engine
+    from stagegraph.mlir.bindings import execution_engine
     from stagegraph.runtime.jit import check_llvm_level
 
     check_llvm_level(module)

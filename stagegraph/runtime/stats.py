@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from stagegraph.ports import Schema
+from stagegraph.core.ports import Schema
 
 #: Cap on the elements of one bootstrap block (resamples x samples), to bound memory.
 _BLOCK = 4_000_000

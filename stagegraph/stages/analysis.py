@@ -18,10 +18,10 @@ import typing
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
+from stagegraph.core.ports import Config, Facts, TensorModule
+from stagegraph.core.stage import stage
 from stagegraph.errors import UnregisteredOpError, UnsupportedPayloadError
-from stagegraph.irutil import format_diagnostic, parse_capturing
-from stagegraph.ports import Config, Facts, TensorModule
-from stagegraph.stage import stage
+from stagegraph.mlir.diagnostics import format_diagnostic, parse_capturing
 
 # In priority order: a payload is named by the first class it contains (``primary_class``).
 OpClass = Literal["matmul", "convolution", "pooling", "reduction", "elementwise", "other"]
@@ -193,7 +193,7 @@ class PayloadFacts(Facts):
 
 def _dtype(element: Any) -> str | None:
     """Short name of a supported element type, ``index`` for index, else None."""
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     for cls, name in (
         (ir.F32Type, "f32"),
@@ -216,7 +216,7 @@ def value_facts(t: Any, where: str, strict: bool = True) -> ValueFacts:
         UnsupportedPayloadError: ``where`` (e.g. "payload function @main argument 0") has a
             dynamic or unranked shape or an unsupported element type.
     """
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     kind: Literal["tensor", "memref", "scalar", "other"] = "scalar"
     shape: tuple[int, ...] = ()
@@ -324,7 +324,7 @@ def select_entry(functions: Sequence[Any], entry: str | None = None) -> Any:
 
 def linalg_ops(fn: Any) -> list[Any]:
     """Linalg ops (not their region terminators) of a function, in program order."""
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     found: list[Any] = []
 
@@ -349,7 +349,7 @@ def _operands(op: Any) -> tuple[list[Any], list[Any]]:
 
 
 def _maps(op: Any) -> list[Any]:
-    from stagegraph.mlir import ir, linalg
+    from stagegraph.mlir.bindings import ir, linalg
 
     attr = linalg.get_indexing_maps(op)
     return [] if attr is None else [ir.AffineMapAttr(a).value for a in attr]
@@ -357,14 +357,14 @@ def _maps(op: Any) -> list[Any]:
 
 def _dim_positions(amap: Any) -> list[int | None]:
     """For each result of an affine map, its loop position if it is a bare ``d_i``."""
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     return [e.position if isinstance(e, ir.AffineDimExpr) else None for e in amap.results]
 
 
 def _loop_ranges(op: Any, maps: list[Any], operands: list[Any], where: str) -> tuple[int, ...]:
     """Static size of every loop: the operand dimension that a bare ``d_i`` indexes."""
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     if not maps:
         return ()
@@ -394,7 +394,7 @@ def _iterator_types(op: Any, maps: list[Any], n_outputs: int) -> tuple[IteratorT
 
 def declared_iterator_types(op: Any) -> tuple[IteratorType, ...]:
     """The ``iterator_types`` attribute of a ``linalg.generic``, read through the bindings."""
-    from stagegraph.mlir import ir, linalg
+    from stagegraph.mlir.bindings import ir, linalg
 
     parallel = ir.AttrBuilder.get("linalg.IteratorTypeEnum")(
         linalg.IteratorType.parallel, op.context
@@ -411,7 +411,7 @@ def _body(op: Any) -> list[Any]:
 
 
 def _producer(value: Any) -> str:
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     if isinstance(value, ir.BlockArgument):
         return f"%arg{value.arg_number}"
@@ -420,7 +420,7 @@ def _producer(value: Any) -> str:
 
 def _contraction(op: Any, maps: list[Any], ranges: tuple[int, ...]) -> ContractionFacts | None:
     """batch/m/n/k of a contraction, from the maps of A, B and the accumulator."""
-    from stagegraph.mlir import linalg
+    from stagegraph.mlir.bindings import linalg
 
     if len(maps) < 3:
         return None
@@ -448,7 +448,7 @@ def _contraction(op: Any, maps: list[Any], ranges: tuple[int, ...]) -> Contracti
 
 
 def _convolution(op: Any) -> ConvolutionFacts | None:
-    from stagegraph.mlir import linalg
+    from stagegraph.mlir.bindings import linalg
 
     dims = linalg.infer_convolution_dimensions(op)
     if dims is None:
@@ -469,7 +469,7 @@ def _ignores_an_input(op: Any, n_inputs: int) -> bool:
 def _is_contraction(op: Any) -> bool:
     """A named matmul-like op, or any op (``linalg.generic``) that the contraction interface
     recognises: two inputs, projected-permutation maps, a reduction loop, a mul-add body."""
-    from stagegraph.mlir import linalg
+    from stagegraph.mlir.bindings import linalg
 
     return op.name in _CONTRACTIONS or bool(linalg.isa_contraction_op(op))
 
@@ -482,7 +482,7 @@ def classify(
     has_maps: bool = True,
 ) -> OpClass:
     """The class of a linalg op, from its name, interfaces, maps and body."""
-    from stagegraph.mlir import linalg
+    from stagegraph.mlir.bindings import linalg
 
     name = op.name
     if _is_contraction(op):
@@ -589,7 +589,7 @@ def _layers(ops: list[Any], facts: list[OpFacts]) -> list[LayerFacts]:
 
 
 def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
-    """Facts of ``module`` (an ``ir.Module`` or a :class:`stagegraph.ports.Module`).
+    """Facts of ``module`` (an ``ir.Module`` or a :class:`stagegraph.core.ports.Module`).
 
     Raises:
         UnsupportedPayloadError: no entry function, dynamic shapes or unsupported element
@@ -632,7 +632,7 @@ _CUSTOM_OP_DIAGNOSTIC = re.compile(r"Dialect `([\w.]+)' not found for custom op 
 
 def unregistered_ops(text: str) -> list[str]:
     """Names of the ops of ``text`` whose dialect these bindings do not register."""
-    from stagegraph.mlir import ir, new_context
+    from stagegraph.mlir.bindings import ir, new_context
 
     context = new_context()
     context.allow_unregistered_dialects = True
@@ -691,7 +691,7 @@ def parse_payload(text: str, context: Any | None = None, source: str = "<payload
         UnregisteredOpError: the text uses an op of an unregistered dialect (tm_tensor, ...).
         UnsupportedPayloadError: any other parse error, with the parser's diagnostics.
     """
-    from stagegraph.mlir import new_context
+    from stagegraph.mlir.bindings import new_context
 
     context = context or new_context()
     module, diagnostics, error = parse_capturing(text, context, source)

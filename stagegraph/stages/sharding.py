@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagegraph.core.ports import Config, TensorModule
+from stagegraph.core.stage import stage
 from stagegraph.errors import ShardingError
-from stagegraph.ports import Config, TensorModule
-from stagegraph.stage import stage
-from stagegraph.stages.passes import run_pipeline
+from stagegraph.stages.common.passes import run_pipeline
 
 PROPAGATE = "func.func(sharding-propagation)"
 PARTITION = "func.func(shard-partition),canonicalize,cse"
@@ -64,7 +64,7 @@ def shard_to_mpi(module: TensorModule, config: ShardToMpiConfig) -> TensorModule
 
 def shard_ops(module: Any) -> list[Any]:
     """Every ``shard.*`` operation nested in ``module``."""
-    from stagegraph.mlir import ir
+    from stagegraph.mlir.bindings import ir
 
     found: list[Any] = []
 

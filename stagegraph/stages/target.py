@@ -19,8 +19,8 @@ from typing import Any
 
 from pydantic import Field, field_serializer
 
-from stagegraph.ports import Config, Facts
-from stagegraph.stage import stage
+from stagegraph.core.ports import Config, Facts
+from stagegraph.core.stage import stage
 
 CPUINFO = Path("/proc/cpuinfo")
 CPU_SYSFS = Path("/sys/devices/system/cpu/cpu0")

@@ -12,10 +12,10 @@ from stagegraph.errors import UnknownCostModelError, unknown_name_message
 
 #: ``--cost-model`` name → the params stage factory (``module:attribute``) that implements it.
 COST_MODELS = {
-    "heuristic": "stagegraph.stages.x86:heuristic",
-    "analytical": "stagegraph.stages.costmodels:analytical",
-    "tuned": "stagegraph.stages.costmodels:tuned",
-    "fixed": "stagegraph.stages.costmodels:fixed",
+    "heuristic": "stagegraph.stages.x86.stages:heuristic",
+    "analytical": "stagegraph.stages.x86.costmodels:analytical",
+    "tuned": "stagegraph.stages.x86.costmodels:tuned",
+    "fixed": "stagegraph.stages.x86.costmodels:fixed",
 }
 DEFAULT_COST_MODEL = "heuristic"
 
@@ -32,7 +32,7 @@ def cost_model_factory(name: str) -> Any:
     """
     if name not in COST_MODELS:
         raise UnknownCostModelError(unknown_name_message("cost model", name, COST_MODELS))
-    from stagegraph.stage import get_factory
+    from stagegraph.core.stage import get_factory
 
     return get_factory(COST_MODELS[name])
 
@@ -43,7 +43,7 @@ __all__ = ["COST_MODELS", "DEFAULT_COST_MODEL", "cost_model_factory", "cost_mode
 def describe_cost_model(engine: Any, graph: Any, workload: Any, name: str) -> dict[str, Any]:
     """Which cost model chose the params, where they came from, and the params themselves
     (runs the graph up to its params stage; the engine's memo cache keeps that cheap)."""
-    from stagegraph.stages.costmodels import TunedConfig, lookup_tuned
+    from stagegraph.stages.x86.costmodels import TunedConfig, lookup_tuned
 
     select = next(s for s in graph.stages.values() if s.kind == "params")
     result = engine.run(graph, workload, until=select.name)

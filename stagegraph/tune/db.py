@@ -15,8 +15,8 @@ from typing import Any
 
 from pydantic import Field
 
+from stagegraph.core.ports import Schema
 from stagegraph.errors import TuneDBError
-from stagegraph.ports import Schema
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS candidates (

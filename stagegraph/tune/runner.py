@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from stagegraph.ports import Schema
+from stagegraph.core.ports import Schema
 from stagegraph.tune.db import CandidateResult, TuneDB, TuneKey, best_result
 
 DEFAULT_DB = "stagegraph-tune.db"
@@ -85,11 +85,11 @@ class Problem:
     """The payload's facts, the machine, the baseline params and the space around them."""
 
     def __init__(self, options: TuneOptions) -> None:
-        from stagegraph.commands import load_inputs
-        from stagegraph.engine import Engine
-        from stagegraph.execute import with_cost_model, with_target
-        from stagegraph.stages.costmodels import target_hash
-        from stagegraph.tune.space import build_space
+        from stagegraph.app.run import with_cost_model, with_target
+        from stagegraph.cli.commands import load_inputs
+        from stagegraph.core.engine import Engine
+        from stagegraph.stages.x86.costmodels import target_hash
+        from stagegraph.stages.x86.space import build_space
 
         graph, workload = load_inputs(options.graph, options.workload)
         graph = with_target(graph, options.target)

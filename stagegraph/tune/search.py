@@ -13,9 +13,9 @@ import random
 from collections.abc import Callable, Iterator
 from itertools import islice
 
-from stagegraph.stages.x86 import X86Params
+from stagegraph.stages.x86.space import SearchSpace
+from stagegraph.stages.x86.stages import X86Params
 from stagegraph.tune.db import CandidateResult
-from stagegraph.tune.space import SearchSpace
 
 STRATEGIES = ("random", "model", "evolve")
 
@@ -59,7 +59,7 @@ class ModelStrategy(Strategy):
 
     def __init__(self, space: SearchSpace, seed: int = 0, budget: int = 0) -> None:
         super().__init__(space, seed, budget)
-        from stagegraph.tune.roofline import estimate_seconds
+        from stagegraph.stages.x86.roofline import estimate_seconds
 
         def cost(p: X86Params) -> float:
             return sum(

@@ -1,6 +1,6 @@
 """The isolated side of tuning: one child compiles, verifies and times a batch of candidates.
 
-The child keeps one :class:`~stagegraph.engine.Engine` for the whole batch, so the stages
+The child keeps one :class:`~stagegraph.core.engine.Engine` for the whole batch, so the stages
 upstream of the params (load, analysis, target) run once and are served from the memo
 cache for every candidate; only ``select`` and what follows it re-run. The baseline is
 compiled once and timed interleaved with each candidate (paired samples). Each phase has
@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import Field
 
-from stagegraph.ports import Schema
+from stagegraph.core.ports import Schema
 from stagegraph.tune.db import CandidateResult, TuneKey
 
 FAULTS = ("segfault", "hang", "oom", "wrong")
@@ -49,7 +49,7 @@ class BatchTask(Schema):
 
 
 def params_hash(params: dict[str, Any]) -> str:
-    from stagegraph.stages.x86 import X86Params
+    from stagegraph.stages.x86.stages import X86Params
 
     return X86Params.model_validate(params).content_hash()[:16]
 
@@ -99,11 +99,11 @@ def _interleaved(base: Any, cand: Any, samples: int) -> tuple[list[float], list[
 
 def run_batch(task: BatchTask, work: str) -> int:
     """Child entry: evaluate every candidate of ``task``; results go to ``work``/results."""
-    from stagegraph.bench import prepare
-    from stagegraph.catalog import load_graph
-    from stagegraph.engine import Engine
-    from stagegraph.execute import install_reference_runner, with_target
-    from stagegraph.stages.costmodels import fixed
+    from stagegraph.app.bench import prepare
+    from stagegraph.app.run import install_reference_runner, with_target
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.core.engine import Engine
+    from stagegraph.stages.x86.costmodels import fixed
     from stagegraph.workload import parse_workload
 
     out = Path(work)
@@ -147,8 +147,8 @@ class CandidateInspection:
     as ``run`` and ``bench``, writing into one folder per candidate (``DIR/<params hash>``)."""
 
     def __init__(self, task: BatchTask) -> None:
-        from stagegraph.hooks import DumpIR, PrintIR, VerifyEach
-        from stagegraph.repro import ReproducerHook
+        from stagegraph.instrument.ir_hooks import DumpIR, PrintIR, VerifyEach
+        from stagegraph.instrument.repro import ReproducerHook
 
         self.task = task
         self._hooks: list[Any] = [ReproducerHook(task.repro_dir)]

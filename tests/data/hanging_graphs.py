@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import time
 
-from stagegraph.graph import Graph, GraphInput
-from stagegraph.ports import Binary, LLVMModule, Module, TensorModule
-from stagegraph.stage import stage
-from stagegraph.stages.emit import jit
-from stagegraph.stages.passes import bufferize, linalg_to_loops, lower_to_llvm, verify
+from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.ports import Binary, LLVMModule, Module, TensorModule
+from stagegraph.core.stage import stage
+from stagegraph.stages.common.emit import jit
+from stagegraph.stages.common.passes import bufferize, linalg_to_loops, lower_to_llvm, verify
 
 
 @stage("passes", name="test.sleep_forever")

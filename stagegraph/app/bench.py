@@ -1,0 +1,269 @@
+"""Benchmarking spliced in at a tagged stage: verify first, then time with trustworthy stats."""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import Field
+
+from stagegraph.app.run import effective_threads
+from stagegraph.core.engine import Engine, RunResult
+from stagegraph.core.graph import Graph
+from stagegraph.core.ports import Schema
+from stagegraph.errors import StagegraphError
+
+WRAPPER_STAGE = "bench"
+
+
+class BenchOptions(Schema):
+    """How long and how precisely to measure."""
+
+    warmup: int = 3
+    repeat: int = 10  # minimum number of samples
+    min_time_s: float = 0.0
+    budget_s: float = 10.0
+    rel_halfwidth: float = 0.02
+    # Pause before each switch between multi-threaded variants: OpenBLAS and OpenMP workers
+    # spin for ~0.1-0.2 s after a call and would steal the cores the other variant needs.
+    settle_s: float = 0.3
+
+
+class BenchReport(Schema):
+    """One benchmark (the ``--json`` output; the CSV row has the same fields)."""
+
+    graph: str
+    workload: str
+    splice_at: str
+    verified: bool
+    message: str = ""
+    samples: int = 0
+    median_s: float | None = None
+    min_s: float | None = None
+    p10_s: float | None = None
+    p90_s: float | None = None
+    mean_s: float | None = None
+    cv: float | None = None
+    ci_low_s: float | None = None
+    ci_high_s: float | None = None
+    converged: bool | None = None
+    gflops: float | None = None
+    gbps: float | None = None
+    compile_seconds: float = 0.0
+    stage_seconds: dict[str, float] = Field(default_factory=dict)
+    threads: int | None = None
+
+
+class Comparison(Schema):
+    """Two variants measured interleaved in one run: ``ratio`` = median(a) / median(b)."""
+
+    a: BenchReport
+    b: BenchReport
+    ratio: float | None
+    ratio_low: float | None
+    ratio_high: float | None
+
+
+def spliced(graph: Graph, splice_at: str | None, entry: str) -> tuple[Graph, str]:
+    """The graph with the benchmark wrapper after ``splice_at`` (default: the graph's choice)."""
+    from stagegraph.stages.common.wrapper import bench_wrapper
+
+    tag = splice_at or graph.default_splice
+    if tag is None:
+        raise StagegraphError(
+            f"graph {graph.name!r} declares no default splice tag; pass --splice-at "
+            f"(its tags: {', '.join(sorted(graph.tags)) or 'none'})"
+        )
+    return graph.splice(after=tag, stage=bench_wrapper(WRAPPER_STAGE, entry=entry)), tag
+
+
+class Measurement:
+    """A compiled, verified benchmark harness that can produce timing samples."""
+
+    def __init__(self, graph: Graph, workload: Any, result: RunResult, splice_at: str):
+        self.graph, self.workload, self.result, self.splice_at = graph, workload, result, splice_at
+        self.binary = result.binary
+        self.entry = workload.entry
+        outputs = self.binary.call(self.entry, workload.inputs())
+        self.verdict = workload.verify(outputs)
+
+    def measure(self, count: int, warmup: int = 0) -> np.ndarray:
+        from stagegraph.stages.common.bench_wrapper import run_benchmark
+
+        return run_benchmark(
+            self.binary, f"{self.entry}_bench", self.workload.inputs(), warmup, count
+        )
+
+    def report(self, samples: np.ndarray | None, threads: int | None = None) -> BenchReport:
+        from stagegraph.runtime.stats import gbps, gflops, summarize
+
+        trace = self.result.trace
+        base = {
+            "graph": self.graph.name,
+            "workload": self.workload.spec,
+            "splice_at": self.splice_at,
+            "verified": self.verdict.ok,
+            "message": self.verdict.message,
+            "compile_seconds": trace.compile_seconds(),
+            "stage_seconds": {r.name: r.seconds for r in trace.records},
+            "threads": effective_threads(threads),
+        }
+        if samples is None or not self.verdict.ok:
+            return BenchReport(**base)
+        stats = summarize(samples)
+        complexity = self.workload.complexity
+        return BenchReport(
+            **base,
+            **stats.model_dump(),
+            converged=None,
+            gflops=gflops(complexity.flops, stats.median_s) if complexity.flops else None,
+            gbps=gbps(complexity.bytes_moved, stats.median_s) if complexity.bytes_moved else None,
+        )
+
+
+def prepare(engine: Engine, graph: Graph, workload: Any, splice_at: str | None) -> Measurement:
+    """Splice, compile and verify; raises nothing for a wrong result (the report says so)."""
+    if splice_at is not None:
+        graph.node_for_tag(splice_at)  # an unknown or ambiguous tag fails before compiling
+    bench_graph, tag = spliced(graph, splice_at, workload.entry)
+    result = engine.run(bench_graph, workload)
+    return Measurement(graph, workload, result, tag)
+
+
+def sample(measure: Callable[[int], np.ndarray], options: BenchOptions) -> tuple[np.ndarray, bool]:
+    """Samples until the CI of the median is within ±rel_halfwidth (or the budget is spent)."""
+    from stagegraph.runtime.stats import summarize
+
+    begin = time.perf_counter()
+    chunks = [measure(options.repeat)]
+    while True:
+        samples = np.concatenate(chunks)
+        stats = summarize(samples)
+        spent = time.perf_counter() - begin
+        converged = stats.rel_halfwidth <= options.rel_halfwidth
+        if (converged and spent >= options.min_time_s) or spent >= options.budget_s:
+            return samples, converged
+        per_sample = spent / samples.size
+        affordable = int((options.budget_s - spent) / per_sample) if per_sample > 0 else 1
+        chunks.append(measure(max(1, min(samples.size, affordable))))
+
+
+def benchmark(
+    engine: Engine,
+    graph: Graph,
+    workload: Any,
+    splice_at: str | None = None,
+    options: BenchOptions | None = None,
+    threads: int | None = None,
+) -> BenchReport:
+    """Compile with the wrapper spliced after ``splice_at``, verify, then time."""
+    options = options or BenchOptions()
+    measurement = prepare(engine, graph, workload, splice_at)
+    if not measurement.verdict.ok:
+        return measurement.report(None, threads)
+    measurement.measure(1, warmup=options.warmup)
+    samples, converged = sample(measurement.measure, options)
+    report = measurement.report(samples, threads)
+    return report.model_copy(update={"converged": converged})
+
+
+class NumpyMeasurement:
+    """The workload's numpy equivalent timed from Python, for ``--vs numpy``."""
+
+    def __init__(self, workload: Any):
+        self.fn = workload.numpy_equivalent()
+        if self.fn is None:
+            raise StagegraphError(f"workload {workload.spec!r} has no numpy equivalent")
+        self.workload = workload
+        self.inputs = [np.asarray(x) for x in workload.inputs()]
+
+    def measure(self, count: int, warmup: int = 0) -> np.ndarray:
+        for _ in range(warmup):
+            self.fn(*self.inputs)
+        out = np.empty(count)
+        for i in range(count):
+            start = time.perf_counter()
+            self.fn(*self.inputs)
+            out[i] = time.perf_counter() - start
+        return out
+
+    def report(self, samples: np.ndarray, threads: int | None = None) -> BenchReport:
+        from stagegraph.runtime.stats import gflops, summarize
+
+        stats = summarize(samples)
+        flops = self.workload.complexity.flops
+        return BenchReport(
+            graph="numpy",
+            workload=self.workload.spec,
+            splice_at="-",
+            verified=True,
+            **stats.model_dump(),
+            compile_seconds=0.0,
+            threads=threads,
+            gflops=gflops(flops, stats.median_s) if flops else None,
+        )
+
+
+def rewarm_calls(seconds_per_call: float, rewarm_s: float = 0.02) -> int:
+    """Calls that wake the sleeping worker threads and caches after a settle pause."""
+    return max(1, min(1000, math.ceil(rewarm_s / max(seconds_per_call, 1e-9))))
+
+
+def compare(
+    a: Measurement,
+    b: Measurement | NumpyMeasurement,
+    options: BenchOptions,
+    threads: int | None = None,
+) -> Comparison:
+    """Interleave batches of ``a`` and ``b`` so machine noise hits both alike."""
+    from stagegraph.runtime.stats import ratio
+
+    first_a = float(a.measure(1, warmup=options.warmup)[0])
+    first_b = float(b.measure(1, warmup=options.warmup)[0])
+    batch = max(1, options.repeat // 2)
+    multi_threaded = effective_threads(threads) > 1
+    settle = options.settle_s if multi_threaded else 0.0
+    rewarm_a, rewarm_b = (rewarm_calls(first_a), rewarm_calls(first_b)) if settle else (0, 0)
+    chunks_a, chunks_b = [], []
+    begin = time.perf_counter()
+    while True:
+        time.sleep(settle)
+        chunks_a.append(a.measure(batch, warmup=rewarm_a))
+        time.sleep(settle)
+        chunks_b.append(b.measure(batch, warmup=rewarm_b))
+        xa, xb = np.concatenate(chunks_a), np.concatenate(chunks_b)
+        r = ratio(xa, xb, paired=True)
+        spent = time.perf_counter() - begin
+        tight = (r.high - r.low) / 2 <= options.rel_halfwidth * r.ratio
+        if (tight and xa.size >= options.repeat and spent >= options.min_time_s) or (
+            spent >= options.budget_s
+        ):
+            break
+    return Comparison(
+        a=a.report(xa, threads),
+        b=b.report(xb, threads),
+        ratio=r.ratio,
+        ratio_low=r.low,
+        ratio_high=r.high,
+    )
+
+
+def append_csv(path: str | Path, report: BenchReport) -> None:
+    """Append one row; write the header only when the file is new."""
+    path = Path(path)
+    row = report.model_dump(mode="json")
+    row["stage_seconds"] = ";".join(f"{k}={v:.6f}" for k, v in report.stage_seconds.items())
+    new = not path.exists() or path.stat().st_size == 0
+    try:
+        with path.open("a", newline="") as handle:
+            writer = csv.DictWriter(handle, fieldnames=list(row))
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+    except OSError as exc:
+        raise StagegraphError(f"cannot write CSV {path}: {exc.strerror or exc}") from None

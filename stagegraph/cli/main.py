@@ -1,0 +1,155 @@
+"""The ``stagegraph`` command line. User errors exit with code 2 and one paragraph."""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from typing import Any
+
+import click
+
+from stagegraph.errors import StagegraphError
+
+EXIT_USER_ERROR = 2
+
+
+def emit_json(data: Any) -> None:
+    click.echo(json.dumps(data, indent=2, default=str))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Lower MLIR payloads through typed graphs of named stages."""
+    ctx.obj = {"debug": debug}
+
+
+@cli.command("list")
+@click.argument("what", type=click.Choice(["graphs", "workloads", "stages"]))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def list_command(what: str, as_json: bool) -> None:
+    """List the graphs, workloads or stage factories that are available."""
+    if what == "graphs":
+        from stagegraph.core.catalog import list_graphs
+
+        rows = [{"name": n} for n in list_graphs()]
+    elif what == "workloads":
+        from stagegraph.workload import list_workloads
+
+        rows = [{"name": n} for n in list_workloads()]
+    else:
+        from stagegraph.core.stage import registered
+
+        rows = [
+            {
+                "name": f.name,
+                "kind": f.kind,
+                "inputs": [str(p) for p in f.inputs],
+                "outputs": [str(p) for p in f.outputs],
+                "doc": f.doc.splitlines()[0] if f.doc else "",
+            }
+            for f in sorted(registered().values(), key=lambda f: (f.kind, f.name))
+        ]
+    if as_json:
+        emit_json(rows)
+        return
+    for row in rows:
+        if what == "stages":
+            click.echo(
+                f"{row['name']:<24} {row['kind']:<9} ({', '.join(row['inputs'])}) -> "
+                f"({', '.join(row['outputs'])})  {row['doc']}"
+            )
+        else:
+            click.echo(row["name"])
+
+
+@cli.command()
+@click.argument("graph")
+@click.option("--format", "fmt", type=click.Choice(["dot", "text"]), default="dot")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Render to a file (svg...).")
+def show(graph: str, fmt: str, output: str | None) -> None:
+    """Print GRAPH as DOT (or text); -o renders an image with Graphviz."""
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.core.render import render_file, to_dot, to_text
+
+    loaded = load_graph(graph)
+    if output:
+        render_file(loaded, output)
+        click.echo(f"wrote {output}")
+    else:
+        click.echo(to_dot(loaded) if fmt == "dot" else to_text(loaded), nl=False)
+
+
+@cli.command()
+@click.argument("file")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def validate(file: str, as_json: bool) -> None:
+    """Check a graph file (or graph name) and summarise it."""
+    from stagegraph.core.catalog import load_graph
+
+    graph = load_graph(file)
+    summary = {
+        "graph": graph.name,
+        "valid": True,
+        "stages": len(graph.stages),
+        "edges": len(graph.edges),
+        "tags": graph.tags,
+        "default_splice": graph.default_splice,
+    }
+    if as_json:
+        emit_json(summary)
+    else:
+        click.echo(
+            f"{file}: graph {graph.name!r} is valid: {len(graph.stages)} stages, "
+            f"{len(graph.edges)} edges, tags: {', '.join(sorted(graph.tags)) or 'none'}"
+        )
+
+
+@cli.command()
+def schema() -> None:
+    """Print the JSON Schema of graph files."""
+    from stagegraph.core.graphfile import json_schema
+
+    emit_json(json_schema())
+
+
+def _register_extensions() -> None:
+    """Commands that live in their own modules (run, bench, tune, ...)."""
+    from stagegraph.cli import commands
+
+    for command in commands.COMMANDS:
+        cli.add_command(command)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI, turning user errors into exit code 2 without a traceback."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in args
+    try:
+        _register_extensions()
+        cli.main(args=args, prog_name="stagegraph", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except click.ClickException as exc:
+        exc.show()
+        return EXIT_USER_ERROR
+    except click.exceptions.Abort:
+        click.echo("aborted", err=True)
+        return 1
+    except StagegraphError as exc:
+        if debug:
+            traceback.print_exc()
+        click.echo(f"error: {exc}", err=True)
+        return EXIT_USER_ERROR
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
+
+
+def run_main() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,333 @@
+"""The engine: resolves a graph for one payload.
+
+It orders the stages, hands each mutating consumer of a shared module its own copy, serves
+unchanged stages from a content-keyed memo cache, captures MLIR diagnostics, and records a
+trace. Instrumentation (IR dumps, reproducers, verification) plugs in through :class:`Hook`.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.ports import Binary, Facts, Module, Params, Schema
+from stagegraph.core.stage import Stage
+from stagegraph.errors import StageFailed, StagegraphError
+
+Value = Any
+Key = tuple[str, str]
+
+
+class StageRecord(Schema):
+    """What one stage did in one run."""
+
+    name: str
+    kind: str
+    seconds: float
+    cached: bool = False
+    ops_in: int | None = None
+    ops_out: int | None = None
+    level_in: str | None = None
+    level_out: str | None = None
+
+
+class Trace(Schema):
+    """The stages a run executed, in order."""
+
+    graph: str
+    records: tuple[StageRecord, ...] = ()
+
+    def executed(self) -> list[str]:
+        """Stages that actually ran (not served from the cache)."""
+        return [r.name for r in self.records if not r.cached]
+
+    def compile_seconds(self) -> float:
+        return sum(r.seconds for r in self.records)
+
+
+@dataclass
+class StageEvent:
+    """What hooks see of a stage about to run (or that just ran)."""
+
+    graph: Graph
+    stage: Stage
+    inputs: dict[str, Value]
+    outputs: dict[str, Value] = field(default_factory=dict)
+    record: StageRecord | None = None
+
+
+class Hook:
+    """The one instrumentation seam: subclass and override what you need."""
+
+    def before_stage(self, event: StageEvent) -> None:
+        """Called with the stage's inputs before it runs (or is served from the cache)."""
+
+    def after_stage(self, event: StageEvent) -> None:
+        """Called with inputs, outputs and the record after the stage."""
+
+    def on_failure(self, event: StageEvent, error: BaseException) -> str | None:
+        """Called when the stage raised; may return a reproducer path for the error."""
+        return None
+
+
+@dataclass
+class RunResult:
+    """Values computed by one run, addressable by ``(node, port)``, and the trace."""
+
+    graph: Graph
+    values: dict[Key, Value]
+    trace: Trace
+    last: str
+
+    def value(self, node: str, port: str | None = None) -> Value:
+        if port is None:
+            ports = [p for n, p in self.values if n == node]
+            if len(ports) != 1:
+                raise KeyError(f"stage {node!r} has outputs {ports}; name one")
+            port = ports[0]
+        return self.values[(node, port)]
+
+    def _latest(self, kind: type) -> Value:
+        for node in reversed(self.graph.order()):
+            for (n, _), v in self.values.items():
+                if n == node and isinstance(v, kind):
+                    return v
+        return None
+
+    @property
+    def module(self) -> Module | None:
+        """The module produced last (at ``until``, the tagged stage's module)."""
+        for (n, _), v in self.values.items():
+            if n == self.last and isinstance(v, Module):
+                return v
+        return self._latest(Module)
+
+    @property
+    def params(self) -> Params | None:
+        return self._latest(Params)
+
+    @property
+    def facts(self) -> Facts | None:
+        return self._latest(Facts)
+
+    @property
+    def binary(self) -> Binary | None:
+        return self._latest(Binary)
+
+
+def content_hash(value: Value) -> str:
+    if hasattr(value, "content_hash"):
+        return value.content_hash()
+    return hashlib.sha256(repr(value).encode()).hexdigest()
+
+
+class Engine:
+    """Runs graphs. Keep one engine to reuse its memo cache across runs."""
+
+    def __init__(self, hooks: Iterable[Hook] = (), cache: bool = True, context: Any = None):
+        self.hooks = list(hooks)
+        self.cache_enabled = cache
+        self._context = context
+        self._cache: dict[str, tuple[dict[str, Value], dict[str, str]]] = {}
+
+    @property
+    def context(self) -> Any:
+        """The MLIR context every module of this engine lives in (created on first use)."""
+        if self._context is None:
+            from stagegraph.mlir.bindings import new_context
+
+            self._context = new_context()
+        return self._context
+
+    @functools.cached_property
+    def versions(self) -> str:
+        """stagegraph's and the bindings' versions: part of every cache key."""
+        from importlib import metadata
+
+        from stagegraph.mlir.bindings import binding_version
+
+        try:
+            own = metadata.version("stagegraph")
+        except metadata.PackageNotFoundError:
+            own = "unknown"
+        return f"stagegraph=={own};{binding_version()}"
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+
+    # -- inputs -------------------------------------------------------------------------------
+
+    def payload_inputs(self, graph: Graph, source: Any) -> dict[str, Value]:
+        """Bind a workload, a module or a mapping to the graph's inputs."""
+        if isinstance(source, Mapping):
+            return dict(source)
+        module_inputs = [i for i in graph.inputs.values() if issubclass(i.type, Module)]
+        if len(module_inputs) != 1:
+            raise StagegraphError(
+                f"graph {graph.name!r} has {len(module_inputs)} module inputs; "
+                "pass a mapping from input name to value"
+            )
+        if hasattr(source, "payload"):
+            source = source.payload(self.context)
+        return {module_inputs[0].name: source}
+
+    def _bind_input(self, graph: Graph, node: GraphInput, value: Value) -> Value:
+        if isinstance(value, Module):
+            return value
+        if isinstance(value, str) and issubclass(node.type, Module):
+            from stagegraph.mlir.diagnostics import parse_module
+
+            value = parse_module(value, self.context, source=f"input {node.name!r}")
+        if issubclass(node.type, Module):
+            return node.type(value)
+        return value
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(self, graph: Graph, source: Any, until: str | None = None) -> RunResult:
+        """Resolve ``graph`` for ``source`` (a workload, module or input mapping).
+
+        Args:
+            until: a tag (or node name); stop after that node.
+
+        Raises:
+            StageFailed: a stage raised; the error names the stage and carries diagnostics.
+        """
+        provided = self.payload_inputs(graph, source)
+        order = graph.order()
+        last = order[-1]
+        if until is not None:
+            last = graph.node_for_tag(until)
+            keep = graph.ancestors(last) | {last}
+            order = [n for n in order if n in keep]
+        executing = set(order)
+        consumers: dict[Key, list[str]] = {}
+        for e in graph.edges:
+            if e.dst in executing:
+                consumers.setdefault((e.src, e.src_port), []).append(e.dst)
+        values: dict[Key, Value] = {}
+        hashes: dict[Key, str] = {}
+        records: list[StageRecord] = []
+        for node in order:
+            if node in graph.inputs:
+                spec = graph.inputs[node]
+                if node not in provided:
+                    raise StagegraphError(f"graph {graph.name!r}: no value for input {node!r}")
+                value = self._bind_input(graph, spec, provided[node])
+                values[(node, "value")] = value
+                hashes[(node, "value")] = content_hash(value)
+                continue
+            stage = graph.stages[node]
+            inputs, input_hashes = {}, {}
+            for e in graph.in_edges(node):
+                value = values[(e.src, e.src_port)]
+                shared = len(consumers.get((e.src, e.src_port), [])) > 1
+                if isinstance(value, Module) and stage.factory.mutates and shared:
+                    value = value.clone()
+                inputs[e.dst_port] = value
+                input_hashes[e.dst_port] = hashes[(e.src, e.src_port)]
+            outputs, out_hashes, record = self._run_stage(graph, stage, inputs, input_hashes)
+            records.append(record)
+            for port, value in outputs.items():
+                values[(node, port)] = value
+                hashes[(node, port)] = out_hashes[port]
+        return RunResult(graph, values, Trace(graph=graph.name, records=tuple(records)), last)
+
+    def benchmark(
+        self,
+        graph: Graph,
+        workload: Any,
+        splice_at: str | None = None,
+        warmup: int = 3,
+        repeat: int = 10,
+        **options: Any,
+    ) -> Any:
+        """Splice the benchmark wrapper after ``splice_at``, verify, and time the payload.
+
+        Returns a :class:`~stagegraph.app.bench.BenchReport`; see that module for options.
+        """
+        from stagegraph.app.bench import BenchOptions, benchmark
+
+        opts = BenchOptions(warmup=warmup, repeat=repeat, **options)
+        return benchmark(self, graph, workload, splice_at, opts)
+
+    def _run_stage(
+        self, graph: Graph, stage: Stage, inputs: dict[str, Value], input_hashes: dict[str, str]
+    ) -> tuple[dict[str, Value], dict[str, str], StageRecord]:
+        event = StageEvent(graph, stage, inputs)
+        for hook in self.hooks:
+            hook.before_stage(event)
+        key_data = (
+            self.versions
+            + stage.spec_hash()
+            + "".join(f"|{p}={h}" for p, h in sorted(input_hashes.items()))
+        )
+        key = hashlib.sha256(key_data.encode()).hexdigest()
+        module_in = next((v for v in inputs.values() if isinstance(v, Module)), None)
+        ops_in = _ops(module_in)
+        level_in = module_in.level if module_in else None
+        start = time.perf_counter()
+        cached = self.cache_enabled and stage.factory.cacheable and key in self._cache
+        if cached:
+            stored, out_hashes = self._cache[key]
+            outputs = {p: v.clone() if isinstance(v, Module) else v for p, v in stored.items()}
+        else:
+            outputs = self._call(graph, stage, event)
+            out_hashes = {p: content_hash(v) for p, v in outputs.items()}
+            if self.cache_enabled and stage.factory.cacheable:
+                stored = {p: v.clone() if isinstance(v, Module) else v for p, v in outputs.items()}
+                self._cache[key] = (stored, out_hashes)
+        seconds = time.perf_counter() - start
+        module_out = next((v for v in outputs.values() if isinstance(v, Module)), None)
+        record = StageRecord(
+            name=stage.name,
+            kind=stage.kind,
+            seconds=seconds,
+            cached=cached,
+            ops_in=ops_in,
+            ops_out=_ops(module_out),
+            level_in=level_in,
+            level_out=module_out.level if module_out else None,
+        )
+        event.outputs, event.record = outputs, record
+        for hook in self.hooks:
+            hook.after_stage(event)
+        return outputs, out_hashes, record
+
+    def _call(self, graph: Graph, stage: Stage, event: StageEvent) -> dict[str, Value]:
+        from stagegraph.mlir.bindings import ir
+        from stagegraph.mlir.diagnostics import capture_diagnostics, error_diagnostics
+
+        try:
+            with (
+                self.context,
+                ir.Location.unknown(),
+                capture_diagnostics(self.context) as diagnostics,
+            ):
+                return stage.run(event.inputs)
+        except StageFailed:
+            raise
+        except Exception as exc:
+            found = diagnostics + [d for d in error_diagnostics(exc) if d not in diagnostics]
+            reason, _, rest = (str(exc).strip() or type(exc).__name__).partition("\n")
+            if not found and rest and not isinstance(exc, StagegraphError):
+                found = rest.splitlines()  # the interpreter folds diagnostics into its message
+            elif rest:
+                reason = f"{reason}\n{rest}"
+            reproducer = None
+            for hook in self.hooks:
+                reproducer = hook.on_failure(event, exc) or reproducer
+            raise StageFailed(graph.name, stage.name, reason, found, reproducer) from exc
+
+
+def _ops(module: Module | None) -> int | None:
+    if module is None:
+        return None
+    from stagegraph.mlir.diagnostics import count_ops
+
+    return count_ops(module.ir)

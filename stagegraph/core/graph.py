@@ -1,0 +1,399 @@
+"""Immutable stage graphs stored in networkx, with validation and composition.
+
+Wiring is explicit: every edge names an output port and an input port
+(``"select.params" -> "schedule.params"``); graph inputs (the payload) are nodes too, named
+by their bare name in edges. Every constructor validates and reports all problems at once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import networkx as nx
+
+from stagegraph.core.ports import Module, compatible, port_name
+from stagegraph.core.stage import Port, Stage
+from stagegraph.errors import (
+    AmbiguousTagError,
+    CycleError,
+    DoublyConnectedPortError,
+    DuplicateStageError,
+    EmptyGraphError,
+    GraphError,
+    InvalidGraphError,
+    PortTypeError,
+    UnconnectedPortError,
+    UnknownPortError,
+    UnknownStageError,
+    UnknownTagError,
+    did_you_mean,
+    unknown_name_message,
+)
+
+INPUT_PORT = "value"
+
+
+@dataclass(frozen=True)
+class GraphInput:
+    """A value the caller provides (usually the payload module), optionally tagged."""
+
+    name: str
+    type: type = Module["tensor"]
+    tags: frozenset[str] = frozenset()
+
+    @property
+    def outputs(self) -> dict[str, Port]:
+        return {INPUT_PORT: Port(INPUT_PORT, self.type)}
+
+
+@dataclass(frozen=True, order=True)
+class Edge:
+    """Output port ``src.src_port`` feeds input port ``dst.dst_port``."""
+
+    src: str
+    src_port: str
+    dst: str
+    dst_port: str
+
+    @classmethod
+    def parse(cls, src: str, dst: str) -> Edge:
+        s_node, _, s_port = src.partition(".")
+        d_node, _, d_port = dst.partition(".")
+        return cls(s_node, s_port or INPUT_PORT, d_node, d_port)
+
+    def __str__(self) -> str:
+        src = self.src if self.src_port == INPUT_PORT else f"{self.src}.{self.src_port}"
+        return f"{src} -> {self.dst}.{self.dst_port}"
+
+
+EdgeLike = Edge | tuple[str, str] | str
+
+
+def _as_edge(edge: EdgeLike) -> Edge:
+    if isinstance(edge, Edge):
+        return edge
+    if isinstance(edge, str):
+        src, sep, dst = edge.partition("->")
+        if not sep:
+            raise GraphError(f"edge {edge!r} must look like 'stage.port -> stage.port'")
+        return Edge.parse(src.strip(), dst.strip())
+    return Edge.parse(*edge)
+
+
+@dataclass(frozen=True, eq=False)
+class Graph:
+    """A validated, immutable DAG of stages. Operations return new graphs."""
+
+    name: str
+    stages: Mapping[str, Stage]
+    edges: tuple[Edge, ...]
+    inputs: Mapping[str, GraphInput]
+    default_splice: str | None = None
+    description: str = ""
+    network: nx.MultiDiGraph = field(repr=False, default=None)  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        name: str,
+        stages: Iterable[Stage],
+        edges: Iterable[EdgeLike],
+        inputs: Iterable[GraphInput] | Mapping[str, type] = (),
+        default_splice: str | None = None,
+        description: str = "",
+    ) -> None:
+        stage_list = list(stages)
+        if isinstance(inputs, Mapping):
+            inputs = [GraphInput(n, t) for n, t in inputs.items()]
+        input_list = list(inputs)
+        problems: list[GraphError] = []
+        seen: set[str] = set()
+        for node_name in [i.name for i in input_list] + [s.name for s in stage_list]:
+            if node_name in seen:
+                problems.append(
+                    DuplicateStageError(f"graph {name!r}: duplicate stage name {node_name!r}")
+                )
+            seen.add(node_name)
+        edge_list: list[Edge] = []
+        for raw in edges:
+            try:
+                edge_list.append(_as_edge(raw))
+            except GraphError as exc:
+                problems.append(exc)
+        set_ = object.__setattr__
+        set_(self, "name", name)
+        set_(self, "stages", MappingProxyType({s.name: s for s in stage_list}))
+        set_(self, "inputs", MappingProxyType({i.name: i for i in input_list}))
+        set_(self, "edges", tuple(sorted(set(edge_list))))
+        set_(self, "default_splice", default_splice)
+        set_(self, "description", description)
+        problems.extend(self._check())
+        if problems:
+            raise problems[0] if len(problems) == 1 else InvalidGraphError(name, problems)
+        set_(self, "network", nx.freeze(self._to_networkx()))
+
+    # -- validation -------------------------------------------------------------------------
+
+    def _node(self, name: str) -> Stage | GraphInput | None:
+        return self.stages.get(name) or self.inputs.get(name)
+
+    def _check(self) -> list[GraphError]:
+        problems: list[GraphError] = []
+        if not self.stages:
+            problems.append(EmptyGraphError(f"graph {self.name!r} has no stages"))
+        nodes = [*self.inputs, *self.stages]
+        feeds: dict[tuple[str, str], list[Edge]] = {}
+        for edge in self.edges:
+            src, dst = self._node(edge.src), self._node(edge.dst)
+            for node_name, node in ((edge.src, src), (edge.dst, dst)):
+                if node is None:
+                    problems.append(
+                        UnknownStageError(
+                            f"graph {self.name!r}: edge '{edge}' names "
+                            + unknown_name_message("stage", node_name, nodes)
+                        )
+                    )
+            if isinstance(dst, GraphInput):
+                problems.append(
+                    GraphError(f"graph {self.name!r}: edge '{edge}' feeds a graph input")
+                )
+                continue
+            out = src.outputs.get(edge.src_port) if src is not None else None
+            inp = dst.inputs.get(edge.dst_port) if dst is not None else None
+            if src is not None and out is None:
+                problems.append(self._unknown_port(edge.src, "output", edge.src_port, src.outputs))
+            if dst is not None and inp is None:
+                problems.append(self._unknown_port(edge.dst, "input", edge.dst_port, dst.inputs))
+            if inp is not None:
+                feeds.setdefault((edge.dst, edge.dst_port), []).append(edge)
+            if out is None or inp is None:
+                continue
+            if not compatible(out.type, inp.type):
+                problems.append(
+                    PortTypeError(
+                        f"graph {self.name!r}: {self._describe_output(edge)} "
+                        f"({port_name(out.type)}) cannot feed stage {edge.dst!r} input "
+                        f"{edge.dst_port!r} ({port_name(inp.type)})"
+                    )
+                )
+        for stage in self.stages.values():
+            for port in stage.inputs.values():
+                incoming = feeds.get((stage.name, port.name), [])
+                if not incoming and not port.optional:
+                    problems.append(
+                        UnconnectedPortError(
+                            f"graph {self.name!r}: stage {stage.name!r} input {port.name!r} "
+                            f"({port_name(port.type)}) is not connected"
+                        )
+                    )
+                if len(incoming) > 1:
+                    sources = ", ".join(str(e).split(" ->")[0] for e in incoming)
+                    problems.append(
+                        DoublyConnectedPortError(
+                            f"graph {self.name!r}: stage {stage.name!r} input {port.name!r} "
+                            f"is connected {len(incoming)} times (from {sources})"
+                        )
+                    )
+        digraph = nx.DiGraph([(e.src, e.dst) for e in self.edges])
+        try:
+            cycle = nx.find_cycle(digraph)
+        except nx.NetworkXNoCycle:
+            cycle = None
+        if cycle:
+            path = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
+            problems.append(CycleError(f"graph {self.name!r} has a cycle: {path}"))
+        if self.default_splice is not None and not self._tagged(self.default_splice):
+            problems.append(
+                UnknownTagError(
+                    f"graph {self.name!r}: default splice tag {self.default_splice!r} "
+                    "is on no stage" + did_you_mean(self.default_splice, self.tags)
+                )
+            )
+        return problems
+
+    def _describe_output(self, edge: Edge) -> str:
+        if edge.src in self.inputs:
+            return f"graph input {edge.src!r}"
+        return f"stage {edge.src!r} output {edge.src_port!r}"
+
+    def _unknown_port(self, node: str, direction: str, port: str, ports: Mapping) -> GraphError:
+        return UnknownPortError(
+            f"graph {self.name!r}: stage {node!r} has no {direction} port {port!r}"
+            f"{did_you_mean(port, ports)}; its {direction}s: {', '.join(ports) or 'none'}"
+        )
+
+    def _to_networkx(self) -> nx.MultiDiGraph:
+        graph = nx.MultiDiGraph(name=self.name)
+        for node in self.inputs.values():
+            graph.add_node(node.name, kind="input", node=node, tags=node.tags)
+        for stage in self.stages.values():
+            graph.add_node(stage.name, kind=stage.kind, node=stage, tags=stage.tags)
+        for e in self.edges:
+            port_type = self._node(e.src).outputs[e.src_port].type
+            graph.add_edge(e.src, e.dst, key=(e.src_port, e.dst_port), type=port_type)
+        return graph
+
+    # -- queries ----------------------------------------------------------------------------
+
+    @property
+    def tags(self) -> dict[str, list[str]]:
+        """Tag → the nodes carrying it."""
+        result: dict[str, list[str]] = {}
+        for node in [*self.inputs.values(), *self.stages.values()]:
+            for tag in sorted(node.tags):
+                result.setdefault(tag, []).append(node.name)
+        return result
+
+    def _tagged(self, tag: str) -> list[str]:
+        return [n.name for n in [*self.inputs.values(), *self.stages.values()] if tag in n.tags]
+
+    def node_for_tag(self, tag: str) -> str:
+        """The one node carrying ``tag`` (a stage or graph-input name is accepted too)."""
+        nodes = self._tagged(tag)
+        if not nodes and self._node(tag) is not None:
+            return tag
+        if not nodes:
+            known = self.tags
+            raise UnknownTagError(
+                f"graph {self.name!r} has no tag {tag!r}{did_you_mean(tag, known)}; "
+                f"its tags: {', '.join(sorted(known)) or 'none'}"
+            )
+        if len(nodes) > 1:
+            raise AmbiguousTagError(
+                f"graph {self.name!r}: tag {tag!r} is on several stages ({', '.join(nodes)}); "
+                "tag exactly one stage or name the stage"
+            )
+        return nodes[0]
+
+    def order(self) -> list[str]:
+        """Nodes in a deterministic topological order."""
+        return list(nx.lexicographical_topological_sort(self.network, key=self._rank))
+
+    def _rank(self, node: str) -> str:
+        return f"{0 if node in self.inputs else 1}:{node}"
+
+    def in_edges(self, node: str) -> list[Edge]:
+        return [e for e in self.edges if e.dst == node]
+
+    def out_edges(self, node: str, port: str | None = None) -> list[Edge]:
+        return [e for e in self.edges if e.src == node and port in (None, e.src_port)]
+
+    def ancestors(self, node: str) -> set[str]:
+        return nx.ancestors(self.network, node)
+
+    def descendants(self, node: str) -> set[str]:
+        return nx.descendants(self.network, node)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Graph):
+            return NotImplemented
+        return (
+            self.name == other.name
+            and dict(self.stages) == dict(other.stages)
+            and self.edges == other.edges
+            and dict(self.inputs) == dict(other.inputs)
+            and self.default_splice == other.default_splice
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.edges))
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name!r}: {len(self.stages)} stages, {len(self.edges)} edges>"
+
+    # -- composition ------------------------------------------------------------------------
+
+    def _with(self, **changes: Any) -> Graph:
+        fields = {
+            "name": self.name,
+            "stages": list(self.stages.values()),
+            "edges": list(self.edges),
+            "inputs": list(self.inputs.values()),
+            "default_splice": self.default_splice,
+            "description": self.description,
+        }
+        fields.update(changes)
+        return Graph(**fields)
+
+    def _require_stage(self, name: str) -> Stage:
+        if name not in self.stages:
+            raise UnknownStageError(
+                f"graph {self.name!r}: " + unknown_name_message("stage", name, self.stages)
+            )
+        return self.stages[name]
+
+    def replace(self, name: str, stage: Stage) -> Graph:
+        """Swap the stage ``name`` for ``stage`` keeping its wiring and tags (type-checked).
+
+        Raises:
+            PortTypeError: the new stage's ports do not fit the existing edges.
+            UnknownPortError: an edge uses a port the new stage does not have.
+        """
+        old = self._require_stage(name)
+        new = stage.renamed(name) if stage.name != name else stage
+        new = new.with_tags(*old.tags)
+        stages = [new if s.name == name else s for s in self.stages.values()]
+        return self._with(stages=stages)
+
+    def with_config(self, name: str, **changes: Any) -> Graph:
+        """The same graph with one stage's config fields changed."""
+        return self.replace(name, self._require_stage(name).with_config(**changes))
+
+    def splice(self, after: str, stage: Stage, port: str | None = None) -> Graph:
+        """Insert ``stage`` after the node tagged ``after`` on one of its outputs.
+
+        The new stage takes the tagged node's output (the module by default) and its
+        output of the same type takes over every edge that output had.
+        """
+        anchor = self.node_for_tag(after)
+        node = self._node(anchor)
+        out_port, in_port, new_out = self._splice_ports(anchor, node, stage, port)
+        if stage.name in self.stages or stage.name in self.inputs:
+            raise DuplicateStageError(
+                f"graph {self.name!r}: cannot splice {stage.name!r}: the name is taken"
+            )
+        edges = []
+        for e in self.edges:
+            if e.src == anchor and e.src_port == out_port:
+                e = Edge(stage.name, new_out, e.dst, e.dst_port)
+            edges.append(e)
+        edges.append(Edge(anchor, out_port, stage.name, in_port))
+        return self._with(stages=[*self.stages.values(), stage], edges=edges)
+
+    def _splice_ports(
+        self, anchor: str, node: Stage | GraphInput, stage: Stage, port: str | None
+    ) -> tuple[str, str, str]:
+        candidates = [
+            (o.name, i.name, n.name)
+            for o in node.outputs.values()
+            if port in (None, o.name)
+            for i in stage.inputs.values()
+            if compatible(o.type, i.type)
+            for n in stage.outputs.values()
+            if compatible(n.type, o.type)
+        ]
+        required = [p for p in stage.inputs.values() if not p.optional]
+        if len(required) > 1 or not candidates:
+            raise PortTypeError(
+                f"graph {self.name!r}: cannot splice stage {stage.name!r} after {anchor!r}: "
+                f"it needs exactly one input fed by {anchor!r}'s outputs "
+                f"({', '.join(str(p) for p in node.outputs.values())}) and an output of the "
+                "same type"
+            )
+        return candidates[0]
+
+    def select(self, until: str) -> Graph:
+        """The subgraph that computes the node tagged ``until`` (it and its ancestors)."""
+        anchor = self.node_for_tag(until)
+        keep = self.ancestors(anchor) | {anchor}
+        default = self.default_splice
+        if default is not None and not any(n in keep for n in self._tagged(default)):
+            default = None
+        return self._with(
+            stages=[s for s in self.stages.values() if s.name in keep],
+            edges=[e for e in self.edges if e.src in keep and e.dst in keep],
+            inputs=[i for i in self.inputs.values() if i.name in keep],
+            default_splice=default,
+        )

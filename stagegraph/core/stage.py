@@ -1,0 +1,428 @@
+"""Stages: named, typed, configured nodes of a graph.
+
+A stage *factory* is declared once from a plain function (or a class with a ``run``
+method): its parameters' type hints are the input ports, its return hint the output ports,
+and a parameter named ``config`` (a :class:`~stagegraph.core.ports.Config` subclass) its
+configuration. Calling the factory makes a :class:`Stage`: a name, tags and a frozen config.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from stagegraph.core.ports import (
+    Binary,
+    Config,
+    Facts,
+    Module,
+    Params,
+    compatible,
+    is_port_type,
+    port_name,
+)
+from stagegraph.errors import ConfigError, StageDefinitionError
+
+KINDS = ("analysis", "params", "schedule", "passes", "wrapper", "emit")
+MUTATING_KINDS = frozenset({"schedule", "passes", "wrapper"})
+_DEFAULT_OUTPUT = ((Module, "module"), (Params, "params"), (Facts, "facts"), (Binary, "binary"))
+
+
+@dataclass(frozen=True)
+class Port:
+    """One typed input or output of a stage."""
+
+    name: str
+    type: type
+    optional: bool = False
+
+    def __str__(self) -> str:
+        return f"{self.name}: {port_name(self.type)}"
+
+
+def _default_output_name(port_type: type) -> str:
+    return next(name for base, name in _DEFAULT_OUTPUT if issubclass(port_type, base))
+
+
+def _ports_from_hints(fn: Callable, owner: str) -> tuple[tuple[Port, ...], tuple[Port, ...], type]:
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception as exc:  # unresolved forward references
+        raise StageDefinitionError(f"stage {owner!r}: cannot resolve type hints: {exc}") from exc
+    signature = inspect.signature(fn)
+    inputs: list[Port] = []
+    config_model: type[Config] = Config
+    for pname, param in signature.parameters.items():
+        if pname == "self":
+            continue
+        hint = hints.get(pname)
+        if pname == "config":
+            if not (isinstance(hint, type) and issubclass(hint, Config)):
+                raise StageDefinitionError(
+                    f"stage {owner!r}: parameter 'config' must be hinted with a Config subclass"
+                )
+            config_model = hint
+            continue
+        optional = param.default is None
+        if optional and typing.get_origin(hint) in (typing.Union, getattr(typing, "UnionType", ())):
+            hint = next(a for a in typing.get_args(hint) if a is not type(None))
+        if not is_port_type(hint):
+            raise StageDefinitionError(
+                f"stage {owner!r}: input {pname!r} needs a port type hint "
+                f"(Module[level], a Params/Facts model or Binary), got {hint!r}"
+            )
+        inputs.append(Port(pname, hint, optional))
+    ret = hints.get("return")
+    outputs: list[Port] = []
+    if ret is None or ret is type(None):
+        pass
+    elif is_port_type(ret):
+        outputs.append(Port(_default_output_name(ret), ret))
+    elif isinstance(ret, type) and issubclass(ret, tuple) and hasattr(ret, "_fields"):
+        for oname, ohint in typing.get_type_hints(ret).items():
+            if not is_port_type(ohint):
+                raise StageDefinitionError(f"stage {owner!r}: output {oname!r} is not a port type")
+            outputs.append(Port(oname, ohint))
+    else:
+        raise StageDefinitionError(
+            f"stage {owner!r}: return hint must be a port type or a NamedTuple of them"
+        )
+    return tuple(inputs), tuple(outputs), config_model
+
+
+def _source_version(obj: Any) -> str:
+    """Hash of the source of the module defining ``obj`` and of every module of the same
+    package (and of stagegraph) it imports, at any depth, lazily imports included: editing
+    a helper module (``x86_schedule.py`` for ``x86.schedule``) changes the cache key."""
+    module = inspect.getmodule(obj)
+    if module is None:
+        return hashlib.sha256(getattr(obj, "__qualname__", "").encode()).hexdigest()[:16]
+    return dependency_version(module.__name__)
+
+
+@functools.cache
+def dependency_version(module_name: str) -> str:
+    """Hash of ``module_name``'s source and its in-project imports' (see _source_version)."""
+    roots = {module_name.partition(".")[0], "stagegraph"}
+    seen: dict[str, str] = {}
+    todo = [module_name]
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen[name] = _module_source(name)
+        todo.extend(i for i in _imported_modules(name) if i.partition(".")[0] in roots)
+    digest = hashlib.sha256()
+    for name in sorted(seen):
+        digest.update(f"{name}\0{seen[name]}\0".encode())
+    return digest.hexdigest()[:16]
+
+
+@functools.cache
+def _module_source(name: str) -> str:
+    path = _module_file(name)
+    if path is None:
+        return ""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+def _module_file(name: str) -> str | None:
+    """The ``.py`` file of a module, found without importing it (importing
+    ``stagegraph.mlir.bindings`` to hash it would load them)."""
+    import importlib.util
+    import os
+    import sys
+
+    loaded = sys.modules.get(name)
+    if loaded is not None:
+        path = getattr(loaded, "__file__", None)
+        return path if path and path.endswith(".py") else None
+    parent, _, leaf = name.rpartition(".")
+    if not parent:
+        spec = importlib.util.find_spec(name)  # a top-level name: nothing is imported
+        origin = spec.origin if spec is not None else None
+        return origin if origin and origin.endswith(".py") else None
+    parent_file = _module_file(parent)
+    if parent_file is None or not parent_file.endswith("__init__.py"):
+        return None
+    folder = os.path.dirname(parent_file)
+    for candidate in (
+        os.path.join(folder, f"{leaf}.py"),
+        os.path.join(folder, leaf, "__init__.py"),
+    ):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+@functools.cache
+def _imported_modules(name: str) -> frozenset[str]:
+    """Modules named by the import statements anywhere in the module (function bodies too)."""
+    import ast
+
+    try:
+        tree = ast.parse(_module_source(name))
+    except SyntaxError:
+        return set()
+    package = name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)  # submodules
+    return frozenset(m for m in found if m)
+
+
+@dataclass(frozen=True, eq=False)
+class StageFactory:
+    """A registered stage definition; calling it makes a configured :class:`Stage`."""
+
+    name: str
+    kind: str
+    fn: Callable[..., Any]
+    inputs: tuple[Port, ...]
+    outputs: tuple[Port, ...]
+    config_model: type[Config]
+    mutates: bool
+    cacheable: bool = True
+    doc: str = ""
+    version: str = ""
+    takes_config: bool = True
+
+    def __call__(
+        self,
+        name: str | None = None,
+        *,
+        tags: Iterable[str] = (),
+        config: Config | Mapping[str, Any] | None = None,
+        **config_fields: Any,
+    ) -> Stage:
+        stage_name = name or self.name.rsplit(".", 1)[-1]
+        values = dict(config.model_dump() if isinstance(config, Config) else config or {})
+        values.update(config_fields)
+        return Stage(stage_name, self, self.make_config(values, stage_name), frozenset(tags))
+
+    @property
+    def code_version(self) -> str:
+        """``version`` if given, else the hash of the stage's code and its in-project
+        imports (:func:`_source_version`): part of every memo key."""
+        return self.version or _source_version(self.fn)
+
+    def make_config(self, values: Mapping[str, Any], stage_name: str) -> Config:
+        try:
+            return self.config_model.model_validate(dict(values))
+        except ValidationError as exc:
+            raise ConfigError(
+                f"stage {stage_name!r} ({self.name}): invalid config: {_brief(exc)}"
+            ) from exc
+
+
+def _brief(exc: ValidationError) -> str:
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
+    )
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A node of a graph: a factory with a name, tags and a frozen config."""
+
+    name: str
+    factory: StageFactory = field(compare=False)
+    config: Config
+    tags: frozenset[str] = frozenset()
+    factory_name: str = field(default="", init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "factory_name", self.factory.name)
+
+    @property
+    def kind(self) -> str:
+        return self.factory.kind
+
+    @property
+    def inputs(self) -> dict[str, Port]:
+        return {p.name: p for p in self.factory.inputs}
+
+    @property
+    def outputs(self) -> dict[str, Port]:
+        return {p.name: p for p in self.factory.outputs}
+
+    def with_config(self, **changes: Any) -> Stage:
+        values = {**self.config.model_dump(), **changes}
+        return Stage(
+            self.name, self.factory, self.factory.make_config(values, self.name), self.tags
+        )
+
+    def renamed(self, name: str) -> Stage:
+        return Stage(name, self.factory, self.config, self.tags)
+
+    def with_tags(self, *tags: str) -> Stage:
+        return Stage(self.name, self.factory, self.config, self.tags | frozenset(tags))
+
+    def spec_hash(self) -> str:
+        """Identity of what this stage computes: factory, its code version and config."""
+        data = f"{self.factory.name}:{self.factory.code_version}:{self.config.content_hash()}"
+        return hashlib.sha256(data.encode()).hexdigest()
+
+    def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """Call the stage function and return its outputs keyed by port name."""
+        if self.factory.takes_config:
+            result = self.factory.fn(**inputs, config=self.config)
+        else:
+            result = self.factory.fn(**inputs)
+        ports = self.factory.outputs
+        if not ports:
+            return {}
+        values = list(result) if len(ports) > 1 else [result]
+        return {p.name: _coerce(p, v) for p, v in zip(ports, values, strict=True)}
+
+
+def _coerce(port: Port, value: Any) -> Any:
+    """Wrap bare ``ir.Module`` results and stamp the output level onto modules."""
+    if issubclass(port.type, Module):
+        if not isinstance(value, Module):
+            value = port.type(value)
+        if port.type.level != "any":
+            value.level = port.type.level
+    return value
+
+
+_REGISTRY: dict[str, StageFactory] = {}
+
+
+def stage(
+    kind: str,
+    *,
+    name: str | None = None,
+    mutates: bool | None = None,
+    cacheable: bool = True,
+) -> Callable[[Any], StageFactory]:
+    """Declare a stage factory from a function or a class with a ``run`` method.
+
+    Args:
+        kind: one of ``analysis, params, schedule, passes, wrapper, emit``.
+        name: registry name (default: the function or class name).
+        mutates: whether the stage changes its input modules in place (default: by kind).
+        cacheable: whether the engine may serve its outputs from the memo cache.
+    """
+    if kind not in KINDS:
+        raise StageDefinitionError(f"unknown stage kind {kind!r}; kinds are {', '.join(KINDS)}")
+
+    def declare(obj: Any) -> StageFactory:
+        reg_name = name or obj.__name__
+        if inspect.isclass(obj):
+            instance = obj()
+            fn = instance.run
+        else:
+            fn = obj
+        inputs, outputs, config_model = _ports_from_hints(fn, reg_name)
+        factory = StageFactory(
+            name=reg_name,
+            kind=kind,
+            fn=fn,
+            inputs=inputs,
+            outputs=outputs,
+            config_model=config_model,
+            mutates=kind in MUTATING_KINDS if mutates is None else mutates,
+            cacheable=cacheable,
+            doc=inspect.getdoc(obj) or "",
+            version="",  # computed on first use (see code_version): imports stay cheap
+            takes_config="config" in inspect.signature(fn).parameters,
+        )
+        other = _REGISTRY.get(reg_name)
+        if other is not None and _origin(other.fn) != _origin(fn):
+            raise StageDefinitionError(
+                f"stage name {reg_name!r} is already registered by {_origin(other.fn)}; "
+                f"{_origin(fn)} must use another name"
+            )
+        _REGISTRY[reg_name] = factory
+        return factory
+
+    return declare
+
+
+def _origin(fn: Callable[..., Any]) -> str:
+    """``module.qualname`` of a stage function (a re-import of the same code is no clash)."""
+    fn = getattr(fn, "__func__", fn)
+    owner = getattr(fn, "__self__", None)
+    name = type(owner).__qualname__ if owner is not None else fn.__qualname__
+    return f"{fn.__module__}.{name}"
+
+
+def registered() -> dict[str, StageFactory]:
+    """All registered factories, importing the built-in stage library on first use."""
+    _load_library()
+    return dict(_REGISTRY)
+
+
+def get_factory(name: str) -> StageFactory:
+    """Look a factory up by registry name or by ``module:attribute`` import path."""
+    from stagegraph.errors import UnknownStageError, unknown_name_message
+
+    if ":" in name:
+        import importlib
+
+        module_name, _, attr = name.partition(":")
+        try:
+            obj = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            raise UnknownStageError(f"cannot import stage factory {name!r}: {exc}") from exc
+        if not isinstance(obj, StageFactory):
+            raise UnknownStageError(f"{name!r} is not a stage factory (declare it with @stage)")
+        return obj
+    if name not in _REGISTRY:
+        _load_library()
+    if name not in _REGISTRY:
+        raise UnknownStageError(unknown_name_message("stage factory", name, _REGISTRY))
+    return _REGISTRY[name]
+
+
+_LOADED = False
+
+#: The modules of the built-in stage library that declare stages. Only these are imported
+#: to list or look up factories: they load MLIR lazily, inside stage functions, so
+#: ``validate`` and ``list stages`` never pay for the bindings.
+LIBRARY_MODULES = (
+    "stagegraph.stages.analysis",
+    "stagegraph.stages.target",
+    "stagegraph.stages.sharding",
+    "stagegraph.stages.common.emit",
+    "stagegraph.stages.common.passes",
+    "stagegraph.stages.common.transform",
+    "stagegraph.stages.common.wrapper",
+    "stagegraph.stages.x86.stages",
+    "stagegraph.stages.x86.costmodels",
+)
+
+
+def _load_library() -> None:
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    import importlib
+
+    for module in LIBRARY_MODULES:
+        importlib.import_module(module)
+
+
+def check_compatible(produced: Port, expected: Port) -> bool:
+    return compatible(produced.type, expected.type)

@@ -1,0 +1,65 @@
+"""What every cost-model (params) stage shares: a config with user overrides.
+
+``stagegraph run --param KEY=VALUE`` sets ``overrides`` on the graph's params stages; the
+cost model's choice is then validated again with the overrides applied, so a bad value is
+reported with the field, the value and the rule it breaks.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from pydantic import Field, ValidationError
+
+from stagegraph.core.ports import Config, Params
+from stagegraph.errors import ConfigError
+
+P = TypeVar("P", bound=Params)
+
+
+class CostModelConfig(Config):
+    """Overrides win over the model's choice; ``threads`` None means all cores."""
+
+    overrides: dict[str, Any] = Field(default_factory=dict)
+    threads: int | None = Field(None, ge=1)
+
+
+def apply_overrides(params: P, overrides: dict[str, Any]) -> P:
+    """``params`` with ``overrides`` applied and re-validated."""
+    if not overrides:
+        return params
+    custom = getattr(params, "with_overrides", None)
+    if custom is not None:
+        unknown = set(overrides) - override_keys(type(params))
+        if unknown:
+            raise ConfigError(unknown_param_message(type(params), sorted(unknown)[0]))
+        return custom(overrides)
+    unknown = set(overrides) - set(type(params).model_fields)
+    if unknown:
+        raise ConfigError(unknown_param_message(type(params), sorted(unknown)[0]))
+    try:
+        return type(params).model_validate({**params.model_dump(), **overrides})
+    except ValidationError as exc:
+        details = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}"
+            if e["loc"]
+            else e["msg"]
+            for e in exc.errors()
+        )
+        raise ConfigError(f"invalid --param for {type(params).__name__}: {details}") from None
+
+
+def override_keys(model: type[Params]) -> set[str]:
+    """The ``--param`` keys a params model accepts (its fields, unless it says otherwise)."""
+    custom = getattr(model, "override_keys", None)
+    return set(custom()) if custom is not None else set(model.model_fields)
+
+
+def unknown_param_message(model: type[Params], name: str) -> str:
+    from stagegraph.errors import did_you_mean
+
+    keys = sorted(override_keys(model))
+    return (
+        f"unknown parameter {name!r} for {model.__name__}{did_you_mean(name, keys)}; "
+        f"its parameters: {', '.join(keys)}"
+    )

@@ -1,0 +1,131 @@
+"""Pass pipelines shared by every CPU graph: bufferization and lowering to the LLVM dialect.
+
+Calling convention after ``BUFFERIZE``: the entry function takes its inputs and then its
+outputs as memrefs (results become caller-allocated out-parameters), so runners pass numpy
+arrays for both and nothing is allocated or freed across the boundary.
+
+``LOWER_TO_LLVM`` runs ``scf.forall`` loops serially; ``LOWER_TO_LLVM_OPENMP`` turns them
+into OpenMP parallel loops (the JIT then needs an OpenMP runtime, see
+``stagegraph.runtime.openmp``). It is ``TO_OPENMP`` then ``OPENMP_TO_LLVM``; between the
+two, ``schedule_dynamic`` can make the loops hand out their iterations dynamically. Both
+fully unroll the n-D vector transfers left by the schedules into 1-D ones first (a partial
+unroll leaves stack allocas inside loops).
+"""
+
+BUFFERIZE = (
+    "one-shot-bufferize{bufferize-function-boundaries "
+    "function-boundary-type-conversion=identity-layout-map},"
+    "buffer-results-to-out-params{hoist-static-allocs modify-public-functions},"
+    "cse,canonicalize"
+)
+
+_VECTORS = "func.func(convert-vector-to-scf{full-unroll=true target-rank=1},canonicalize)"
+
+# ``math.fpowi`` (x ** n from PyTorch) has no vector form in LLVM: constant exponents become
+# multiplications, the rest calls to a generated function (vectors per element).
+_POWI = "func.func(math-expand-ops{ops=fpowi}),convert-math-to-funcs"
+
+# Math ops LLVM has no intrinsic for (erf, tan, atan, cbrt, ...) call libm; the others
+# become intrinsics first, so vector sqrt, floor, fma, ... stay vector instructions.
+_MATH_TO_LLVM = "convert-math-to-llvm,convert-math-to-libm"
+
+_TO_LLVM = (
+    f"{_POWI},buffer-deallocation-pipeline,convert-bufferization-to-memref,expand-strided-metadata,"
+    "lower-affine,convert-scf-to-cf,convert-vector-to-llvm,finalize-memref-to-llvm,"
+    f"{_MATH_TO_LLVM},convert-to-llvm,reconcile-unrealized-casts"
+)
+
+# Serial: the per-block packing buffers are allocated once, outside the block loops.
+LOWER_TO_LLVM = f"func.func(scf-forall-to-for,buffer-loop-hoisting),{_VECTORS},{_TO_LLVM}"
+
+# Up to OpenMP: ``scf.forall`` -> ``scf.parallel`` -> ``omp.wsloop`` (memrefs still plain).
+TO_OPENMP = (
+    f"func.func(scf-forall-to-parallel),{_VECTORS},"
+    # Deallocation first: it must not insert ops into the omp.wsloop wrapper; the
+    # memref.alloca_scope made by scf-to-openmp is lowered before scf-to-cf splits its body.
+    "buffer-deallocation-pipeline,convert-bufferization-to-memref,convert-scf-to-openmp"
+)
+
+OPENMP_TO_LLVM = (
+    f"{_POWI},expand-strided-metadata,lower-affine,convert-vector-to-llvm,finalize-memref-to-llvm,"
+    f"convert-scf-to-cf,convert-openmp-to-llvm,{_MATH_TO_LLVM},convert-to-llvm,"
+    "reconcile-unrealized-casts"
+)
+
+LOWER_TO_LLVM_OPENMP = f"{TO_OPENMP},{OPENMP_TO_LLVM}"
+
+
+def schedule_dynamic(module) -> int:
+    """Give every ``omp.wsloop`` of ``module`` (an ``ir.Module`` after ``TO_OPENMP``) the
+    ``dynamic`` schedule (chunk 1): threads take the next block when they finish one.
+
+    A static split hands each thread a fixed share of the blocks, so the whole loop waits
+    for the slowest thread; on a machine whose cores are shared (another process, or the
+    spinning workers of another threading runtime) one slowed core then stalls the other.
+    Dynamic dispatch costs one atomic per block, nothing next to a cache block's work.
+    Returns the number of loops changed.
+    """
+    from stagegraph.mlir.bindings import ir
+
+    kind = ir.Attribute.parse("#omp<schedulekind dynamic>", module.context)
+    changed = 0
+
+    def visit(op):
+        nonlocal changed
+        if op.name == "omp.wsloop" and "schedule_kind" not in op.attributes:
+            op.attributes["schedule_kind"] = kind
+            changed += 1
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return changed
+
+
+LINALG_TO_LOOPS = "convert-linalg-to-loops"
+
+
+TARGET_ISA_ATTR = "stagegraph.target_isa"
+TARGET_NAME_ATTR = "stagegraph.target_name"
+
+
+def pin_codegen_target(module, target) -> int:
+    """Build every function of an LLVM-dialect ``module`` for ``target``, not the host.
+
+    A named target (``target.cpu`` set) becomes each ``llvm.func``'s ``target_cpu`` and an
+    explicit ``target_features`` list: LLVM then builds that function for the named CPU
+    whatever the JIT's host is, and a feature the target lacks is switched off even when the
+    host has it (``-avx512f`` on an AVX-512 host pinned to ``x86-64-v3``). The target's ISA
+    is recorded on the module (``TARGET_ISA_ATTR``) so an emitter can refuse to run code the
+    host cannot execute. Returns the number of functions pinned (0 for the host target).
+    """
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.target_names import llvm_features
+
+    context = module.context
+    module.operation.attributes[TARGET_NAME_ATTR] = ir.StringAttr.get(target.name, context)
+    module.operation.attributes[TARGET_ISA_ATTR] = ir.ArrayAttr.get(
+        [ir.StringAttr.get(f, context) for f in sorted(target.isa)], context
+    )
+    if target.cpu is None:
+        return 0
+    quoted = ", ".join(f'"{f}"' for f in llvm_features(target.isa))
+    features = ir.Attribute.parse(f"#llvm.target_features<[{quoted}]>", context)
+    cpu = ir.StringAttr.get(target.cpu, context)
+    pinned = 0
+    for op in module.body.operations:
+        if op.operation.name == "llvm.func":
+            op.operation.attributes["target_cpu"] = cpu
+            op.operation.attributes["target_features"] = features
+            pinned += 1
+    return pinned
+
+
+def required_isa(module) -> tuple[str, frozenset[str]] | None:
+    """(target name, ISA features) recorded by :func:`pin_codegen_target`, if any."""
+    attrs = module.operation.attributes
+    if TARGET_ISA_ATTR not in attrs:
+        return None
+    from stagegraph.mlir.bindings import ir
+
+    name = ir.StringAttr(attrs[TARGET_NAME_ATTR]).value if TARGET_NAME_ATTR in attrs else "?"
+    return name, frozenset(ir.StringAttr(a).value for a in attrs[TARGET_ISA_ATTR])

@@ -1,0 +1,109 @@
+"""Pass-pipeline stages: textual pass pipelines run by the PassManager.
+
+The named stages (``bufferize``, ``linalg_to_loops``, ``lower_to_llvm``) carry the IR level
+they expect and produce, so the graph type-checks where in the flow they can go.
+"""
+
+from __future__ import annotations
+
+from stagegraph.core.ports import AnyModule, BufferModule, Config, LLVMModule, Module, TensorModule
+from stagegraph.core.stage import stage
+from stagegraph.stages.common import lowering
+from stagegraph.stages.common.rewrites import (
+    copies_to_linalg,
+    define_bf16_builtins,
+    expand_bf16_truncation,
+)
+
+
+class PipelineConfig(Config):
+    """A pass pipeline nested in ``builtin.module(...)``."""
+
+    pipeline: str = ""
+
+
+def run_pipeline(module: Module, pipeline: str) -> Module:
+    """Run ``pipeline`` on the module in place (an empty pipeline only verifies)."""
+    from stagegraph.mlir.bindings import passmanager
+
+    if pipeline:
+        manager = passmanager.PassManager.parse(
+            f"builtin.module({pipeline})", context=module.ir.context
+        )
+        manager.run(module.ir.operation)
+    elif not module.ir.operation.verify():
+        raise ValueError("module does not verify")
+    return module
+
+
+@stage("passes", name="pipeline")
+def pipeline(module: AnyModule, config: PipelineConfig) -> AnyModule:
+    """Any textual pass pipeline; the IR level is unchanged as the graph knows."""
+    return run_pipeline(module, config.pipeline)
+
+
+@stage("passes", name="verify")
+def verify(module: TensorModule, config: PipelineConfig) -> TensorModule:
+    """The payload as given, verified (and optionally cleaned up by ``pipeline``)."""
+    return run_pipeline(module, config.pipeline)
+
+
+class BufferizeConfig(Config):
+    pipeline: str = lowering.BUFFERIZE
+
+
+@stage("passes", name="bufferize")
+def bufferize(module: TensorModule, config: BufferizeConfig) -> BufferModule:
+    """Tensors to memrefs; results become caller-allocated out-parameters.
+
+    Before that, every public function records its calling convention (which arguments
+    are outputs), so runners can call the binary without the tensor-level IR.
+    """
+    record_public_signatures(module)
+    return run_pipeline(module, config.pipeline)
+
+
+def record_public_signatures(module: Module) -> None:
+    from stagegraph.errors import SignatureError
+    from stagegraph.runtime.memref import SIGNATURE_ATTR, record_signature
+
+    for op in module.ir.body.operations:
+        if op.operation.name != "func.func" or not op.regions[0].blocks:
+            continue
+        visibility = (
+            op.attributes["sym_visibility"].value if "sym_visibility" in op.attributes else ""
+        )
+        if visibility != "private" and SIGNATURE_ATTR not in op.attributes:
+            try:
+                record_signature(module.ir, op.attributes["sym_name"].value)
+            except SignatureError:
+                continue  # not callable from numpy (e.g. scalar results): not an entry
+
+
+class LoopsConfig(Config):
+    pipeline: str = lowering.LINALG_TO_LOOPS
+
+
+@stage("passes", name="linalg_to_loops")
+def linalg_to_loops(module: BufferModule, config: LoopsConfig) -> BufferModule:
+    """Linalg ops on buffers (and strided copies) to scalar loops: the naive lowering."""
+    copies_to_linalg(module.ir)
+    return run_pipeline(module, config.pipeline)
+
+
+class LowerConfig(Config):
+    pipeline: str = lowering.LOWER_TO_LLVM
+
+
+@stage("passes", name="lower_to_llvm")
+def lower_to_llvm(module: BufferModule, config: LowerConfig) -> LLVMModule:
+    """Buffers, loops and vectors to the LLVM dialect.
+
+    Copies become loops first: the wheel has no ``memrefCopy`` runtime to call; and bf16
+    truncations become integer rounding (no ``__truncsfbf2`` builtin is linked).
+    """
+    if copies_to_linalg(module.ir):
+        run_pipeline(module, lowering.LINALG_TO_LOOPS)
+    expand_bf16_truncation(module.ir)
+    define_bf16_builtins(module.ir)
+    return run_pipeline(module, config.pipeline)

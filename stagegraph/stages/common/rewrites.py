@@ -1,0 +1,172 @@
+"""IR rewrites the pass registry lacks, done through the bindings.
+
+``vector.reduction`` of floats is an ordered reduction unless it may reassociate: LLVM then
+adds the lanes one after another (a chain of dependent adds as the vector), where a
+reassociating reduction is a tree of vector adds. :func:`reassociate_reductions` allows it.
+
+``memref.copy`` between strided buffers lowers to a call of ``memrefCopy`` from
+``libmlir_c_runner_utils``, which the torch-mlir wheel does not ship (the JIT then fails to
+resolve the symbol and crashes). Rewriting such copies as ``linalg.copy`` lets them lower to
+plain loops instead.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def copies_to_linalg(module: Any) -> int:
+    """Replace every ``memref.copy`` in ``module`` by ``linalg.copy``; returns the count."""
+    from stagegraph.mlir.bindings import ir, linalg
+
+    copies: list[Any] = []
+
+    def collect(op: Any) -> Any:
+        if op.name == "memref.copy":
+            copies.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    for op in copies:
+        with ir.InsertionPoint(op), op.location:
+            linalg.copy(op.operands[0], outs=[op.operands[1]])
+        op.erase()
+    return len(copies)
+
+
+def reassociate_reductions(module: Any) -> int:
+    """Let every float ``vector.reduction`` of ``module`` reassociate (the schedules made
+    them from chunks of a row, whose order is no more meaningful than a tree's); returns
+    the count. Every float combining kind (add, mul, min/max) is associative; sums then
+    round differently, as any blocked or parallel sum does."""
+    from stagegraph.mlir.bindings import ir
+
+    changed = 0
+
+    def visit(op: Any) -> Any:
+        nonlocal changed
+        if op.name != "vector.reduction" or not isinstance(
+            ir.VectorType(op.operands[0].type).element_type, ir.FloatType
+        ):
+            return ir.WalkResult.ADVANCE
+        op.attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<reassoc>")
+        changed += 1
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return changed
+
+
+def expand_bf16_truncation(module: Any) -> int:
+    """Round ``f32 -> bf16`` truncations with integer ops; returns the count rewritten.
+
+    Without a native conversion (AVX-512 BF16), LLVM lowers ``fptrunc float to bfloat`` to a
+    call of compiler-rt's ``__truncsfbf2``, which neither the wheel nor the system provides:
+    the JIT then cannot resolve the symbol. Rounding to nearest even on the bit pattern is
+    what that builtin does (``bits + 0x7fff + lsb``, then the high half; NaN stays a quiet
+    NaN), and on vectors it stays vector integer code instead of one call per lane.
+    """
+    from stagegraph.mlir.bindings import arith, ir
+
+    found: list[Any] = []
+
+    def collect(op: Any) -> Any:
+        if (
+            op.name == "arith.truncf"
+            and _element(op.results[0].type) == "bf16"
+            and _element(op.operands[0].type) == "f32"
+        ):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(collect)
+    for op in found:
+        source = op.operands[0]
+        with ir.InsertionPoint(op), op.location:
+            i32, i16 = _like(source.type, 32), _like(source.type, 16)
+            bits = arith.bitcast(i32, source)
+            sixteen = _int_constant(i32, 16)
+            lsb = arith.andi(arith.shrui(bits, sixteen), _int_constant(i32, 1))
+            rounded = arith.addi(arith.addi(bits, _int_constant(i32, 0x7FFF)), lsb)
+            narrow = arith.trunci(i16, arith.shrui(rounded, sixteen))
+            is_nan = arith.cmpf(arith.CmpFPredicate.UNO, source, source)
+            quiet_nan = _int_constant(i16, 0x7FC0)
+            value = arith.bitcast(op.results[0].type, arith.select(is_nan, quiet_nan, narrow))
+        op.results[0].replace_all_uses_with(value)
+        op.erase()
+    return len(found)
+
+
+def _element(value_type: Any) -> str:
+    from stagegraph.mlir.bindings import ir
+
+    shaped = isinstance(value_type, ir.ShapedType)
+    return str(ir.ShapedType(value_type).element_type if shaped else value_type)
+
+
+def _like(value_type: Any, width: int) -> Any:
+    """An integer type of ``width`` bits with the shape of ``value_type`` (scalar or vector)."""
+    from stagegraph.mlir.bindings import ir
+
+    integer = ir.IntegerType.get_signless(width)
+    if isinstance(value_type, ir.VectorType):
+        vector = ir.VectorType(value_type)
+        return ir.VectorType.get(vector.shape, integer, scalable=vector.scalable_dims)
+    return integer
+
+
+def _int_constant(value_type: Any, value: int) -> Any:
+    from stagegraph.mlir.bindings import arith, ir
+
+    if isinstance(value_type, ir.VectorType):
+        element = ir.VectorType(value_type).element_type
+        attr = ir.DenseElementsAttr.get_splat(value_type, ir.IntegerAttr.get(element, value))
+        return arith.ConstantOp(value_type, attr).result
+    return arith.ConstantOp(value_type, ir.IntegerAttr.get(value_type, value)).result
+
+
+TRUNC_BF16_BUILTIN = "__truncsfbf2"
+
+
+def uses_bf16(module: Any) -> bool:
+    """Whether any op of ``module`` takes or makes a bf16 value (scalar, vector or buffer)."""
+    from stagegraph.mlir.bindings import ir
+
+    found = False
+
+    def visit(op: Any) -> Any:
+        nonlocal found
+        values = [*op.operands, *op.results]
+        if any(_element(v.type) == "bf16" for v in values):
+            found = True
+            return ir.WalkResult.INTERRUPT
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def define_bf16_builtins(module: Any) -> bool:
+    """Define compiler-rt's ``__truncsfbf2`` (f32 -> bf16) in ``module`` when it uses bf16.
+
+    LLVM legalizes bf16 vectors on CPUs without AVX-512 BF16 by promoting them to f32 and
+    truncating back, and calls that builtin for each truncation it cannot fold (masked
+    loads and selects of bf16 vectors do this). Nothing the JIT links provides it, so the
+    module carries its own: the same rounding as :func:`expand_bf16_truncation`, as a
+    public function LLVM's calls resolve to. Returns whether it was added.
+    """
+    from stagegraph.mlir.bindings import func, ir
+
+    if not uses_bf16(module) or TRUNC_BF16_BUILTIN in ir.SymbolTable(module.operation):
+        return False
+    with module.context, ir.Location.unknown(), ir.InsertionPoint(module.body):
+        f32, bf16 = ir.F32Type.get(), ir.BF16Type.get()
+        builtin = func.FuncOp(TRUNC_BF16_BUILTIN, ir.FunctionType.get([f32], [bf16]))
+        block = builtin.add_entry_block()
+        with ir.InsertionPoint(block):
+            from stagegraph.mlir.bindings import arith
+
+            truncated = arith.truncf(bf16, block.arguments[0])
+            func.ReturnOp([truncated])
+    expand_bf16_truncation(module)
+    return True

@@ -1,0 +1,172 @@
+"""Swappable x86 cost models: every one is a params stage ``(facts, target) -> X86Params``.
+
+They share the heuristic's ports, so ``graph.replace("select", analytical("select"))`` (or
+``--cost-model NAME``) swaps one for another:
+
+* ``x86.analytical`` ranks candidates of the search space with a roofline/cache model;
+* ``x86.tuned`` looks the best measured params up in a tuning DB (else the heuristic);
+* ``x86.fixed`` reads params from a JSON file (or takes them inline).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from stagegraph.core.stage import stage
+from stagegraph.errors import ConfigError
+from stagegraph.stages.analysis import PayloadFacts
+from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
+from stagegraph.stages.target import Target
+from stagegraph.stages.x86.stages import X86Params, heuristic
+
+log = logging.getLogger("stagegraph.tune")
+
+
+def _heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X86Params:
+    return heuristic.fn(facts, target, CostModelConfig(threads=config.threads))
+
+
+def target_hash(target: Target) -> str:
+    """The part of a tuning DB key that names the machine, stable across processes: the ISA
+    set sorted (a frozenset dumps in hash-randomized order) and without the frequency, which
+    /proc/cpuinfo reports as the current (fluctuating) clock on many hosts."""
+    import hashlib
+
+    fields = target.model_dump(mode="json", exclude={"frequency_ghz"})
+    fields["isa"] = sorted(fields["isa"])
+    data = json.dumps(fields, sort_keys=True)
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
+class AnalyticalConfig(CostModelConfig):
+    """How many candidates of the space to rank (streamed lazily, seeded)."""
+
+    candidates: int = Field(200, ge=1)
+    seed: int = 0
+
+
+@stage("params", name="x86.analytical")
+def analytical(facts: PayloadFacts, target: Target, config: AnalyticalConfig) -> X86Params:
+    """Rank the heuristic's choice and ``candidates`` solutions of the search space by an
+    estimated time (roofline + cache traffic) and keep the best, without running any."""
+    from itertools import islice
+
+    from stagegraph.stages.x86.roofline import estimate_seconds
+    from stagegraph.stages.x86.space import build_space, sites_of
+
+    base = _heuristic(facts, target, config)
+    if not base.matmul:
+        return apply_overrides(base, config.overrides)
+    space = build_space(facts, target, base)
+    sites = sites_of(facts)
+
+    def cost(params: X86Params) -> float:
+        return sum(
+            estimate_seconds(p, s.m, s.n, s.k, s.elem, target)
+            for p, s in zip(params.matmul, sites, strict=True)
+        )
+
+    best, best_cost = base, cost(base)
+    for values in islice(space.stream(config.seed), config.candidates):
+        try:
+            candidate = space.to_params(values)
+        except ValueError:
+            continue
+        estimate = cost(candidate)
+        if estimate < best_cost:
+            best, best_cost = candidate, estimate
+    return apply_overrides(best, config.overrides)
+
+
+class TunedConfig(CostModelConfig):
+    """Where to look: the DB file and the workload/graph the measurements were made for."""
+
+    db: str | None = None
+    workload: str = ""
+    graph: str = ""
+
+
+def lookup_tuned(config: TunedConfig, target: Target) -> tuple[X86Params | None, str]:
+    """The best measured params for this workload + graph + target, or None and why not.
+
+    Only a candidate whose speedup interval over the baseline excludes 1 counts as tuned.
+    """
+    if not config.db:
+        return None, "no --db given"
+    if not Path(config.db).exists():
+        return None, f"tuning database {config.db} does not exist"
+    from stagegraph.tune.db import TuneDB, TuneKey, best_result
+
+    db = TuneDB(config.db)
+    try:
+        key = TuneKey(workload=config.workload, graph=config.graph, target=target_hash(target))
+        found = best_result(db.results(key))
+    finally:
+        db.close()
+    if found is None:
+        return None, f"no measured candidate for {config.workload} on {config.graph} here"
+    best, speedup = found
+    if speedup.low <= 1.0:
+        return None, (
+            f"no tuned candidate beats the heuristic beyond the noise (best speedup "
+            f"{speedup.ratio:.3f} [{speedup.low:.3f}, {speedup.high:.3f}])"
+        )
+    return X86Params.model_validate(
+        best.params
+    ), f"tuned params {best.params_hash} from {config.db}"
+
+
+@stage("params", name="x86.tuned", cacheable=False)
+def tuned(facts: PayloadFacts, target: Target, config: TunedConfig) -> X86Params:
+    """The tuning DB's best params for this workload, graph and machine; the heuristic's
+    choice (with a warning) when the DB has no winner for them. Never cached: the DB grows."""
+    params, why = lookup_tuned(config, target)
+    if params is None:
+        log.info("cost model 'tuned': %s; falling back to 'heuristic'", why)
+        params = _heuristic(facts, target, config)
+    return apply_overrides(params, config.overrides)
+
+
+class FixedConfig(CostModelConfig):
+    """Params from a JSON file (``path``) or inline (``params``)."""
+
+    path: str | None = None
+    params: dict[str, Any] | None = None
+
+
+def read_params_file(path: str) -> dict[str, Any]:
+    """An X86Params dump, a tune report (its ``best.params``) or matmul field overrides."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise ConfigError(f"cannot read params file {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"params file {path} is not JSON: {exc}") from None
+    if isinstance(data, dict) and isinstance(data.get("best"), dict):
+        data = data["best"].get("params", data)
+    if not isinstance(data, dict):
+        raise ConfigError(f"params file {path} must hold a JSON object")
+    return data
+
+
+@stage("params", name="x86.fixed")
+def fixed(facts: PayloadFacts, target: Target, config: FixedConfig) -> X86Params:
+    """Exactly the given params (a full X86Params), or the heuristic's with given fields."""
+    data = config.params if config.params is not None else None
+    if data is None:
+        if not config.path:
+            raise ConfigError("cost model 'fixed' needs a params file (--params-file)")
+        data = read_params_file(config.path)
+    if "matmul" in data or "generic" in data:
+        try:
+            params = X86Params.model_validate(data)
+        except ValueError as exc:
+            raise ConfigError(f"invalid fixed params: {exc}") from None
+    else:
+        params = apply_overrides(_heuristic(facts, target, config), data)
+    return apply_overrides(params, config.overrides)

@@ -1,0 +1,159 @@
+"""Parameters of the generic (non-matmul) x86 schedule and the heuristic that picks them.
+
+:class:`GenericParams` holds per-class knobs (how many elements a vectorized tile may hold,
+how wide the innermost tile is, how many rows a reduction tile takes, convolution tiling,
+whether elementwise producers are fused into their consumer's tile loop).
+:func:`heuristic_generic_params` computes them from the payload facts and the target:
+vector lanes from ``target.vector_bits``, tile budgets from the L1 cache. Per-op tile sizes
+are derived from these knobs and each op's loop ranges by :func:`tile_sizes_for` and
+friends (divisors of the ranges, so every tile is static and vectorizes without masks).
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field
+
+from stagegraph.core.ports import Params
+from stagegraph.stages.analysis import DTYPE_BYTES, OpFacts, PayloadFacts
+from stagegraph.stages.target import Target
+
+_REGISTERS = 16  # architectural vector registers on x86-64 (zmm0-15 usable without EVEX hi)
+
+
+class GenericParams(Params):
+    """Knobs of the generic schedule (sizes in elements unless named otherwise)."""
+
+    lanes: int = Field(8, ge=1, description="vector lanes of the widest element type")
+    inner_tile: int = Field(64, ge=1, description="target innermost tile of elementwise ops")
+    tile_elements: int = Field(1024, ge=1, description="max elements of one vectorized tile")
+    reduction_rows: int = Field(
+        8, ge=1, description="innermost parallel points per tile of an outer-dim reduction"
+    )
+    reduction_chunk: int = Field(1024, ge=1, description="max reduction elements per tile")
+    fuse_elementwise: bool = Field(True, description="fuse single-use elementwise producers")
+    vectorize_elementwise: bool = True
+    vectorize_reductions: bool = True
+    vectorize_convolutions: bool = True
+    vectorize_pooling: bool = True
+    conv_width_tile: int = Field(8, ge=1, description="output-width tile of 1-D convolutions")
+    conv_channel_tile: int = Field(8, ge=1, description="output-channel tile of convolutions")
+    conv_reduction_tile: int = Field(8, ge=1, description="input-channel tile of convolutions")
+
+
+def _element_bytes(facts: PayloadFacts) -> int:
+    """Bytes of the widest element type the non-matmul ops touch (f32 when unknown)."""
+    sizes = [
+        DTYPE_BYTES[v.dtype]
+        for op in facts.ops
+        if op.op_class != "matmul"
+        for v in op.inputs + op.outputs
+        if v.dtype in DTYPE_BYTES
+    ]
+    return max(sizes, default=4)
+
+
+def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericParams:
+    """Knobs from the facts and the machine.
+
+    * lanes = vector register bits / widest element bits;
+    * an elementwise tile's innermost size aims at 4 registers (unrolled by 4), and a tile
+      holds at most what half of L1 can keep for three operands, capped by the registers
+      (so the fully unrolled vector code stays small);
+    * reductions over outer dims take 4 registers of the innermost parallel dim per tile;
+      the reduction is chunked so that a chunk fits the register file;
+    * convolutions tile output channels and width by the lanes.
+    """
+    elem = _element_bytes(facts)
+    lanes = max(1, target.vector_bits // (8 * elem))
+    l1_elements = target.l1d_bytes // (2 * 3 * elem)  # half of L1, three operands
+    register_elements = _REGISTERS * lanes * 4
+    tile_elements = max(lanes, min(l1_elements, register_elements))
+    return GenericParams(
+        lanes=lanes,
+        inner_tile=4 * lanes,
+        tile_elements=tile_elements,
+        reduction_rows=4 * lanes,
+        reduction_chunk=max(lanes, min(l1_elements, _REGISTERS * lanes * 4)),
+        conv_width_tile=lanes,
+        conv_channel_tile=max(1, lanes // 2),
+        conv_reduction_tile=max(1, lanes // 2),
+    )
+
+
+# ----------------------------------------------------------------------------- per-op sizes
+
+
+def largest_divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of ``n`` that is ``<= cap`` (1 when ``cap < 1``)."""
+    cap = max(1, min(n, cap))
+    for d in range(cap, 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def tile_size(extent: int, cap: int, partial: bool = True) -> int:
+    """A static divisor of ``extent`` of at most ``cap`` when one is at least half as large
+    as ``min(extent, cap)`` (no partial tiles); else ``min(extent, cap)``, whose last tile
+    is partial and vectorized with masks (a prime extent would otherwise give 1-wide
+    "vectors")."""
+    want = max(1, min(extent, cap))
+    divisor = largest_divisor_at_most(extent, want)
+    return divisor if 2 * divisor >= want or not partial else want
+
+
+def _fill(ranges: tuple[int, ...], dims: list[int], budget: int, partial: bool = True) -> list[int]:
+    """Tile sizes (1 elsewhere): ``dims`` innermost first (see :func:`tile_size`), at most
+    ``budget`` in all."""
+    sizes = [1] * len(ranges)
+    for d in dims:
+        size = tile_size(ranges[d], budget, partial)
+        sizes[d] = size
+        budget = max(1, budget // size)
+        if size < ranges[d]:
+            break  # the next dim outwards is not contiguous with a partial tile
+    return sizes
+
+
+def tile_sizes_for(op: OpFacts, params: GenericParams) -> list[int]:
+    """Tile sizes of an elementwise op: 1 on every dim but the innermost, which takes at
+    most ``inner_tile`` (:func:`tile_size`; one 1-D vector per tile).
+    """
+    ranges = op.loop_ranges
+    # Named ops (fills, copies) keep static divisors: masked stores of a fill's partial
+    # tiles made one payload's convolution run minutes instead of milliseconds.
+    partial = op.name == "linalg.generic"
+    return _fill(ranges, [len(ranges) - 1], params.inner_tile, partial)
+
+
+def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int], list[int]]:
+    """(parallel tile sizes, reduction chunk sizes); 0 means "not tiled at this level".
+
+    Parallel dims are tiled to 1, except an innermost parallel dim (a reduction over outer
+    dims), which takes up to ``reduction_rows`` points so the reduction is a vector add.
+    Reduction dims are chunked, innermost first, to at most ``reduction_chunk`` elements.
+    """
+    ranges, iterators = op.loop_ranges, op.iterator_types
+    parallel = [d for d, it in enumerate(iterators) if it == "parallel"]
+    reduction = [d for d, it in enumerate(iterators) if it == "reduction"][::-1]
+    outer = [1 if d in parallel else 0 for d in range(len(ranges))]
+    last = len(ranges) - 1
+    if iterators and iterators[last] == "parallel":
+        outer[last] = tile_size(ranges[last], params.reduction_rows)
+    budget = max(1, params.reduction_chunk // max(1, outer[last] if outer else 1))
+    chunk = _fill(ranges, reduction, budget)
+    inner = [0] * len(ranges)
+    for d in reduction:
+        inner[d] = (
+            0
+            if chunk[d] == ranges[d] and all(chunk[e] == ranges[e] for e in reduction)
+            else chunk[d]
+        )
+    return outer, inner
+
+
+def tile_volume(sizes: list[int], ranges: tuple[int, ...]) -> int:
+    """Elements of one tile (0 = the whole range)."""
+    return math.prod(s if s else r for s, r in zip(sizes, ranges, strict=True))

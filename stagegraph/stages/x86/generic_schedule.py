@@ -1,0 +1,532 @@
+"""The generic (non-matmul) x86 schedule: tile, fuse, vectorize elementwise ops, reductions,
+pooling and convolutions, and lower the vector ops so no ``alloca`` stays in a loop.
+
+Ops are addressed by attributes, never by printed IR: :func:`annotate_generic_ops` labels
+every linalg op of the entry function that this schedule may transform with
+``stagegraph.generic_op = <index in PayloadFacts.ops>`` and every elementwise producer that
+can be fused into a consumer's tile loop with ``stagegraph.fuse_into = <root index>``.
+Matmul-class ops, the elementwise epilogues of matmul layers, ops feeding matmul-class ops
+and functions marked ``stagegraph.wrapper`` are never labelled, so never touched.
+
+:func:`build_generic_schedule` builds the transform module from the facts and params (one
+failure-suppressing sub-sequence per op, consumers first: an op the schedule cannot handle
+is left as it was, for the fallback ``convert-linalg-to-loops``).
+:func:`apply_generic_schedule` labels the payload, applies the schedule and removes the
+labels. After it, run :data:`PIPELINE` (bufferize, leftovers to loops, LLVM).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stagegraph.stages.analysis import WRAPPER_ATTR, OpFacts, PayloadFacts, analyze, linalg_ops
+from stagegraph.stages.common import lowering
+from stagegraph.stages.x86.generic_params import (
+    GenericParams,
+    largest_divisor_at_most,
+    reduction_tile_sizes,
+    tile_sizes_for,
+)
+
+OP_ATTR = "stagegraph.generic_op"
+FUSE_ATTR = "stagegraph.fuse_into"
+PARAMS_ATTR = "stagegraph.generic_params"
+# Failures of one op's sub-sequence leave that op to the fallback; set to "propagate" to
+# see why a sub-sequence fails (debugging).
+FAILURES = "suppress"
+
+# Cleanup between the schedule and bufferization (folds one-trip loops, dead slices).
+CLEANUP = "canonicalize,cse"
+# Tile loops stay ``scf.forall`` on tensors (fusion needs its shared outputs); once
+# bufferized they become ``scf.for`` (``convert-scf-to-cf`` knows no forall).
+FORALL_TO_FOR = "scf-forall-to-for"
+# Vector transfers on tensors cannot be unrolled by the schedule (the transfer-to-scf
+# patterns only lower memref transfers): once bufferized, every transfer is fully unrolled
+# to rank 1 (no temporary buffer, so no alloca in any loop), leftover multi-reductions
+# lowered.
+VECTOR_LOWERING = (
+    "func.func(lower-vector-multi-reduction),"
+    "convert-vector-to-scf{full-unroll=true target-rank=1},canonicalize,cse"
+)
+# After the schedule: the shared pipelines, leftovers (ops the schedule left) to loops;
+# then ``lowering.LOWER_TO_LLVM``.
+PIPELINE = (
+    f"{CLEANUP},{lowering.BUFFERIZE},{FORALL_TO_FOR},{VECTOR_LOWERING},{lowering.LINALG_TO_LOOPS}"
+)
+
+# Named convolutions that ``transform.structured.decompose`` rewrites to a 1-D op once the
+# outer image/filter dims are tiled to 1, and 1-D ones the vectorizer handles directly.
+DECOMPOSABLE = frozenset(
+    f"linalg.{n}"
+    for n in (
+        "conv_2d_nhwc_hwcf",
+        "conv_2d_nchw_fchw",
+        "depthwise_conv_2d_nhwc_hwc",
+        "pooling_nhwc_sum",
+        "pooling_nhwc_max",
+        "pooling_nhwc_min",
+        "pooling_nchw_sum",
+        "pooling_nchw_max",
+    )
+)
+VECTORIZABLE_1D = frozenset(
+    f"linalg.{n}"
+    for n in (
+        "conv_1d_nwc_wcf",
+        "conv_1d_ncw_fcw",
+        "depthwise_conv_1d_nwc_wc",
+        "pooling_nwc_sum",
+        "pooling_nwc_max",
+        "pooling_nwc_min",
+        "pooling_ncw_sum",
+        "pooling_ncw_max",
+    )
+)
+# Reduction bodies the vectorizer turns into vector.multi_reduction (a single combiner).
+_COMBINERS = frozenset(
+    f"arith.{n}"
+    for n in (
+        *("addf", "mulf", "maximumf", "minimumf", "maxnumf", "minnumf", "addi", "muli"),
+        *("maxsi", "minsi", "maxui", "minui", "andi", "ori", "xori"),
+    )
+)
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def _epilogue_ops(facts: PayloadFacts) -> set[int]:
+    return {i for layer in facts.layers for i in layer.epilogue}
+
+
+def schedulable(op: OpFacts, facts: PayloadFacts) -> bool:
+    """Whether the generic schedule may transform this op at all (matmul-class ops only
+    when they are matrix-vector products, see :func:`reduction_like`)."""
+    if op.op_class == "other" or not op.loop_ranges:
+        return False
+    if op.op_class == "matmul" and not reduction_like(op):
+        return False
+    return op.index not in _epilogue_ops(facts)
+
+
+def reduction_like(op: OpFacts) -> bool:
+    """A reduction, or a matrix-vector product (scheduled as one: no operand reuse for a
+    matmul micro-kernel to exploit)."""
+    if op.op_class == "matmul":
+        return op.contraction is not None and op.contraction.is_matvec
+    return op.op_class == "reduction"
+
+
+def vectorizable_reduction(op: OpFacts) -> bool:
+    """One output, no index/gather in the body and a recognisable combiner."""
+    body = set(op.body_ops)
+    return (
+        len(op.outputs) == 1
+        and "linalg.index" not in body
+        and "tensor.extract" not in body
+        and bool(body & _COMBINERS)
+    )
+
+
+def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], bool] | None:
+    """(tile sizes, decompose first) for a convolution/pooling op, or None (fallback)."""
+    conv = op.convolution
+    if conv is None:
+        return None
+    if op.op_class == "pooling" and any(d > 1 for d in conv.dilations):
+        return None  # dilated pooling windows vectorize into shuffles slower than loops
+    if op.op_class == "pooling" and any(op.loop_ranges[d] == 1 for d in conv.filter_loop):
+        # A one-row window (1-D pooling in a 2-D op): shuffles again, and nothing for them
+        # to amortize over (avg pool 1-D: 0.14 ms vectorized, 0.07 ms as loops).
+        return None
+    if math.prod(op.loop_ranges[d] for d in conv.filter_loop) == 1:
+        return None  # pointwise: a matmul in disguise, better left to loops (or matmul path)
+    decompose = op.name in DECOMPOSABLE
+    if not decompose and op.name not in VECTORIZABLE_1D:
+        return None
+    ranges = op.loop_ranges
+    sizes = [1] * len(ranges)  # batch, depth, outer image and filter dims: one at a time
+    image, filters = list(conv.output_image), list(conv.filter_loop)
+    if image:
+        sizes[image[-1]] = largest_divisor_at_most(ranges[image[-1]], params.conv_width_tile)
+    if filters:
+        sizes[filters[-1]] = 0  # the innermost filter window stays whole
+    for d in conv.output_channel:
+        sizes[d] = largest_divisor_at_most(ranges[d], params.conv_channel_tile)
+    for d in conv.input_channel:
+        sizes[d] = largest_divisor_at_most(ranges[d], params.conv_reduction_tile)
+    return sizes, decompose
+
+
+def partial_tiles(ranges: tuple[int, ...], *tilings: list[int]) -> bool:
+    """Whether any tiling (0 = untiled) leaves a partial last tile on some dim."""
+    return any(
+        size and extent % size
+        for sizes in tilings
+        for size, extent in zip(sizes, ranges, strict=True)
+    )
+
+
+def has_bool_operands(op: OpFacts) -> bool:
+    """An ``i1`` operand: vector<Nxi1> loads/stores are bit-packed in LLVM while memref
+    ``i1`` elements are bytes, so such ops are left to the scalar fallback."""
+    return any(v.dtype == "i1" for v in op.inputs + op.outputs)
+
+
+def _vectorize_enabled(op: OpFacts, params: GenericParams) -> bool:
+    if has_bool_operands(op):
+        return False
+    return {
+        "elementwise": params.vectorize_elementwise,
+        "reduction": params.vectorize_reductions and vectorizable_reduction(op),
+        "matmul": params.vectorize_reductions and reduction_like(op),
+        "convolution": params.vectorize_convolutions,
+        "pooling": params.vectorize_pooling,
+    }.get(op.op_class, False)
+
+
+# ----------------------------------------------------------------------------- annotation
+
+
+def _entry_function(module: Any, name: str) -> Any:
+    for op in module.body.operations:
+        attrs = op.operation.attributes
+        if (
+            op.operation.name == "func.func"
+            and WRAPPER_ATTR not in attrs
+            and attrs["sym_name"].value == name
+        ):
+            return op.operation
+    raise ValueError(f"payload has no function @{name} (non-wrapper)")
+
+
+def _users(op: Any) -> list[Any]:
+    return [use.owner.operation for result in op.results for use in result.uses]
+
+
+def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
+    """Label the ops this schedule may touch; returns {fused producer: root consumer}.
+
+    Raises:
+        ValueError: the module's linalg ops are not the ones ``facts`` describe.
+    """
+    from stagegraph.mlir.bindings import ir
+
+    fn = _entry_function(module, facts.entry)
+    ops = linalg_ops(fn)
+    if [op.name for op in ops] != [f.name for f in facts.ops]:
+        raise ValueError("payload linalg ops differ from the facts; re-run the analysis")
+    position = {op: i for i, op in enumerate(ops)}
+    matmuls = {i for i, f in enumerate(facts.ops) if f.op_class == "matmul"}
+    mine: set[int] = set()
+    for i, (op, fact) in enumerate(zip(ops, facts.ops, strict=True)):
+        feeds_matmul = any(position.get(u) in matmuls for u in _users(op))
+        if schedulable(fact, facts) and not feeds_matmul:
+            mine.add(i)
+    fused: dict[int, int] = {}
+    for i in sorted(mine, reverse=True):  # consumers first: chains resolve to their root
+        users = _users(ops[i])
+        if facts.ops[i].op_class != "elementwise" or len(users) != 1:
+            continue
+        if has_bool_operands(facts.ops[i]):
+            continue
+        j = position.get(users[0])
+        if j is None or j not in mine or facts.ops[j].op_class not in ("elementwise", "reduction"):
+            continue
+        if users[0].parent != ops[i].parent:
+            continue
+        fused[i] = fused.get(j, j)
+    i64 = ir.IntegerType.get_signless(64, module.context)
+    for i in mine:
+        ops[i].attributes[OP_ATTR] = ir.IntegerAttr.get(i64, i)
+        if i in fused:
+            ops[i].attributes[FUSE_ATTR] = ir.IntegerAttr.get(i64, fused[i])
+    return fused
+
+
+def strip_annotations(module: Any) -> None:
+    from stagegraph.mlir.bindings import ir
+
+    def visit(op: Any) -> Any:
+        for name in (OP_ATTR, FUSE_ATTR):
+            if name in op.attributes:
+                del op.attributes[name]
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+
+
+# ----------------------------------------------------------------------------- schedule
+
+
+class _Builder:
+    """Emits the transform ops of one op's sub-sequence."""
+
+    def __init__(self, params: GenericParams) -> None:
+        from stagegraph.mlir.bindings import dialect, ir, structured, transform
+
+        self.params = params
+        self.ir, self.structured, self.transform = ir, structured, transform
+        self.tv = dialect("transform.vector")
+        self.any = transform.AnyOpType.get()
+        self.i64 = ir.IntegerType.get_signless(64)
+
+    def match(self, root: Any, attr: str, index: int) -> Any:
+        attrs = {attr: self.ir.IntegerAttr.get(self.i64, index)}
+        return self.structured.MatchOp(self.any, root, op_attrs=attrs).result
+
+    def suppressed(self, root: Any) -> tuple[Any, Any]:
+        """A nested ``transform.sequence failures(suppress)`` on ``root``."""
+        mode = self.transform.FailurePropagationMode
+        seq = self.transform.SequenceOp(
+            mode.Suppress if FAILURES == "suppress" else mode.Propagate, [], root
+        )
+        return seq, seq.bodyTarget
+
+    def lower_vectors(self, target: Any, inner_reduction: bool = True) -> None:
+        """Lower the vector ops under ``target`` to 1-D transfers and arithmetic."""
+        tv, transform = self.tv, self.transform
+        ir = self.ir
+
+        def patterns(*makers: Any, canonicalize: bool = True) -> None:
+            op = transform.ApplyPatternsOp(target)
+            with ir.InsertionPoint(op.patterns):
+                for make in makers:
+                    make()
+                if canonicalize:
+                    transform.ApplyCanonicalizationPatternsOp()
+
+        strategy = (
+            tv.VectorMultiReductionLowering.InnerReduction
+            if inner_reduction
+            else tv.VectorMultiReductionLowering.InnerParallel
+        )
+        # Masked (partial) tiles: masks become masked transfers and create_mask ops first.
+        patterns(tv.ApplyLowerMaskedTransfersPatternsOp, tv.ApplyLowerMasksPatternsOp)
+        patterns(
+            tv.ApplyCastAwayVectorLeadingOneDimPatternsOp,
+            tv.ApplyTransferPermutationPatternsOp,
+            tv.ApplyFoldArithExtensionPatternsOp,
+        )
+        patterns(
+            lambda: tv.ApplyLowerContractionPatternsOp(
+                lowering_strategy=tv.VectorContractLowering.OuterProduct
+            ),
+            tv.ApplyLowerOuterProductPatternsOp,
+            lambda: tv.ApplyReorderMultiReductionPatternsOp(lowering_strategy=strategy),
+            lambda: tv.ApplyMultiReductionFlatteningPatternsOp(lowering_strategy=strategy),
+            lambda: tv.ApplyMultiReductionUnrollingPatternsOp(lowering_strategy=strategy),
+            lambda: tv.ApplyLowerTransposePatternsOp(
+                lowering_strategy=tv.VectorTransposeLowering.EltWise
+            ),
+        )
+        patterns(
+            tv.ApplyLowerShapeCastPatternsOp, tv.ApplyLowerBroadcastPatternsOp, canonicalize=False
+        )
+
+    # -- per class ---------------------------------------------------------------------
+
+    def elementwise(self, root: Any, op: OpFacts, fuse: bool) -> None:
+        sizes = tile_sizes_for(op, self.params)
+        self._parallel_root(root, op, sizes, [], fuse)
+
+    def reduction(self, root: Any, op: OpFacts, fuse: bool) -> None:
+        outer, inner = reduction_tile_sizes(op, self.params)
+        fuse = fuse and not any(inner)  # producers would be computed for a whole row
+        self._parallel_root(root, op, outer, inner, fuse)
+
+    def _parallel_root(
+        self, root: Any, op: OpFacts, outer: list[int], inner: list[int], fuse: bool
+    ) -> None:
+        transform, ir = self.transform, self.ir
+        if not _vectorize_enabled(op, self.params):
+            return  # tiling alone only adds loop overhead: leave the op to the fallback
+        seq, body_root = self.suppressed(root)
+        with ir.InsertionPoint(seq.body):
+            targets = self.match(body_root, OP_ATTR, op.index)
+            each = transform.ForeachOp([], [targets])
+            with ir.InsertionPoint(each.body):
+                target = each.body.arguments[0]
+                if op.op_class == "matmul":  # a matvec: vectorize as multiply + reduction
+                    target = self.structured.GeneralizeOp(target).result
+                if "parallel" not in op.iterator_types:
+                    self._full_reduction(target, op, inner)
+                else:
+                    self._tile_fuse_vectorize(body_root, target, op, outer, inner, fuse)
+                transform.YieldOp([])
+            transform.YieldOp([])
+
+    def _tile_fuse_vectorize(
+        self,
+        body_root: Any,
+        target: Any,
+        op: OpFacts,
+        outer: list[int],
+        inner: list[int],
+        fuse: bool,
+    ) -> None:
+        structured, transform = self.structured, self.transform
+        tile = [s if s != r else 0 for s, r in zip(outer, op.loop_ranges, strict=True)]
+        if not any(tile):  # one tile: keep a one-trip loop to scope the patterns
+            first = op.iterator_types.index("parallel")
+            tile[first] = op.loop_ranges[first]
+        inner = inner or [0] * len(op.loop_ranges)
+        # Partial edge tiles are vectorized with masks at the full tile's shape (the fused
+        # producers may have other shapes, so nothing is fused then).
+        partial = partial_tiles(op.loop_ranges, tile, inner)
+        vector = [i or t or r for i, t, r in zip(inner, tile, op.loop_ranges, strict=True)]
+        fuse = fuse and not partial
+        tiled = structured.TileUsingForallOp(self.any, self.any, target, tile_sizes=tile)
+        forall = tiled.results[1]
+        computes = [tiled.results[0]]
+        if op.op_class == "matmul":
+            # A matvec tile reads its vector operand along a unit dim: fold the unit dims
+            # so the read is contiguous (else it is unrolled into one load per element).
+            fuse = False
+            folding = transform.ApplyPatternsOp(forall)
+            with self.ir.InsertionPoint(folding.patterns):
+                structured.ApplyFoldUnitExtentDimsViaSlicesPatternsOp()
+                transform.ApplyCanonicalizationPatternsOp()
+            computes = [structured.MatchOp(self.any, forall, ops=["linalg.generic"]).result]
+            extents = [t or r for t, r in zip(tile, op.loop_ranges, strict=True)]
+            kept = [extent != 1 for extent in extents]
+            inner = [size for size, keep in zip(inner, kept, strict=True) if keep]
+            vector = [size for size, keep in zip(vector, kept, strict=True) if keep]
+        if fuse:
+            producers = self.match(body_root, FUSE_ATTR, op.index)
+            fused = structured.FuseIntoContainingOp(self.any, self.any, producers, forall)
+            forall = fused.results[1]
+            computes.append(fused.results[0])
+            # The originals of fused producers are dead now: erase them so their
+            # own sub-sequences find nothing to do.
+            function = transform.GetParentOp(
+                self.any, forall, op_name="func.func", isolated_from_above=True
+            ).result
+            transform.ApplyDeadCodeEliminationOp(function)
+        if any(inner):
+            chunked = structured.TileUsingForOp(computes[0], sizes=inner)
+            computes[0] = chunked.results[0]
+        if partial:
+            structured.VectorizeOp(computes[0], vector)
+            computes = []
+        for handle in computes:
+            structured.VectorizeOp(handle)
+        innermost = op.iterator_types[-1] == "reduction"
+        self.lower_vectors(forall, inner_reduction=innermost)
+
+    def _full_reduction(self, target: Any, op: OpFacts, inner: list[int]) -> None:
+        """A reduction to a scalar: a serial loop over chunks (one trip if it fits)."""
+        sizes = list(inner)
+        if not any(sizes):
+            sizes[0] = op.loop_ranges[0]
+        tiled = self.structured.TileUsingForOp(target, sizes=sizes)
+        if partial_tiles(op.loop_ranges, sizes):
+            vector = [s or r for s, r in zip(sizes, op.loop_ranges, strict=True)]
+            self.structured.VectorizeOp(tiled.results[0], vector)
+        else:
+            self.structured.VectorizeOp(tiled.results[0])
+        self.lower_vectors(tiled.results[1], inner_reduction=True)
+
+    def convolution(self, root: Any, op: OpFacts) -> None:
+        plan = convolution_plan(op, self.params)
+        if plan is None or not _vectorize_enabled(op, self.params):
+            return
+        sizes, decompose = plan
+        structured, transform, ir = self.structured, self.transform, self.ir
+        seq, body_root = self.suppressed(root)
+        with ir.InsertionPoint(seq.body):
+            targets = self.match(body_root, OP_ATTR, op.index)
+            each = transform.ForeachOp([], [targets])
+            with ir.InsertionPoint(each.body):
+                target = each.body.arguments[0]
+                tiled = structured.TileUsingForOp(target, sizes=sizes)
+                compute = tiled.results[0]
+                if decompose:
+                    compute = structured.DecomposeOp(compute).result
+                structured.VectorizeOp(compute)
+                loops = list(tiled.results[1:])
+                if loops:
+                    self.lower_vectors(loops[0])
+                transform.YieldOp([])
+            transform.YieldOp([])
+
+
+def build_generic_schedule(facts: PayloadFacts, params: GenericParams) -> Any:
+    """A transform module (``@__transform_main``) for the non-matmul ops of ``facts``.
+
+    Built in the current MLIR context (enter the payload's context first).
+    """
+    from stagegraph.mlir.bindings import ir, transform
+    from stagegraph.stages.common.transform import new_schedule
+
+    builder = _Builder(params)
+    module, main = new_schedule()
+    # The params, for apply_generic_schedule to rebuild the schedule after its rewrites.
+    module.operation.attributes[PARAMS_ATTR] = ir.StringAttr.get(params.model_dump_json())
+    with ir.InsertionPoint(main.body):
+        root = main.bodyTarget
+        for op in reversed(facts.ops):
+            if not schedulable(op, facts):
+                continue
+            if op.op_class == "elementwise":
+                builder.elementwise(root, op, params.fuse_elementwise)
+            elif reduction_like(op):
+                builder.reduction(root, op, params.fuse_elementwise)
+            else:
+                builder.convolution(root, op)
+        transform.YieldOp([])
+    return module
+
+
+def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | None = None) -> None:
+    """Rewrite the entry function so more of it vectorizes (:func:`prepare.prepare`), label
+    it, apply ``schedule`` in place, drop the labels.
+
+    ``facts`` must describe ``module`` as it is now (default: analysed here). When the
+    rewrites change the entry, the facts are re-analysed and the schedule rebuilt with the
+    params recorded in ``schedule`` (other ops, e.g. matmuls, are never rewritten, so their
+    labels stay valid).
+    """
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.common.transform import apply_schedule_module
+    from stagegraph.stages.x86.prepare import prepare
+
+    module = getattr(module, "ir", module)
+    facts = facts or analyze(module)
+    with module.context, ir.Location.unknown():
+        attrs = schedule.operation.attributes
+        if PARAMS_ATTR in attrs and prepare(module, _entry_function(module, facts.entry)):
+            params = GenericParams.model_validate_json(ir.StringAttr(attrs[PARAMS_ATTR]).value)
+            facts = analyze(module, facts.entry)
+            schedule = build_generic_schedule(facts, params)
+        annotate_generic_ops(module, facts)
+        apply_schedule_module(module, schedule)
+        strip_annotations(module)
+
+
+def lower_generic(module: Any, params: GenericParams | None = None) -> PayloadFacts:
+    """The whole generic flow on a tensor-level ``module`` (an ``ir.Module`` or port), in
+    place, down to the LLVM dialect: schedule, :data:`PIPELINE`, ``LOWER_TO_LLVM``.
+
+    ``params`` defaults to :func:`heuristic_generic_params` for the host. Returns the facts
+    the schedule was built from.
+    """
+    from stagegraph.core.ports import Module
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.common.passes import record_public_signatures, run_pipeline
+    from stagegraph.stages.common.rewrites import copies_to_linalg
+    from stagegraph.stages.target import detect_target
+    from stagegraph.stages.x86.generic_params import heuristic_generic_params
+
+    port = module if isinstance(module, Module) else Module["tensor"](module)
+    with port.ir.context, ir.Location.unknown():
+        facts = analyze(port.ir)
+        params = params or heuristic_generic_params(facts, detect_target())
+        apply_generic_schedule(port.ir, build_generic_schedule(facts, params), facts)
+        record_public_signatures(port)
+        run_pipeline(port, PIPELINE)
+        if copies_to_linalg(port.ir):
+            run_pipeline(port, lowering.LINALG_TO_LOOPS)
+        run_pipeline(port, lowering.LOWER_TO_LLVM)
+    return facts

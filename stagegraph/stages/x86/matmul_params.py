@@ -1,0 +1,210 @@
+"""The knobs of the x86 matmul schedule and a heuristic that derives them from the target.
+
+The schedule is BLIS-shaped: a parallel loop over ``tile_m x tile_n`` cache blocks of C,
+inside each block A and B are packed (zero-padded) into ``reg_m``-row and ``reg_n``-column
+panels, and an unrolled ``reg_m x reg_n`` register tile of accumulators is swept over k.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, model_validator
+
+from stagegraph.core.ports import Params
+from stagegraph.stages.target import Target
+
+_DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2}
+
+
+class MatmulParams(Params):
+    """Tile sizes and options of one matmul (plus its fused fill and elementwise consumers)."""
+
+    tile_m: int = Field(64, ge=1, le=1 << 16, description="rows of C per cache block")
+    tile_n: int = Field(256, ge=1, le=1 << 16, description="columns of C per cache block")
+    tile_k: int = Field(
+        0, ge=0, le=1 << 16, description="k extent swept per accumulator pass (0: all of K)"
+    )
+    reg_m: int = Field(8, ge=1, le=32, description="rows of the register tile")
+    reg_n: int = Field(32, ge=1, le=256, description="columns of the register tile")
+    k_unroll: int = Field(1, ge=1, le=16, description="k steps per kernel iteration")
+    vector_width: int = Field(16, ge=1, le=64, description="SIMD lanes of the element type")
+    vector_registers: int = Field(32, ge=8, le=64, description="architectural SIMD registers")
+    pack: bool = Field(True, description="pack A and B into zero-padded register panels")
+    threads: int = Field(1, ge=1, le=1024, description="threads sharing the block loop")
+
+    @model_validator(mode="after")
+    def _check(self) -> MatmulParams:
+        if self.reg_n % self.vector_width:
+            raise ValueError(
+                f"reg_n={self.reg_n} must be a multiple of vector_width={self.vector_width}"
+            )
+        if self.tile_m % self.reg_m or self.tile_n % self.reg_n:
+            raise ValueError(
+                f"cache tile {self.tile_m}x{self.tile_n} must be a multiple of the "
+                f"register tile {self.reg_m}x{self.reg_n}"
+            )
+        if self.tile_k and self.tile_k % self.k_unroll:
+            raise ValueError(f"tile_k={self.tile_k} must be a multiple of k_unroll")
+        if self.accumulator_registers + self.reg_n // self.vector_width + 1 > (
+            self.vector_registers
+        ):
+            raise ValueError(
+                f"register tile {self.reg_m}x{self.reg_n} needs more than "
+                f"{self.vector_registers} vector registers"
+            )
+        return self
+
+    @property
+    def accumulator_registers(self) -> int:
+        return self.reg_m * (self.reg_n // self.vector_width)
+
+
+# Blocks per thread the parallel block loop aims for (see _split_for_threads).
+BLOCKS_PER_THREAD = 8
+# Shortest block edge (rows and columns), in register panels of reg_n columns.
+MIN_BLOCK_PANELS = 4
+
+
+def heuristic_matmul_params(
+    m: int, n: int, k: int, dtype: str, target: Target, threads: int = 1
+) -> MatmulParams:
+    """Derive tiles from the vector width, register count and cache sizes (no size table).
+
+    Register tile: two vectors wide (two independent FMA chains per broadcast) and as many
+    rows as fit the register file after the B vectors and one broadcast. K block (tile_k):
+    the B micro-panel (kc x reg_n) stays in L1 while the register tile sweeps the block's
+    m panels. Cache block: the A slice (tile_m x kc) stays in L2 with the C block beside
+    it; B is re-packed once per M block and A once per N block, so blocks are as large as
+    that allows. With ``threads`` > 1 the block is halved until every thread has several
+    blocks to take (the parallel loop is scheduled dynamically).
+    """
+    elem = _DTYPE_BYTES.get(dtype, 4)
+    lanes = max(1, target.vector_bits // (8 * elem))
+    registers = 32 if target.has("avx512f") or target.vector_bits >= 512 else 16
+    reg_n = 2 * lanes
+    reg_m = max(1, min(8, (registers - 2 - 1) // 2))
+    if registers == 16:
+        reg_m = 6
+    reg_m = min(reg_m, _round_up(m, 1))
+    # Do not pad a tiny problem up to a big register tile.
+    if n <= lanes:
+        reg_n = lanes
+    k_unroll = next(u for u in (4, 2, 1) if k % u == 0)
+
+    # K block: the B micro-panel (kc x reg_n) and the A micro-panel (reg_m x kc) of one
+    # register-tile sweep share three quarters of L1, so B stays in L1 across the m panels.
+    # Register tiles are static: kc is the divisor of k (multiple of k_unroll) nearest it.
+    kc_target = max(k_unroll, target.l1d_bytes * 3 // 4 // ((reg_n + reg_m) * elem))
+    kc = _nearest_divisor(k, kc_target, k_unroll)
+    tile_k = kc if kc < k else 0
+    # M block: its A slice (tile_m x kc) takes a quarter of L2, beside the streaming C rows.
+    tile_m = _round_down(target.l2_bytes // 4 // (kc * elem), reg_m)
+    tile_m = min(tile_m, _round_up(m, reg_m))
+    # N block: its B slice (kc x tile_n) in half of L2; A is re-packed once per N block, so
+    # wide, but the C block (tile_m x tile_n, revisited every K block) within half of L2.
+    tile_n = _round_down(target.l2_bytes // 2 // (kc * elem), reg_n)
+    tile_n = min(tile_n, _round_down(target.l2_bytes // 2 // (tile_m * elem), reg_n))
+    tile_n = min(tile_n, _round_up(n, reg_n))
+    # Enough blocks for every thread (threads take blocks dynamically, see lowering).
+    if threads > 1:
+        tile_m, tile_n = _split_for_threads(m, n, tile_m, tile_n, reg_m, reg_n, threads)
+    return MatmulParams(
+        tile_m=tile_m,
+        tile_n=tile_n,
+        tile_k=tile_k,
+        reg_m=reg_m,
+        reg_n=reg_n,
+        k_unroll=k_unroll,
+        vector_width=lanes,
+        vector_registers=registers,
+        pack=True,
+        threads=threads,
+    )
+
+
+def _split_for_threads(
+    m: int, n: int, tile_m: int, tile_n: int, reg_m: int, reg_n: int, threads: int
+) -> tuple[int, int]:
+    """Halve the block (its longer edge first) until there are ``BLOCKS_PER_THREAD`` blocks
+    per thread, or both edges reach ``MIN_BLOCK_PANELS`` register panels.
+
+    Threads take blocks dynamically (``lowering.schedule_dynamic``): with several blocks
+    each, a thread slowed by another runnable thread on its core (e.g. an idle BLAS worker
+    spinning) does fewer blocks instead of holding up the loop. A block packs
+    ``(tile_m + tile_n) * kc`` elements for ``tile_m * tile_n * kc`` FMAs, so the edges
+    stay at least ``MIN_BLOCK_PANELS`` panels long (packing a few % of the block's time).
+    """
+    edge = MIN_BLOCK_PANELS * reg_n
+    min_m = min(_round_up(m, reg_m), _round_up(edge, reg_m))
+    min_n = min(_round_up(n, reg_n), edge)
+    tile_m, tile_n = _halve(m, n, tile_m, tile_n, min_m, min_n, reg_m, reg_n, threads)
+    # A small problem: one block per thread at least, down to one register panel.
+    return _halve(m, n, tile_m, tile_n, reg_m, reg_n, reg_m, reg_n, threads, per_thread=1)
+
+
+def _halve(
+    m: int,
+    n: int,
+    tile_m: int,
+    tile_n: int,
+    min_m: int,
+    min_n: int,
+    reg_m: int,
+    reg_n: int,
+    threads: int,
+    per_thread: int = BLOCKS_PER_THREAD,
+) -> tuple[int, int]:
+    for _ in range(32):
+        blocks = math.ceil(m / tile_m) * math.ceil(n / tile_n)
+        if blocks >= per_thread * threads:
+            break
+        can_n = tile_n > min_n
+        can_m = tile_m > min_m
+        if can_n and (tile_n >= tile_m or not can_m):
+            tile_n = max(min_n, _round_up(tile_n // 2, reg_n))
+        elif can_m:
+            tile_m = max(min_m, _round_up(tile_m // 2, reg_m))
+        else:
+            break
+    return tile_m, tile_n
+
+
+def _nearest_divisor(k: int, target: int, step: int) -> int:
+    """The divisor of ``k`` that is a multiple of ``step`` nearest ``target`` (by ratio)."""
+    if k <= target:
+        return k
+    divisors = [d for d in range(step, k + 1, step) if k % d == 0]
+    return min(divisors, key=lambda d: (abs(math.log(d / target)), -d))
+
+
+def _round_up(x: int, to: int) -> int:
+    return max(to, -(-x // to) * to)
+
+
+def _round_down(x: int, to: int) -> int:
+    return max(to, x // to * to)
+
+
+# -- tuning declaration (read by stagegraph.stages.x86.space) ------------------------------------
+
+#: Fields a tuner may vary; vector_width, vector_registers and threads stay as the cost
+#: model chose them (they describe the machine and the run, not the schedule).
+TUNABLE_FIELDS = ("tile_m", "tile_n", "tile_k", "reg_m", "reg_n", "k_unroll", "pack")
+
+
+def tuning_constraints(p: object, logic: object) -> dict[str, object]:
+    """The validator's rules as named expressions over ``p``'s fields.
+
+    ``logic`` provides ``Or`` (z3, or plain Python), so a solver and a checker share one
+    statement of the rules. The register budget is multiplied through by vector_width
+    (exact because reg_n is a multiple of it) to stay free of division.
+    """
+    return {
+        "reg_n_multiple_of_vector_width": p.reg_n % p.vector_width == 0,
+        "tile_m_multiple_of_reg_m": p.tile_m % p.reg_m == 0,
+        "tile_n_multiple_of_reg_n": p.tile_n % p.reg_n == 0,
+        "tile_k_multiple_of_k_unroll": logic.Or(p.tile_k == 0, p.tile_k % p.k_unroll == 0),
+        "register_budget": p.reg_m * p.reg_n + p.reg_n + p.vector_width
+        <= p.vector_registers * p.vector_width,
+    }

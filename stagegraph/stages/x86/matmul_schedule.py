@@ -1,0 +1,703 @@
+"""Transform-dialect schedule for f32 matmuls on x86 (AVX-512 / AVX2), built with the Python API.
+
+Per matmul (with its zero fill and a chain of elementwise consumers such as bias + ReLU):
+
+1. tile the last consumer into ``tile_m x tile_n`` blocks with ``scf.forall`` and fuse the
+   chain, the matmul and the fill into it (no separate pass over C);
+2. pack the block with ``structured.pack`` into ``reg_m``-row panels of A and ``reg_n``-column
+   panels of B (zero padding makes every register tile static, so odd shapes need no masks);
+   the unpack and the elementwise consumers then run together per register tile;
+3. tile the packed contraction into ``reg_m x reg_n x k_unroll`` register tiles, vectorize,
+   hoist the accumulator out of the k loop and lower the contraction to ``vector.fma``.
+
+Without packing (``pack=False``) the block is register-tiled in place and the edge tiles are
+vectorized with masks. The schedule stays on tensors; ``lowering.BUFFERIZE`` follows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from stagegraph.core.ports import Facts
+from stagegraph.mlir.bindings import dialect, ir, linalg, loop, structured, tensor, transform
+from stagegraph.stages.analysis import OpFacts, declared_iterator_types
+from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
+from stagegraph.stages.x86.matmul_params import MatmulParams
+
+_tvec = dialect("transform.vector")
+_ttensor = dialect("transform.tensor")
+
+# Set by find_matmuls on every site (its position): the schedule addresses sites by it.
+SITE_ATTR = "stagegraph.matmul_site"
+# Set by canonicalize_contractions on the linalg.matmul made from a matmul-like op: the
+# index (in PayloadFacts.ops) of the op it came from.
+SOURCE_ATTR = "stagegraph.matmul_source"
+# Set by widen_inputs on each widening copy: 2 * (the matmul's SOURCE_ATTR) + operand.
+_WIDEN_ATTR = "stagegraph.widen"
+_WIDEN_LANES = 64  # elements per vector step of a widening copy the packing does not absorb
+_LABEL_ATTR = "stagegraph.matmul_like"  # ops to canonicalize, during canonicalize_contractions
+# Matmul-like ops rewritten into linalg.matmul (per batch element) before scheduling.
+_CANONICALIZABLE = frozenset(
+    f"linalg.{name}"
+    for name in (
+        "matmul",
+        "matmul_transpose_a",
+        "matmul_transpose_b",
+        "batch_matmul",
+        "batch_matmul_transpose_a",
+        "batch_matmul_transpose_b",
+        "contract",
+        "generic",
+    )
+)
+_FLOATS = frozenset({"f32", "f64", "f16", "bf16"})
+
+
+class MatmulSite(Facts):
+    """One ``linalg.matmul`` of a payload, in walk order, with what can be fused around it.
+
+    ``transpose_a``: A is stored ``[k, m]``; ``transpose_b``: B is stored ``[n, k]`` (the
+    matmul's ``indexing_maps``). ``source``: the index in ``PayloadFacts.ops`` of the
+    matmul-like op this matmul was made from by :func:`canonicalize_contractions`, if any.
+    """
+
+    function: str
+    m: int
+    n: int
+    k: int
+    dtype: str = "f32"
+    has_fill: bool = False
+    consumers: int = 0  # elementwise linalg.generic ops chained on the result, fused into blocks
+    transpose_a: bool = False
+    transpose_b: bool = False
+    source: int | None = None
+    widened: tuple[bool, bool] = (False, False)  # A / B come from widen_inputs' copies
+
+
+def find_matmuls(payload: ir.Module) -> list[MatmulSite]:
+    """Walk the payload's functions and describe every ``linalg.matmul`` (walk order) whose
+    operands are plain or transposed matrices; label each with ``SITE_ATTR``."""
+    sites: list[MatmulSite] = []
+    i64 = ir.IntegerType.get_signless(64, payload.context)
+    for fn in payload.body.operations:
+        if fn.operation.name != "func.func":
+            continue
+        name = ir.StringAttr(fn.attributes["sym_name"]).value
+        for op in _walk(fn.operation):
+            if op.name != "linalg.matmul":
+                continue
+            layout = _matmul_layout(op)
+            if layout is None:
+                continue
+            transpose_a, transpose_b = layout
+            a, b = (ir.RankedTensorType(op.operands[i].type) for i in (0, 1))
+            m, k = (a.shape[1], a.shape[0]) if transpose_a else (a.shape[0], a.shape[1])
+            n = b.shape[0] if transpose_b else b.shape[1]
+            has_fill = _defining_op_name(op.operands[2]) == "linalg.fill"
+            source = None
+            if SOURCE_ATTR in op.attributes:
+                source = ir.IntegerAttr(op.attributes[SOURCE_ATTR]).value
+            op.attributes[SITE_ATTR] = ir.IntegerAttr.get(i64, len(sites))
+            sites.append(
+                MatmulSite(
+                    function=name,
+                    m=m,
+                    n=n,
+                    k=k,
+                    dtype=str(a.element_type),
+                    has_fill=has_fill,
+                    consumers=_elementwise_chain(op),
+                    transpose_a=transpose_a,
+                    transpose_b=transpose_b,
+                    source=source,
+                    widened=(_widening_copy(op.operands[0]), _widening_copy(op.operands[1])),
+                )
+            )
+    return sites
+
+
+def _positions(amap: ir.AffineMap) -> list[int | None]:
+    return [e.position if isinstance(e, ir.AffineDimExpr) else None for e in amap.results]
+
+
+def _matmul_layout(op: ir.Operation) -> tuple[bool, bool] | None:
+    """(transpose_a, transpose_b) of a 2-D ``linalg.matmul`` on ranked tensors whose maps are
+    ``C[m, n] += A[m, k] * B[k, n]`` up to a transposition of A and/or B, else None
+    (broadcasts, memrefs, other loop orders)."""
+    if len(op.operands) != 3 or len(op.results) != 1:
+        return None
+    if not all(isinstance(v.type, ir.RankedTensorType) for v in op.operands):
+        return None
+    maps = [ir.AffineMapAttr(a).value for a in linalg.get_indexing_maps(op)]
+    if len(maps) != 3 or any(m.n_dims != 3 for m in maps):
+        return None
+    a, b, c = (_positions(m) for m in maps)
+    if c != [0, 1] or a not in ([0, 2], [2, 0]) or b not in ([2, 1], [1, 2]):
+        return None
+    return a == [2, 0], b == [1, 2]
+
+
+def canonicalizable(op: OpFacts) -> bool:
+    """Whether :func:`canonicalize_contractions` turns this op into ``linalg.matmul``s: a
+    float contraction with one m, one n and one k loop, any batch loops and no broadcast
+    operand (each operand indexes all of its loops); with batch loops, m, n and k > 1."""
+    c = op.contraction
+    if op.op_class != "matmul" or c is None or op.name not in _CANONICALIZABLE:
+        return False
+    if len(op.inputs) != 2 or len(op.outputs) != 1:
+        return False
+    if not (len(c.m_dims) == len(c.n_dims) == len(c.k_dims) == 1) or c.is_matvec:
+        return False  # a matvec runs as a vectorized reduction (generic_schedule)
+    values = (*op.inputs, *op.outputs)
+    if any(v.kind != "tensor" or v.dtype not in _FLOATS for v in values):
+        return False
+    if len({v.dtype for v in op.inputs}) != 1 or _bits(op.inputs[0].dtype) > _bits(
+        op.outputs[0].dtype
+    ):
+        return False
+    if c.batch_dims and c.k == 1:
+        return False  # dropping the unit batch dim would drop this unit dim too (no matmul)
+    rank = len(c.batch_dims) + 2
+    return len(op.loop_ranges) == rank + 1 and all(len(v.shape) == rank for v in values)
+
+
+def _bits(dtype: str) -> int:
+    return int(dtype.removeprefix("bf").removeprefix("f"))
+
+
+def widen_inputs(payload: ir.Module) -> int:
+    """Give every canonicalized matmul whose inputs are narrower than its accumulator (e.g.
+    bf16 -> f32) a ``linalg.copy`` that widens each such input, so that it is scheduled as
+    a matmul of the accumulator's type (``x86.compute_dtype``). The widening is exact and is
+    fused into the packing of A and B (no widened copy of a whole matrix is stored); the
+    FMA micro-kernel then runs at the f32 rate instead of a mixed-type contraction that
+    lowers to shuffles and scalar reductions. Returns the number of inputs widened."""
+    mixed = []
+
+    def visit(op):
+        if op.name == "linalg.matmul" and SOURCE_ATTR in op.attributes:
+            mixed.append(op)
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    i64 = ir.IntegerType.get_signless(64, payload.context)
+    widened = 0
+    for op in mixed:
+        wide = ir.RankedTensorType(op.operands[2].type).element_type
+        source = ir.IntegerAttr(op.attributes[SOURCE_ATTR]).value
+        operands = list(op.operands)
+        with ir.InsertionPoint(op), op.location:
+            for i in (0, 1):
+                narrow = ir.RankedTensorType(operands[i].type)
+                if narrow.element_type == wide:
+                    continue
+                empty = tensor.EmptyOp(narrow.shape, wide).result
+                operands[i] = linalg.copy(operands[i], outs=[empty])
+                operands[i].owner.attributes[_WIDEN_ATTR] = ir.IntegerAttr.get(i64, 2 * source + i)
+                widened += 1
+            if operands == list(op.operands):
+                continue
+            # A new op: the body's block arguments have the operands' element types.
+            maps = None
+            if "indexing_maps" in op.attributes:
+                maps = [ir.AffineMapAttr(m).value for m in op.attributes["indexing_maps"]]
+            made = linalg.matmul(*operands[:2], outs=[operands[2]], indexing_maps=maps)
+        for name in (SOURCE_ATTR, SITE_ATTR):
+            if name in op.attributes:
+                made.owner.attributes[name] = op.attributes[name]
+        op.result.replace_all_uses_with(made)
+        op.erase()
+    return widened
+
+
+def _widening_copy(value: ir.Value) -> bool:
+    owner = _defining_op(value)
+    return owner is not None and _WIDEN_ATTR in owner.attributes
+
+
+def matmul_like_ops(facts) -> list[OpFacts]:
+    """The entry's ops that the matmul schedule handles, in walk order: one
+    ``linalg.matmul`` site per op (per batch element, in a loop over the batch)."""
+    return [op for op in facts.ops if canonicalizable(op)]
+
+
+class Candidate(Facts):
+    """A matmul-like op labelled for :func:`canonicalize_contractions`."""
+
+    op: OpFacts
+    has_fill: bool = False
+
+
+def label_contractions(payload: ir.Module, facts) -> list[Candidate]:
+    """Label the entry's matmul-like ops (:func:`matmul_like_ops`) for
+    :func:`canonicalize_contractions`: a ``linalg.matmul`` already in canonical form gets
+    ``SOURCE_ATTR`` directly; the others are returned. Run it while the payload is still the
+    one ``facts`` describe (before the generic schedule, which leaves these ops alone).
+    """
+    ops = _entry_linalg_ops(payload, facts.entry)
+    if [op.name for op in ops] != [f.name for f in facts.ops]:
+        raise ValueError("payload linalg ops differ from the facts; re-run the analysis")
+    i64 = ir.IntegerType.get_signless(64, payload.context)
+    todo = []
+    for op, f in zip(ops, facts.ops, strict=True):
+        if not canonicalizable(f):
+            continue
+        if f.name == "linalg.matmul" and _matmul_layout(op) is not None:
+            op.attributes[SOURCE_ATTR] = ir.IntegerAttr.get(i64, f.index)
+            continue
+        op.attributes[_LABEL_ATTR] = ir.IntegerAttr.get(i64, f.index)
+        todo.append(Candidate(op=f, has_fill=_defining_op_name(op.operands[2]) == "linalg.fill"))
+    return todo
+
+
+def canonicalize_contractions(payload: ir.Module, candidates: Sequence[Candidate]) -> None:
+    """Rewrite the labelled matmul-like ops into ``linalg.matmul`` in place.
+
+    Batch loops become an ``scf.forall`` with one matmul per batch element (the zero fill
+    fused in), loops are reordered to (m, n, k), unit dims dropped, and the op specialized to
+    ``linalg.matmul`` (a transposed operand becomes its ``indexing_maps``). Each matmul made
+    carries ``SOURCE_ATTR`` (its op's facts index); an op that cannot be rewritten stays a
+    correct, unscheduled op.
+    """
+    if candidates:
+        module, seq = new_schedule()
+        with ir.InsertionPoint(seq.body):
+            for candidate in candidates:
+                _canonicalize_one(seq.bodyTarget, candidate.op, candidate.has_fill)
+            transform.YieldOp([])
+        apply_schedule(payload, module)
+    _strip(payload, _LABEL_ATTR)
+
+
+def strip_labels(payload: ir.Module) -> None:
+    """Drop the attributes this module's functions put on payload ops."""
+    _strip(payload, SITE_ATTR, SOURCE_ATTR, _LABEL_ATTR, _WIDEN_ATTR)
+
+
+def _entry_linalg_ops(payload: ir.Module, entry: str) -> list[ir.Operation]:
+    fn = next(
+        op.operation
+        for op in payload.body.operations
+        if op.operation.name == "func.func"
+        and ir.StringAttr(op.attributes["sym_name"]).value == entry
+        and "stagegraph.wrapper" not in op.attributes
+    )
+    found: list[ir.Operation] = []
+
+    def visit(op):
+        if op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index"):
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    fn.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+def _canonicalize_one(root: ir.Value, f: OpFacts, has_fill: bool) -> None:
+    """One failure-suppressing sub-sequence: batch loops to an scf.forall of unit-batch ops,
+    unit dims dropped, (m, n, k) loop order, specialized to linalg.matmul, labelled."""
+    c = f.contraction
+    assert c is not None
+    seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], root)
+    with ir.InsertionPoint(seq.body):
+        body_root = seq.bodyTarget
+        i64 = ir.IntegerType.get_signless(64)
+        op = structured.MatchOp(
+            _any(), body_root, op_attrs={_LABEL_ATTR: ir.IntegerAttr.get(i64, f.index)}
+        ).result
+        func = transform.GetParentOp(_any(), op, op_name="func.func").result
+        fill = _producer(op, 2) if has_fill else None
+        order = [*c.batch_dims, *c.m_dims, *c.n_dims, *c.k_dims]
+        if f.name != "linalg.generic":
+            op = structured.GeneralizeOp(op).result
+        if order != list(range(len(order))):
+            op = structured.InterchangeOp(op, iterator_interchange=order).result
+        scope = func
+        nb = len(c.batch_dims)
+        if nb:
+            tiled = structured.TileUsingForallOp(op, tile_sizes=[1] * nb + [0, 0, 0])
+            scope = tiled.forall_op
+            if fill is not None:
+                fused = structured.FuseIntoContainingOp(fill, scope)
+                scope = fused.new_containing_op
+                structured.GeneralizeOp(fused.fused_op)
+            _patterns(
+                scope,
+                structured.ApplyFoldUnitExtentDimsViaSlicesPatternsOp,
+                _ttensor.ApplyMergeConsecutiveInsertExtractSlicePatternsOp,
+                transform.ApplyCanonicalizationPatternsOp,
+            )
+            generics = _match(scope, "linalg.generic")
+            each = transform.ForeachOp([], [generics])
+            with ir.InsertionPoint(each.body):
+                structured.SpecializeOp(_any(), each.body.arguments[0])
+                transform.YieldOp([])
+            made = _match(scope, "linalg.matmul")
+        else:
+            made = structured.SpecializeOp(_any(), op).result
+        value = transform.ParamConstantOp(
+            transform.AnyParamType.get(), ir.IntegerAttr.get(i64, f.index)
+        ).param
+        transform.AnnotateOp(made, SOURCE_ATTR, param=value)
+        transform.YieldOp([])
+
+
+def _strip(payload: ir.Module, *names: str) -> None:
+    def visit(op):
+        for name in names:
+            if name in op.attributes:
+                del op.attributes[name]
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+
+
+def _defining_op(value: ir.Value) -> ir.Operation | None:
+    owner = value.owner
+    return owner.operation if isinstance(owner, ir.Operation | ir.OpView) else None
+
+
+def _defining_op_name(value: ir.Value) -> str | None:
+    owner = _defining_op(value)
+    return owner.name if owner is not None else None
+
+
+def _walk(op: ir.Operation):
+    for region in op.regions:
+        for block in region.blocks:
+            for child in block.operations:
+                yield child.operation
+                yield from _walk(child.operation)
+
+
+def _elementwise_chain(op: ir.Operation) -> int:
+    """Number of single-use, all-parallel generics of the same shape consuming ``op`` in turn."""
+    count = 0
+    shape = ir.RankedTensorType(op.results[0].type).shape
+    while len(op.results) == 1:
+        uses = list(op.results[0].uses)
+        if len(uses) != 1:
+            break
+        user = uses[0].owner.operation
+        if user.name != "linalg.generic" or len(user.results) != 1:
+            break
+        if any(it != "parallel" for it in declared_iterator_types(user)):
+            break
+        if ir.RankedTensorType(user.results[0].type).shape != shape:
+            break
+        if any(_is_i1_tensor(v.type) for v in user.operands):
+            break  # vectors of i1 are bit-packed, memrefs of i1 are bytes: leave it unfused
+        # The matmul result must be an input (not the init) of the consumer.
+        n_inputs = len(user.operands) - 1
+        if uses[0].operand_number >= n_inputs:
+            break
+        count += 1
+        op = user
+    return count
+
+
+def _is_i1_tensor(value_type: ir.Type) -> bool:
+    if not isinstance(value_type, ir.ShapedType):
+        return False
+    element = ir.ShapedType(value_type).element_type
+    return isinstance(element, ir.IntegerType) and ir.IntegerType(element).width == 1
+
+
+def _any() -> ir.Type:
+    return transform.AnyOpType.get()
+
+
+def _patterns(target: ir.Value, *builders) -> None:
+    """One ``transform.apply_patterns`` region holding the given pattern-set ops."""
+    op = transform.ApplyPatternsOp(target)
+    with ir.InsertionPoint(op.regions[0].blocks[0]):
+        for build in builders:
+            build()
+
+
+def _producer(op: ir.Value, operand: int) -> ir.Value:
+    return transform.GetProducerOfOperand(_any(), op, operand).result
+
+
+def _match(target: ir.Value, name: str) -> ir.Value:
+    return structured.MatchOp.match_op_names(target, [name]).result
+
+
+def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, p: MatmulParams) -> None:
+    chain = [mm]
+    for _ in range(site.consumers):
+        chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
+    fill = _producer(mm, 2) if site.has_fill else None
+    tiled = structured.TileUsingForallOp(chain[-1], tile_sizes=[p.tile_m, p.tile_n])
+    forall = tiled.forall_op
+    block_mm = tiled.tiled_op
+    for producer in reversed(chain[:-1]):
+        fused = structured.FuseIntoContainingOp(producer, forall)
+        forall = fused.new_containing_op
+        block_mm = fused.fused_op
+    block_fill = None
+    if fill is not None:
+        fused = structured.FuseIntoContainingOp(fill, forall)
+        forall, block_fill = fused.new_containing_op, fused.fused_op
+    widenings: list[ir.Value | None] = []
+    for operand, widened in enumerate(site.widened):
+        if not widened:
+            widenings.append(None)
+            continue
+        i64 = ir.IntegerType.get_signless(64)
+        mark = {_WIDEN_ATTR: ir.IntegerAttr.get(i64, 2 * (site.source or 0) + operand)}
+        copy = structured.MatchOp(_any(), func, ops=["linalg.copy"], op_attrs=mark).result
+        fused = structured.FuseIntoContainingOp(copy, forall)
+        forall = fused.new_containing_op
+        widenings.append(fused.fused_op)
+    if p.pack:
+        _packed_kernel(func, forall, block_mm, site, p, widenings)
+    else:
+        for copy in widenings:
+            if copy is not None:
+                tiled = structured.TileUsingForOp(copy, sizes=[1, _WIDEN_LANES])
+                structured.VectorizeOp(tiled.tiled_linalg_op, [1, _WIDEN_LANES])
+        _unpacked_kernel(func, forall, block_mm, block_fill, site, p)
+
+
+def _cleanup(func: ir.Value) -> None:
+    _patterns(
+        func,
+        structured.ApplyFoldIntoPackAndUnpackPatternsOp,
+        structured.ApplyTilingCanonicalizationPatternsOp,
+        transform.ApplyCanonicalizationPatternsOp,
+    )
+
+
+def _packed_kernel(
+    func: ir.Value,
+    forall: ir.Value,
+    block_mm: ir.Value,
+    site: MatmulSite,
+    p: MatmulParams,
+    widenings: Sequence[ir.Value | None],
+) -> None:
+    packed = structured.PackOp(
+        _any(), block_mm, static_packed_sizes=[p.reg_m, p.reg_n, 0], packed_sizes=[]
+    ).packed_op
+    # B[k, n] is packed as [K, N/reg_n, reg_n]; make each reg_n-wide panel contiguous over
+    # k. A transposed B[n, k] packs as [N/reg_n, K, reg_n] already; a transposed A[k, m]
+    # packs as [K, M/reg_m, reg_m] and needs the transposition instead.
+    if site.transpose_a:
+        pack_a = _producer(packed, 0)
+        packed = structured.PackTransposeOp(
+            _any(), _any(), _any(), pack_a, packed, outer_perm=[1, 0]
+        ).results[0]
+    if not site.transpose_b:
+        pack_b = _producer(packed, 1)
+        structured.PackTransposeOp(_any(), _any(), _any(), pack_b, packed, outer_perm=[1, 0])
+    _cleanup(func)
+    # Re-find the ops from the unpack (patterns replace ops; a one-block forall is even
+    # inlined). Earlier sites' unpacks are vectorized already, so the match is this site's.
+    unpack = _match(func, "linalg.unpack")
+    kernel = _producer(unpack, 0)
+    pack_a, pack_b = _producer(kernel, 0), _producer(kernel, 1)
+    zero = _producer(kernel, 2) if site.has_fill else None
+    # Kernel dims: (mo, no, k, mi, ni); loops: no, mo, k.
+    tk = p.tile_k if p.tile_k and p.tile_k < site.k else 0
+    if tk:
+        kernel = structured.TileUsingForOp(kernel, sizes=[0, 0, tk, 0, 0]).tiled_linalg_op
+    kernel = structured.TileUsingForOp(
+        kernel, sizes=[1, 1, p.k_unroll, 0, 0], interchange=[1, 0, 2, 3, 4]
+    ).tiled_linalg_op
+    if zero is not None:
+        # The packed C is zeroed tile by tile with vector stores (it stays in L2).
+        zero = structured.TileUsingForOp(zero, sizes=[1, 1, 0, 0]).tiled_linalg_op
+    kp = _pack_k_step(site.k)
+    # A widened input is converted per packing step, into the panel being packed.
+    tiled_a = structured.TileUsingForOp(pack_a, sizes=[1, kp])
+    tiled_b = structured.TileUsingForOp(pack_b, sizes=[1, kp])
+    pack_a, pack_b = tiled_a.tiled_linalg_op, tiled_b.tiled_linalg_op
+    steps = []
+    for copy, tiled, panel in zip(
+        widenings,
+        (tiled_a, tiled_b),
+        ([kp, p.reg_m] if site.transpose_a else [p.reg_m, kp],
+         [p.reg_n, kp] if site.transpose_b else [kp, p.reg_n]),
+        strict=True,
+    ):  # fmt: skip
+        if copy is not None:
+            steps.append((structured.FuseIntoContainingOp(copy, tiled.loops[1]).fused_op, panel))
+    # Unpack and the elementwise chain run together per register tile: one pass over C.
+    chain = [unpack]
+    for _ in range(site.consumers):
+        chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
+    tiled = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n])
+    outputs = [tiled.tiled_linalg_op]
+    for producer in reversed(chain[:-1]):
+        outputs.append(structured.FuseIntoContainingOp(producer, tiled.loops[1]).fused_op)
+    _cleanup(func)
+    structured.VectorizeOp(kernel)
+    for step, panel in steps:
+        structured.VectorizeOp(step, panel)
+    structured.VectorizeOp(pack_a, [1, kp, p.reg_m])
+    structured.VectorizeOp(pack_b, [1, kp, p.reg_n])
+    if zero is not None:
+        structured.VectorizeOp(zero)
+    if site.consumers:
+        # The tile unpack becomes a slice of the packed tile, read by the (masked) consumers:
+        # a masked unpack write followed by a masked read would make bufferization copy.
+        structured.LowerUnPackOp(
+            _any(),
+            _any(),
+            _any(),
+            _any(),
+            _any(),
+            outputs[-1],
+            lowerUnpadLikeWithExtractSlice=True,
+        )
+        for op in outputs[:-1]:
+            structured.VectorizeOp(op, [p.reg_m, p.reg_n])
+    else:
+        structured.VectorizeOp(outputs[-1], [1, 1, p.reg_m, p.reg_n])
+    _hoist_accumulators(func)
+
+
+def _pack_k_step(k: int) -> int:
+    return next(s for s in (8, 4, 2, 1) if k % s == 0)
+
+
+def _unpacked_kernel(
+    func: ir.Value,
+    forall: ir.Value,
+    block_mm: ir.Value,
+    block_fill: ir.Value | None,
+    site: MatmulSite,
+    p: MatmulParams,
+) -> None:
+    """Register tiles in place (no packing): edge tiles are vectorized with masks."""
+    outputs = []
+    if site.consumers:
+        chain = [transform.GetConsumersOfResult(_any(), block_mm, 0).result]
+        for _ in range(site.consumers - 1):
+            chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
+        tiled = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n])
+        outputs = [tiled.tiled_linalg_op]
+        for producer in reversed(chain[:-1]):
+            outputs.append(structured.FuseIntoContainingOp(producer, tiled.loops[1]).fused_op)
+    tk = p.tile_k if p.tile_k and p.tile_k < site.k else 0
+    if tk:
+        block_mm = structured.TileUsingForOp(block_mm, sizes=[0, 0, tk]).tiled_linalg_op
+    kernel = structured.TileUsingForOp(
+        block_mm, sizes=[p.reg_m, p.reg_n, p.k_unroll], interchange=[1, 0, 2]
+    ).tiled_linalg_op
+    if block_fill is not None:
+        block_fill = structured.TileUsingForOp(block_fill, sizes=[p.reg_m, p.reg_n]).tiled_linalg_op
+    _cleanup(func)
+    structured.VectorizeOp(kernel, [p.reg_m, p.reg_n, p.k_unroll])
+    if block_fill is not None:
+        structured.VectorizeOp(block_fill, [p.reg_m, p.reg_n])
+    for op in outputs:
+        structured.VectorizeOp(op, [p.reg_m, p.reg_n])
+    _hoist_accumulators(func)
+
+
+def _hoist_accumulators(func: ir.Value) -> None:
+    """Keep the register tile in registers across the k loop."""
+    _patterns(
+        func,
+        _tvec.ApplyVectorReductionToContractPatternsOp,
+        _tvec.ApplyTransferPermutationPatternsOp,
+        transform.ApplyCanonicalizationPatternsOp,
+    )
+    # Only now drop unit dims (earlier it hides broadcasts from the contraction folding), so
+    # the hoisted accumulator is a plain reg_m x reg_n vector.
+    _patterns(
+        func,
+        _tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp,
+        transform.ApplyCanonicalizationPatternsOp,
+    )
+    contract = _match(func, "vector.contract")
+    # No k loop is left when k fits one step; then there is nothing to hoist.
+    kloop = transform.GetParentOp(
+        _any(), contract, op_name="scf.for", allow_empty_results=True
+    ).result
+    loop.HoistLoopInvariantSubsetsOp(kloop)
+    loop.HoistLoopInvariantSubsetsOp(kloop)
+
+
+def _lower_vectors(func: ir.Value) -> None:
+    """Contraction -> outer products -> FMAs; n-D transfers stay for the unrolling pass."""
+    _patterns(func, _tvec.ApplyLowerMaskedTransfersPatternsOp, _tvec.ApplyLowerMasksPatternsOp)
+    _patterns(
+        func,
+        _ttensor.ApplyFoldTensorSubsetOpsIntoVectorTransfersPatternsOp,
+        _tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp,
+        _tvec.ApplyTransferPermutationPatternsOp,
+        transform.ApplyCanonicalizationPatternsOp,
+    )
+    _patterns(
+        func,
+        lambda: _tvec.ApplyLowerContractionPatternsOp(
+            lowering_strategy=_tvec.VectorContractLowering.OuterProduct
+        ),
+    )
+    _patterns(func, _tvec.ApplyLowerOuterProductPatternsOp)
+    _patterns(
+        func,
+        lambda: _tvec.ApplyLowerTransposePatternsOp(
+            lowering_strategy=_tvec.VectorTransposeLowering.Shuffle16x16
+        ),
+        _tvec.ApplyLowerShapeCastPatternsOp,
+    )
+    _patterns(
+        func,
+        _tvec.ApplyTransferPermutationPatternsOp,
+        lambda: _tvec.ApplyLowerTransferPatternsOp(max_transfer_rank=1),
+    )
+    _patterns(func, transform.ApplyCanonicalizationPatternsOp)
+    # Equal block offsets must be one SSA value, or bufferization copies each block.
+
+
+def build_matmul_schedule(
+    params: MatmulParams | Sequence[MatmulParams], sites: Sequence[MatmulSite]
+) -> ir.Module:
+    """A transform module whose ``__transform_main`` schedules every matmul in ``sites``.
+
+    ``sites`` comes from :func:`find_matmuls` on the payload (walk order); ``params`` is one
+    model for all of them or one per site. Build inside the payload's context.
+    """
+    per_site = [params] * len(sites) if isinstance(params, MatmulParams) else list(params)
+    if len(per_site) != len(sites):
+        raise ValueError(f"{len(per_site)} params for {len(sites)} matmuls")
+    for site, p in zip(sites, per_site, strict=True):
+        kc = p.tile_k if p.tile_k and p.tile_k < site.k else site.k
+        if kc % p.k_unroll or site.k % kc:
+            raise ValueError(
+                f"matmul {site.m}x{site.n}x{site.k} in @{site.function}: k_unroll="
+                f"{p.k_unroll} and tile_k={p.tile_k} must divide k (register tiles are static)"
+            )
+    module, seq = new_schedule()
+    with ir.InsertionPoint(seq.body):
+        if sites:
+            _schedule_all(seq.bodyTarget, sites, per_site)
+        transform.YieldOp([])
+    return module
+
+
+def _schedule_all(root: ir.Value, sites: Sequence[MatmulSite], params: list[MatmulParams]):
+    i64 = ir.IntegerType.get_signless(64)
+    handles = [
+        structured.MatchOp(
+            _any(), root, ops=["linalg.matmul"], op_attrs={SITE_ATTR: ir.IntegerAttr.get(i64, i)}
+        ).result
+        for i in range(len(sites))
+    ]
+    funcs = [transform.GetParentOp(_any(), h, op_name="func.func").result for h in handles]
+    for func, mm, site, p in zip(funcs, handles, sites, params, strict=True):
+        _schedule_site(func, mm, site, p)
+    all_funcs = (
+        transform.MergeHandlesOp(funcs, deduplicate=True).result if len(funcs) > 1 else funcs[0]
+    )
+    _lower_vectors(all_funcs)
+
+
+def apply_schedule(payload: ir.Module, schedule: ir.Module) -> None:
+    """Run ``__transform_main`` of ``schedule`` on ``payload`` (in place)."""
+    apply_schedule_module(payload, schedule)
+    _strip(payload, SITE_ATTR)

@@ -1,0 +1,204 @@
+"""The x86 CPU flow's cost model and schedule stages.
+
+The params stage turns payload facts and the target into :class:`X86Params` (one
+:class:`MatmulParams` per ``linalg.matmul`` of the entry, in walk order, plus the generic
+schedule's knobs); the schedule stage applies the generic schedule to the other linalg ops
+and then the matmul schedule, both built with the transform dialect's Python API.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any
+
+from pydantic import Field
+
+from stagegraph.core.ports import BufferModule, Config, LLVMModule, Params, TensorModule
+from stagegraph.core.stage import stage
+from stagegraph.errors import ConfigError
+from stagegraph.stages.analysis import PayloadFacts
+from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
+from stagegraph.stages.target import Target
+from stagegraph.stages.x86.generic_params import GenericParams, heuristic_generic_params
+from stagegraph.stages.x86.matmul_params import MatmulParams, heuristic_matmul_params
+
+
+class X86Params(Params):
+    """Everything the x86 schedule needs for one payload."""
+
+    matmul: tuple[MatmulParams, ...] = ()
+    generic: GenericParams = Field(default_factory=GenericParams)
+
+    @classmethod
+    def override_keys(cls) -> set[str]:
+        """``--param`` keys: a matmul field applies to every matmul, a generic field to all
+        other ops."""
+        return set(MatmulParams.model_fields) | set(GenericParams.model_fields)
+
+    def with_overrides(self, overrides: dict[str, Any]) -> X86Params:
+        mm = {k: v for k, v in overrides.items() if k in MatmulParams.model_fields}
+        gen = {k: v for k, v in overrides.items() if k in GenericParams.model_fields}
+        return X86Params(
+            matmul=tuple(apply_overrides(p, mm) for p in self.matmul),
+            generic=apply_overrides(self.generic, gen),
+        )
+
+
+def matmul_ops(facts: PayloadFacts) -> list[Any]:
+    """The entry's matmul-like ops in walk order: what the matmul schedule handles (each as
+    one ``linalg.matmul`` per batch element, see ``x86_schedule.canonicalize_contractions``)."""
+    from stagegraph.stages.x86.matmul_schedule import matmul_like_ops
+
+    return matmul_like_ops(facts)
+
+
+def compute_dtype(op: Any) -> str:
+    """The element type a matmul's micro-kernel computes in: its accumulator's (narrower
+    inputs such as bf16 -> f32 are widened first, see ``x86_schedule.widen_inputs``)."""
+    return op.outputs[0].dtype
+
+
+# Below this much matmul work per thread (about 40 us of one core's FMAs), forking and
+# joining OpenMP threads (and waiting for a busy core) costs more than it saves.
+MIN_FLOPS_PER_THREAD = 4 << 20
+
+
+def _threads_for(flops: int, cores: int) -> int:
+    """Threads for the matmul work of a payload when the config does not say."""
+    return max(1, min(cores, flops // MIN_FLOPS_PER_THREAD))
+
+
+@stage("params", name="x86.heuristic")
+def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X86Params:
+    """Tiles from the vector width, register file and cache sizes; threads from the target
+    (fewer when the matmul work is small, see ``MIN_FLOPS_PER_THREAD``)."""
+    ops = matmul_ops(facts)
+    threads = config.threads or _threads_for(sum(op.flops for op in ops), target.cores)
+    sites = []
+    for op in ops:
+        c = op.contraction
+        dtype = compute_dtype(op)
+        # Batch elements run in parallel already: then blocks need not be split for threads.
+        by_batch = c.batch >= 4 * threads or c.batch % threads == 0
+        p = heuristic_matmul_params(c.m, c.n, c.k, dtype, target, 1 if by_batch else threads)
+        sites.append(p.model_copy(update={"threads": threads}))
+    params = X86Params(matmul=tuple(sites), generic=heuristic_generic_params(facts, target))
+    return apply_overrides(params, config.overrides)
+
+
+@stage("schedule", name="x86.schedule")
+def schedule(module: TensorModule, facts: PayloadFacts, params: X86Params) -> TensorModule:
+    """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels."""
+    _apply_schedules(module, facts, params)
+    return module
+
+
+def _apply_schedules(
+    module: TensorModule, facts: PayloadFacts, params: X86Params, applied: list[str] | None = None
+) -> None:
+    """What :func:`schedule` does; each transform module applied is appended to ``applied``
+    (as text: applying may change it)."""
+    from stagegraph.stages.x86 import matmul_schedule as mm
+    from stagegraph.stages.x86.generic_schedule import (
+        apply_generic_schedule,
+        build_generic_schedule,
+    )
+
+    applied = [] if applied is None else applied
+    candidates = mm.label_contractions(module.ir, facts)
+    generic = build_generic_schedule(facts, params.generic)
+    applied.append(generic.operation.get_asm(assume_verified=True))
+    apply_generic_schedule(module.ir, generic, facts)
+    mm.canonicalize_contractions(module.ir, candidates)
+    mm.widen_inputs(module.ir)
+    order = {op.index for op in matmul_ops(facts)}
+    # A matmul the cost model made no params for stays on the generic path: correct,
+    # lowered to loops.
+    sites = [s for s in mm.find_matmuls(module.ir) if s.source in order]
+    if sites:
+        schedule_ir = mm.build_matmul_schedule(_site_params(params, facts, sites), sites)
+        applied.append(schedule_ir.operation.get_asm(assume_verified=True))
+        mm.apply_schedule(module.ir, schedule_ir)
+    mm.strip_labels(module.ir)
+
+
+def describe_schedule(inputs: dict[str, Any], config: Config) -> str:
+    """The transform modules :func:`schedule` applies to these inputs, as MLIR text, for a
+    reproducer (they are built from the facts and params; run on a copy of the module)."""
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.mlir.diagnostics import parse_module
+
+    module = inputs["module"]  # the reproducer hook keeps the module as text
+    applied: list[str] = []
+    context = new_context()
+    # The stage failed: keep the transform modules built before it did.
+    with contextlib.suppress(Exception), context, ir.Location.unknown():
+        copy = TensorModule(parse_module(module if isinstance(module, str) else module.text(),
+                                         context, "x86.schedule input"))  # fmt: skip
+        _apply_schedules(copy, inputs["facts"], inputs["params"], applied)
+    parts = [f"// transform module {i + 1} of {len(applied)}\n{m}" for i, m in enumerate(applied)]
+    return "\n".join(parts)
+
+
+schedule.fn.describe_schedule = describe_schedule  # read by stagegraph.instrument.repro
+
+
+def _site_params(params: X86Params, facts: PayloadFacts, sites: list[Any]) -> list[MatmulParams]:
+    """The params of each site: by the op it was made from (an op the canonicalization could
+    not rewrite has params but no site), else by position."""
+    order = {op.index: i for i, op in enumerate(matmul_ops(facts))}
+    if len(order) == len(params.matmul) and all(s.source in order for s in sites):
+        return [params.matmul[order[s.source]] for s in sites]
+    if len(sites) != len(params.matmul):
+        raise ConfigError(
+            f"the payload has {len(sites)} linalg.matmul ops but the params describe "
+            f"{len(params.matmul)}; params must come from this payload's facts"
+        )
+    return list(params.matmul)
+
+
+X86_FINISH = "func.func(lower-vector-multi-reduction),convert-linalg-to-loops"
+
+
+class LowerConfig(Config):
+    """``vector_math``: call glibc's libmvec for vector math ops the target's ISA covers
+    (else LLVM scalarizes them into one libm call per lane)."""
+
+    vector_math: bool = True
+
+
+@stage("passes", name="x86.lower")
+def lower(
+    module: BufferModule, params: X86Params, target: Target, config: LowerConfig
+) -> LLVMModule:
+    """Leftover vector reductions and linalg ops to loops, then to LLVM; parallel block
+    loops become dynamically scheduled OpenMP loops when the params ask for more than one
+    thread."""
+    from stagegraph.stages.common import lowering
+    from stagegraph.stages.common.passes import run_pipeline
+    from stagegraph.stages.common.rewrites import (
+        copies_to_linalg,
+        define_bf16_builtins,
+        expand_bf16_truncation,
+        reassociate_reductions,
+    )
+    from stagegraph.stages.x86.vector_math import call_vector_math
+
+    copies_to_linalg(module.ir)
+    if config.vector_math:
+        call_vector_math(module.ir, target)
+    run_pipeline(module, X86_FINISH)
+    reassociate_reductions(module.ir)
+    if not target.has("avx512bf16"):  # else LLVM would call compiler-rt's __truncsfbf2
+        expand_bf16_truncation(module.ir)
+        define_bf16_builtins(module.ir)
+    threads = max((p.threads for p in params.matmul), default=1)
+    if threads <= 1:
+        run_pipeline(module, lowering.LOWER_TO_LLVM)
+    else:
+        # Threads take the parallel loop's blocks dynamically (see lowering.schedule_dynamic).
+        run_pipeline(module, lowering.TO_OPENMP)
+        lowering.schedule_dynamic(module.ir)
+        run_pipeline(module, lowering.OPENMP_TO_LLVM)
+    lowering.pin_codegen_target(module.ir, target)
+    return module

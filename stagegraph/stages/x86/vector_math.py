@@ -1,0 +1,265 @@
+"""Vector ``math`` ops to calls into glibc's libmvec (the x86 vector-function ABI).
+
+``convert-to-llvm`` turns ``math.exp`` on ``vector<64xf32>`` into ``llvm.exp.v64f32``,
+which the backend scalarizes into one ``expf`` call per lane. libmvec exports the same
+functions on whole registers (``_ZGVeN16v_expf``: 16 x f32 in a zmm register, AVX-512;
+``_ZGVdN8v_expf``: 8 x f32 in ymm, AVX2; ``_ZGVbN4v_expf``: 4 x f32 in xmm, SSE),
+accurate to 4 ulp. :func:`call_vector_math` rewrites every such op on a vector of f32 or
+f64 into calls to private ``func.func`` declarations of those symbols, splitting wide rows
+into register-sized slices (``vector.extract_strided_slice`` /
+``vector.insert_strided_slice``) and n-D vectors into rows. Run it on the buffer-level
+module, before lowering to LLVM; the binary then needs ``libmvec_path()`` among its
+shared libraries.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Iterable
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from stagegraph.stages.target import Target
+
+# math op -> (libm base name of the f64 function, number of vector operands).
+MATH_FUNCTIONS: dict[str, tuple[str, int]] = {
+    "math.exp": ("exp", 1),
+    "math.exp2": ("exp2", 1),
+    "math.expm1": ("expm1", 1),
+    "math.log": ("log", 1),
+    "math.log2": ("log2", 1),
+    "math.log10": ("log10", 1),
+    "math.log1p": ("log1p", 1),
+    "math.sin": ("sin", 1),
+    "math.cos": ("cos", 1),
+    "math.tan": ("tan", 1),
+    "math.asin": ("asin", 1),
+    "math.acos": ("acos", 1),
+    "math.atan": ("atan", 1),
+    "math.sinh": ("sinh", 1),
+    "math.cosh": ("cosh", 1),
+    "math.tanh": ("tanh", 1),
+    "math.asinh": ("asinh", 1),
+    "math.acosh": ("acosh", 1),
+    "math.atanh": ("atanh", 1),
+    "math.erf": ("erf", 1),
+    "math.erfc": ("erfc", 1),
+    "math.cbrt": ("cbrt", 1),
+    "math.atan2": ("atan2", 2),
+    "math.powf": ("pow", 2),
+}
+
+# Vector-ABI ISA letter -> (register bits, ISA feature the variant needs; None: x86-64 base).
+VARIANTS: tuple[tuple[str, int, str | None], ...] = (
+    ("e", 512, "avx512f"),
+    ("d", 256, "avx2"),
+    ("b", 128, None),
+)
+
+_SEARCH = ("/lib/x86_64-linux-gnu/libmvec.so.1", "/usr/lib/x86_64-linux-gnu/libmvec.so.1")
+
+
+@cache
+def libmvec_path() -> str | None:
+    """The path of glibc's libmvec on this host, or None when there is none."""
+    for candidate in _SEARCH:
+        if Path(candidate).exists():
+            return candidate
+    found = ctypes.util.find_library("mvec")
+    if found is None:
+        return None
+    return found if Path(found).is_absolute() else _loaded_path(found)
+
+
+def _loaded_path(name: str) -> str | None:
+    try:
+        ctypes.CDLL(name)
+    except OSError:
+        return None
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1] if line.split() else ""
+        if "libmvec" in path:
+            return path
+    return None
+
+
+@cache
+def _library() -> ctypes.CDLL | None:
+    path = libmvec_path()
+    if path is None:
+        return None
+    try:
+        return ctypes.CDLL(path)
+    except OSError:
+        return None
+
+
+def has_symbol(symbol: str) -> bool:
+    """Whether this host's libmvec exports ``symbol``."""
+    lib = _library()
+    return lib is not None and hasattr(lib, symbol)
+
+
+def vector_symbol(base: str, isa: str, lanes: int, arity: int, f32: bool) -> str:
+    """The vector-ABI name, e.g. ``_ZGVeN16v_expf`` (unmasked, vector operands)."""
+    return f"_ZGV{isa}N{lanes}{'v' * arity}_{base}{'f' if f32 else ''}"
+
+
+def _isa_names(target: Target | Iterable[str]) -> frozenset[str]:
+    return target.isa if isinstance(target, Target) else frozenset(target)
+
+
+def _chunks(
+    n: int, bits: int, isa: frozenset[str], base: str, arity: int, f32: bool
+) -> list[tuple[int, int, str]] | None:
+    """(offset, lanes, symbol) slices covering ``n`` lanes, widest variants first; None when
+    the lanes cannot be covered with variants this ISA and libmvec have."""
+    usable = []
+    for letter, reg_bits, feature in VARIANTS:
+        if feature is not None and feature not in isa:
+            continue
+        lanes = reg_bits // bits
+        symbol = vector_symbol(base, letter, lanes, arity, f32)
+        if has_symbol(symbol):
+            usable.append((lanes, symbol))
+    out, offset = [], 0
+    for lanes, symbol in usable:
+        while n - offset >= lanes:
+            out.append((offset, lanes, symbol))
+            offset += lanes
+    return out if offset == n and out else None
+
+
+def _candidates(module: Any) -> list[Any]:
+    from stagegraph.mlir.bindings import ir
+
+    found = []
+
+    def visit(op: Any) -> Any:
+        if op.name in MATH_FUNCTIONS:
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return found
+
+
+def _declare(module: Any, symbol: str, vtype: Any, arity: int, declared: set[str]) -> None:
+    from stagegraph.mlir.bindings import func, ir
+
+    if symbol in declared:
+        return
+    table = ir.SymbolTable(module.operation)
+    if symbol not in table:
+        with ir.InsertionPoint.at_block_begin(module.body), ir.Location.unknown():
+            fn = func.FuncOp(symbol, ir.FunctionType.get([vtype] * arity, [vtype]))
+            fn.attributes["sym_visibility"] = ir.StringAttr.get("private")
+    declared.add(symbol)
+
+
+def call_vector_math(module: Any, target: Target | Iterable[str]) -> set[str]:
+    """Replace ``math`` ops on ``vector<... x N x f32|f64>`` by libmvec calls; return the
+    symbols called.
+
+    ``target`` is a :class:`Target` or a set of ISA feature names (``avx512f`` enables the
+    512-bit variants, ``avx2`` the 256-bit ones; the 128-bit SSE variants are always
+    usable); it must describe the machine that runs the code, since the vector ABI passes
+    16 x f32 in one zmm register only when AVX-512 is enabled. Rows of an n-D vector are
+    handled one at a time (``vector.extract`` / ``vector.insert``). An op whose innermost
+    dimension cannot be covered by register-sized variants (e.g. ``vector<6xf32>``), a
+    scalable vector, or a host without libmvec is left alone.
+    """
+    from stagegraph.mlir.bindings import ir
+
+    isa = _isa_names(target)
+    if _library() is None:
+        return set()
+    used: set[str] = set()
+    declared: set[str] = set()
+    with module.context:
+        for op in _candidates(module):
+            base, arity = MATH_FUNCTIONS[op.name]
+            if len(op.operands) != arity or len(op.results) != 1:
+                continue
+            rtype = op.results[0].type
+            if not isinstance(rtype, ir.VectorType) or rtype.scalable or rtype.rank < 1:
+                continue
+            elem = rtype.element_type
+            if isinstance(elem, ir.F32Type):
+                f32, bits = True, 32
+            elif isinstance(elem, ir.F64Type):
+                f32, bits = False, 64
+            else:
+                continue
+            if any(o.type != rtype for o in op.operands):
+                continue
+            chunks = _chunks(rtype.shape[-1], bits, isa, base, arity, f32)
+            if chunks is None:
+                continue
+            with ir.InsertionPoint(op), op.location:
+                value = _rewrite(module, rtype, list(op.operands), chunks, arity, declared)
+            op.results[0].replace_all_uses_with(value)
+            op.erase()
+            used.update(symbol for _, _, symbol in chunks)
+    return used
+
+
+def _zeros(vtype: Any) -> Any:
+    from stagegraph.mlir.bindings import arith, ir
+
+    zero = ir.FloatAttr.get(vtype.element_type, 0.0)
+    return arith.ConstantOp(vtype, ir.DenseElementsAttr.get_splat(vtype, zero)).result
+
+
+def _rewrite(
+    module: Any,
+    vtype: Any,
+    operands: list[Any],
+    chunks: list[tuple[int, int, str]],
+    arity: int,
+    declared: set[str],
+) -> Any:
+    """The value of the math op on ``operands`` computed by libmvec calls (at the current
+    insertion point)."""
+    import itertools
+
+    from stagegraph.mlir.bindings import func, ir, vector
+
+    elem = vtype.element_type
+    n = vtype.shape[-1]
+    if vtype.rank > 1:
+        row = ir.VectorType.get([n], elem)
+        value = _zeros(vtype)
+        for pos in itertools.product(*(range(d) for d in vtype.shape[:-1])):
+            rows = [vector.extract(o, [], list(pos)) for o in operands]
+            out = _rewrite(module, row, rows, chunks, arity, declared)
+            value = vector.insert(out, value, [], list(pos))
+        return value
+    if len(chunks) == 1:
+        symbol = chunks[0][2]
+        _declare(module, symbol, vtype, arity, declared)
+        return func.CallOp([vtype], ir.FlatSymbolRefAttr.get(symbol), operands).results[0]
+    value = _zeros(vtype)
+    for offset, lanes, symbol in chunks:
+        ctype = ir.VectorType.get([lanes], elem)
+        _declare(module, symbol, ctype, arity, declared)
+        parts = [
+            vector.ExtractStridedSliceOp(ctype, o, [offset], [lanes], [1]).result for o in operands
+        ]
+        call = func.CallOp([ctype], ir.FlatSymbolRefAttr.get(symbol), parts)
+        value = vector.InsertStridedSliceOp(call.results[0], value, [offset], [1]).result
+    return value
+
+
+def declared_vector_functions(module: Any) -> set[str]:
+    """The ``_ZGV*`` functions a module (func or LLVM dialect) declares: what the binary
+    needs libmvec for."""
+    names = set()
+    for op in module.body.operations:
+        if op.operation.name in ("func.func", "llvm.func") and "sym_name" in op.attributes:
+            name = op.attributes["sym_name"].value
+            if name.startswith("_ZGV") and not op.regions[0].blocks:
+                names.add(name)
+    return names

@@ -1,0 +1,564 @@
+"""Workloads: a payload with its inputs, a reference result, a verifier and its cost.
+
+A workload is named by a spec string ``NAME[:key=value,...]`` (lists written with ``-``, e.g.
+``mlp:batch=64,widths=256-512-256``) or by the path of a ``.mlir`` file. Workload classes live
+in the ``stagegraph.workloads`` package; each module there registers its classes with
+:func:`register`, and the package is imported only when a name is first looked up. ``.mlir``
+files shipped in that package are registered under their stem.
+
+Importing this module does not import MLIR: payload builders import ``stagegraph.mlir.bindings``
+when called.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import pkgutil
+import tempfile
+import typing
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import Field, ValidationError
+
+from stagegraph.core.ports import Schema
+from stagegraph.errors import (
+    PayloadError,
+    ReferenceUnavailableError,
+    UnknownWorkloadError,
+    WorkloadParamError,
+    did_you_mean,
+    unknown_name_message,
+)
+
+if typing.TYPE_CHECKING:
+    from stagegraph.mlir.bindings import ir
+
+__all__ = [
+    "REFERENCE_RUNNER",
+    "Complexity",
+    "PayloadError",
+    "ReferenceUnavailableError",
+    "TensorSpec",
+    "UnknownWorkloadError",
+    "Verdict",
+    "Workload",
+    "WorkloadParamError",
+    "WorkloadParams",
+    "decode",
+    "from_bf16",
+    "list_workloads",
+    "numpy_dtype",
+    "parse_workload",
+    "random_array",
+    "register",
+    "to_bf16",
+    "workload_class",
+]
+
+PACKAGE = "stagegraph.workloads"
+
+
+# ---------------------------------------------------------------- errors
+
+
+REFERENCE_RUNNER: Callable[[Workload], list[np.ndarray]] | None = None
+"""Runs a workload's payload through the naive graph; set by the engine (see MlirFileWorkload)."""
+
+
+# ---------------------------------------------------------------- schemas
+
+
+class TensorSpec(Schema):
+    """Shape and MLIR element type (``f32``, ``bf16``, ``i64``, ...) of one argument/result."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numpy_dtype(self) -> np.dtype:
+        return numpy_dtype(self.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.numpy_dtype.itemsize
+
+
+class Verdict(Schema):
+    """Result of comparing outputs with the reference; errors are maxima over all outputs."""
+
+    ok: bool
+    max_abs_error: float
+    max_rel_error: float
+    tolerance: float = 0.0
+    message: str
+
+
+class Complexity(Schema):
+    """Work of one run: arithmetic operations and compulsory memory traffic (args + results)."""
+
+    flops: int
+    bytes_moved: int
+
+    @property
+    def intensity(self) -> float:
+        """Flops per byte (roofline x-axis)."""
+        return self.flops / self.bytes_moved if self.bytes_moved else 0.0
+
+
+class WorkloadParams(Schema):
+    """Parameters shared by every workload; subclasses add shapes and dtypes with defaults."""
+
+    seed: int = Field(0, ge=0, description="seed of the input generator")
+
+
+# ---------------------------------------------------------------- dtypes
+
+_NUMPY = {
+    "f64": np.float64,
+    "f32": np.float32,
+    "f16": np.float16,
+    "bf16": np.uint16,  # numpy has no bfloat16: bit patterns stored as uint16
+    "i1": np.bool_,
+    "i8": np.int8,
+    "i16": np.int16,
+    "i32": np.int32,
+    "i64": np.int64,
+    "index": np.int64,
+}
+_EPS = {"f64": 2.0**-52, "f32": 2.0**-23, "f16": 2.0**-10, "bf16": 2.0**-7}
+
+
+def numpy_dtype(dtype: str) -> np.dtype:
+    """The numpy storage dtype for an MLIR element type name (bf16 -> uint16 bits)."""
+    try:
+        return np.dtype(_NUMPY[dtype])
+    except KeyError:
+        raise TypeError(f"element type {dtype!r} has no numpy equivalent") from None
+
+
+def is_float(dtype: str) -> bool:
+    return dtype in _EPS
+
+
+def to_bf16(values: np.ndarray) -> np.ndarray:
+    """Round float values to bfloat16 (nearest even), returned as uint16 bit patterns."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
+    return rounded.astype(np.uint16)
+
+
+def from_bf16(bits: np.ndarray) -> np.ndarray:
+    """Decode uint16 bfloat16 bit patterns to float32."""
+    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def decode(array: np.ndarray, dtype: str) -> np.ndarray:
+    """Values of ``array`` (stored as ``numpy_dtype(dtype)``) as float64, for comparisons."""
+    if dtype == "bf16":
+        return from_bf16(array).astype(np.float64)
+    return np.asarray(array).astype(np.float64)
+
+
+def random_array(rng: np.random.Generator, spec: TensorSpec, scale: float = 1.0) -> np.ndarray:
+    """Uniform values in [-scale, scale) (floats), [0, 8) (ints) or booleans, read-only."""
+    if is_float(spec.dtype):
+        values = rng.uniform(-scale, scale, spec.shape)
+        array = to_bf16(values) if spec.dtype == "bf16" else values.astype(spec.numpy_dtype)
+    elif spec.dtype == "i1":
+        array = rng.integers(0, 2, spec.shape).astype(np.bool_)
+    else:
+        array = rng.integers(0, 8, spec.shape).astype(spec.numpy_dtype)
+    return _frozen(np.require(array, requirements="C"))
+
+
+def _frozen(array: np.ndarray) -> np.ndarray:
+    array.flags.writeable = False
+    return array
+
+
+# ---------------------------------------------------------------- the interface
+
+
+class Workload:
+    """A payload plus everything needed to run, check and rate it.
+
+    Subclasses set ``name`` and ``Params`` and implement :meth:`build`, :meth:`input_specs`,
+    :meth:`output_specs`, :meth:`_generate_inputs`, :meth:`_compute_reference` and
+    :attr:`complexity`. Inputs and the reference are computed once and cached (read-only) so
+    that a tuner can reuse them for thousands of runs; leaving a :meth:`session` drops them.
+    """
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[WorkloadParams]] = WorkloadParams
+    entry: str = "main"
+    rtol_factor: ClassVar[float] = 8.0
+
+    def __init__(self, params: WorkloadParams | None = None, /, **values: Any) -> None:
+        if params is None:
+            try:
+                params = self.Params(**values)
+            except ValidationError as error:
+                raise _param_error(self.name, self.Params, error, values) from None
+        elif values:
+            raise TypeError("pass either a Params object or keyword values, not both")
+        self.params = params
+        self._inputs: list[np.ndarray] | None = None
+        self._reference: list[np.ndarray] | None = None
+        self._scratch: tempfile.TemporaryDirectory[str] | None = None
+        self._depth = 0
+
+    # -- identity
+    @property
+    def spec(self) -> str:
+        """Canonical ``NAME:key=value,...`` with every parameter (``seed`` last)."""
+        data = self.params.model_dump()
+        data["seed"] = data.pop("seed")
+        return f"{self.name}:" + ",".join(f"{k}={_format(v)}" for k, v in data.items())
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.spec}>"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as class + params only: caches are rebuilt (deterministically) on the far side."""
+        return (type(self), (self.params,))
+
+    # -- payload
+    def payload(self, context: ir.Context | None = None) -> ir.Module:
+        """A fresh module (entry ``self.entry``) built in ``context`` (a new one if omitted)."""
+        from stagegraph.mlir.bindings import ir, new_context
+
+        context = context or new_context()
+        with context, ir.Location.unknown(context):
+            return self.build()
+
+    def build(self) -> ir.Module:
+        """Build the payload; called inside the target context with a default location."""
+        raise NotImplementedError
+
+    def input_specs(self) -> list[TensorSpec]:
+        raise NotImplementedError
+
+    def output_specs(self) -> list[TensorSpec]:
+        raise NotImplementedError
+
+    # -- data
+    def inputs(self) -> list[np.ndarray]:
+        """The entry's arguments, generated once from ``seed`` (read-only arrays)."""
+        if self._inputs is None:
+            self._inputs = [
+                _frozen(np.require(a, requirements="C")) for a in self._generate_inputs()
+            ]
+        return self._inputs
+
+    def reference(self) -> list[np.ndarray]:
+        """Expected results (float64 for float outputs unless read from a file), cached."""
+        if self._reference is None:
+            self._reference = [_frozen(np.asarray(a)) for a in self._compute_reference()]
+        return self._reference
+
+    def empty_outputs(self) -> list[np.ndarray]:
+        """Fresh zeroed arrays for the results (out-parameters after bufferization)."""
+        return [np.zeros(s.shape, s.numpy_dtype) for s in self.output_specs()]
+
+    def _rng(self) -> np.random.Generator:
+        return np.random.default_rng(self.params.seed)
+
+    def _generate_inputs(self) -> list[np.ndarray]:
+        rng = self._rng()
+        return [random_array(rng, spec) for spec in self.input_specs()]
+
+    def _compute_reference(self) -> list[np.ndarray]:
+        raise NotImplementedError
+
+    # -- checking and cost
+    @property
+    def reduction_length(self) -> int:
+        """Longest chain of accumulated terms per output element; widens the tolerance."""
+        return 1
+
+    def tolerance(self, spec: TensorSpec) -> float:
+        """Relative tolerance for one output: exact for integers, ~eps*sqrt(reduction) else.
+
+        Errors are measured relative to ``|ref| + mean(|ref|)``, so values near zero (from
+        cancellation) are judged against the output's typical magnitude.
+        """
+        if not is_float(spec.dtype):
+            return 0.0
+        return self.rtol_factor * _EPS[spec.dtype] * float(np.sqrt(max(1, self.reduction_length)))
+
+    def verify(self, outputs: Sequence[np.ndarray]) -> Verdict:
+        """Compare ``outputs`` with :meth:`reference` (count, shape, dtype, then values)."""
+        return _verify(self, list(outputs))
+
+    @property
+    def complexity(self) -> Complexity:
+        raise NotImplementedError
+
+    @property
+    def requirements(self) -> list[str]:
+        """Shared libraries the compiled payload needs at run time."""
+        return []
+
+    def numpy_equivalent(self) -> Callable[..., list[np.ndarray]] | None:
+        """The same computation in numpy, called on :meth:`inputs` (for ``--vs numpy``)."""
+        return None
+
+    # -- run-time resources
+    def scratch_dir(self) -> Path:
+        """A temporary directory that lives until the outermost session ends."""
+        if self._scratch is None:
+            self._scratch = tempfile.TemporaryDirectory(prefix=f"stagegraph-{self.name}-")
+        return Path(self._scratch.name)
+
+    def __enter__(self) -> Workload:
+        self._depth += 1
+        self.inputs()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._depth -= 1
+        if self._depth == 0:
+            self.release()
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Workload]:
+        """``with workload.session() as w:`` keeps inputs cached; releases them afterwards."""
+        with self:
+            yield self
+
+    def release(self) -> None:
+        """Drop cached arrays and the scratch directory (they are rebuilt on demand)."""
+        self._inputs = self._reference = None
+        if self._scratch is not None:
+            self._scratch.cleanup()
+            self._scratch = None
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, list | tuple):
+        return "-".join(str(v) for v in value)
+    return str(value)
+
+
+# ---------------------------------------------------------------- verification
+
+
+def _verify(workload: Workload, outputs: list[np.ndarray]) -> Verdict:
+    refs, specs = workload.reference(), workload.output_specs()
+    who = workload.spec
+    if len(outputs) != len(refs):
+        return _fail(f"{who}: expected {len(refs)} outputs, got {len(outputs)}")
+    worst_abs = worst_rel = worst_tol = 0.0
+    for i, (out, ref, spec) in enumerate(zip(outputs, refs, specs, strict=True)):
+        out = np.asarray(out)
+        if out.shape != tuple(spec.shape):
+            return _fail(f"{who}: output {i} has shape {out.shape}, expected {tuple(spec.shape)}")
+        if out.dtype != spec.numpy_dtype:
+            return _fail(f"{who}: output {i} has dtype {out.dtype}, expected {spec.numpy_dtype}")
+        got = decode(out, spec.dtype)
+        want = decode(ref, spec.dtype) if ref.dtype == out.dtype else ref.astype(np.float64)
+        tol = workload.tolerance(spec)
+        worst_tol = max(worst_tol, tol)
+        bad = _nonfinite_mismatch(got, want)
+        if bad is not None:
+            return _fail(f"{who}: output {i} at {bad}: got {got[bad]}, expected {want[bad]}")
+        finite = np.isfinite(want)
+        diff = np.where(finite, np.abs(got - want), 0.0)
+        scale = np.abs(want[finite]).mean() if finite.any() else 0.0
+        rel = diff / (np.where(finite, np.abs(want), 0.0) + scale + np.finfo(np.float64).tiny)
+        abs_err = float(diff.max(initial=0.0))
+        rel_err = float(rel.max(initial=0.0))
+        worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
+        if rel_err > tol:
+            at = np.unravel_index(int(np.argmax(rel)), rel.shape)
+            return Verdict(
+                ok=False,
+                max_abs_error=abs_err,
+                max_rel_error=rel_err,
+                tolerance=tol,
+                message=f"{who}: output {i} differs: max rel error {rel_err:.3g} > tolerance "
+                f"{tol:.3g} at index {tuple(int(x) for x in at)} "
+                f"(got {got[at]:.6g}, expected {want[at]:.6g})",
+            )
+    return Verdict(
+        ok=True,
+        max_abs_error=worst_abs,
+        max_rel_error=worst_rel,
+        tolerance=worst_tol,
+        message=f"{who}: ok (max abs error {worst_abs:.3g}, max rel error {worst_rel:.3g}, "
+        f"tolerance {worst_tol:.3g})",
+    )
+
+
+def _nonfinite_mismatch(got: np.ndarray, want: np.ndarray) -> tuple[int, ...] | None:
+    """First index where NaN/inf placement differs between output and reference."""
+    mismatch = (
+        (np.isnan(got) != np.isnan(want))
+        | (np.isinf(want) & (got != want))
+        | (np.isinf(got) & ~np.isinf(want))
+    )
+    if not mismatch.any():
+        return None
+    return tuple(int(x) for x in np.argwhere(mismatch)[0])
+
+
+def _fail(message: str) -> Verdict:
+    inf = float("inf")
+    return Verdict(ok=False, max_abs_error=inf, max_rel_error=inf, message=message)
+
+
+# ---------------------------------------------------------------- registry
+
+_REGISTRY: dict[str, type[Workload] | Path] = {}
+_discovered = False
+
+
+def register(cls: type[Workload]) -> type[Workload]:
+    """Class decorator: make ``cls`` available under ``cls.name`` in specs."""
+    if not cls.name:
+        raise TypeError(f"{cls.__qualname__} has no 'name'")
+    other = _REGISTRY.get(cls.name)
+    if other is not None and other is not cls:
+        raise ValueError(f"workload name {cls.name!r} is already registered by {other}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _discover() -> None:
+    """Import every module of the workloads package and index its ``.mlir`` files (once)."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    package = importlib.import_module(PACKAGE)
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{PACKAGE}.{info.name}")
+    for folder in package.__path__:
+        for path in sorted(Path(folder).glob("*.mlir")):
+            _REGISTRY.setdefault(path.stem, path)
+
+
+def list_workloads() -> list[str]:
+    """Names usable in specs (Python workloads and the package's .mlir files)."""
+    _discover()
+    return sorted(_REGISTRY)
+
+
+def workload_class(name: str) -> type[Workload]:
+    """The class registered under ``name``."""
+    _discover()
+    entry = _REGISTRY.get(name)
+    if entry is None or isinstance(entry, Path):
+        raise UnknownWorkloadError(_unknown(name))
+    return entry
+
+
+def _unknown(name: str) -> str:
+    return unknown_name_message("workload", name, _REGISTRY)
+
+
+# ---------------------------------------------------------------- spec parsing
+
+
+def parse_workload(text: str) -> Workload:
+    """Build a workload from ``NAME[:key=value,...]`` or a ``.mlir`` path.
+
+    Raises:
+        UnknownWorkloadError: no workload of that name and no such ``.mlir`` file.
+        WorkloadParamError: an unknown key, a repeated key or an invalid value.
+        PayloadError: the ``.mlir`` file cannot be parsed or has dynamic shapes.
+    """
+    text = text.strip()
+    head, _, rest = text.partition(":")
+    if text.endswith(".mlir") or head.endswith(".mlir"):
+        from stagegraph.workload.mlir_file import MlirFileWorkload
+
+        path = Path(text if text.endswith(".mlir") else head)
+        if not path.is_file():
+            raise UnknownWorkloadError(f"mlir file workload: no such file {str(path)!r}")
+        values = _split(path.stem, MlirFileWorkload.Params, rest if head != text else "")
+        return MlirFileWorkload(path, **values)
+    _discover()
+    found = _REGISTRY.get(head)
+    if found is None:
+        raise UnknownWorkloadError(_unknown(head))
+    if isinstance(found, Path):
+        from stagegraph.workload.mlir_file import MlirFileWorkload
+
+        return MlirFileWorkload(found, **_split(head, MlirFileWorkload.Params, rest))
+    return found(**_split(head, found.Params, rest))
+
+
+def _split(name: str, params: type[WorkloadParams], text: str) -> dict[str, Any]:
+    """``key=value,...`` -> raw values (lists split on '-'); pydantic validates them."""
+    values: dict[str, Any] = {}
+    if not text:
+        return values
+    fields = params.model_fields
+    names = [*(f for f in fields if f != "seed"), "seed"]
+    for item in text.split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not key:
+            raise WorkloadParamError(
+                f"workload {name!r}: expected key=value, got {item!r} in {text!r}"
+            )
+        if key not in fields:
+            raise WorkloadParamError(
+                f"workload {name!r} has no parameter {key!r}{did_you_mean(key, fields)}; "
+                f"parameters: {', '.join(names)}"
+            )
+        if key in values:
+            raise WorkloadParamError(f"workload {name!r}: parameter {key!r} given twice")
+        is_list = typing.get_origin(fields[key].annotation) in (list, tuple)
+        values[key] = value.split("-") if is_list and value else value
+    return values
+
+
+def _param_error(
+    name: str, params: type[WorkloadParams], error: ValidationError, values: dict[str, Any]
+) -> WorkloadParamError:
+    first = error.errors()[0]
+    key = str(first["loc"][0]) if first["loc"] else "?"
+    if first["type"] == "extra_forbidden":
+        hint = did_you_mean(key, params.model_fields)
+        return WorkloadParamError(f"workload {name!r} has no parameter {key!r}{hint}")
+    raw = values.get(key, first.get("input"))
+    shown = _format(raw) if isinstance(raw, list) else raw
+    expected = _describe(params, key)
+    return WorkloadParamError(
+        f"workload {name!r}: invalid value {shown!r} for parameter {key!r}: {first['msg']} "
+        f"(expected {expected})"
+    )
+
+
+def _describe(params: type[WorkloadParams], key: str) -> str:
+    """Human description of a field's type and range, e.g. ``int > 0``."""
+    field = params.model_fields.get(key)
+    if field is None:
+        return "a known parameter"
+    annotation = field.annotation
+    if typing.get_origin(annotation) is typing.Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(annotation))
+    if typing.get_origin(annotation) in (list, tuple):
+        item = typing.get_args(annotation)[0]
+        inner = getattr(typing.get_origin(item), "__name__", None) or getattr(item, "__name__", "")
+        if typing.get_origin(item) is typing.Annotated:
+            inner = typing.get_args(item)[0].__name__ + _bounds(typing.get_args(item)[1:])
+        return f"a list of {inner} joined by '-', e.g. 64-128"
+    text = getattr(annotation, "__name__", str(annotation))
+    return text + _bounds(field.metadata)
+
+
+def _bounds(metadata: Sequence[Any]) -> str:
+    parts = []
+    for item in metadata:
+        for attr in getattr(item, "metadata", [item]):
+            for op, symbol in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
+                bound = getattr(attr, op, None)
+                if bound is not None:
+                    parts.append(f"{symbol} {bound}")
+    return (" " + " and ".join(parts)) if parts else ""
