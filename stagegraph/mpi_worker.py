@@ -229,6 +229,7 @@ def bench_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[
     from stagegraph.catalog import load_graph
     from stagegraph.execute import install_reference_runner
     from stagegraph.mpi import BenchRequest, check_splice
+    from stagegraph.runtime.host import host_info
     from stagegraph.stages.bench_wrapper import run_benchmark
     from stagegraph.workload import parse_workload
 
@@ -261,6 +262,7 @@ def bench_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[
             "grid": workload.layout().grid,
             "local_inputs": local_inputs,
             "local_outputs": [tuple(a.shape) for a in signature.outputs],
+            "host": host_info(),
         }
     if not ok:
         return report or None  # a wrong result is reported, never timed
@@ -357,17 +359,10 @@ def sample_slowest(
 
 
 def summary(workload: Any, samples: np.ndarray) -> dict[str, Any]:
-    """The statistics fields of a :class:`~stagegraph.bench.BenchReport`."""
-    from stagegraph.runtime.stats import gbps, gflops, summarize
+    """The statistics and trust fields of a :class:`~stagegraph.bench.BenchReport`."""
+    from stagegraph.bench import timing_fields
 
-    stats = summarize(samples)
-    complexity = workload.complexity
-    median = stats.median_s
-    return {
-        **stats.model_dump(),
-        "gflops": gflops(complexity.flops, median) if complexity.flops else None,
-        "gbps": gbps(complexity.bytes_moved, median) if complexity.bytes_moved else None,
-    }
+    return timing_fields(samples, workload.complexity)
 
 
 def main(argv: list[str] | None = None) -> int:
