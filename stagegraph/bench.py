@@ -274,7 +274,7 @@ def compare(
             break
     report_a, report_b = a.report(xa, threads), b.report(xb, threads)
     sides = tuple(
-        Trust(trustworthy=bool(rep.trustworthy), warning=rep.warning)
+        Trust(trustworthy=bool(rep.trustworthy), warning=f"{rep.graph}: {rep.warning}")
         for rep in (report_a, report_b)
     )
     trust = assess_ratio(r, sides)

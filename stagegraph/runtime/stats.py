@@ -88,8 +88,7 @@ def assess_ratio(
         problems.append(
             f"95% interval of the ratio is ±{halfwidth:.0%} (bound ±{max_rel_halfwidth:.0%})"
         )
-    if any(not side.trustworthy for side in sides):
-        problems.append("a variant's samples are too spread (see its warning)")
+    problems += [f"samples too spread: {side.warning}" for side in sides if not side.trustworthy]
     return Trust(trustworthy=not problems, warning="; ".join(problems))
 
 
