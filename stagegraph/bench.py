@@ -288,6 +288,11 @@ def compare(
     )
 
 
+def rough(value: float) -> str:
+    """Two significant digits, never in exponent form: how a noisy number is shown."""
+    return f"{float(f'{value:.2g}'):g}" if abs(value) >= 1e-4 else f"{value:.2g}"
+
+
 def append_csv(path: str | Path, report: BenchReport) -> None:
     """Append one row; write the header only when the file is new."""
     path = Path(path)

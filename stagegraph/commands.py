@@ -434,14 +434,16 @@ def _print_host(report) -> None:
 
 
 def _print_report(report) -> None:
+    from stagegraph.bench import rough
+
     head = f"{report.graph} on {report.workload} (spliced at {report.splice_at})"
     if not report.verified:
         click.echo(f"{head}: WRONG RESULT, not timed\n  {report.message}")
         return
     if report.trustworthy is False:  # no precise-looking number for a run this noisy
         click.echo(
-            f"{head}: NOT TRUSTWORTHY, median roughly {report.median_s * 1e3:.2g} ms "
-            f"(p10 {report.p10_s * 1e3:.2g}, p90 {report.p90_s * 1e3:.2g} ms) over "
+            f"{head}: NOT TRUSTWORTHY, median roughly {rough(report.median_s * 1e3)} ms "
+            f"(p10 {rough(report.p10_s * 1e3)}, p90 {rough(report.p90_s * 1e3)} ms) over "
             f"{report.samples} samples; compile {report.compile_seconds:.3f} s\n"
             f"  warning: {report.warning}; rerun with a larger --budget on a quieter machine"
         )
@@ -456,11 +458,13 @@ def _print_report(report) -> None:
 
 
 def _print_ratio(result) -> None:
+    from stagegraph.bench import rough
+
     names = f"{result.a.graph}/{result.b.graph}"
     if result.trustworthy is False:
         click.echo(
-            f"ratio {names} time: NOT TRUSTWORTHY, roughly {result.ratio:.2g} "
-            f"[{result.ratio_low:.2g}, {result.ratio_high:.2g}]\n  warning: {result.warning}"
+            f"ratio {names} time: NOT TRUSTWORTHY, roughly {rough(result.ratio)} "
+            f"[{rough(result.ratio_low)}, {rough(result.ratio_high)}]\n  warning: {result.warning}"
         )
         return
     click.echo(

@@ -295,7 +295,7 @@ def bench_command(
     """
     import click
 
-    from stagegraph.bench import append_csv
+    from stagegraph.bench import append_csv, rough
     from stagegraph.cli import emit_json
 
     refuse_options(unsupported)
@@ -315,7 +315,7 @@ def bench_command(
             )
             if report.trustworthy is False:  # no precise-looking number for a noisy run
                 median, speed = (
-                    f"NOT TRUSTWORTHY, median roughly {report.median_s * 1e3:.2g} ms",
+                    f"NOT TRUSTWORTHY, median roughly {rough(report.median_s * 1e3)} ms",
                     "",
                 )
             click.echo(

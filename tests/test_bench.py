@@ -374,7 +374,7 @@ def test_spread_samples_flag_report_and_ratio():
     from stagegraph.bench import BenchOptions, compare
 
     log: list = []
-    options = BenchOptions(repeat=8, budget_s=0.0, settle_s=0.0)
+    options = BenchOptions(repeat=16, budget_s=0.0, settle_s=0.0)  # one batch of 8 each
     noisy = compare(SpreadMeasurement(log), SteadyMeasurement(log), options, 1)
     assert noisy.a.trustworthy is False and "p90/p10" in noisy.a.warning
     assert noisy.b.trustworthy is True and noisy.b.warning == ""

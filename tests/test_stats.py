@@ -169,4 +169,11 @@ def test_ratio_is_flagged_when_wide_or_a_side_is_untrustworthy():
     assert assess_ratio(tight, (good, good)).trustworthy
     assert not assess_ratio(wide, (good, good)).trustworthy
     flagged = assess_ratio(tight, (good, bad))
-    assert not flagged.trustworthy and flagged.warning == "samples too spread: spread"
+    assert not flagged.trustworthy and flagged.warning == "spread"
+
+
+def test_too_few_samples_are_flagged_even_when_identical():
+    from stagegraph.runtime.stats import assess
+
+    trust = assess(summarize([1e-3, 1e-3]))  # a zero-width interval from two samples
+    assert not trust.trustworthy and "only 2 samples" in trust.warning

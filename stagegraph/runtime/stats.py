@@ -23,6 +23,8 @@ MAX_REL_HALFWIDTH = 0.05
 #: (threads fighting for cores, frequency changes), and a rerun may land in another phase.
 #: Percentiles, not max/min: one interrupt in a thousand calls should not condemn a run.
 MAX_SPREAD = 1.5
+#: Fewest samples whose interval means anything: with one or two, it is zero-width or a guess.
+MIN_SAMPLES = 5
 
 
 class Stats(Schema):
@@ -63,12 +65,15 @@ class Trust(Schema):
 def assess(
     stats: Stats, max_rel_halfwidth: float = MAX_REL_HALFWIDTH, max_spread: float = MAX_SPREAD
 ) -> Trust:
-    """Flag samples too spread to trust: a wide interval of the median or a wide p10..p90.
+    """Flag samples too spread (or too few) to trust: a wide interval of the median, a wide
+    p10..p90, or fewer than :data:`MIN_SAMPLES` samples.
 
     Two identical runs of a noisy benchmark can differ many times over; a report that prints
     such a median to four digits without a word misleads more than it informs.
     """
     problems = []
+    if stats.samples < MIN_SAMPLES:
+        problems.append(f"only {stats.samples} samples (at least {MIN_SAMPLES} needed)")
     if stats.rel_halfwidth > max_rel_halfwidth:
         width, bound = stats.rel_halfwidth, max_rel_halfwidth
         problems.append(f"95% interval of the median is ±{width:.0%} (bound ±{bound:.0%})")
@@ -81,14 +86,15 @@ def assess(
 def assess_ratio(
     r: Ratio, sides: tuple[Trust, ...] = (), max_rel_halfwidth: float = MAX_REL_HALFWIDTH
 ) -> Trust:
-    """Flag a ratio whose interval is too wide, or whose variants were not trustworthy."""
+    """Flag a ratio whose interval is too wide, or whose variants were not trustworthy (their
+    warnings are repeated: a tight paired ratio of bimodal samples can still flip on a rerun)."""
     problems = []
     halfwidth = (r.high - r.low) / 2 / r.ratio if r.ratio else 0.0
     if halfwidth > max_rel_halfwidth:
         problems.append(
             f"95% interval of the ratio is ±{halfwidth:.0%} (bound ±{max_rel_halfwidth:.0%})"
         )
-    problems += [f"samples too spread: {side.warning}" for side in sides if not side.trustworthy]
+    problems += [side.warning for side in sides if not side.trustworthy]
     return Trust(trustworthy=not problems, warning="; ".join(problems))
 
 
