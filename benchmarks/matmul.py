@@ -3,9 +3,13 @@
 Every ratio compares two variants measured interleaved in the same process (see
 ``stagegraph.app.bench.compare``: with several threads it pauses before each switch so that one
 runtime's spinning workers are asleep while the other measures); one child process per thread
-count pins OpenBLAS and OpenMP to that many threads. A bf16 matmul (f32 accumulation) has no
-numpy equivalent: it is compared with the x86 graph's f32 matmul of the same shape and
-reported against the nominal fp32 FMA peak. Prints markdown tables. Usage:
+count runs OpenMP on that many threads (``OMP_NUM_THREADS``) and numpy's OpenBLAS on as many
+(threadpoolctl, exactly as ``stagegraph bench --vs numpy``). ``OPENBLAS_CORETYPE`` and
+``OPENBLAS_L2_SIZE`` force slower kernels: if either is set, the script restarts without them
+and says so. The tables name the CPU, the ISA tier and OpenBLAS's core type, and mark a ratio
+whose samples were too spread to trust. A bf16 matmul (f32 accumulation) has no numpy
+equivalent: it is compared with the x86 graph's f32 matmul of the same shape and reported
+against the nominal fp32 FMA peak. Prints markdown tables. Usage:
 
     python benchmarks/matmul.py [--sizes 256,512,1024,2048] [--bf16-sizes 1024,2048]
                                 [--budget 5] [--naive-max 512]
@@ -64,8 +68,17 @@ def bf16_row(engine, x86, spec: str, threads: int, options) -> dict:
         row |= {"bf16_gflops": vs.a.gflops, "f32_gflops": vs.b.gflops,
                 "vs_f32": 1 / vs.ratio, "vs_f32_low": 1 / vs.ratio_high,
                 "vs_f32_high": 1 / vs.ratio_low, "fp32_peak_gflops": peak,
-                "of_peak": vs.a.gflops / peak}  # fmt: skip
+                "of_peak": vs.a.gflops / peak, **trust(vs), "host": host(vs.a)}  # fmt: skip
     return row
+
+
+def trust(comparison) -> dict:
+    """Whether the comparison's ratio may be quoted, and why not."""
+    return {"trustworthy": comparison.trustworthy, "warning": comparison.warning}
+
+
+def host(report) -> dict | None:
+    return report.host.model_dump(mode="json") if report.host else None
 
 
 def f32_row(engine, x86, spec: str, threads: int, options, naive_max: int) -> dict:
@@ -79,22 +92,52 @@ def f32_row(engine, x86, spec: str, threads: int, options, naive_max: int) -> di
     row = {"workload": spec, "threads": threads, "verified": fast.verdict.ok,
            "compile_s": fast.result.trace.compile_seconds()}  # fmt: skip
     if fast.verdict.ok:
-        vs_numpy = compare(fast, NumpyMeasurement(work), options, threads)
+        # numpy's OpenBLAS on exactly ``threads`` threads, like the x86 side.
+        vs_numpy = compare(fast, NumpyMeasurement(work, threads), options, threads)
         row |= {"x86_gflops": vs_numpy.a.gflops, "numpy_gflops": vs_numpy.b.gflops,
                 "vs_numpy": 1 / vs_numpy.ratio, "vs_numpy_low": 1 / vs_numpy.ratio_high,
-                "vs_numpy_high": 1 / vs_numpy.ratio_low}  # fmt: skip
+                "vs_numpy_high": 1 / vs_numpy.ratio_low, **trust(vs_numpy),
+                "host": host(vs_numpy.b)}  # fmt: skip
         if max(work.params.model_dump().get(k, 0) or 0 for k in ("m", "batch")) <= naive_max:
             slow = prepare(engine, load_graph("naive"), work, None)
             vs_naive = compare(fast, slow, options)
-            row |= {"naive_gflops": vs_naive.b.gflops, "vs_naive": 1 / vs_naive.ratio}
+            row |= {"naive_gflops": vs_naive.b.gflops, "vs_naive": 1 / vs_naive.ratio,
+                    "naive_trustworthy": vs_naive.trustworthy}  # fmt: skip
     return row
 
 
-def table(rows: list[dict]) -> str:
-    """The f32 table, then the bf16 one when there are bf16 rows."""
+def table(rows: list[dict], note: str | None = None) -> str:
+    """The machine, then the f32 table, then the bf16 one when there are bf16 rows, then
+    why any ratio marked noisy is not to be trusted."""
     f32 = [r for r in rows if "dtype=bf16" not in r["workload"]]
     bf16 = [r for r in rows if "dtype=bf16" in r["workload"]]
-    return f32_table(f32) + ("\n\n" + bf16_table(bf16) if bf16 else "")
+    text = machine(rows, note) + "\n\n" + f32_table(f32)
+    text += "\n\n" + bf16_table(bf16) if bf16 else ""
+    noisy = [r for r in rows if r.get("trustworthy") is False]
+    for r in noisy:
+        text += f"\n\nnoisy: {r['workload']}, threads={r['threads']}: {r['warning']}"
+    return text
+
+
+def machine(rows: list[dict], note: str | None) -> str:
+    """What the numbers depend on: CPU, ISA tier, OpenBLAS core type and thread pinning."""
+    from stagegraph.app.host import HostInfo, describe
+
+    hosts = [HostInfo.model_validate(r["host"]) for r in rows if r.get("host")]
+    lines = [describe(hosts[0]) if hosts else "host: not measured"]
+    lines.append("OpenBLAS (numpy) runs on the row's thread count, pinned with threadpoolctl")
+    if hosts and hosts[0].openblas_coretype:
+        lines.append(f"warning: OPENBLAS_CORETYPE={hosts[0].openblas_coretype}: numpy is slowed")
+    if note:
+        lines.append(note)
+    return "\n".join(f"{line}  " for line in lines)  # markdown line breaks
+
+
+def ratio_cell(r: dict, key: str) -> str:
+    """``x [low, high]``, or a rough value marked noisy when the samples were too spread."""
+    if r.get("trustworthy") is False:
+        return f"~{r[key]:.1f} (noisy)"
+    return f"{r[key]:.2f} [{r[key + '_low']:.2f}, {r[key + '_high']:.2f}]"
 
 
 def markdown(header: list[str], rows: list[dict], cells) -> str:
@@ -111,7 +154,7 @@ def bf16_table(rows: list[dict]) -> str:
               "bf16 / f32 [95% CI]", "fp32 peak GFLOP/s", "of fp32 peak", "compile s"]  # fmt: skip
     return markdown(header, rows, lambda r: [
         f"{r['bf16_gflops']:.0f}", f"{r['f32_gflops']:.0f}",
-        f"{r['vs_f32']:.2f} [{r['vs_f32_low']:.2f}, {r['vs_f32_high']:.2f}]",
+        ratio_cell(r, "vs_f32"),
         f"{r['fp32_peak_gflops']:.0f}", f"{r['of_peak']:.0%}", f"{r['compile_s']:.2f}",
     ])  # fmt: skip
 
@@ -121,13 +164,22 @@ def f32_table(rows: list[dict]) -> str:
               "naive GFLOP/s", "x86 / naive", "compile s"]  # fmt: skip
     return markdown(header, rows, lambda r: [
         f"{r['x86_gflops']:.0f}", f"{r['numpy_gflops']:.0f}",
-        f"{r['vs_numpy']:.2f} [{r['vs_numpy_low']:.2f}, {r['vs_numpy_high']:.2f}]",
-        f"{r['naive_gflops']:.2f}" if "naive_gflops" in r else "-",
-        f"{r['vs_naive']:.0f}x" if "vs_naive" in r else "-", f"{r['compile_s']:.2f}",
+        ratio_cell(r, "vs_numpy"),
+        f"{r['naive_gflops']:.2f}" if "naive_gflops" in r else "-", naive_cell(r),
+        f"{r['compile_s']:.2f}",
     ])  # fmt: skip
 
 
+def naive_cell(r: dict) -> str:
+    if "vs_naive" not in r:
+        return "-"
+    return f"{r['vs_naive']:.0f}x" + (" (noisy)" if r.get("naive_trustworthy") is False else "")
+
+
 def main() -> int:
+    from stagegraph.app.host import reexec_without_openblas_overrides
+
+    note = reexec_without_openblas_overrides()  # before any numpy is timed, here or in a child
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="256,512,1024,2048")
     parser.add_argument("--bf16-sizes", default="1024,2048", help="'' for none")
@@ -147,8 +199,8 @@ def main() -> int:
     counts = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, cores})
     rows = []
     for threads in counts:
-        pinned = {"OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
-        env = {**os.environ, **pinned}
+        # OpenMP by environment; OpenBLAS by threadpoolctl in the child (NumpyMeasurement).
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         options = ["--budget", str(args.budget), "--naive-max", str(args.naive_max)]
         cmd = [sys.executable, __file__, "--child", "--threads", str(threads), *options, *specs]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
@@ -156,7 +208,7 @@ def main() -> int:
             print(out.stderr, file=sys.stderr)
             return out.returncode
         rows += [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    print(json.dumps(rows, indent=1) if args.json else table(rows))
+    print(json.dumps({"note": note, "rows": rows}, indent=1) if args.json else table(rows, note))
     return 0
 
 

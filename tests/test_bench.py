@@ -275,3 +275,132 @@ def test_wrong_result_is_reported_not_timed(monkeypatch):
     )
     report = Engine().benchmark(partitioned_graph(), LocalMatmul(), repeat=3)
     assert report.verified is False and report.median_s is None and report.samples == 0
+
+
+# -- honest comparisons: pinned BLAS threads, host facts, flagged noise -------------------
+
+
+def blas_threads_now() -> int | None:
+    from threadpoolctl import threadpool_info
+
+    return next((i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"), None)
+
+
+@pytest.fixture
+def record_blas_threads(monkeypatch):
+    """Make matmul's numpy equivalent record numpy's BLAS thread count at every call."""
+    from stagegraph.workloads.matmul import Matmul
+
+    seen: list[int | None] = []
+
+    def numpy_equivalent(self):
+        def recorded(a, b):
+            seen.append(blas_threads_now())
+            return [a @ b]
+
+        return recorded
+
+    monkeypatch.setattr(Matmul, "numpy_equivalent", numpy_equivalent)
+    return seen
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_vs_numpy_runs_openblas_on_the_x86_thread_count(capsys, record_blas_threads, threads):
+    before = blas_threads_now()
+    code = main(["bench", "x86", "matmul:m=32,n=32,k=32", "--vs", "numpy", "--json",
+                 "--threads", str(threads), "--repeat", "4", "--budget", "0.2"])  # fmt: skip
+    report = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert record_blas_threads and set(record_blas_threads) == {threads}
+    assert report["b"]["threads"] == threads
+    assert report["b"]["host"]["blas"]["num_threads"] == threads
+    assert blas_threads_now() == before  # the limit is lifted after the measurement
+
+
+def test_numpy_without_threads_uses_all_usable_cores(monkeypatch, record_blas_threads):
+    from stagegraph.app.bench import NumpyMeasurement
+    from stagegraph.workload import parse_workload
+
+    monkeypatch.setattr("stagegraph.stages.target.usable_cores", lambda *a: 1)
+    numpy_side = NumpyMeasurement(parse_workload("matmul:m=8,n=8,k=8"))
+    numpy_side.measure(2, warmup=1)
+    assert numpy_side.threads == 1 and record_blas_threads == [1, 1, 1]
+
+
+HOST_FIELDS = {"cpu_model", "target", "blas", "openblas_coretype", "openblas_l2_size"}
+
+
+def test_json_records_cpu_target_and_openblas(capsys):
+    code, report = bench_json(capsys, "naive", "matmul:m=8,n=8,k=8")
+    assert code == 0
+    host = report["host"]
+    assert set(host) == HOST_FIELDS
+    assert host["cpu_model"] and host["target"]
+    assert host["blas"]["internal_api"] == "openblas" and host["blas"]["architecture"]
+    assert report["trustworthy"] in (True, False) and isinstance(report["warning"], str)
+
+
+def test_csv_flattens_host_columns(capsys, tmp_path):
+    path = tmp_path / "runs.csv"
+    assert main(["bench", "naive", "matmul:m=8,n=8,k=8", "--repeat", "3", "--budget", "0.1",
+                 "--csv", str(path)]) == 0  # fmt: skip
+    (row,) = csv.DictReader(path.open())
+    assert row["host_target"] and row["host_cpu_model"] and row["blas_internal_api"]
+    assert "host" not in row and row["trustworthy"] in ("True", "False")
+
+
+class SpreadMeasurement(FakeMeasurement):
+    """Alternates fast and 3x slower calls, like threads fighting for cores; real reports."""
+
+    def measure(self, count: int, warmup: int = 0) -> np.ndarray:
+        super().measure(count, warmup)
+        return np.resize([1e-3, 3e-3], count)
+
+    def report(self, samples, threads=None):
+        from stagegraph.app.bench import BenchReport, timing_fields
+        from stagegraph.workload import Complexity
+
+        timing = timing_fields(samples, Complexity(flops=1e6, bytes_moved=0))
+        return BenchReport(graph="spread", workload="w", splice_at="-", verified=True, **timing)
+
+
+class SteadyMeasurement(SpreadMeasurement):
+    def measure(self, count: int, warmup: int = 0) -> np.ndarray:
+        FakeMeasurement.measure(self, count, warmup)
+        return np.full(count, 1e-3) * (1 + 0.001 * (np.arange(count) % 3))
+
+
+def test_spread_samples_flag_report_and_ratio():
+    from stagegraph.app.bench import BenchOptions, compare
+
+    log: list = []
+    options = BenchOptions(repeat=16, budget_s=0.0, settle_s=0.0)  # one batch of 8 each
+    noisy = compare(SpreadMeasurement(log), SteadyMeasurement(log), options, 1)
+    assert noisy.a.trustworthy is False and "p90/p10" in noisy.a.warning
+    assert noisy.b.trustworthy is True and noisy.b.warning == ""
+    assert noisy.trustworthy is False and noisy.warning
+    steady = compare(SteadyMeasurement(log), SteadyMeasurement(log), options, 1)
+    assert steady.trustworthy is True and steady.warning == ""
+
+
+def test_text_output_warns_instead_of_a_precise_number(capsys):
+    from stagegraph.app.bench import BenchReport
+    from stagegraph.cli.commands import _print_ratio, _print_report
+    from stagegraph.runtime.stats import summarize
+
+    stats = summarize(np.resize([1e-3, 3e-3], 20))
+    report = BenchReport(graph="g", workload="w", splice_at="t", verified=True,
+                         **stats.model_dump(), trustworthy=False,
+                         warning="p90/p10 of the samples is 3.00 (bound 1.50)")  # fmt: skip
+    _print_report(report)
+    out = capsys.readouterr().out
+    assert "NOT TRUSTWORTHY" in out and "warning: p90/p10" in out
+    assert f"{stats.median_s * 1e3:.4f}" not in out  # no four-digit median
+
+    from stagegraph.app.bench import Comparison
+
+    result = Comparison(a=report, b=report, ratio=0.05, ratio_low=0.04, ratio_high=0.3,
+                        trustworthy=False, warning="interval of the ratio is ±260%")  # fmt: skip
+    _print_ratio(result)
+    out = capsys.readouterr().out
+    assert "NOT TRUSTWORTHY" in out and "speedup" not in out

@@ -164,6 +164,9 @@ def test_bench_two_ranks_slowest_rank_statistics(capsys):
     assert report["median_s"] >= max(report["rank_median_s"])
     assert report["sample_limit"] is None  # a 1-D grid splits no communicator
     assert "bench" in report["stage_seconds"]
+    # what the number depends on, and whether it may be quoted, as in single-process reports
+    assert report["host"]["cpu_model"] and report["host"]["target"]
+    assert report["trustworthy"] in (True, False) and isinstance(report["warning"], str)
 
 
 def test_bench_splice_before_partition_is_refused(capsys):

@@ -122,3 +122,58 @@ def test_paired_ratio_cancels_common_drift():
 def test_throughput_helpers():
     assert gflops(2 * 1024**3, 0.5) == pytest.approx(2 * 1024**3 / 0.5 / 1e9)
     assert gbps(3e9, 1.5) == pytest.approx(2.0)
+
+
+# -- trust: samples too spread to quote ---------------------------------------------------
+
+
+def test_tight_samples_are_trustworthy():
+    from stagegraph.runtime.stats import assess
+
+    rng = np.random.default_rng(1)
+    trust = assess(summarize(1e-3 * (1 + 0.01 * rng.random(200))))
+    assert trust.trustworthy and trust.warning == ""
+
+
+def test_bimodal_samples_are_flagged_by_spread():
+    from stagegraph.runtime.stats import assess
+
+    trust = assess(summarize(np.resize([1e-3, 24e-3], 400)))  # two phases, 24x apart
+    assert not trust.trustworthy and "p90/p10" in trust.warning
+
+
+def test_wide_interval_is_flagged_even_with_moderate_spread():
+    from stagegraph.runtime.stats import assess
+
+    samples = np.linspace(1e-3, 1.4e-3, 6)  # p90/p10 < 1.5, but 6 samples pin nothing down
+    stats = summarize(samples)
+    assert stats.p90_s / stats.p10_s < 1.5 and stats.rel_halfwidth > 0.05
+    trust = assess(stats)
+    assert not trust.trustworthy and "interval of the median" in trust.warning
+
+
+def test_one_outlier_in_many_samples_is_not_condemned():
+    from stagegraph.runtime.stats import assess
+
+    samples = np.full(1000, 1e-3)
+    samples[500] = 50e-3  # one interrupt
+    assert assess(summarize(samples)).trustworthy
+
+
+def test_ratio_is_flagged_when_wide_or_a_side_is_untrustworthy():
+    from stagegraph.runtime.stats import Ratio, Trust, assess_ratio
+
+    tight = Ratio(ratio=0.8, low=0.79, high=0.81, confidence=0.95)
+    wide = Ratio(ratio=0.8, low=0.5, high=1.6, confidence=0.95)
+    good, bad = Trust(trustworthy=True), Trust(trustworthy=False, warning="spread")
+    assert assess_ratio(tight, (good, good)).trustworthy
+    assert not assess_ratio(wide, (good, good)).trustworthy
+    flagged = assess_ratio(tight, (good, bad))
+    assert not flagged.trustworthy and flagged.warning == "spread"
+
+
+def test_too_few_samples_are_flagged_even_when_identical():
+    from stagegraph.runtime.stats import assess
+
+    trust = assess(summarize([1e-3, 1e-3]))  # a zero-width interval from two samples
+    assert not trust.trustworthy and "only 2 samples" in trust.warning

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+from stagegraph.app.host import BlasInfo, HostInfo
 from stagegraph.app.run import effective_threads
 from stagegraph.core.engine import Engine, RunResult
 from stagegraph.core.graph import Graph
@@ -57,6 +58,10 @@ class BenchReport(Schema):
     compile_seconds: float = 0.0
     stage_seconds: dict[str, float] = Field(default_factory=dict)
     threads: int | None = None
+    # Too-spread samples are flagged rather than quoted to four digits (None: not timed).
+    trustworthy: bool | None = None
+    warning: str = ""
+    host: HostInfo | None = None
 
 
 class Comparison(Schema):
@@ -67,6 +72,22 @@ class Comparison(Schema):
     ratio: float | None
     ratio_low: float | None
     ratio_high: float | None
+    trustworthy: bool | None = None
+    warning: str = ""
+
+
+def timing_fields(samples: np.ndarray, complexity: Any) -> dict[str, Any]:
+    """The statistics, throughput and trust fields of a :class:`BenchReport` for ``samples``."""
+    from stagegraph.runtime.stats import assess, gbps, gflops, summarize
+
+    stats = summarize(samples)
+    flops, nbytes = complexity.flops, complexity.bytes_moved
+    return {
+        **stats.model_dump(),
+        **assess(stats).model_dump(),
+        "gflops": gflops(flops, stats.median_s) if flops else None,
+        "gbps": gbps(nbytes, stats.median_s) if nbytes else None,
+    }
 
 
 def spliced(graph: Graph, splice_at: str | None, entry: str) -> tuple[Graph, str]:
@@ -100,7 +121,7 @@ class Measurement:
         )
 
     def report(self, samples: np.ndarray | None, threads: int | None = None) -> BenchReport:
-        from stagegraph.runtime.stats import gbps, gflops, summarize
+        from stagegraph.app.host import host_info
 
         trace = self.result.trace
         base = {
@@ -112,18 +133,11 @@ class Measurement:
             "compile_seconds": trace.compile_seconds(),
             "stage_seconds": {r.name: r.seconds for r in trace.records},
             "threads": effective_threads(threads),
+            "host": host_info(),
         }
         if samples is None or not self.verdict.ok:
             return BenchReport(**base)
-        stats = summarize(samples)
-        complexity = self.workload.complexity
-        return BenchReport(
-            **base,
-            **stats.model_dump(),
-            converged=None,
-            gflops=gflops(complexity.flops, stats.median_s) if complexity.flops else None,
-            gbps=gbps(complexity.bytes_moved, stats.median_s) if complexity.bytes_moved else None,
-        )
+        return BenchReport(**base, **timing_fields(samples, self.workload.complexity))
 
 
 def prepare(engine: Engine, graph: Graph, workload: Any, splice_at: str | None) -> Measurement:
@@ -173,39 +187,53 @@ def benchmark(
 
 
 class NumpyMeasurement:
-    """The workload's numpy equivalent timed from Python, for ``--vs numpy``."""
+    """The workload's numpy equivalent timed from Python, for ``--vs numpy``.
 
-    def __init__(self, workload: Any):
+    OpenBLAS runs on exactly as many threads as the compiled side (``threads``, or all
+    usable cores): left alone it takes every core, so against a one-thread x86 run it both
+    gets more hardware and fights the x86 code for it, and the ratio means nothing.
+    """
+
+    def __init__(self, workload: Any, threads: int | None = None):
         self.fn = workload.numpy_equivalent()
         if self.fn is None:
             raise StagegraphError(f"workload {workload.spec!r} has no numpy equivalent")
         self.workload = workload
         self.inputs = [np.asarray(x) for x in workload.inputs()]
+        self.threads = effective_threads(threads)
+
+    def pinned(self) -> Any:
+        """A context in which numpy's BLAS uses ``self.threads`` threads (restored after)."""
+        from threadpoolctl import threadpool_limits
+
+        return threadpool_limits(limits=self.threads, user_api="blas")
 
     def measure(self, count: int, warmup: int = 0) -> np.ndarray:
-        for _ in range(warmup):
-            self.fn(*self.inputs)
         out = np.empty(count)
-        for i in range(count):
-            start = time.perf_counter()
-            self.fn(*self.inputs)
-            out[i] = time.perf_counter() - start
+        with self.pinned():
+            for _ in range(warmup):
+                self.fn(*self.inputs)
+            for i in range(count):
+                start = time.perf_counter()
+                self.fn(*self.inputs)
+                out[i] = time.perf_counter() - start
         return out
 
     def report(self, samples: np.ndarray, threads: int | None = None) -> BenchReport:
-        from stagegraph.runtime.stats import gflops, summarize
+        """The report; ``threads`` is ignored: the BLAS thread count is fixed at creation."""
+        from stagegraph.app.host import host_info
 
-        stats = summarize(samples)
-        flops = self.workload.complexity.flops
+        with self.pinned():  # so host.blas.num_threads is the count the samples ran on
+            host = host_info()
         return BenchReport(
             graph="numpy",
             workload=self.workload.spec,
             splice_at="-",
             verified=True,
-            **stats.model_dump(),
             compile_seconds=0.0,
-            threads=threads,
-            gflops=gflops(flops, stats.median_s) if flops else None,
+            threads=self.threads,
+            host=host,
+            **timing_fields(samples, self.workload.complexity),
         )
 
 
@@ -221,7 +249,7 @@ def compare(
     threads: int | None = None,
 ) -> Comparison:
     """Interleave batches of ``a`` and ``b`` so machine noise hits both alike."""
-    from stagegraph.runtime.stats import ratio
+    from stagegraph.runtime.stats import Trust, assess_ratio, ratio
 
     first_a = float(a.measure(1, warmup=options.warmup)[0])
     first_b = float(b.measure(1, warmup=options.warmup)[0])
@@ -244,13 +272,25 @@ def compare(
             spent >= options.budget_s
         ):
             break
+    report_a, report_b = a.report(xa, threads), b.report(xb, threads)
+    sides = tuple(
+        Trust(trustworthy=bool(rep.trustworthy), warning=f"{rep.graph}: {rep.warning}")
+        for rep in (report_a, report_b)
+    )
+    trust = assess_ratio(r, sides)
     return Comparison(
-        a=a.report(xa, threads),
-        b=b.report(xb, threads),
+        a=report_a,
+        b=report_b,
         ratio=r.ratio,
         ratio_low=r.low,
         ratio_high=r.high,
+        **trust.model_dump(),
     )
+
+
+def rough(value: float) -> str:
+    """Two significant digits, never in exponent form: how a noisy number is shown."""
+    return f"{float(f'{value:.2g}'):g}" if abs(value) >= 1e-4 else f"{value:.2g}"
 
 
 def append_csv(path: str | Path, report: BenchReport) -> None:
@@ -258,6 +298,11 @@ def append_csv(path: str | Path, report: BenchReport) -> None:
     path = Path(path)
     row = report.model_dump(mode="json")
     row["stage_seconds"] = ";".join(f"{k}={v:.6f}" for k, v in report.stage_seconds.items())
+    # Flat, and the same columns whether or not the report was timed (one header per file).
+    host = row.pop("host") or {}
+    blas = host.pop("blas", None) or {}
+    row |= {f"host_{k}": host.get(k) for k in HostInfo.model_fields if k != "blas"}
+    row |= {f"blas_{k}": blas.get(k) for k in BlasInfo.model_fields}
     new = not path.exists() or path.stat().st_size == 0
     try:
         with path.open("a", newline="") as handle:

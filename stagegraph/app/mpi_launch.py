@@ -295,7 +295,7 @@ def bench_command(
     """
     import click
 
-    from stagegraph.app.bench import append_csv
+    from stagegraph.app.bench import append_csv, rough
     from stagegraph.cli.main import emit_json
 
     refuse_options(unsupported)
@@ -309,12 +309,22 @@ def bench_command(
         else:
             speed = f", {report.gflops:.1f} GFLOP/s" if report.gflops else ""
             ms = [f"{m * 1e3:.4f}" for m in report.rank_median_s]
+            median = (
+                f"median {report.median_s * 1e3:.4f} ms [{report.ci_low_s * 1e3:.4f}, "
+                f"{report.ci_high_s * 1e3:.4f}]"
+            )
+            if report.trustworthy is False:  # no precise-looking number for a noisy run
+                median, speed = (
+                    f"NOT TRUSTWORTHY, median roughly {rough(report.median_s * 1e3)} ms",
+                    "",
+                )
             click.echo(
-                f"{head}: median {report.median_s * 1e3:.4f} ms [{report.ci_low_s * 1e3:.4f}, "
-                f"{report.ci_high_s * 1e3:.4f}] (slowest rank per call) over {report.samples} "
+                f"{head}: {median} (slowest rank per call) over {report.samples} "
                 f"samples{speed}; per-rank medians {', '.join(ms)} ms; "
                 f"compile {report.compile_seconds:.3f} s (rank 0)"
             )
+            if report.trustworthy is False:
+                click.echo(f"  warning: {report.warning}; rerun with a larger --budget")
             if report.sample_limit is not None:
                 click.echo(
                     f"  at most {report.sample_limit} samples: every call leaks communicators "

@@ -228,6 +228,7 @@ def run_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[st
 def bench_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[str, Any] | None:
     """One rank of ``bench --ranks N``: compile with the wrapper, verify, then time."""
     from stagegraph.app.bench import spliced
+    from stagegraph.app.host import host_info
     from stagegraph.app.mpi_launch import BenchRequest, check_splice
     from stagegraph.app.run import install_reference_runner
     from stagegraph.core.catalog import load_graph
@@ -263,6 +264,7 @@ def bench_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[
             "grid": workload.layout().grid,
             "local_inputs": local_inputs,
             "local_outputs": [tuple(a.shape) for a in signature.outputs],
+            "host": host_info(),
         }
     if not ok:
         return report or None  # a wrong result is reported, never timed
@@ -359,17 +361,10 @@ def sample_slowest(
 
 
 def summary(workload: Any, samples: np.ndarray) -> dict[str, Any]:
-    """The statistics fields of a :class:`~stagegraph.app.bench.BenchReport`."""
-    from stagegraph.runtime.stats import gbps, gflops, summarize
+    """The statistics and trust fields of a :class:`~stagegraph.app.bench.BenchReport`."""
+    from stagegraph.app.bench import timing_fields
 
-    stats = summarize(samples)
-    complexity = workload.complexity
-    median = stats.median_s
-    return {
-        **stats.model_dump(),
-        "gflops": gflops(complexity.flops, median) if complexity.flops else None,
-        "gbps": gbps(complexity.bytes_moved, median) if complexity.bytes_moved else None,
-    }
+    return timing_fields(samples, workload.complexity)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -425,7 +425,11 @@ def bench(
         report = _run_isolated(graph, workload, params, threads, "jit", None, verify_each,
                                repro_dir, timeout, memory_gb, bench=bench_options,
                                target=target)  # fmt: skip
-        emit_json(report.model_dump(mode="json")) if as_json else _print_report(report)
+        if as_json:
+            emit_json(report.model_dump(mode="json"))
+        else:
+            _print_host(report)
+            _print_report(report)
         if csv_path:
             append_csv(csv_path, report)
         if not report.verified:
@@ -463,13 +467,15 @@ def _bench_in_process(engine, loaded: Graph, work, splice_at: str | None, option
             extra = {"cost_model": info} if info is not None else {}
             emit_json({**report.model_dump(mode="json"), **extra})
         else:
+            _print_host(report)
             _print_report(report)
             if info is not None:
                 click.echo(f"  cost model {info['name']} ({info['source']}): {info['params']}")
     else:
         first = prepare(engine, loaded, work, splice_at)
         if versus == "numpy":
-            second = NumpyMeasurement(work)
+            _warn_openblas_overrides()
+            second = NumpyMeasurement(work, threads)
         else:
             other = with_params(load_graph(versus), parse_assignments(params), threads)
             other = with_target(other, target) if target and versus != "naive" else other
@@ -485,20 +491,51 @@ def _bench_in_process(engine, loaded: Graph, work, splice_at: str | None, option
         if as_json:
             emit_json(result.model_dump(mode="json"))
         else:
+            _print_host(result.b if versus == "numpy" else result.a)
             _print_report(result.a)
             _print_report(result.b)
-            click.echo(
-                f"ratio {result.a.graph}/{result.b.graph} time: {result.ratio:.3f} "
-                f"[{result.ratio_low:.3f}, {result.ratio_high:.3f}]  (speedup of "
-                f"{result.a.graph}: {1 / result.ratio:.2f}x)"
-            )
+            _print_ratio(result)
     return reports
 
 
+def _warn_openblas_overrides() -> None:
+    """Say on stderr when OpenBLAS runs forced kernels: ``--vs numpy`` then undersells numpy."""
+    from stagegraph.app.host import openblas_overrides
+
+    found = openblas_overrides()
+    if found:
+        names = ", ".join(f"{k}={v}" for k, v in found.items())
+        click.echo(
+            f"warning: {names} set: OpenBLAS runs those kernels instead of the ones for this "
+            "CPU, so the numpy numbers are not representative (unset it to compare fairly)",
+            err=True,
+        )
+
+
+def _print_host(report) -> None:
+    """The machine, the ISA tier and numpy's BLAS: a number means little without them."""
+    from stagegraph.app.host import describe
+
+    if report.host is not None:
+        threads = report.host.blas.num_threads if report.host.blas else None
+        pinned = f", BLAS threads {threads}" if report.graph == "numpy" else ""
+        click.echo(describe(report.host) + pinned)
+
+
 def _print_report(report) -> None:
+    from stagegraph.app.bench import rough
+
     head = f"{report.graph} on {report.workload} (spliced at {report.splice_at})"
     if not report.verified:
         click.echo(f"{head}: WRONG RESULT, not timed\n  {report.message}")
+        return
+    if report.trustworthy is False:  # no precise-looking number for a run this noisy
+        click.echo(
+            f"{head}: NOT TRUSTWORTHY, median roughly {rough(report.median_s * 1e3)} ms "
+            f"(p10 {rough(report.p10_s * 1e3)}, p90 {rough(report.p90_s * 1e3)} ms) over "
+            f"{report.samples} samples; compile {report.compile_seconds:.3f} s\n"
+            f"  warning: {report.warning}; rerun with a larger --budget on a quieter machine"
+        )
         return
     speed = f", {report.gflops:.1f} GFLOP/s" if report.gflops else ""
     click.echo(
@@ -506,6 +543,22 @@ def _print_report(report) -> None:
         f"{report.ci_high_s * 1e3:.4f}] over {report.samples} samples{speed}; "
         f"min {report.min_s * 1e3:.4f} ms, cv {report.cv:.3f}, "
         f"compile {report.compile_seconds:.3f} s"
+    )
+
+
+def _print_ratio(result) -> None:
+    from stagegraph.app.bench import rough
+
+    names = f"{result.a.graph}/{result.b.graph}"
+    if result.trustworthy is False:
+        click.echo(
+            f"ratio {names} time: NOT TRUSTWORTHY, roughly {rough(result.ratio)} "
+            f"[{rough(result.ratio_low)}, {rough(result.ratio_high)}]\n  warning: {result.warning}"
+        )
+        return
+    click.echo(
+        f"ratio {names} time: {result.ratio:.3f} [{result.ratio_low:.3f}, "
+        f"{result.ratio_high:.3f}]  (speedup of {result.a.graph}: {1 / result.ratio:.2f}x)"
     )
 
 

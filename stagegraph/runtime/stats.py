@@ -17,6 +17,14 @@ from stagegraph.core.ports import Schema
 
 #: Cap on the elements of one bootstrap block (resamples x samples), to bound memory.
 _BLOCK = 4_000_000
+#: Widest 95% interval half-width, relative to the median (or ratio), still shown as a number.
+MAX_REL_HALFWIDTH = 0.05
+#: Largest p90/p10 of the samples: wider means the run had phases of very different speed
+#: (threads fighting for cores, frequency changes), and a rerun may land in another phase.
+#: Percentiles, not max/min: one interrupt in a thousand calls should not condemn a run.
+MAX_SPREAD = 1.5
+#: Fewest samples whose interval means anything: with one or two, it is zero-width or a guess.
+MIN_SAMPLES = 5
 
 
 class Stats(Schema):
@@ -45,6 +53,49 @@ class Ratio(Schema):
     low: float
     high: float
     confidence: float
+
+
+class Trust(Schema):
+    """Whether a measurement is precise enough to quote, and if not, why."""
+
+    trustworthy: bool
+    warning: str = ""
+
+
+def assess(
+    stats: Stats, max_rel_halfwidth: float = MAX_REL_HALFWIDTH, max_spread: float = MAX_SPREAD
+) -> Trust:
+    """Flag samples too spread (or too few) to trust: a wide interval of the median, a wide
+    p10..p90, or fewer than :data:`MIN_SAMPLES` samples.
+
+    Two identical runs of a noisy benchmark can differ many times over; a report that prints
+    such a median to four digits without a word misleads more than it informs.
+    """
+    problems = []
+    if stats.samples < MIN_SAMPLES:
+        problems.append(f"only {stats.samples} samples (at least {MIN_SAMPLES} needed)")
+    if stats.rel_halfwidth > max_rel_halfwidth:
+        width, bound = stats.rel_halfwidth, max_rel_halfwidth
+        problems.append(f"95% interval of the median is ±{width:.0%} (bound ±{bound:.0%})")
+    spread = stats.p90_s / stats.p10_s if stats.p10_s > 0 else float("inf")
+    if spread > max_spread:
+        problems.append(f"p90/p10 of the samples is {spread:.2f} (bound {max_spread:.2f})")
+    return Trust(trustworthy=not problems, warning="; ".join(problems))
+
+
+def assess_ratio(
+    r: Ratio, sides: tuple[Trust, ...] = (), max_rel_halfwidth: float = MAX_REL_HALFWIDTH
+) -> Trust:
+    """Flag a ratio whose interval is too wide, or whose variants were not trustworthy (their
+    warnings are repeated: a tight paired ratio of bimodal samples can still flip on a rerun)."""
+    problems = []
+    halfwidth = (r.high - r.low) / 2 / r.ratio if r.ratio else 0.0
+    if halfwidth > max_rel_halfwidth:
+        problems.append(
+            f"95% interval of the ratio is ±{halfwidth:.0%} (bound ±{max_rel_halfwidth:.0%})"
+        )
+    problems += [side.warning for side in sides if not side.trustworthy]
+    return Trust(trustworthy=not problems, warning="; ".join(problems))
 
 
 def _clean(samples: np.ndarray | list[float], name: str = "samples") -> np.ndarray:

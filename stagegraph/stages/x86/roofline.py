@@ -8,6 +8,7 @@ from where, given what fits). Good enough to rank candidates, not to predict abs
 from __future__ import annotations
 
 import math
+from collections import defaultdict
 
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.matmul_params import MatmulParams
@@ -53,25 +54,44 @@ def estimate_seconds(p: MatmulParams, m: int, n: int, k: int, elem: int, target:
     peak = peak_flops(target, threads, lanes) * balance
     compute = flops / (peak * max(efficiency, 1e-3))
 
-    kc = p.tile_k or k
-    a_block = p.tile_m * kc * elem
-    b_panel = kc * p.reg_n * elem
-    # A is re-read once per column block, B once per row block (from where they live).
-    a_bytes = m * k * elem * math.ceil(n / p.tile_n)
-    b_bytes = k * n * elem * math.ceil(m / p.tile_m)
-    inner = flops / (2 * p.reg_m * p.reg_n) * (p.reg_m + p.reg_n) * elem  # micro-kernel loads
-    traffic = {
-        _level(a_block, target): a_bytes,
-        _level(b_panel, target): b_bytes,
-        "l1": inner,
-    }
-    if not p.pack:  # strided panels: every micro-kernel load misses the packed layout
-        traffic["l2"] = traffic.get("l2", 0.0) + inner / 2
-    if p.tile_k:  # C is re-read and re-written for each k block
-        traffic[_level(p.tile_m * p.tile_n * elem, target)] = traffic.get(
-            "l2", 0.0
-        ) + 2 * m * n * elem * math.ceil(k / p.tile_k)
+    traffic = traffic_by_level(p, m, n, k, elem, target)
     ghz = target.frequency_ghz or 2.5
     memory = sum(b / (_BYTES_PER_CYCLE[lvl] * ghz * 1e9 * threads) for lvl, b in traffic.items())
+    a_bytes, b_bytes = _operand_bytes(p, m, n, k, elem)
     packing = (a_bytes + b_bytes) * 2 / (_BYTES_PER_CYCLE["l2"] * ghz * 1e9 * threads)
     return max(compute, memory) + (packing if p.pack else 0.0)
+
+
+def _operand_bytes(p: MatmulParams, m: int, n: int, k: int, elem: int) -> tuple[float, float]:
+    """Bytes of A and of B read over the whole matmul: A is re-read once per column block,
+    B once per row block."""
+    a_bytes = m * k * elem * math.ceil(n / p.tile_n)
+    b_bytes = k * n * elem * math.ceil(m / p.tile_m)
+    return float(a_bytes), float(b_bytes)
+
+
+def traffic_by_level(
+    p: MatmulParams, m: int, n: int, k: int, elem: int, target: Target
+) -> dict[str, float]:
+    """Bytes each cache level serves, summed over every operand that streams from it.
+
+    Every contribution is added, never assigned: A's block and B's panel often live at the
+    same level, and the micro-kernel's loads always come from L1 on top of whatever else does,
+    so keying one operand per level would silently drop the others' traffic from the ranking.
+    """
+    kc = p.tile_k or k
+    a_bytes, b_bytes = _operand_bytes(p, m, n, k, elem)
+    mp, np_ = math.ceil(m / p.reg_m) * p.reg_m, math.ceil(n / p.reg_n) * p.reg_n
+    flops = 2.0 * mp * np_ * k
+    inner = flops / (2 * p.reg_m * p.reg_n) * (p.reg_m + p.reg_n) * elem  # micro-kernel loads
+    traffic: dict[str, float] = defaultdict(float)
+    traffic[_level(p.tile_m * kc * elem, target)] += a_bytes  # the A block
+    traffic[_level(kc * p.reg_n * elem, target)] += b_bytes  # the B panel
+    traffic["l1"] += inner
+    if not p.pack:  # strided panels: every micro-kernel load misses the packed layout
+        traffic["l2"] += inner / 2
+    if p.tile_k:  # C is re-read and re-written for each k block
+        traffic[_level(p.tile_m * p.tile_n * elem, target)] += (
+            2 * m * n * elem * math.ceil(k / p.tile_k)
+        )
+    return dict(traffic)
