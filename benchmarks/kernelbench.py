@@ -39,17 +39,13 @@ class Row(Schema):
 def measure(graph_name: str, path: str, budget_s: float) -> dict:
     """Compile, verify and time one payload through one graph (runs in the child)."""
     from stagegraph.app.bench import BenchOptions, benchmark
-    from stagegraph.app.run import install_reference_runner
-    from stagegraph.core.catalog import load_graph
-    from stagegraph.core.engine import Engine
+    from stagegraph.app.session import Session, SessionRequest
     from stagegraph.stages.analysis import analyze
-    from stagegraph.workload import parse_workload
 
-    install_reference_runner()
-    workload = parse_workload(path)
-    engine = Engine()
+    session = Session(SessionRequest(graph=graph_name, workload=path))
+    workload, engine = session.workload, session.engine
     classes = sorted(analyze(workload.payload(engine.context)).classes)
-    report = benchmark(engine, load_graph(graph_name), workload, None,
+    report = benchmark(engine, session.graph, workload, None,
                        BenchOptions(warmup=1, repeat=5, budget_s=budget_s))  # fmt: skip
     return {"classes": classes, "verified": report.verified, "median_s": report.median_s,
             "message": report.message, "trustworthy": report.trustworthy,

@@ -35,29 +35,31 @@ def workloads(sizes: list[int], bf16_sizes: list[int]) -> list[str]:
 def child(specs: list[str], threads: int, budget: float, naive_max: int) -> None:
     """Measure in this process and print one JSON line per workload."""
     from stagegraph.app.bench import BenchOptions
-    from stagegraph.app.run import with_params
-    from stagegraph.core.catalog import load_graph
-    from stagegraph.core.engine import Engine
+    from stagegraph.app.session import Session, SessionRequest
 
     options = BenchOptions(warmup=3, repeat=10, budget_s=budget)
-    x86 = with_params(load_graph("x86"), {}, threads)
-    engine = Engine()
     for spec in specs:
+        session = Session(SessionRequest(graph="x86", workload=spec, threads=threads))
         if "dtype=bf16" in spec:
-            row = bf16_row(engine, x86, spec, threads, options)
+            row = bf16_row(session, threads, options)
         else:
-            row = f32_row(engine, x86, spec, threads, options, naive_max)
+            row = f32_row(session, threads, options, naive_max)
         print(json.dumps(row), flush=True)
 
 
-def bf16_row(engine, x86, spec: str, threads: int, options) -> dict:
+def bf16_row(session, threads: int, options) -> dict:
     """bf16 against the f32 matmul of the same shape, and against the fp32 peak."""
     from stagegraph.app.bench import compare, prepare
     from stagegraph.stages.target import read_target
     from stagegraph.stages.x86.roofline import peak_flops
     from stagegraph.workload import parse_workload
 
-    work = parse_workload(spec)
+    engine, x86, work, spec = (
+        session.engine,
+        session.graph,
+        session.workload,
+        session.request.workload,
+    )
     bf16 = prepare(engine, x86, work, None)
     row = {"workload": spec, "threads": threads, "verified": bf16.verdict.ok,
            "compile_s": bf16.result.trace.compile_seconds()}  # fmt: skip
@@ -81,13 +83,17 @@ def host(report) -> dict | None:
     return report.host.model_dump(mode="json") if report.host else None
 
 
-def f32_row(engine, x86, spec: str, threads: int, options, naive_max: int) -> dict:
+def f32_row(session, threads: int, options, naive_max: int) -> dict:
     """The x86 graph against numpy (and the naive graph on small shapes)."""
     from stagegraph.app.bench import NumpyMeasurement, compare, prepare
     from stagegraph.core.catalog import load_graph
-    from stagegraph.workload import parse_workload
 
-    work = parse_workload(spec)
+    engine, x86, work, spec = (
+        session.engine,
+        session.graph,
+        session.workload,
+        session.request.workload,
+    )
     fast = prepare(engine, x86, work, None)
     row = {"workload": spec, "threads": threads, "verified": fast.verdict.ok,
            "compile_s": fast.result.trace.compile_seconds()}  # fmt: skip

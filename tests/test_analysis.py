@@ -6,11 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stagegraph.errors import PayloadError
+from stagegraph.errors import PayloadError, UnregisteredOpError, UnsupportedPayloadError
 from stagegraph.stages.analysis import (
     PayloadFacts,
-    UnregisteredOpError,
-    UnsupportedPayloadError,
     analyze,
     parse_payload,
 )

@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+from stagegraph.app.bench import BenchOptions, benchmark
 from stagegraph.cli.main import main
 from stagegraph.core.engine import Engine
 from stagegraph.core.graph import Graph, GraphInput
@@ -75,7 +76,7 @@ def test_tag_on_several_stages_is_an_error():
         [GraphInput("payload", Module["tensor"])],
     )
     with pytest.raises(AmbiguousTagError, match="tag 'x' is on several stages"):
-        Engine().benchmark(graph, None, splice_at="x")
+        benchmark(Engine(), graph, None, splice_at="x")
 
 
 def test_csv_appends_rows_with_one_header(capsys, tmp_path):
@@ -251,15 +252,15 @@ def partitioned_graph() -> Graph:
 
 
 def test_wrapper_uses_signature_after_partitioning():
-    report = Engine().benchmark(
-        partitioned_graph(), LocalMatmul(), splice_at="partitioned", repeat=3, budget_s=0.2
-    )
+    report = benchmark(Engine(), partitioned_graph(), LocalMatmul(), splice_at="partitioned",
+                       options=BenchOptions(repeat=3, budget_s=0.2))  # fmt: skip
     assert report.verified is True and report.samples >= 3
 
 
 def test_wrapper_before_signature_change_fails_clearly():
     with pytest.raises(StageFailed) as info:
-        Engine().benchmark(partitioned_graph(), LocalMatmul(), splice_at="input", repeat=3)
+        benchmark(Engine(), partitioned_graph(), LocalMatmul(), splice_at="input",
+                  options=BenchOptions(repeat=3))  # fmt: skip
     assert info.value.stage == "partition"
     assert "Verification failed" in str(info.value)
     assert any("'func.call'" in d and "@main" in d for d in info.value.diagnostics)
@@ -273,7 +274,7 @@ def test_wrong_result_is_reported_not_timed(monkeypatch):
             ok=False, max_abs_error=1.0, max_rel_error=1.0, tolerance=0.0, message="wrong"
         ),
     )
-    report = Engine().benchmark(partitioned_graph(), LocalMatmul(), repeat=3)
+    report = benchmark(Engine(), partitioned_graph(), LocalMatmul(), options=BenchOptions(repeat=3))
     assert report.verified is False and report.median_s is None and report.samples == 0
 
 
@@ -385,7 +386,8 @@ def test_spread_samples_flag_report_and_ratio():
 
 def test_text_output_warns_instead_of_a_precise_number(capsys):
     from stagegraph.app.bench import BenchReport
-    from stagegraph.cli.commands import _print_ratio, _print_report
+    from stagegraph.cli.output import print_bench_report as _print_report
+    from stagegraph.cli.output import print_ratio as _print_ratio
     from stagegraph.runtime.stats import summarize
 
     stats = summarize(np.resize([1e-3, 3e-3], 20))

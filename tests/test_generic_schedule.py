@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stagegraph.stages.analysis import analyze, parse_payload
+from stagegraph.mlir.diagnostics import parse_payload
+from stagegraph.stages.analysis import analyze
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.generic_params import (
     GenericParams,

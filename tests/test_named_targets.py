@@ -13,7 +13,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from stagegraph.app.run import with_target
+from stagegraph.app.graph_options import with_target
 from stagegraph.cli.main import main
 from stagegraph.core.catalog import load_graph
 from stagegraph.core.engine import Engine

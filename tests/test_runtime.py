@@ -280,7 +280,7 @@ def test_openmp_binary_leaves_the_callers_cpu_affinity_alone():
     import os
 
     from stagegraph.app.bench import prepare
-    from stagegraph.app.run import with_params
+    from stagegraph.app.graph_options import with_params
     from stagegraph.core.catalog import load_graph
     from stagegraph.core.engine import Engine
     from stagegraph.workload import parse_workload

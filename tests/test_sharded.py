@@ -23,7 +23,7 @@ from stagegraph.errors import (
     RanksMismatchError,
 )
 from stagegraph.workload import parse_workload
-from stagegraph.workloads.ff_sharded import local_slices, owns_block
+from stagegraph.workload.layout import local_slices, owns_block
 
 SMALL_1D = "ff-sharded:m=16,n=32,k=16,grid=2"
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from stagegraph.app.run import with_cost_model
+from stagegraph.app.graph_options import with_cost_model
+from stagegraph.app.session import SessionRequest
 from stagegraph.cli.main import main
 from stagegraph.core.catalog import load_graph
 from stagegraph.core.engine import Engine
@@ -30,7 +31,7 @@ CLI = [sys.executable, "-m", "stagegraph.cli.main"]
 def problem():
     from stagegraph.tune.runner import Problem, TuneOptions
 
-    return Problem(TuneOptions(graph="x86", workload=SMALL))
+    return Problem(TuneOptions(session=SessionRequest(graph="x86", workload=SMALL)))
 
 
 def _rows(db: Path) -> dict[str, tuple]:
@@ -116,7 +117,8 @@ def test_worker_recompiles_only_downstream_of_params(problem, tmp_path):
         problem.space.to_params(v).model_dump(mode="json")
         for v in islice(problem.space.stream(1), 2)
     ]
-    task = BatchTask(graph="x86", workload=SMALL, key=problem.key,
+    task = BatchTask(session=SessionRequest(graph="x86", workload=SMALL),
+                     params_model=problem.params_model, key=problem.key,
                      baseline=problem.base.model_dump(mode="json"), candidates=candidates,
                      samples=4)  # fmt: skip
     assert run_batch(task, str(tmp_path)) == 2
@@ -156,8 +158,8 @@ def test_tune_reuse_and_tuned_cost_model(tmp_path, capsys):
 
 
 def test_tuned_lookup_uses_a_winning_db_entry(problem, tmp_path):
+    from stagegraph.stages.common.tuning_db import CandidateResult, TuneDB
     from stagegraph.stages.x86.costmodels import TunedConfig, lookup_tuned
-    from stagegraph.tune.db import CandidateResult, TuneDB
 
     params = problem.space.to_params(next(problem.space.stream(0)))
     db = TuneDB(tmp_path / "w.db")
@@ -179,8 +181,7 @@ def test_faults_are_survived_and_recorded(problem, tmp_path):
     hashes = [p.content_hash()[:16] for p in first]
     faults = {hashes[0]: "segfault", hashes[1]: "hang", hashes[2]: "oom"}
     options = TuneOptions(
-        graph="x86",
-        workload=SMALL,
+        session=SessionRequest(graph="x86", workload=SMALL),
         budget=4,
         jobs=1,
         db=str(tmp_path / "f.db"),

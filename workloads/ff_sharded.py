@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from pydantic import Field, field_validator
 
-from stagegraph.core.ports import Schema
 from stagegraph.workload import Complexity, TensorSpec, Workload, register
+from stagegraph.workload.layout import Layout, Split, local_slices, owns_block  # noqa: F401
 
 from .ff import FeedForward, FfParams, _ff, sigmoid
 from .matmul import build_module, zero_filled_matmul
@@ -35,47 +35,7 @@ if typing.TYPE_CHECKING:
     from stagegraph.mlir.bindings import ir
 
 GRID = "grid"
-Split = tuple[tuple[int, ...], ...]
-"""Per tensor dimension, the grid axes it is split over (``()`` = not split)."""
-
 _GRID_RE = re.compile(r"^[1-9][0-9]*(x[1-9][0-9]*)?$")
-
-
-class Layout(Schema):
-    """Grid shape and the split of every argument and result of ``main``."""
-
-    grid: tuple[int, ...]
-    inputs: tuple[Split, ...]
-    outputs: tuple[Split, ...]
-
-    @property
-    def ranks(self) -> int:
-        return int(np.prod(self.grid))
-
-    def coords(self, rank: int) -> tuple[int, ...]:
-        """Grid coordinates of a linear rank (row-major, as ``shard`` numbers processes)."""
-        return tuple(int(c) for c in np.unravel_index(rank, self.grid))
-
-
-def local_slices(split: Split, shape: tuple[int, ...], layout: Layout, rank: int) -> tuple:
-    """The block of a global array that ``rank`` holds under ``split`` (even splits only)."""
-    coords = layout.coords(rank)
-    index = []
-    for dim, axes in zip(shape, split, strict=False):
-        parts, position = 1, 0
-        for axis in axes:  # the first axis is the major one
-            position = position * layout.grid[axis] + coords[axis]
-            parts *= layout.grid[axis]
-        size = dim // parts
-        index.append(slice(position * size, (position + 1) * size))
-    return tuple(index) + (slice(None),) * (len(shape) - len(index))
-
-
-def owns_block(split: Split, layout: Layout, rank: int) -> bool:
-    """True for the one rank per block that reports it (coordinate 0 on unused axes)."""
-    used = {a for axes in split for a in axes}
-    coords = layout.coords(rank)
-    return all(coords[a] == 0 for a in range(len(layout.grid)) if a not in used)
 
 
 class FfShardedParams(FfParams):

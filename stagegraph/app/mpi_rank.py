@@ -135,7 +135,7 @@ def compile_on_rank(
 
 def scatter_inputs(comm: Any, workload: Any) -> list[np.ndarray]:
     """Each rank's block of every input, cut by rank 0 from the global arrays."""
-    from stagegraph.workloads.ff_sharded import local_slices
+    from stagegraph.workload.layout import local_slices
 
     blocks = None
     if comm.rank == 0:
@@ -152,7 +152,7 @@ def scatter_inputs(comm: Any, workload: Any) -> list[np.ndarray]:
 
 def assemble(workload: Any, gathered: list[list[np.ndarray]]) -> list[np.ndarray]:
     """Global results from the ranks' blocks (one owner per replicated block)."""
-    from stagegraph.workloads.ff_sharded import local_slices, owns_block
+    from stagegraph.workload.layout import local_slices, owns_block
 
     layout = workload.layout()
     results = []
@@ -182,14 +182,12 @@ def check_local_shapes(comm: Any, signature: Any, inputs: list[np.ndarray]) -> l
 
 def run_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[str, Any] | None:
     """Everything one rank does; rank 0 returns the report."""
-    from stagegraph.app.run import install_reference_runner
-    from stagegraph.core.catalog import load_graph
-    from stagegraph.workload import parse_workload
+    from stagegraph.app.session import Session, SessionRequest
 
-    install_reference_runner()
     progress.phase("compile")
-    graph = emit_stage(load_graph(args.graph), args.libmpi)
-    workload = parse_workload(args.workload)
+    session = Session(SessionRequest(graph=args.graph, workload=args.workload))
+    graph = emit_stage(session.graph, args.libmpi)
+    workload = session.workload
     binary, stages = compile_on_rank(comm, graph, workload)
     progress.phase("scatter")
     inputs = scatter_inputs(comm, workload)
@@ -230,16 +228,13 @@ def bench_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[
     from stagegraph.app.bench import spliced
     from stagegraph.app.host import host_info
     from stagegraph.app.mpi_launch import BenchRequest, check_splice
-    from stagegraph.app.run import install_reference_runner
-    from stagegraph.core.catalog import load_graph
+    from stagegraph.app.session import Session, SessionRequest
     from stagegraph.stages.common.bench_wrapper import run_benchmark
-    from stagegraph.workload import parse_workload
 
-    install_reference_runner()
     progress.phase("compile")
     request = BenchRequest.model_validate_json(args.bench)
-    workload = parse_workload(args.workload)
-    graph = load_graph(args.graph)
+    session = Session(SessionRequest(graph=args.graph, workload=args.workload))
+    workload, graph = session.workload, session.graph
     tag = check_splice(graph, request.splice_at)
     bench_graph, tag = spliced(emit_stage(graph, args.libmpi), tag, workload.entry)
     hook = EmitInput()

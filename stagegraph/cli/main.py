@@ -2,20 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import traceback
-from typing import Any
 
 import click
 
+from stagegraph.cli.output import emit_json
 from stagegraph.errors import StagegraphError
 
 EXIT_USER_ERROR = 2
-
-
-def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, default=str))
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -116,11 +111,15 @@ def schema() -> None:
 
 
 def _register_extensions() -> None:
-    """Commands that live in their own modules (run, bench, tune, ...)."""
-    from stagegraph.cli import commands
+    """Commands that live in their own modules (run, bench, tune, repro)."""
+    from stagegraph.cli.bench import bench
+    from stagegraph.cli.repro import repro
+    from stagegraph.cli.run import run
+    from stagegraph.cli.tune import tune
 
-    for command in commands.COMMANDS:
-        cli.add_command(command)
+    for command in (run, bench, repro, tune):
+        if command.name not in cli.commands:
+            cli.add_command(command)
 
 
 def main(argv: list[str] | None = None) -> int:

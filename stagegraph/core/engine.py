@@ -238,24 +238,6 @@ class Engine:
                 hashes[(node, port)] = out_hashes[port]
         return RunResult(graph, values, Trace(graph=graph.name, records=tuple(records)), last)
 
-    def benchmark(
-        self,
-        graph: Graph,
-        workload: Any,
-        splice_at: str | None = None,
-        warmup: int = 3,
-        repeat: int = 10,
-        **options: Any,
-    ) -> Any:
-        """Splice the benchmark wrapper after ``splice_at``, verify, and time the payload.
-
-        Returns a :class:`~stagegraph.app.bench.BenchReport`; see that module for options.
-        """
-        from stagegraph.app.bench import BenchOptions, benchmark
-
-        opts = BenchOptions(warmup=warmup, repeat=repeat, **options)
-        return benchmark(self, graph, workload, splice_at, opts)
-
     def _run_stage(
         self, graph: Graph, stage: Stage, inputs: dict[str, Value], input_hashes: dict[str, str]
     ) -> tuple[dict[str, Value], dict[str, str], StageRecord]:

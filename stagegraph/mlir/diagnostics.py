@@ -1,12 +1,14 @@
-"""Small helpers over the MLIR bindings that the core needs (parsing, op counts, diagnostics)."""
+"""Parsing and diagnostics over the MLIR bindings: located parse errors, payloads whose
+unregistered ops are named, captured diagnostics, op counts (one place for each)."""
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import re
+from collections.abc import Iterator, Sequence
 from typing import Any
 
-from stagegraph.errors import PayloadError
+from stagegraph.errors import PayloadError, UnregisteredOpError, UnsupportedPayloadError
 
 
 def count_ops(module: Any) -> int:
@@ -92,3 +94,85 @@ def location_text(loc: Any, source: str = "-") -> str:
         name = source if loc.filename == "-" else loc.filename
         return f"{name}:{loc.start_line}:{loc.start_col}"
     return str(loc)
+
+
+# -- payload parsing: unregistered dialects named ----------------------------------------
+
+# Parser message for an op whose dialect is not registered and that is written in its
+# custom assembly form (then even allow_unregistered_dialects cannot parse it).
+_CUSTOM_OP_DIAGNOSTIC = re.compile(r"Dialect `([\w.]+)' not found for custom op '([\w.]+)'")
+
+
+def unregistered_ops(text: str) -> list[str]:
+    """Names of the ops of ``text`` whose dialect these bindings do not register."""
+    from stagegraph.mlir.bindings import ir, new_context
+
+    context = new_context()
+    context.allow_unregistered_dialects = True
+    module, diagnostics, _ = parse_capturing(text, context)
+    if module is not None:
+        names: list[str] = []
+
+        def visit(op: Any) -> Any:
+            if not context.is_registered_operation(op.name) and op.name not in names:
+                names.append(op.name)
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit)
+        return names
+    # Custom-form ops of unknown dialects do not parse even here: the parser's diagnostic
+    # (an error message, not IR) is the only place that names them.
+    found = (_CUSTOM_OP_DIAGNOSTIC.search(d) for d in diagnostics)
+    names = [m.group(2) for m in found if m and not context.is_registered_operation(m.group(2))]
+    return list(dict.fromkeys(names))
+
+
+def explain_parse_error(
+    text: str, error: Exception | None = None, diagnostics: Sequence[str] = ()
+) -> UnsupportedPayloadError:
+    """A clear error for payload text that failed to parse (``error``, the ``ir.MLIRError``):
+    which unregistered op of which dialect, or else the parser's diagnostics.
+
+    The text is needed because in these bindings a parse error carries no diagnostics: the
+    op is found by reparsing with unregistered dialects allowed and walking the module.
+    """
+    diagnostics = [*diagnostics, *(format_diagnostic(d) for d in _error_diagnostics(error))]
+    names = unregistered_ops(text)
+    if names:
+        op_name = names[0]
+        dialect = op_name.partition(".")[0]
+        others = f" (also {', '.join(names[1:])})" if names[1:] else ""
+        return UnregisteredOpError(
+            f"payload uses op '{op_name}'{others} of dialect '{dialect}', which these MLIR "
+            f"bindings do not register; lower it to linalg before stagegraph "
+            f"(e.g. with torch-mlir's own pipeline) or drop it from the payload",
+            op_name=op_name,
+            dialect=dialect,
+        )
+    detail = "; ".join(diagnostics) or (str(error) if error else "no diagnostic")
+    return UnsupportedPayloadError(f"payload does not parse: {detail}")
+
+
+def _error_diagnostics(error: Exception | None) -> list[Any]:
+    return list(getattr(error, "error_diagnostics", None) or [])
+
+
+def parse_payload(text: str, context: Any | None = None, source: str = "<payload>") -> Any:
+    """Parse payload text into an ``ir.Module`` (``source`` names it in diagnostics).
+
+    Raises:
+        UnregisteredOpError: the text uses an op of an unregistered dialect (tm_tensor, ...).
+        UnsupportedPayloadError: any other parse error, with the parser's diagnostics.
+    """
+    from stagegraph.mlir.bindings import new_context
+
+    context = context or new_context()
+    module, diagnostics, error = parse_capturing(text, context, source)
+    if module is None:
+        problem = explain_parse_error(text, error, diagnostics)
+        if isinstance(problem, UnregisteredOpError):
+            raise UnregisteredOpError(
+                f"{source}: {problem}", op_name=problem.op_name, dialect=problem.dialect
+            ) from None
+        raise problem from None
+    return module

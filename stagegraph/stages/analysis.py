@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import difflib
 import math
-import re
 import typing
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from stagegraph.core.ports import Config, Facts, TensorModule
 from stagegraph.core.stage import stage
-from stagegraph.errors import UnregisteredOpError, UnsupportedPayloadError
-from stagegraph.mlir.diagnostics import format_diagnostic, parse_capturing
+from stagegraph.errors import UnsupportedPayloadError
+from stagegraph.mlir.diagnostics import parse_payload  # noqa: F401  (re-exported)
 
 # In priority order: a payload is named by the first class it contains (``primary_class``).
 OpClass = Literal["matmul", "convolution", "pooling", "reduction", "elementwise", "other"]
@@ -621,88 +620,6 @@ def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
         dtypes=frozenset(v.dtype for f in facts for v in f.inputs + f.outputs)
         | frozenset(v.dtype for v in values),
     )
-
-
-# --------------------------------------------------------------------------- parsing
-
-# Parser message for an op whose dialect is not registered and that is written in its
-# custom assembly form (then even allow_unregistered_dialects cannot parse it).
-_CUSTOM_OP_DIAGNOSTIC = re.compile(r"Dialect `([\w.]+)' not found for custom op '([\w.]+)'")
-
-
-def unregistered_ops(text: str) -> list[str]:
-    """Names of the ops of ``text`` whose dialect these bindings do not register."""
-    from stagegraph.mlir.bindings import ir, new_context
-
-    context = new_context()
-    context.allow_unregistered_dialects = True
-    module, diagnostics, _ = parse_capturing(text, context)
-    if module is not None:
-        names: list[str] = []
-
-        def visit(op: Any) -> Any:
-            if not context.is_registered_operation(op.name) and op.name not in names:
-                names.append(op.name)
-            return ir.WalkResult.ADVANCE
-
-        module.operation.walk(visit)
-        return names
-    # Custom-form ops of unknown dialects do not parse even here: the parser's diagnostic
-    # (an error message, not IR) is the only place that names them.
-    found = (_CUSTOM_OP_DIAGNOSTIC.search(d) for d in diagnostics)
-    names = [m.group(2) for m in found if m and not context.is_registered_operation(m.group(2))]
-    return list(dict.fromkeys(names))
-
-
-def explain_parse_error(
-    text: str, error: Exception | None = None, diagnostics: Sequence[str] = ()
-) -> UnsupportedPayloadError:
-    """A clear error for payload text that failed to parse (``error``, the ``ir.MLIRError``):
-    which unregistered op of which dialect, or else the parser's diagnostics.
-
-    The text is needed because in these bindings a parse error carries no diagnostics: the
-    op is found by reparsing with unregistered dialects allowed and walking the module.
-    """
-    diagnostics = [*diagnostics, *(format_diagnostic(d) for d in _error_diagnostics(error))]
-    names = unregistered_ops(text)
-    if names:
-        op_name = names[0]
-        dialect = op_name.partition(".")[0]
-        others = f" (also {', '.join(names[1:])})" if names[1:] else ""
-        return UnregisteredOpError(
-            f"payload uses op '{op_name}'{others} of dialect '{dialect}', which these MLIR "
-            f"bindings do not register; lower it to linalg before stagegraph "
-            f"(e.g. with torch-mlir's own pipeline) or drop it from the payload",
-            op_name=op_name,
-            dialect=dialect,
-        )
-    detail = "; ".join(diagnostics) or (str(error) if error else "no diagnostic")
-    return UnsupportedPayloadError(f"payload does not parse: {detail}")
-
-
-def _error_diagnostics(error: Exception | None) -> list[Any]:
-    return list(getattr(error, "error_diagnostics", None) or [])
-
-
-def parse_payload(text: str, context: Any | None = None, source: str = "<payload>") -> Any:
-    """Parse payload text into an ``ir.Module`` (``source`` names it in diagnostics).
-
-    Raises:
-        UnregisteredOpError: the text uses an op of an unregistered dialect (tm_tensor, ...).
-        UnsupportedPayloadError: any other parse error, with the parser's diagnostics.
-    """
-    from stagegraph.mlir.bindings import new_context
-
-    context = context or new_context()
-    module, diagnostics, error = parse_capturing(text, context, source)
-    if module is None:
-        problem = explain_parse_error(text, error, diagnostics)
-        if isinstance(problem, UnregisteredOpError):
-            raise UnregisteredOpError(
-                f"{source}: {problem}", op_name=problem.op_name, dialect=problem.dialect
-            ) from None
-        raise problem from None
-    return module
 
 
 # --------------------------------------------------------------------------- stage

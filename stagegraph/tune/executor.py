@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from stagegraph.errors import ClusterUnreachableError, IsolatedFailure, StagegraphError
-from stagegraph.tune.db import CandidateResult
-from stagegraph.tune.worker import BatchTask, params_hash, run_batch
+from stagegraph.stages.common.tuning_db import CandidateResult
+from stagegraph.tune.worker import BatchTask, run_batch
 
 _SLACK_S = 30.0
 
@@ -49,17 +49,18 @@ def evaluate_batch(task: BatchTask) -> list[dict[str, Any]]:
                 failure = exc
             for result in _read_results(Path(work)):
                 results[result.params_hash] = result
-            remaining = [c for c in remaining if params_hash(c) not in results]
+            remaining = [c for c in remaining if task.hash_of(c) not in results]
             if not remaining:
                 break
             blamed, phase = _in_flight(Path(work))
-            victims = [c for c in remaining if params_hash(c) == blamed] or remaining
+            victims = [c for c in remaining if task.hash_of(c) == blamed] or remaining
             for params in victims:
-                result = _failed(params, failure, phase if params_hash(params) == blamed else None)
+                phase_of = phase if task.hash_of(params) == blamed else None
+                result = _failed(task, params, failure, phase_of)
                 results[result.params_hash] = result
                 _record(task, result)
-            remaining = [c for c in remaining if params_hash(c) not in results]
-    return [results[params_hash(c)].model_dump(mode="json") for c in task.candidates]
+            remaining = [c for c in remaining if task.hash_of(c) not in results]
+    return [results[task.hash_of(c)].model_dump(mode="json") for c in task.candidates]
 
 
 def _allow_children() -> None:
@@ -86,7 +87,9 @@ def _in_flight(work: Path) -> tuple[str | None, str | None]:
     return data.get("params_hash"), data.get("phase")
 
 
-def _failed(params: dict, failure: BaseException | None, phase: str | None) -> CandidateResult:
+def _failed(
+    task: BatchTask, params: dict, failure: BaseException | None, phase: str | None
+) -> CandidateResult:
     if isinstance(failure, IsolatedFailure):
         reason, detail = failure.reason, failure.detail
         if reason == "timeout" or failure.signal == "SIGALRM":
@@ -101,7 +104,7 @@ def _failed(params: dict, failure: BaseException | None, phase: str | None) -> C
     else:
         detail = f"during {phase}: {detail}"
     return CandidateResult(
-        params_hash=params_hash(params),
+        params_hash=task.hash_of(params),
         params=params,
         status="failed",
         reason=reason,
@@ -111,7 +114,7 @@ def _failed(params: dict, failure: BaseException | None, phase: str | None) -> C
 
 def _record(task: BatchTask, result: CandidateResult) -> None:
     if task.db:
-        from stagegraph.tune.db import TuneDB
+        from stagegraph.stages.common.tuning_db import TuneDB
 
         db = TuneDB(task.db)
         try:

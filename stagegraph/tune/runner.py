@@ -11,24 +11,24 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+from stagegraph.app.session import Inspection, SessionRequest
 from stagegraph.core.ports import Schema
-from stagegraph.tune.db import CandidateResult, TuneDB, TuneKey, best_result
+from stagegraph.stages.common.tuning_db import CandidateResult, TuneDB, TuneKey, best_result
 
 DEFAULT_DB = "stagegraph-tune.db"
 
 
 class TuneOptions(Schema):
-    """The ``stagegraph tune`` command line, as data."""
+    """The ``stagegraph tune`` command line, as data: the session to tune (graph, workload,
+    target, the baseline's cost model, inspection) and how to search and measure."""
 
-    graph: str
-    workload: str
+    session: SessionRequest
     budget: int = Field(12, ge=1)
     jobs: int = Field(1, ge=1)
     cluster: str | None = None
     db: str = DEFAULT_DB
     strategy: str = "random"
     seed: int = 0
-    cost_model: str = "heuristic"
     fixes: dict[str, Any] = Field(default_factory=dict)
     batch_size: int | None = Field(None, ge=1)
     compile_timeout_s: float = Field(60.0, gt=0)
@@ -36,11 +36,6 @@ class TuneOptions(Schema):
     memory_bytes: int | None = 4 * 2**30
     samples: int = Field(20, ge=4)
     faults: dict[str, str] = Field(default_factory=dict)
-    dump_ir: str | None = None
-    print_ir_after: list[str] = Field(default_factory=list)
-    verify_each: bool = False
-    repro_dir: str | None = None
-    target: str | None = None
 
 
 class Failure(Schema):
@@ -82,29 +77,37 @@ class TuneReport(Schema):
 
 
 class Problem:
-    """The payload's facts, the machine, the baseline params and the space around them."""
+    """The payload's facts, the machine, the baseline params and the space around them.
+
+    The params stage is found by its output type, its facts and target inputs by theirs:
+    any graph with one cost-model stage can be tuned.
+    """
 
     def __init__(self, options: TuneOptions) -> None:
-        from stagegraph.app.run import with_cost_model, with_target
-        from stagegraph.cli.commands import load_inputs
-        from stagegraph.core.engine import Engine
+        from stagegraph.app.graph_options import params_port
+        from stagegraph.app.session import Session
+        from stagegraph.stages.analysis import PayloadFacts
+        from stagegraph.stages.target import Target
         from stagegraph.stages.x86.costmodels import target_hash
         from stagegraph.stages.x86.space import build_space
 
-        graph, workload = load_inputs(options.graph, options.workload)
-        graph = with_target(graph, options.target)
-        self.graph = with_cost_model(graph, options.cost_model, workload=workload.spec)
-        self.workload = workload
-        select = next(s.name for s in self.graph.stages.values() if s.kind == "params")
-        facts_edge = next(e for e in self.graph.in_edges(select) if e.dst_port == "facts")
-        target_edge = next(e for e in self.graph.in_edges(select) if e.dst_port == "target")
-        result = Engine().run(self.graph, workload, until=select)
-        self.facts = result.value(facts_edge.src, facts_edge.src_port)
-        self.target = result.value(target_edge.src, target_edge.src_port)
-        self.base = result.value(select, "params")
+        request = options.session
+        if request.cost_model is None:
+            request = request.model_copy(update={"cost_model": "heuristic"})
+        session = Session(request.model_copy(update={"inspection": Inspection()}))
+        self.request = request
+        self.graph, self.workload = session.graph, session.workload
+        select, port = params_port(self.graph)
+        result = session.compile(until=select.name)
+        edges = self.graph.in_edges(select.name)
+        inputs = {e.dst_port: result.value(e.src, e.src_port) for e in edges}
+        self.facts = next(v for v in inputs.values() if isinstance(v, PayloadFacts))
+        self.target = next(v for v in inputs.values() if isinstance(v, Target))
+        self.base = result.value(select.name, port.name)
+        self.params_model = f"{port.type.__module__}:{port.type.__qualname__}"
         self.space = build_space(self.facts, self.target, self.base, options.fixes)
         self.key = TuneKey(
-            workload=workload.spec, graph=options.graph, target=target_hash(self.target)
+            workload=self.workload.spec, graph=request.graph, target=target_hash(self.target)
         )
 
 
@@ -113,7 +116,7 @@ def explain(options: TuneOptions) -> dict[str, Any]:
     problem = Problem(options)
     problem.space.require_nonempty()
     return {
-        "graph": options.graph,
+        "graph": options.session.graph,
         "workload": problem.workload.spec,
         "baseline": problem.base.model_dump(mode="json"),
         **problem.space.describe(),
@@ -163,8 +166,8 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
                     fresh.append(params.model_dump(mode="json"))
             tasks = [
                 BatchTask(
-                    graph=options.graph,
-                    workload=problem.workload.spec,
+                    session=problem.request.model_copy(update={"cost_model": None}),
+                    params_model=problem.params_model,
                     key=problem.key,
                     baseline=problem.base.model_dump(mode="json"),
                     candidates=fresh[i : i + size],
@@ -174,11 +177,6 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
                     memory_bytes=options.memory_bytes,
                     samples=options.samples,
                     faults=options.faults,
-                    dump_ir=options.dump_ir,
-                    print_ir_after=options.print_ir_after,
-                    verify_each=options.verify_each,
-                    repro_dir=options.repro_dir,
-                    target=options.target,
                 )
                 for i in range(0, len(fresh), size)
             ]
@@ -257,11 +255,11 @@ def _report(
         if r.status != "ok"
     ]
     return TuneReport(
-        graph=options.graph,
+        graph=options.session.graph,
         workload=problem.workload.spec,
         target=problem.key.target,
         strategy=options.strategy,
-        cost_model=options.cost_model,
+        cost_model=problem.request.cost_model or "heuristic",
         db=options.db,
         budget=options.budget,
         baseline=baseline,

@@ -13,9 +13,9 @@ import random
 from collections.abc import Callable, Iterator
 from itertools import islice
 
+from stagegraph.stages.common.tuning_db import CandidateResult
 from stagegraph.stages.x86.space import SearchSpace
 from stagegraph.stages.x86.stages import X86Params
-from stagegraph.tune.db import CandidateResult
 
 STRATEGIES = ("random", "model", "evolve")
 

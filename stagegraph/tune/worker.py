@@ -21,17 +21,20 @@ from typing import Any
 
 from pydantic import Field
 
+from stagegraph.app.session import Inspection, SessionRequest
 from stagegraph.core.ports import Schema
-from stagegraph.tune.db import CandidateResult, TuneKey
+from stagegraph.stages.common.tuning_db import CandidateResult, TuneKey
 
 FAULTS = ("segfault", "hang", "oom", "wrong")
 
 
 class BatchTask(Schema):
-    """Everything a worker needs to evaluate candidates (picklable, JSON-safe)."""
+    """Everything a worker needs to evaluate candidates (picklable, JSON-safe): the session
+    whose graph and workload every candidate compiles, the params model (``module:Class``)
+    candidates are validated and hashed with, and the measuring limits."""
 
-    graph: str
-    workload: str
+    session: SessionRequest
+    params_model: str
     key: TuneKey
     baseline: dict[str, Any]
     candidates: list[dict[str, Any]]
@@ -41,17 +44,19 @@ class BatchTask(Schema):
     memory_bytes: int | None = 4 * 2**30
     samples: int = 20
     faults: dict[str, str] = Field(default_factory=dict)
-    dump_ir: str | None = None
-    print_ir_after: list[str] = Field(default_factory=list)
-    verify_each: bool = False
-    repro_dir: str | None = None
-    target: str | None = None
+
+    def hash_of(self, params: dict[str, Any]) -> str:
+        """The key of a candidate in the DB: its params' content hash (16 hex digits)."""
+        return params_hash(params, self.params_model)
 
 
-def params_hash(params: dict[str, Any]) -> str:
-    from stagegraph.stages.x86.stages import X86Params
+def params_hash(params: dict[str, Any], model: str) -> str:
+    """Content hash of ``params`` validated by the params model ``module:Class``."""
+    import importlib
 
-    return X86Params.model_validate(params).content_hash()[:16]
+    module, _, name = model.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    return cls.model_validate(params).content_hash()[:16]
 
 
 def fault_for(faults: dict[str, str], phash: str) -> str | None:
@@ -100,29 +105,27 @@ def _interleaved(base: Any, cand: Any, samples: int) -> tuple[list[float], list[
 def run_batch(task: BatchTask, work: str) -> int:
     """Child entry: evaluate every candidate of ``task``; results go to ``work``/results."""
     from stagegraph.app.bench import prepare
-    from stagegraph.app.run import install_reference_runner, with_target
-    from stagegraph.core.catalog import load_graph
-    from stagegraph.core.engine import Engine
-    from stagegraph.stages.x86.costmodels import fixed
-    from stagegraph.workload import parse_workload
+    from stagegraph.app.graph_options import with_fixed_params
+    from stagegraph.app.session import Session
 
     out = Path(work)
-    install_reference_runner()
-    graph = with_target(load_graph(task.graph), task.target)
-    workload = parse_workload(task.workload)
     inspection = CandidateInspection(task)
-    engine = Engine(inspection.hooks())
+    # Dumps and printed IR go to one folder per candidate (CandidateInspection), not one.
+    request = task.session.model_copy(
+        update={"inspection": Inspection(verify_each=task.session.inspection.verify_each,
+                                         repro_dir=task.session.inspection.repro_dir)}
+    )  # fmt: skip
+    session = Session(request, extra_hooks=inspection.hooks())
     db = None
     if task.db:
-        from stagegraph.tune.db import TuneDB
+        from stagegraph.stages.common.tuning_db import TuneDB
 
         db = TuneDB(task.db)
 
     def compile_params(params: dict[str, Any]) -> Any:
         inspection.start(params)
-        return prepare(
-            engine, graph.replace("select", fixed("select", params=params)), workload, None
-        )
+        graph = with_fixed_params(session.graph, params)
+        return prepare(session.engine, graph, session.workload, None)
 
     _mark(out, "baseline", "compile")
     _alarm(task.compile_timeout_s)
@@ -143,21 +146,19 @@ def run_batch(task: BatchTask, work: str) -> int:
 
 
 class CandidateInspection:
-    """``--dump-ir``/``--print-ir-after``/``--verify-each`` in a tuning worker: the same hooks
-    as ``run`` and ``bench``, writing into one folder per candidate (``DIR/<params hash>``)."""
+    """``--dump-ir``/``--print-ir-after`` in a tuning worker: the same hooks as ``run`` and
+    ``bench``, writing into one folder per candidate (``DIR/<params hash>``)."""
 
     def __init__(self, task: BatchTask) -> None:
-        from stagegraph.instrument.ir_hooks import DumpIR, PrintIR, VerifyEach
-        from stagegraph.instrument.repro import ReproducerHook
+        from stagegraph.instrument.ir_hooks import DumpIR, PrintIR
 
         self.task = task
-        self._hooks: list[Any] = [ReproducerHook(task.repro_dir)]
-        if task.verify_each:
-            self._hooks.append(VerifyEach())
+        self.inspection = task.session.inspection
+        self._hooks: list[Any] = []
         self.dump: DumpIR | None = None
         self.printed: Path | None = None
-        if task.print_ir_after:
-            self._hooks.append(PrintIR(task.print_ir_after, self._write))
+        if self.inspection.print_ir_after:
+            self._hooks.append(PrintIR(list(self.inspection.print_ir_after), self._write))
         self._dump_class = DumpIR
 
     def _write(self, text: str) -> None:
@@ -169,11 +170,11 @@ class CandidateInspection:
         return [*self._hooks, self]
 
     def start(self, params: dict[str, Any]) -> None:
-        if self.task.dump_ir is None:
+        if self.inspection.dump_ir is None:
             return
-        folder = Path(self.task.dump_ir) / params_hash(params)
+        folder = Path(self.inspection.dump_ir) / self.task.hash_of(params)
         self.dump = self._dump_class(folder)
-        self.printed = folder / "printed.mlir" if self.task.print_ir_after else None
+        self.printed = folder / "printed.mlir" if self.inspection.print_ir_after else None
 
     # Hook protocol: forward to the current candidate's IR dump.
     def before_stage(self, event: Any) -> None:
@@ -191,7 +192,7 @@ class CandidateInspection:
 def _evaluate(task: BatchTask, out: Path, params: dict, base: Any, compile_params: Any) -> Any:
     from stagegraph.errors import StageFailed
 
-    phash = params_hash(params)
+    phash = task.hash_of(params)
     common = {"params_hash": phash, "params": params}
     _mark(out, phash, "compile")
     measurement = None

@@ -38,7 +38,6 @@ if typing.TYPE_CHECKING:
     from stagegraph.mlir.bindings import ir
 
 __all__ = [
-    "REFERENCE_RUNNER",
     "Complexity",
     "PayloadError",
     "ReferenceUnavailableError",
@@ -63,10 +62,6 @@ PACKAGE = "stagegraph.workloads"
 
 
 # ---------------------------------------------------------------- errors
-
-
-REFERENCE_RUNNER: Callable[[Workload], list[np.ndarray]] | None = None
-"""Runs a workload's payload through the naive graph; set by the engine (see MlirFileWorkload)."""
 
 
 # ---------------------------------------------------------------- schemas
@@ -196,6 +191,9 @@ class Workload:
     Params: ClassVar[type[WorkloadParams]] = WorkloadParams
     entry: str = "main"
     rtol_factor: ClassVar[float] = 8.0
+    #: Computes the outputs of a workload that has no stored reference (the session sets
+    #: it to the naive graph: differential testing); ``None``: no such reference.
+    reference_runner: Callable[[Workload], list[np.ndarray]] | None = None
 
     def __init__(self, params: WorkloadParams | None = None, /, **values: Any) -> None:
         if params is None:

@@ -3,7 +3,7 @@
 The entry is ``main`` or the single public function with a body. Inputs follow its signature
 (static shapes only). If ``<stem>.npz`` lies beside the file with ``in0..``/``out0..`` arrays,
 those are the inputs and the reference; otherwise the reference comes from
-``stagegraph.workload.REFERENCE_RUNNER`` (the engine running the naive graph).
+the workload's ``reference_runner`` (a Session sets the naive graph).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from stagegraph import workload as _workload
 from stagegraph.workload import (
     Complexity,
     PayloadError,
@@ -135,13 +134,12 @@ class MlirFileWorkload(Workload):
         arrays = self._arrays(("mut", "out"), len(self.output_specs()))
         if arrays is not None:
             return arrays
-        runner = _workload.REFERENCE_RUNNER
-        if runner is None:
+        if self.reference_runner is None:
             raise ReferenceUnavailableError(
                 f"{self.path}: no reference: no {self.npz_path.name} beside it and no "
-                "reference runner installed (stagegraph.workload.REFERENCE_RUNNER is unset)"
+                "reference runner (a Session sets the naive graph as the reference runner)"
             )
-        return list(runner(self))
+        return list(self.reference_runner(self))
 
     @property
     def reduction_length(self) -> int:
@@ -159,7 +157,7 @@ class MlirFileWorkload(Workload):
 
 def _parse(path: Path, text: str, context: ir.Context) -> ir.Module:
     """Parse with diagnostics located as ``file:line:column``; unregistered ops named."""
-    from stagegraph.stages.analysis import parse_payload
+    from stagegraph.mlir.diagnostics import parse_payload
 
     return parse_payload(text, context, source=str(path))
 

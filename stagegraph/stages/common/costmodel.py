@@ -12,7 +12,8 @@ from typing import Any, TypeVar
 from pydantic import Field, ValidationError
 
 from stagegraph.core.ports import Config, Params
-from stagegraph.errors import ConfigError
+from stagegraph.core.stage import get_factory
+from stagegraph.errors import ConfigError, UnknownCostModelError, unknown_name_message
 
 P = TypeVar("P", bound=Params)
 
@@ -63,3 +64,30 @@ def unknown_param_message(model: type[Params], name: str) -> str:
         f"unknown parameter {name!r} for {model.__name__}{did_you_mean(name, keys)}; "
         f"its parameters: {', '.join(keys)}"
     )
+
+
+# -- the cost models known by name (``--cost-model NAME``) -------------------------------
+
+#: ``--cost-model`` name → the params stage factory (``module:attribute``) that implements it.
+COST_MODELS = {
+    "heuristic": "stagegraph.stages.x86.stages:heuristic",
+    "analytical": "stagegraph.stages.x86.costmodels:analytical",
+    "tuned": "stagegraph.stages.x86.costmodels:tuned",
+    "fixed": "stagegraph.stages.x86.costmodels:fixed",
+}
+DEFAULT_COST_MODEL = "heuristic"
+
+
+def cost_model_names() -> list[str]:
+    return list(COST_MODELS)
+
+
+def cost_model_factory(name: str) -> Any:
+    """The stage factory registered under ``name``.
+
+    Raises:
+        UnknownCostModelError: ``name`` is not registered (with a "did you mean").
+    """
+    if name not in COST_MODELS:
+        raise UnknownCostModelError(unknown_name_message("cost model", name, COST_MODELS))
+    return get_factory(COST_MODELS[name])

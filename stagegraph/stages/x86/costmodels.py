@@ -100,7 +100,7 @@ def lookup_tuned(config: TunedConfig, target: Target) -> tuple[X86Params | None,
         return None, "no --db given"
     if not Path(config.db).exists():
         return None, f"tuning database {config.db} does not exist"
-    from stagegraph.tune.db import TuneDB, TuneKey, best_result
+    from stagegraph.stages.common.tuning_db import TuneDB, TuneKey, best_result
 
     db = TuneDB(config.db)
     try:

@@ -1,0 +1,181 @@
+"""Rewriting a graph for a request: cost model, ``--param`` overrides, threads, target and
+emitter. Every rewrite finds its stages by type (a params stage by its Params output, a
+target stage by its Target output, the emit stage by kind), never by name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field
+
+from stagegraph.core.graph import Graph
+from stagegraph.core.ports import Config, Params
+from stagegraph.core.stage import Stage
+from stagegraph.errors import ConfigError, StagegraphError
+
+
+def params_stages(graph: Graph) -> list[Stage]:
+    return [s for s in graph.stages.values() if s.kind == "params"]
+
+
+def with_params(graph: Graph, overrides: dict[str, Any], threads: int | None = None) -> Graph:
+    """Set ``--param`` overrides and ``--threads`` on the graph's cost-model stages.
+
+    Raises:
+        ConfigError: no cost-model stage, or a key that is no field of its params model.
+    """
+    if not overrides and threads is None:
+        return graph
+    from stagegraph.stages.common.costmodel import (
+        CostModelConfig,
+        override_keys,
+        unknown_param_message,
+    )
+
+    stages = [s for s in params_stages(graph) if isinstance(s.config, CostModelConfig)]
+    if not stages:
+        raise ConfigError(f"graph {graph.name!r} has no cost-model stage to take --param/--threads")
+    for stage in stages:
+        model = next(p.type for p in stage.outputs.values() if issubclass(p.type, Params))
+        for key in overrides:
+            if key not in override_keys(model):
+                raise ConfigError(
+                    f"stage {stage.name!r} of graph {graph.name!r}: "
+                    + unknown_param_message(model, key)
+                )
+        changes: dict[str, Any] = {"overrides": {**stage.config.overrides, **overrides}}
+        if threads is not None:
+            changes["threads"] = threads
+        graph = graph.with_config(stage.name, **changes)
+    return graph
+
+
+def with_target(graph: Graph, name: str | None) -> Graph:
+    """Set ``--target NAME`` on the graph's target stages (found by their ``Target`` output).
+
+    Raises:
+        UnknownTargetError: the name is not ``host``, an x86-64 level or a known CPU.
+        ConfigError: a named target for a graph with no target stage (it builds for the host).
+    """
+    if name is None:
+        return graph
+    from stagegraph.stages.target import Target, TargetConfig, resolve_target
+
+    resolve_target(name)  # an unknown name fails before anything compiles
+    stages = [
+        s
+        for s in graph.stages.values()
+        if isinstance(s.config, TargetConfig)
+        and any(issubclass(p.type, Target) for p in s.outputs.values())
+    ]
+    if not stages:
+        if name.strip().lower() == "host":
+            return graph
+        raise ConfigError(
+            f"graph {graph.name!r} has no target stage (no stage produces Target): it builds "
+            f"for the host only, so --target {name} cannot apply"
+        )
+    for stage in stages:
+        graph = graph.replace(stage.name, stage.with_config(name=name))
+    return graph
+
+
+def with_emit(graph: Graph, kind: str, path: str | None) -> Graph:
+    """Swap the graph's emit stage for ``jit``, ``object`` or ``shared`` (to ``path``)."""
+    if kind == "jit":
+        return graph
+    from stagegraph.stages.common.emit import object_file, shared_library
+
+    if not path:
+        raise ConfigError(f"--emit {kind} needs -o PATH")
+    emit = [s for s in graph.stages.values() if s.kind == "emit"]
+    if len(emit) != 1:
+        raise ConfigError(f"graph {graph.name!r} has {len(emit)} emit stages; expected one")
+    target = Path(path)
+    if not target.parent.exists() or not target.parent.is_dir():
+        raise StagegraphError(f"cannot write {path}: directory {target.parent} does not exist")
+    factory = object_file if kind == "object" else shared_library
+    return graph.replace(emit[0].name, factory(emit[0].name, path=str(target)))
+
+
+def with_cost_model(
+    graph: Graph,
+    name: str | None,
+    *,
+    workload: str = "",
+    db: str | None = None,
+    params_file: str | None = None,
+) -> Graph:
+    """Swap the graph's cost model (its ``select`` params stage) for the one named ``name``.
+
+    ``tuned`` looks ``workload`` on this graph up in ``db``; ``fixed`` reads ``params_file``.
+
+    Raises:
+        UnknownCostModelError: ``name`` is not a registered cost model (did you mean).
+        ConfigError: the graph has no single params stage to swap.
+    """
+    from stagegraph.stages.common.costmodel import DEFAULT_COST_MODEL, cost_model_factory
+
+    if name is None:
+        return graph
+    factory = cost_model_factory(name)
+    stages = params_stages(graph)
+    if len(stages) != 1:
+        raise ConfigError(f"graph {graph.name!r} has {len(stages)} params stages; need one")
+    if name == DEFAULT_COST_MODEL and stages[0].factory is factory:
+        return graph
+    extra: dict[str, Any] = {
+        "tuned": {"db": db, "workload": workload, "graph": graph.name},
+        "fixed": {"path": params_file},
+    }.get(name, {})
+    return graph.replace(stages[0].name, factory(stages[0].name, **extra))
+
+
+def params_port(graph: Graph) -> tuple[Stage, Any]:
+    """The graph's one cost-model stage and its Params output port (found by type).
+
+    Raises:
+        ConfigError: the graph has no params stage, or several.
+    """
+    found = [
+        (s, p)
+        for s in graph.stages.values()
+        for p in s.outputs.values()
+        if issubclass(p.type, Params)
+    ]
+    if len(found) != 1:
+        raise ConfigError(f"graph {graph.name!r} has {len(found)} params stages; need one")
+    return found[0]
+
+
+class FixedParamsConfig(Config):
+    """The params to give, as the JSON of the graph's params model."""
+
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+def with_fixed_params(graph: Graph, params: dict[str, Any]) -> Graph:
+    """The graph with its cost model replaced by a stage that gives exactly ``params``
+    (validated by the graph's own params model): how a tuner compiles one candidate, for
+    any graph whose params stage is found by type."""
+    from stagegraph.core.stage import Port, StageFactory
+
+    old, port = params_port(graph)
+    model = port.type
+
+    def fixed(config: FixedParamsConfig, **_inputs: Any) -> Params:
+        return model.model_validate(config.params)
+
+    factory = StageFactory(
+        name=f"fixed[{model.__module__}.{model.__qualname__}]",
+        kind="params",
+        fn=fixed,
+        inputs=tuple(Port(p.name, p.type, optional=True) for p in old.inputs.values()),
+        outputs=(Port(port.name, model),),
+        config_model=FixedParamsConfig,
+        mutates=False,
+        doc="Exactly the params in the config.",
+    )
+    return graph.replace(old.name, factory(old.name, params=params))

@@ -1,0 +1,169 @@
+"""One Session behind every entry point: a frozen request in; the resolved graph, workload,
+reference, hooks and engine out.
+
+The CLI, the isolated child, each MPI rank, each tuning worker and the benchmark scripts
+build a :class:`SessionRequest` (what the user asked: graph, workload, target, overrides,
+emit, inspection options) and open a :class:`Session` on it, so a graph is resolved and a
+run instrumented the same way wherever it happens. The request is plain data: it crosses
+process boundaries (pickle, JSON) where graphs and modules cannot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from pydantic import Field
+
+from stagegraph.core.engine import Engine, Hook, RunResult
+from stagegraph.core.graph import Graph
+from stagegraph.core.ports import Schema
+
+if TYPE_CHECKING:
+    from stagegraph.instrument.watchdog import Watchdog
+
+
+class Inspection(Schema):
+    """What to record or check while stages run (``--print-ir-after`` and friends)."""
+
+    print_ir_after: tuple[str, ...] = ()
+    verify_each: bool = False
+    repro_dir: str | None = None
+    dump_ir: str | None = None
+
+
+class SessionRequest(Schema):
+    """Everything that decides how a workload is compiled and run (the command line as data).
+
+    ``graph`` is a graph name or file; ``params`` are ``--param`` overrides of the cost
+    model's choice; ``compile_timeout_s``/``run_timeout_s`` bound an in-process run (the
+    CLI's defaults; ``None`` for no limit, as in library use).
+    """
+
+    graph: str
+    workload: str
+    target: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    threads: int | None = Field(None, ge=1)
+    cost_model: str | None = None
+    db: str | None = None
+    params_file: str | None = None
+    emit: Literal["jit", "object", "shared"] = "jit"
+    output: str | None = None
+    inspection: Inspection = Field(default_factory=Inspection)
+    compile_timeout_s: float | None = Field(None, gt=0)
+    run_timeout_s: float | None = Field(None, gt=0)
+
+
+def naive_reference(workload: Any) -> list[Any]:
+    """Differential testing: a payload without a stored reference is checked against what
+    the naive graph (linalg straight to loops) computes for it."""
+    from stagegraph.core.catalog import load_graph
+
+    result = Engine().run(load_graph("naive"), workload)
+    return result.binary.call(workload.entry, workload.inputs())
+
+
+def open_workload(spec: str) -> Any:
+    """The workload of ``spec`` with the naive graph as its reference of last resort."""
+    from stagegraph.workload import parse_workload
+
+    workload = parse_workload(spec)
+    workload.reference_runner = naive_reference
+    return workload
+
+
+class Session:
+    """A resolved request: ``graph``, ``workload``, ``hooks`` and the ``engine`` running them.
+
+    Args:
+        request: what to resolve.
+        write: where ``--print-ir-after`` text goes (the CLI passes its printer; the
+            default discards it).
+        extra_hooks: more hooks after the inspection ones (a tuning worker's IR dumps).
+        run_budget_s: added to the run time limit (a benchmark's sampling budget).
+
+    Raises:
+        UnknownGraphError, UnknownWorkloadError, UnknownTargetError, ConfigError: from
+            resolving the request, before anything compiles.
+    """
+
+    def __init__(
+        self,
+        request: SessionRequest,
+        *,
+        write: Callable[[str], None] | None = None,
+        extra_hooks: Sequence[Hook] = (),
+        run_budget_s: float = 0.0,
+    ) -> None:
+        from stagegraph.core.catalog import load_graph
+
+        self.request = request
+        self.workload = open_workload(request.workload)
+        self.graph = resolve_graph(load_graph(request.graph), request, self.workload.spec)
+        self.hooks = inspection_hooks(self.graph, request.inspection, write)
+        self.hooks += list(extra_hooks)
+        self.watchdog: Watchdog | None = None
+        if request.compile_timeout_s or request.run_timeout_s:
+            from stagegraph.instrument.watchdog import Watchdog
+
+            self.watchdog = Watchdog(
+                request.compile_timeout_s or float("inf"),
+                (request.run_timeout_s or float("inf")) + run_budget_s,
+            )
+            self.hooks.append(self.watchdog)
+        self.engine = Engine(self.hooks)
+
+    def compile(self, until: str | None = None) -> RunResult:
+        """Run the graph's stages for the workload (up to the tag ``until``)."""
+        return self.engine.run(self.graph, self.workload, until=until)
+
+    def close(self) -> None:
+        """Disarm the time limits (the work is done)."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def resolve_graph(graph: Graph, request: SessionRequest, workload_spec: str) -> Graph:
+    """The graph with the request's cost model, overrides, threads, target and emitter."""
+    from stagegraph.app.graph_options import (
+        with_cost_model,
+        with_emit,
+        with_params,
+        with_target,
+    )
+
+    graph = with_target(graph, request.target)
+    graph = with_cost_model(
+        graph,
+        request.cost_model,
+        workload=workload_spec,
+        db=request.db,
+        params_file=request.params_file,
+    )
+    graph = with_params(graph, request.params, request.threads)
+    return with_emit(graph, request.emit, request.output)
+
+
+def inspection_hooks(
+    graph: Graph, inspection: Inspection, write: Callable[[str], None] | None = None
+) -> list[Hook]:
+    """The engine hooks the inspection options ask for (reproducers are always on)."""
+    from stagegraph.instrument.ir_hooks import DumpIR, PrintIR, VerifyEach, check_selectors
+    from stagegraph.instrument.repro import ReproducerHook
+
+    hooks: list[Hook] = [ReproducerHook(inspection.repro_dir)]
+    if inspection.verify_each:
+        hooks.append(VerifyEach())
+    if inspection.print_ir_after:
+        check_selectors(graph, list(inspection.print_ir_after))
+        hooks.append(PrintIR(list(inspection.print_ir_after), write or (lambda _text: None)))
+    if inspection.dump_ir:
+        hooks.append(DumpIR(inspection.dump_ir))
+    return hooks

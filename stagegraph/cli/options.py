@@ -1,0 +1,133 @@
+"""Click options shared by ``run``, ``bench`` and ``tune``, and their translation into a
+:class:`~stagegraph.app.session.SessionRequest`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import click
+import yaml
+
+from stagegraph.errors import ConfigError
+
+
+def _apply(command: Callable, options: Sequence[Callable]) -> Callable:
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def isolation_options(command: Callable) -> Callable:
+    """``--isolate`` with its ``--timeout`` and ``--memory`` limits, shared by run/bench."""
+    return _apply(command, [
+        click.option("--isolate", is_flag=True,
+                     help="Compile and run in a child process with limits."),
+        click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=300.0,
+                     show_default=True, help="With --isolate: wall-clock limit (s)."),
+        click.option("--memory", "memory_gb", type=click.FloatRange(min=0, min_open=True),
+                     default=8.0, show_default=True,
+                     help="With --isolate: address-space limit (GiB)."),
+    ])  # fmt: skip
+
+
+def inspection_options(command: Callable) -> Callable:
+    """``--print-ir-after``, ``--verify-each`` and ``--repro-dir``, shared by run/bench/tune."""
+    return _apply(command, [
+        click.option("--print-ir-after", "print_ir_after", multiple=True,
+                     metavar="STAGE|TAG|all", help="Print the IR after these stages."),
+        click.option("--verify-each", is_flag=True, help="Verify the IR after every stage."),
+        click.option("--repro-dir", type=click.Path(file_okay=False),
+                     help="Where failing stages write reproducers (default: a temp dir)."),
+    ])  # fmt: skip
+
+
+def time_limit_options(command: Callable) -> Callable:
+    """``--compile-timeout`` and ``--run-timeout`` for in-process run/bench (see watchdog)."""
+    return _apply(command, [
+        click.option("--compile-timeout", type=click.FloatRange(min=0, min_open=True),
+                     default=600.0, show_default=True,
+                     help="Without --isolate: end the run if compiling takes longer (s)."),
+        click.option("--run-timeout", type=click.FloatRange(min=0, min_open=True),
+                     default=300.0, show_default=True,
+                     help="Without --isolate: end the run if running or timing the compiled "
+                          "code takes longer (s; bench adds --budget)."),
+    ])  # fmt: skip
+
+
+def target_option(command: Callable) -> Callable:
+    """``--target``, shared by run/bench/tune."""
+    return click.option(
+        "--target",
+        metavar="NAME",
+        help="host (default, or $STAGEGRAPH_TARGET), x86-64-v2|v3|v4, or an LLVM CPU name "
+        "(znver3, skylake-avx512, sapphirerapids, ...).",
+    )(command)
+
+
+def cost_model_options(command: Callable) -> Callable:
+    """``--cost-model``, ``--db`` and ``--params-file``, shared by run/bench."""
+    return _apply(command, [
+        click.option("--cost-model", "cost_model", metavar="NAME",
+                     help="heuristic (default), analytical, tuned (needs --db) or fixed "
+                          "(needs --params-file)."),
+        click.option("--db", "db", type=click.Path(dir_okay=False),
+                     help="Tuning database (SQLite) for --cost-model tuned and tune."),
+        click.option("--params-file", type=click.Path(dir_okay=False),
+                     help="JSON params for --cost-model fixed."),
+    ])  # fmt: skip
+
+
+def param_option(command: Callable) -> Callable:
+    return click.option(
+        "--param",
+        "params",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Override a field of the cost model's params (validated).",
+    )(command)
+
+
+def parse_assignments(items: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings to a dict; values read as YAML scalars (``8``, ``true``, ``[1,2]``)."""
+    result: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param {item!r} must look like KEY=VALUE")
+        try:
+            result[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            result[key.strip()] = raw
+    return result
+
+
+def session_request(options: dict[str, Any]) -> Any:
+    """The :class:`SessionRequest` for a command's keyword arguments (the click values)."""
+    from stagegraph.app.session import Inspection, SessionRequest
+
+    return SessionRequest(
+        graph=options["graph"],
+        workload=options["workload"],
+        target=options.get("target"),
+        params=parse_assignments(options.get("params") or ()),
+        threads=options.get("threads"),
+        cost_model=options.get("cost_model"),
+        db=options.get("db"),
+        params_file=options.get("params_file"),
+        emit=options.get("emit") or "jit",
+        output=options.get("output"),
+        inspection=Inspection(
+            print_ir_after=tuple(options.get("print_ir_after") or ()),
+            verify_each=bool(options.get("verify_each")),
+            repro_dir=options.get("repro_dir"),
+            dump_ir=options.get("dump_ir"),
+        ),
+        compile_timeout_s=options.get("compile_timeout"),
+        run_timeout_s=options.get("run_timeout"),
+    )
+
+
+def print_ir(text: str) -> None:
+    """Where ``--print-ir-after`` text goes: stderr, so ``--json`` output stays clean."""
+    click.echo(text, err=True)
