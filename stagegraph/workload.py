@@ -6,6 +6,8 @@ in the ``stagegraph.workloads`` package; each module there registers its classes
 :func:`register`, and the package is imported only when a name is first looked up. ``.mlir``
 files shipped in that package are registered under their stem.
 
+Element-type helpers live in :mod:`stagegraph.dtypes` and are re-exported here.
+
 Importing this module does not import MLIR: payload builders import ``stagegraph.mlir``
 when called.
 """
@@ -24,6 +26,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field, ValidationError
 
+from stagegraph.dtypes import UNIT_ROUNDOFF, decode, from_bf16, is_float, numpy_dtype, to_bf16
 from stagegraph.errors import (
     PayloadError,
     ReferenceUnavailableError,
@@ -115,52 +118,7 @@ class WorkloadParams(Schema):
     seed: int = Field(0, ge=0, description="seed of the input generator")
 
 
-# ---------------------------------------------------------------- dtypes
-
-_NUMPY = {
-    "f64": np.float64,
-    "f32": np.float32,
-    "f16": np.float16,
-    "bf16": np.uint16,  # numpy has no bfloat16: bit patterns stored as uint16
-    "i1": np.bool_,
-    "i8": np.int8,
-    "i16": np.int16,
-    "i32": np.int32,
-    "i64": np.int64,
-    "index": np.int64,
-}
-_EPS = {"f64": 2.0**-52, "f32": 2.0**-23, "f16": 2.0**-10, "bf16": 2.0**-7}
-
-
-def numpy_dtype(dtype: str) -> np.dtype:
-    """The numpy storage dtype for an MLIR element type name (bf16 -> uint16 bits)."""
-    try:
-        return np.dtype(_NUMPY[dtype])
-    except KeyError:
-        raise TypeError(f"element type {dtype!r} has no numpy equivalent") from None
-
-
-def is_float(dtype: str) -> bool:
-    return dtype in _EPS
-
-
-def to_bf16(values: np.ndarray) -> np.ndarray:
-    """Round float values to bfloat16 (nearest even), returned as uint16 bit patterns."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
-
-
-def from_bf16(bits: np.ndarray) -> np.ndarray:
-    """Decode uint16 bfloat16 bit patterns to float32."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def decode(array: np.ndarray, dtype: str) -> np.ndarray:
-    """Values of ``array`` (stored as ``numpy_dtype(dtype)``) as float64, for comparisons."""
-    if dtype == "bf16":
-        return from_bf16(array).astype(np.float64)
-    return np.asarray(array).astype(np.float64)
+# ---------------------------------------------------------------- inputs
 
 
 def random_array(rng: np.random.Generator, spec: TensorSpec, scale: float = 1.0) -> np.ndarray:
@@ -288,7 +246,12 @@ class Workload:
         """
         if not is_float(spec.dtype):
             return 0.0
-        return self.rtol_factor * _EPS[spec.dtype] * float(np.sqrt(max(1, self.reduction_length)))
+        return (
+            self.rtol_factor
+            * 2
+            * UNIT_ROUNDOFF[spec.dtype]
+            * float(np.sqrt(max(1, self.reduction_length)))
+        )
 
     def verify(self, outputs: Sequence[np.ndarray]) -> Verdict:
         """Compare ``outputs`` with :meth:`reference` (count, shape, dtype, then values)."""
