@@ -6,7 +6,8 @@ in the ``stagegraph.workloads`` package; each module there registers its classes
 :func:`register`, and the package is imported only when a name is first looked up. ``.mlir``
 files shipped in that package are registered under their stem.
 
-Element-type helpers live in :mod:`stagegraph.dtypes` and are re-exported here.
+Element-type helpers (:mod:`stagegraph.dtypes`) and :class:`Verdict` with the comparison
+(:mod:`stagegraph.verify`) live in their own modules and are re-exported here.
 
 Importing this module does not import MLIR: payload builders import ``stagegraph.mlir``
 when called.
@@ -26,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 from pydantic import Field, ValidationError
 
-from stagegraph.dtypes import UNIT_ROUNDOFF, decode, from_bf16, is_float, numpy_dtype, to_bf16
+from stagegraph.dtypes import decode, from_bf16, is_float, numpy_dtype, to_bf16
 from stagegraph.errors import (
     PayloadError,
     ReferenceUnavailableError,
@@ -36,6 +37,7 @@ from stagegraph.errors import (
     unknown_name_message,
 )
 from stagegraph.ports import Schema
+from stagegraph.verify import Verdict, compare, rms, tolerances
 
 if typing.TYPE_CHECKING:
     from stagegraph.mlir import ir
@@ -88,16 +90,6 @@ class TensorSpec(Schema):
     @property
     def nbytes(self) -> int:
         return int(np.prod(self.shape, dtype=np.int64)) * self.numpy_dtype.itemsize
-
-
-class Verdict(Schema):
-    """Result of comparing outputs with the reference; errors are maxima over all outputs."""
-
-    ok: bool
-    max_abs_error: float
-    max_rel_error: float
-    tolerance: float = 0.0
-    message: str
 
 
 class Complexity(Schema):
@@ -153,7 +145,6 @@ class Workload:
     name: ClassVar[str] = ""
     Params: ClassVar[type[WorkloadParams]] = WorkloadParams
     entry: str = "main"
-    rtol_factor: ClassVar[float] = 8.0
 
     def __init__(self, params: WorkloadParams | None = None, /, **values: Any) -> None:
         if params is None:
@@ -166,6 +157,7 @@ class Workload:
         self.params = params
         self._inputs: list[np.ndarray] | None = None
         self._reference: list[np.ndarray] | None = None
+        self._magnitudes: list[float] | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._depth = 0
 
@@ -239,23 +231,42 @@ class Workload:
         return 1
 
     def tolerance(self, spec: TensorSpec) -> float:
-        """Relative tolerance for one output: exact for integers, ~eps*sqrt(reduction) else.
+        """Elementwise tolerance for one output: 0 for integers, ~u*sqrt(reduction) for floats.
 
-        Errors are measured relative to ``|ref| + mean(|ref|)``, so values near zero (from
-        cancellation) are judged against the output's typical magnitude.
+        Errors are measured relative to ``|ref| + S``, where the scale ``S`` is the larger of
+        the output's RMS and :meth:`magnitudes`; see :mod:`stagegraph.verify`.
         """
-        if not is_float(spec.dtype):
-            return 0.0
-        return (
-            self.rtol_factor
-            * 2
-            * UNIT_ROUNDOFF[spec.dtype]
-            * float(np.sqrt(max(1, self.reduction_length)))
-        )
+        return tolerances(spec.dtype, self.reduction_length)[1]
+
+    def magnitudes(self) -> list[float]:
+        """Per output, the magnitude of the values that produced it (cached per session).
+
+        It is the floor of the scale an output's rounding errors are judged against, so that
+        an output made tiny by cancellation (the mean of normalized values) is judged by the
+        size of what cancelled. The default is the largest RMS of the float inputs: what a
+        payload adds, subtracts or normalizes is usually of that order (normalized
+        activations are O(1), like the inputs). A payload that scales its inputs down by
+        orders of magnitude would get too loose a floor and should override this, as should
+        a workload that knows better (:class:`~stagegraph.workloads.matmul.Matmul` does).
+        """
+        if self._magnitudes is None:
+            pairs = zip(self.inputs(), self.input_specs(), strict=False)
+            floor = max(
+                (rms(decode(a, s.dtype)) for a, s in pairs if is_float(s.dtype)), default=0.0
+            )
+            self._magnitudes = [floor] * len(self.output_specs())
+        return self._magnitudes
 
     def verify(self, outputs: Sequence[np.ndarray]) -> Verdict:
         """Compare ``outputs`` with :meth:`reference` (count, shape, dtype, then values)."""
-        return _verify(self, list(outputs))
+        return compare(
+            list(outputs),
+            self.reference(),
+            self.output_specs(),
+            reduction_length=self.reduction_length,
+            magnitudes=self.magnitudes(),
+            who=self.spec,
+        )
 
     @property
     def complexity(self) -> Complexity:
@@ -295,7 +306,7 @@ class Workload:
 
     def release(self) -> None:
         """Drop cached arrays and the scratch directory (they are rebuilt on demand)."""
-        self._inputs = self._reference = None
+        self._inputs = self._reference = self._magnitudes = None
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
@@ -305,73 +316,6 @@ def _format(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "-".join(str(v) for v in value)
     return str(value)
-
-
-# ---------------------------------------------------------------- verification
-
-
-def _verify(workload: Workload, outputs: list[np.ndarray]) -> Verdict:
-    refs, specs = workload.reference(), workload.output_specs()
-    who = workload.spec
-    if len(outputs) != len(refs):
-        return _fail(f"{who}: expected {len(refs)} outputs, got {len(outputs)}")
-    worst_abs = worst_rel = worst_tol = 0.0
-    for i, (out, ref, spec) in enumerate(zip(outputs, refs, specs, strict=True)):
-        out = np.asarray(out)
-        if out.shape != tuple(spec.shape):
-            return _fail(f"{who}: output {i} has shape {out.shape}, expected {tuple(spec.shape)}")
-        if out.dtype != spec.numpy_dtype:
-            return _fail(f"{who}: output {i} has dtype {out.dtype}, expected {spec.numpy_dtype}")
-        got = decode(out, spec.dtype)
-        want = decode(ref, spec.dtype) if ref.dtype == out.dtype else ref.astype(np.float64)
-        tol = workload.tolerance(spec)
-        worst_tol = max(worst_tol, tol)
-        bad = _nonfinite_mismatch(got, want)
-        if bad is not None:
-            return _fail(f"{who}: output {i} at {bad}: got {got[bad]}, expected {want[bad]}")
-        finite = np.isfinite(want)
-        diff = np.where(finite, np.abs(got - want), 0.0)
-        scale = np.abs(want[finite]).mean() if finite.any() else 0.0
-        rel = diff / (np.where(finite, np.abs(want), 0.0) + scale + np.finfo(np.float64).tiny)
-        abs_err = float(diff.max(initial=0.0))
-        rel_err = float(rel.max(initial=0.0))
-        worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
-        if rel_err > tol:
-            at = np.unravel_index(int(np.argmax(rel)), rel.shape)
-            return Verdict(
-                ok=False,
-                max_abs_error=abs_err,
-                max_rel_error=rel_err,
-                tolerance=tol,
-                message=f"{who}: output {i} differs: max rel error {rel_err:.3g} > tolerance "
-                f"{tol:.3g} at index {tuple(int(x) for x in at)} "
-                f"(got {got[at]:.6g}, expected {want[at]:.6g})",
-            )
-    return Verdict(
-        ok=True,
-        max_abs_error=worst_abs,
-        max_rel_error=worst_rel,
-        tolerance=worst_tol,
-        message=f"{who}: ok (max abs error {worst_abs:.3g}, max rel error {worst_rel:.3g}, "
-        f"tolerance {worst_tol:.3g})",
-    )
-
-
-def _nonfinite_mismatch(got: np.ndarray, want: np.ndarray) -> tuple[int, ...] | None:
-    """First index where NaN/inf placement differs between output and reference."""
-    mismatch = (
-        (np.isnan(got) != np.isnan(want))
-        | (np.isinf(want) & (got != want))
-        | (np.isinf(got) & ~np.isinf(want))
-    )
-    if not mismatch.any():
-        return None
-    return tuple(int(x) for x in np.argwhere(mismatch)[0])
-
-
-def _fail(message: str) -> Verdict:
-    inf = float("inf")
-    return Verdict(ok=False, max_abs_error=inf, max_rel_error=inf, message=message)
 
 
 # ---------------------------------------------------------------- registry

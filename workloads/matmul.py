@@ -14,6 +14,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import Field
 
+from stagegraph.verify import rms
 from stagegraph.workload import (
     Complexity,
     TensorSpec,
@@ -104,6 +105,13 @@ class Matmul(Workload):
     @property
     def reduction_length(self) -> int:
         return self.params.k
+
+    def magnitudes(self) -> list[float]:
+        """``sqrt(k) * rms(A) * rms(B)``: the size of a sum of ``k`` such products with random
+        signs, i.e. of the partial sums whose rounding errors accumulate. It equals ``rms(C)``
+        for random operands and keeps the scale when ``C`` is small by cancellation."""
+        a, b = (decode(x, self.params.dtype) for x in self.inputs())
+        return [float(np.sqrt(self.params.k)) * rms(a) * rms(b)]
 
     @property
     def complexity(self) -> Complexity:
