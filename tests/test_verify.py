@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import re
+import shutil
 
 import numpy as np
 import pytest
@@ -280,3 +281,57 @@ def test_level3_training_running_stats_near_zero_verify() -> None:
     wrong = [o.copy() for o in outputs]
     wrong[7] = np.ones_like(wrong[7])
     assert not w.verify(wrong).ok
+
+
+# Real miscompiles, simulated by editing the payload: the output of l2_093 is ~1000x smaller
+# than what produced it (GELU of mostly very negative values), so its floor dominates; l2_003
+# normalizes (LayerNorm) before pooling. Each edit must still fail verification.
+MUTATIONS = [
+    pytest.param(
+        "l2_093_ConvTranspose2d_Add_Min_GELU_Multiply",
+        "naive",
+        "%11 = arith.addf %in, %cst_1 : f32",
+        "%11 = arith.addf %in, %cst : f32",
+        id="l2_093-dropped-add",
+    ),
+    pytest.param(
+        "l2_093_ConvTranspose2d_Add_Min_GELU_Multiply",
+        "naive",
+        "[0, 0, 3, 3] [8, 16, 8, 8]",
+        "[0, 0, 3, 2] [8, 16, 8, 8]",
+        id="l2_093-padding-off-by-one",
+    ),
+    pytest.param(
+        "l2_093_ConvTranspose2d_Add_Min_GELU_Multiply",
+        "naive",
+        "%cst_3[%12, %11, %15, %16]",
+        "%cst_3[%11, %12, %15, %16]",
+        id="l2_093-transposed-weights",
+    ),
+    pytest.param(
+        "l2_003_ConvTranspose3d_Sum_LayerNorm_AvgPool_GELU",
+        "x86",
+        "%cst_10 = arith.constant 6.400000e+01 : f32",
+        "%cst_10 = arith.constant 6.300000e+01 : f32",
+        id="l2_003-layernorm-mean-over-63",
+    ),
+]
+
+
+@pytest.mark.parametrize(("stem", "graph", "old", "new"), MUTATIONS)
+def test_mutated_kernelbench_payloads_fail(stem, graph, old, new, tmp_path) -> None:
+    from stagegraph.catalog import load_graph
+    from stagegraph.engine import Engine
+
+    source = kernelbench_or_skip("level2") / f"{stem}.mlir"
+    if not source.is_file():
+        pytest.skip(f"{source} not found")
+    text = source.read_text()
+    assert text.count(old) == 1, f"{stem} changed: {old!r} is not there once"
+    path = tmp_path / source.name
+    path.write_text(text.replace(old, new))
+    shutil.copy(source.with_suffix(".npz"), path.with_suffix(".npz"))
+    w = parse_workload(str(path))
+    result = Engine().run(load_graph(graph), w)
+    verdict = w.verify(result.binary.call(w.entry, w.inputs()))
+    assert not verdict.ok and verdict.ratio > 100, verdict.message
