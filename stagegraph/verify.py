@@ -44,12 +44,12 @@ Constants and why
     (elementwise) of these units: ``l2_075``, GroupNorm over groups of one channel, where
     ``x * rstd - mean * rstd`` cancels terms ~300x larger than the result. All others stay
     below 3 and 12. PyTorch's kernels sum in another order and both sides' errors count, so
-    the constants leave 2.5x headroom over the worst
-    correct payload. A miscompile changes the result by far more: dropping one of ``n``
-    summed terms changes it by ~``1/sqrt(n)`` relative, which exceeds ``32 * u * sqrt(n)``
-    for ``n < 1/(32 u)`` (500,000 terms in f32); a dropped bias, a transposed operand or a
-    shifted window changes it by O(1) relative (``tests/test_verify.py`` fails each by 100x
-    to 100,000x, including edited KernelBench payloads whose output is near zero).
+    the constants leave 2.5x headroom over the worst correct payload. A miscompile changes
+    the result by far more: dropping one of ``n`` summed terms changes it by ~``1/sqrt(n)``
+    relative, which exceeds ``32 * u * sqrt(n)`` for ``n < 1/(32 u)`` (500,000 terms in
+    f32); a dropped bias, a transposed operand or a shifted window changes it by O(1)
+    relative (``tests/test_verify.py`` fails each by 100x to 100,000x, including edited
+    KernelBench payloads whose output is near zero).
 
     The precision of bf16 outputs is too low for that argument: with ``u = 2^-8`` the
     normwise tolerance for ``n = 64`` is 1.0, so only gross errors fail. bf16 *inputs* with
