@@ -23,7 +23,16 @@ def pytest_configure(config: pytest.Config) -> None:
         os.environ["STAGEGRAPH_TARGET"] = target
 
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared"
+def _shared() -> Path:
+    """``shared/`` beside the checkout, or beside an ancestor (a worktree under ``wt/``)."""
+    root = Path(__file__).resolve().parents[1]
+    for folder in root.parents:
+        if (folder / "shared" / "kernelbench").is_dir():
+            return folder / "shared"
+    return root.parent / "shared"
+
+
+SHARED = _shared()
 KERNELBENCH = SHARED / "kernelbench" / "level1"
 
 MATMUL_MLIR = """
@@ -59,7 +68,8 @@ def matmul_text() -> str:
     return MATMUL_MLIR
 
 
-def kernelbench_or_skip() -> Path:
-    if not KERNELBENCH.is_dir():
-        pytest.skip(f"shared KernelBench payloads not found at {KERNELBENCH}")
-    return KERNELBENCH
+def kernelbench_or_skip(level: str = "level1") -> Path:
+    folder = SHARED / "kernelbench" / level
+    if not folder.is_dir():
+        pytest.skip(f"shared KernelBench payloads not found at {folder}")
+    return folder

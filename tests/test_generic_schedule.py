@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,8 +17,7 @@ from stagegraph.stages.x86.generic_params import (
     reduction_tile_sizes,
     tile_sizes_for,
 )
-
-KERNELBENCH = Path(__file__).resolve().parents[2] / "shared" / "kernelbench" / "level1"
+from tests.conftest import KERNELBENCH
 
 CHAIN = """
 #id = affine_map<(d0, d1) -> (d0, d1)>

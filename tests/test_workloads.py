@@ -22,8 +22,7 @@ from stagegraph.workload import (
     parse_workload,
     to_bf16,
 )
-
-KERNELBENCH = Path(__file__).resolve().parents[2] / "shared" / "kernelbench" / "level1"
+from tests.conftest import KERNELBENCH
 
 TINY = """\
 func.func @scale(%x: tensor<3x4xf32>, %y: tensor<4xf32>) -> tensor<3x4xf32> {

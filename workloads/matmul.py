@@ -22,6 +22,7 @@ from stagegraph.workload import (
     decode,
     register,
 )
+from stagegraph.workload.verify import rms
 
 if typing.TYPE_CHECKING:
     from stagegraph.mlir.bindings import ir
@@ -104,6 +105,13 @@ class Matmul(Workload):
     @property
     def reduction_length(self) -> int:
         return self.params.k
+
+    def magnitudes(self) -> list[float]:
+        """``sqrt(k) * rms(A) * rms(B)``: the size of a sum of ``k`` such products with random
+        signs, i.e. of the partial sums whose rounding errors accumulate. It equals ``rms(C)``
+        for random operands and keeps the scale when ``C`` is small by cancellation."""
+        a, b = (decode(x, self.params.dtype) for x in self.inputs())
+        return [float(np.sqrt(self.params.k)) * rms(a) * rms(b)]
 
     @property
     def complexity(self) -> Complexity:

@@ -6,6 +6,9 @@ in the ``stagegraph.workloads`` package; each module there registers its classes
 :func:`register`, and the package is imported only when a name is first looked up. ``.mlir``
 files shipped in that package are registered under their stem.
 
+Element-type helpers (:mod:`stagegraph.dtypes`) and :class:`Verdict` with the comparison
+(:mod:`stagegraph.workload.verify`) live in their own modules and are re-exported here.
+
 Importing this module does not import MLIR: payload builders import ``stagegraph.mlir.bindings``
 when called.
 """
@@ -25,6 +28,7 @@ import numpy as np
 from pydantic import Field, ValidationError
 
 from stagegraph.core.ports import Schema
+from stagegraph.dtypes import decode, from_bf16, is_float, numpy_dtype, to_bf16
 from stagegraph.errors import (
     PayloadError,
     ReferenceUnavailableError,
@@ -33,6 +37,7 @@ from stagegraph.errors import (
     did_you_mean,
     unknown_name_message,
 )
+from stagegraph.workload.verify import Verdict, compare, rms, tolerances
 
 if typing.TYPE_CHECKING:
     from stagegraph.mlir.bindings import ir
@@ -82,16 +87,6 @@ class TensorSpec(Schema):
         return int(np.prod(self.shape, dtype=np.int64)) * self.numpy_dtype.itemsize
 
 
-class Verdict(Schema):
-    """Result of comparing outputs with the reference; errors are maxima over all outputs."""
-
-    ok: bool
-    max_abs_error: float
-    max_rel_error: float
-    tolerance: float = 0.0
-    message: str
-
-
 class Complexity(Schema):
     """Work of one run: arithmetic operations and compulsory memory traffic (args + results)."""
 
@@ -110,52 +105,7 @@ class WorkloadParams(Schema):
     seed: int = Field(0, ge=0, description="seed of the input generator")
 
 
-# ---------------------------------------------------------------- dtypes
-
-_NUMPY = {
-    "f64": np.float64,
-    "f32": np.float32,
-    "f16": np.float16,
-    "bf16": np.uint16,  # numpy has no bfloat16: bit patterns stored as uint16
-    "i1": np.bool_,
-    "i8": np.int8,
-    "i16": np.int16,
-    "i32": np.int32,
-    "i64": np.int64,
-    "index": np.int64,
-}
-_EPS = {"f64": 2.0**-52, "f32": 2.0**-23, "f16": 2.0**-10, "bf16": 2.0**-7}
-
-
-def numpy_dtype(dtype: str) -> np.dtype:
-    """The numpy storage dtype for an MLIR element type name (bf16 -> uint16 bits)."""
-    try:
-        return np.dtype(_NUMPY[dtype])
-    except KeyError:
-        raise TypeError(f"element type {dtype!r} has no numpy equivalent") from None
-
-
-def is_float(dtype: str) -> bool:
-    return dtype in _EPS
-
-
-def to_bf16(values: np.ndarray) -> np.ndarray:
-    """Round float values to bfloat16 (nearest even), returned as uint16 bit patterns."""
-    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16
-    return rounded.astype(np.uint16)
-
-
-def from_bf16(bits: np.ndarray) -> np.ndarray:
-    """Decode uint16 bfloat16 bit patterns to float32."""
-    return (np.asarray(bits, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-
-
-def decode(array: np.ndarray, dtype: str) -> np.ndarray:
-    """Values of ``array`` (stored as ``numpy_dtype(dtype)``) as float64, for comparisons."""
-    if dtype == "bf16":
-        return from_bf16(array).astype(np.float64)
-    return np.asarray(array).astype(np.float64)
+# ---------------------------------------------------------------- inputs
 
 
 def random_array(rng: np.random.Generator, spec: TensorSpec, scale: float = 1.0) -> np.ndarray:
@@ -190,7 +140,6 @@ class Workload:
     name: ClassVar[str] = ""
     Params: ClassVar[type[WorkloadParams]] = WorkloadParams
     entry: str = "main"
-    rtol_factor: ClassVar[float] = 8.0
     #: Computes the outputs of a workload that has no stored reference (the session sets
     #: it to the naive graph: differential testing); ``None``: no such reference.
     reference_runner: Callable[[Workload], list[np.ndarray]] | None = None
@@ -206,6 +155,7 @@ class Workload:
         self.params = params
         self._inputs: list[np.ndarray] | None = None
         self._reference: list[np.ndarray] | None = None
+        self._magnitudes: list[float] | None = None
         self._scratch: tempfile.TemporaryDirectory[str] | None = None
         self._depth = 0
 
@@ -279,18 +229,42 @@ class Workload:
         return 1
 
     def tolerance(self, spec: TensorSpec) -> float:
-        """Relative tolerance for one output: exact for integers, ~eps*sqrt(reduction) else.
+        """Elementwise tolerance for one output: 0 for integers, ~u*sqrt(reduction) for floats.
 
-        Errors are measured relative to ``|ref| + mean(|ref|)``, so values near zero (from
-        cancellation) are judged against the output's typical magnitude.
+        Errors are measured relative to ``|ref| + S``, where the scale ``S`` is the larger of
+        the output's RMS and :meth:`magnitudes`; see :mod:`stagegraph.workload.verify`.
         """
-        if not is_float(spec.dtype):
-            return 0.0
-        return self.rtol_factor * _EPS[spec.dtype] * float(np.sqrt(max(1, self.reduction_length)))
+        return tolerances(spec.dtype, self.reduction_length)[1]
+
+    def magnitudes(self) -> list[float]:
+        """Per output, the magnitude of the values that produced it (cached per session).
+
+        It is the floor of the scale an output's rounding errors are judged against, so that
+        an output made tiny by cancellation (the mean of normalized values) is judged by the
+        size of what cancelled. The default is the largest RMS of the float inputs: what a
+        payload adds, subtracts or normalizes is usually of that order (normalized
+        activations are O(1), like the inputs). A payload that scales its inputs down by
+        orders of magnitude would get too loose a floor and should override this, as should
+        a workload that knows better (:class:`~stagegraph.workloads.matmul.Matmul` does).
+        """
+        if self._magnitudes is None:
+            pairs = zip(self.inputs(), self.input_specs(), strict=False)
+            floor = max(
+                (rms(decode(a, s.dtype)) for a, s in pairs if is_float(s.dtype)), default=0.0
+            )
+            self._magnitudes = [floor] * len(self.output_specs())
+        return self._magnitudes
 
     def verify(self, outputs: Sequence[np.ndarray]) -> Verdict:
         """Compare ``outputs`` with :meth:`reference` (count, shape, dtype, then values)."""
-        return _verify(self, list(outputs))
+        return compare(
+            list(outputs),
+            self.reference(),
+            self.output_specs(),
+            reduction_length=self.reduction_length,
+            magnitudes=self.magnitudes(),
+            who=self.spec,
+        )
 
     @property
     def complexity(self) -> Complexity:
@@ -330,7 +304,7 @@ class Workload:
 
     def release(self) -> None:
         """Drop cached arrays and the scratch directory (they are rebuilt on demand)."""
-        self._inputs = self._reference = None
+        self._inputs = self._reference = self._magnitudes = None
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
@@ -340,73 +314,6 @@ def _format(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "-".join(str(v) for v in value)
     return str(value)
-
-
-# ---------------------------------------------------------------- verification
-
-
-def _verify(workload: Workload, outputs: list[np.ndarray]) -> Verdict:
-    refs, specs = workload.reference(), workload.output_specs()
-    who = workload.spec
-    if len(outputs) != len(refs):
-        return _fail(f"{who}: expected {len(refs)} outputs, got {len(outputs)}")
-    worst_abs = worst_rel = worst_tol = 0.0
-    for i, (out, ref, spec) in enumerate(zip(outputs, refs, specs, strict=True)):
-        out = np.asarray(out)
-        if out.shape != tuple(spec.shape):
-            return _fail(f"{who}: output {i} has shape {out.shape}, expected {tuple(spec.shape)}")
-        if out.dtype != spec.numpy_dtype:
-            return _fail(f"{who}: output {i} has dtype {out.dtype}, expected {spec.numpy_dtype}")
-        got = decode(out, spec.dtype)
-        want = decode(ref, spec.dtype) if ref.dtype == out.dtype else ref.astype(np.float64)
-        tol = workload.tolerance(spec)
-        worst_tol = max(worst_tol, tol)
-        bad = _nonfinite_mismatch(got, want)
-        if bad is not None:
-            return _fail(f"{who}: output {i} at {bad}: got {got[bad]}, expected {want[bad]}")
-        finite = np.isfinite(want)
-        diff = np.where(finite, np.abs(got - want), 0.0)
-        scale = np.abs(want[finite]).mean() if finite.any() else 0.0
-        rel = diff / (np.where(finite, np.abs(want), 0.0) + scale + np.finfo(np.float64).tiny)
-        abs_err = float(diff.max(initial=0.0))
-        rel_err = float(rel.max(initial=0.0))
-        worst_abs, worst_rel = max(worst_abs, abs_err), max(worst_rel, rel_err)
-        if rel_err > tol:
-            at = np.unravel_index(int(np.argmax(rel)), rel.shape)
-            return Verdict(
-                ok=False,
-                max_abs_error=abs_err,
-                max_rel_error=rel_err,
-                tolerance=tol,
-                message=f"{who}: output {i} differs: max rel error {rel_err:.3g} > tolerance "
-                f"{tol:.3g} at index {tuple(int(x) for x in at)} "
-                f"(got {got[at]:.6g}, expected {want[at]:.6g})",
-            )
-    return Verdict(
-        ok=True,
-        max_abs_error=worst_abs,
-        max_rel_error=worst_rel,
-        tolerance=worst_tol,
-        message=f"{who}: ok (max abs error {worst_abs:.3g}, max rel error {worst_rel:.3g}, "
-        f"tolerance {worst_tol:.3g})",
-    )
-
-
-def _nonfinite_mismatch(got: np.ndarray, want: np.ndarray) -> tuple[int, ...] | None:
-    """First index where NaN/inf placement differs between output and reference."""
-    mismatch = (
-        (np.isnan(got) != np.isnan(want))
-        | (np.isinf(want) & (got != want))
-        | (np.isinf(got) & ~np.isinf(want))
-    )
-    if not mismatch.any():
-        return None
-    return tuple(int(x) for x in np.argwhere(mismatch)[0])
-
-
-def _fail(message: str) -> Verdict:
-    inf = float("inf")
-    return Verdict(ok=False, max_abs_error=inf, max_rel_error=inf, message=message)
 
 
 # ---------------------------------------------------------------- registry
