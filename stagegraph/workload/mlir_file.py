@@ -18,14 +18,8 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from stagegraph.workload import (
-    Complexity,
-    PayloadError,
-    ReferenceUnavailableError,
-    TensorSpec,
-    Workload,
-    WorkloadParams,
-)
+from stagegraph.errors import PayloadError, ReferenceUnavailableError
+from stagegraph.workload.base import Complexity, TensorSpec, Workload, WorkloadParams
 
 if typing.TYPE_CHECKING:
     from stagegraph.mlir.bindings import ir

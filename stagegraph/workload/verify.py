@@ -68,7 +68,7 @@ from stagegraph.core.ports import Schema
 from stagegraph.dtypes import UNIT_ROUNDOFF, decode, is_float
 
 if typing.TYPE_CHECKING:
-    from stagegraph.workload import TensorSpec
+    from stagegraph.workload.tensors import TensorSpec
 
 __all__ = [
     "ELEMENTWISE",

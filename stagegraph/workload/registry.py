@@ -1,0 +1,132 @@
+"""Workloads by name: ``NAME[:key=value,...]`` specs (lists written with ``-``, e.g.
+``mlp:batch=64,widths=256-512-256``) or the path of a ``.mlir`` file.
+
+Workload classes live in the ``stagegraph.workloads`` package; each module there registers
+its classes with :func:`register`, and the package is imported only when a name is first
+looked up. ``.mlir`` files shipped in that package are registered under their stem.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+import typing
+from pathlib import Path
+from typing import Any
+
+from stagegraph.errors import (
+    UnknownWorkloadError,
+    WorkloadParamError,
+    did_you_mean,
+    unknown_name_message,
+)
+from stagegraph.workload.base import Workload, WorkloadParams
+
+PACKAGE = "stagegraph.workloads"
+
+
+# ---------------------------------------------------------------- registry
+
+_REGISTRY: dict[str, type[Workload] | Path] = {}
+_discovered = False
+
+
+def register(cls: type[Workload]) -> type[Workload]:
+    """Class decorator: make ``cls`` available under ``cls.name`` in specs."""
+    if not cls.name:
+        raise TypeError(f"{cls.__qualname__} has no 'name'")
+    other = _REGISTRY.get(cls.name)
+    if other is not None and other is not cls:
+        raise ValueError(f"workload name {cls.name!r} is already registered by {other}")
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def _discover() -> None:
+    """Import every module of the workloads package and index its ``.mlir`` files (once)."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    package = importlib.import_module(PACKAGE)
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{PACKAGE}.{info.name}")
+    for folder in package.__path__:
+        for path in sorted(Path(folder).glob("*.mlir")):
+            _REGISTRY.setdefault(path.stem, path)
+
+
+def list_workloads() -> list[str]:
+    """Names usable in specs (Python workloads and the package's .mlir files)."""
+    _discover()
+    return sorted(_REGISTRY)
+
+
+def workload_class(name: str) -> type[Workload]:
+    """The class registered under ``name``."""
+    _discover()
+    entry = _REGISTRY.get(name)
+    if entry is None or isinstance(entry, Path):
+        raise UnknownWorkloadError(_unknown(name))
+    return entry
+
+
+def _unknown(name: str) -> str:
+    return unknown_name_message("workload", name, _REGISTRY)
+
+
+# ---------------------------------------------------------------- spec parsing
+
+
+def parse_workload(text: str) -> Workload:
+    """Build a workload from ``NAME[:key=value,...]`` or a ``.mlir`` path.
+
+    Raises:
+        UnknownWorkloadError: no workload of that name and no such ``.mlir`` file.
+        WorkloadParamError: an unknown key, a repeated key or an invalid value.
+        PayloadError: the ``.mlir`` file cannot be parsed or has dynamic shapes.
+    """
+    text = text.strip()
+    head, _, rest = text.partition(":")
+    if text.endswith(".mlir") or head.endswith(".mlir"):
+        from stagegraph.workload.mlir_file import MlirFileWorkload
+
+        path = Path(text if text.endswith(".mlir") else head)
+        if not path.is_file():
+            raise UnknownWorkloadError(f"mlir file workload: no such file {str(path)!r}")
+        values = _split(path.stem, MlirFileWorkload.Params, rest if head != text else "")
+        return MlirFileWorkload(path, **values)
+    _discover()
+    found = _REGISTRY.get(head)
+    if found is None:
+        raise UnknownWorkloadError(_unknown(head))
+    if isinstance(found, Path):
+        from stagegraph.workload.mlir_file import MlirFileWorkload
+
+        return MlirFileWorkload(found, **_split(head, MlirFileWorkload.Params, rest))
+    return found(**_split(head, found.Params, rest))
+
+
+def _split(name: str, params: type[WorkloadParams], text: str) -> dict[str, Any]:
+    """``key=value,...`` -> raw values (lists split on '-'); pydantic validates them."""
+    values: dict[str, Any] = {}
+    if not text:
+        return values
+    fields = params.model_fields
+    names = [*(f for f in fields if f != "seed"), "seed"]
+    for item in text.split(","):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not key:
+            raise WorkloadParamError(
+                f"workload {name!r}: expected key=value, got {item!r} in {text!r}"
+            )
+        if key not in fields:
+            raise WorkloadParamError(
+                f"workload {name!r} has no parameter {key!r}{did_you_mean(key, fields)}; "
+                f"parameters: {', '.join(names)}"
+            )
+        if key in values:
+            raise WorkloadParamError(f"workload {name!r}: parameter {key!r} given twice")
+        is_list = typing.get_origin(fields[key].annotation) in (list, tuple)
+        values[key] = value.split("-") if is_list and value else value
+    return values
