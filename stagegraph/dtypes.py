@@ -1,7 +1,8 @@
-"""Element types: MLIR names, numpy storage, bfloat16 bits and unit roundoffs.
+"""Element types: MLIR names, numpy storage, sizes, bfloat16 bits and unit roundoffs.
 
-A leaf module (numpy only) so that both :mod:`stagegraph.workload` and
-:mod:`stagegraph.workload.verify` can use it without importing each other.
+The one table of element types (numpy only, no MLIR): workloads, the verifier, the runtime's
+memref marshalling and the cost models all read it. :func:`stagegraph.mlir.types.element_name`
+maps an MLIR type to these names.
 """
 
 from __future__ import annotations
@@ -9,7 +10,9 @@ from __future__ import annotations
 import numpy as np
 
 __all__ = [
+    "NAMES",
     "UNIT_ROUNDOFF",
+    "byte_size",
     "decode",
     "from_bf16",
     "is_float",
@@ -27,8 +30,15 @@ _NUMPY = {
     "i16": np.int16,
     "i32": np.int32,
     "i64": np.int64,
+    "ui8": np.uint8,
+    "ui16": np.uint16,
+    "ui32": np.uint32,
+    "ui64": np.uint64,
     "index": np.int64,
 }
+
+#: Every element type name stagegraph moves between numpy and compiled code.
+NAMES = frozenset(_NUMPY)
 
 UNIT_ROUNDOFF = {"f64": 2.0**-53, "f32": 2.0**-24, "f16": 2.0**-11, "bf16": 2.0**-8}
 """u = 2^-p for a p-bit significand: the largest relative error of one round-to-nearest.
@@ -45,6 +55,14 @@ def numpy_dtype(dtype: str) -> np.dtype:
         return np.dtype(_NUMPY[dtype])
     except KeyError:
         raise TypeError(f"element type {dtype!r} has no numpy equivalent") from None
+
+
+def byte_size(dtype: str, default: int | None = None) -> int:
+    """Bytes per element of an element type name (``default`` for unknown names, else a
+    TypeError)."""
+    if dtype not in _NUMPY and default is not None:
+        return default
+    return numpy_dtype(dtype).itemsize
 
 
 def is_float(dtype: str) -> bool:

@@ -89,17 +89,13 @@ class EmitInput(Hook):
 def count_calls(module: Any, callee: str) -> int:
     """How many ``llvm.call`` / ``func.call`` ops in ``module`` call the symbol ``callee``."""
     from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
 
-    count = 0
-
-    def visit(op: Any) -> Any:
-        nonlocal count
-        if op.name in ("llvm.call", "func.call") and "callee" in op.attributes:
-            count += ir.FlatSymbolRefAttr(op.attributes["callee"]).value == callee
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return count
+    calls = collect(module, lambda op: op.name in ("llvm.call", "func.call"))
+    return sum(
+        "callee" in op.attributes and ir.FlatSymbolRefAttr(op.attributes["callee"]).value == callee
+        for op in calls
+    )
 
 
 def emit_stage(graph: Graph, libmpi: str) -> Graph:

@@ -13,17 +13,9 @@ from stagegraph.errors import PayloadError, UnregisteredOpError, UnsupportedPayl
 
 def count_ops(module: Any) -> int:
     """Number of operations nested in ``module`` (the module op itself excluded)."""
-    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
 
-    count = 0
-
-    def visit(_op: Any) -> Any:
-        nonlocal count
-        count += 1
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return count - 1
+    return len(collect(module))
 
 
 def format_diagnostic(diag: Any, source: str = "-") -> str:
@@ -105,21 +97,16 @@ _CUSTOM_OP_DIAGNOSTIC = re.compile(r"Dialect `([\w.]+)' not found for custom op 
 
 def unregistered_ops(text: str) -> list[str]:
     """Names of the ops of ``text`` whose dialect these bindings do not register."""
-    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.mlir.bindings import new_context
 
     context = new_context()
     context.allow_unregistered_dialects = True
     module, diagnostics, _ = parse_capturing(text, context)
     if module is not None:
-        names: list[str] = []
+        from stagegraph.mlir.walk import collect
 
-        def visit(op: Any) -> Any:
-            if not context.is_registered_operation(op.name) and op.name not in names:
-                names.append(op.name)
-            return ir.WalkResult.ADVANCE
-
-        module.operation.walk(visit)
-        return names
+        unknown = collect(module, lambda op: not context.is_registered_operation(op.name))
+        return list(dict.fromkeys(op.name for op in unknown))
     # Custom-form ops of unknown dialects do not parse even here: the parser's diagnostic
     # (an error message, not IR) is the only place that names them.
     found = (_CUSTOM_OP_DIAGNOSTIC.search(d) for d in diagnostics)

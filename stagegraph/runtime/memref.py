@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from stagegraph.core.ports import Binary, Schema
+from stagegraph.dtypes import NAMES, numpy_dtype
 from stagegraph.errors import SignatureError
 
 SIGNATURE_ATTR = "stagegraph.signature"
@@ -28,30 +29,8 @@ OUTPUTS_ATTR = "stagegraph.outputs"
 C_INTERFACE_ATTR = "llvm.emit_c_interface"
 CIFACE_PREFIX = "_mlir_ciface_"
 
-try:  # bf16 arrays use ml_dtypes when installed, else raw uint16 storage.
-    import ml_dtypes  # type: ignore[import-not-found]
-
-    _BF16: np.dtype = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - depends on the environment
-    _BF16 = np.dtype(np.uint16)
-
-#: MLIR element type name -> numpy storage dtype.
-DTYPES: dict[str, np.dtype] = {
-    "f16": np.dtype(np.float16),
-    "bf16": _BF16,
-    "f32": np.dtype(np.float32),
-    "f64": np.dtype(np.float64),
-    "i1": np.dtype(np.bool_),
-    "i8": np.dtype(np.int8),
-    "i16": np.dtype(np.int16),
-    "i32": np.dtype(np.int32),
-    "i64": np.dtype(np.int64),
-    "ui8": np.dtype(np.uint8),
-    "ui16": np.dtype(np.uint16),
-    "ui32": np.dtype(np.uint32),
-    "ui64": np.dtype(np.uint64),
-    "index": np.dtype(np.int64),
-}
+#: MLIR element type name -> numpy storage dtype (bf16 as raw uint16 bits).
+DTYPES: dict[str, np.dtype] = {name: numpy_dtype(name) for name in sorted(NAMES)}
 
 #: Scalars passed by value through the C interface (no half types: they travel in vector
 #: registers, which ctypes cannot express).
@@ -282,24 +261,12 @@ class CallableBinary(Binary):
 
 def element_name(element_type: Any) -> str:
     """MLIR element type -> the names in :data:`DTYPES` (read through the bindings)."""
-    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.types import element_name as name_of
 
-    for cls, name in (
-        (ir.F16Type, "f16"),
-        (ir.BF16Type, "bf16"),
-        (ir.F32Type, "f32"),
-        (ir.F64Type, "f64"),
-    ):
-        if isinstance(element_type, cls):
-            return name
-    if isinstance(element_type, ir.IndexType):
-        return "index"
-    if isinstance(element_type, ir.IntegerType):
-        itype = ir.IntegerType(element_type)
-        name = f"{'ui' if itype.is_unsigned else 'i'}{itype.width}"
-        if name in DTYPES:
-            return name
-    raise SignatureError(f"unsupported element type {element_type}")
+    name = name_of(element_type)
+    if name is None or name not in DTYPES:
+        raise SignatureError(f"unsupported element type {element_type}")
+    return name
 
 
 def find_function(module: Any, name: str) -> Any:

@@ -11,7 +11,6 @@ unregistered dialect (e.g. ``tm_tensor.scan``) into an :class:`UnregisteredOpErr
 
 from __future__ import annotations
 
-import difflib
 import math
 import typing
 from collections.abc import Iterable, Sequence
@@ -19,17 +18,22 @@ from typing import Any, Literal
 
 from stagegraph.core.ports import Config, Facts, TensorModule
 from stagegraph.core.stage import stage
+from stagegraph.dtypes import byte_size
 from stagegraph.errors import UnsupportedPayloadError
 from stagegraph.mlir.diagnostics import parse_payload  # noqa: F401  (re-exported)
+from stagegraph.mlir.functions import (
+    function_name,
+    payload_functions,
+    select_entry,
+    visibility,
+)
 
 # In priority order: a payload is named by the first class it contains (``primary_class``).
 OpClass = Literal["matmul", "convolution", "pooling", "reduction", "elementwise", "other"]
 IteratorType = Literal["parallel", "reduction"]
 CLASS_PRIORITY: tuple[OpClass, ...] = typing.get_args(OpClass)
-DTYPE_BYTES = {"i1": 1, "i8": 1, "i16": 2, "i32": 4, "i64": 8}
-DTYPE_BYTES |= {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
-SUPPORTED_DTYPES = frozenset(DTYPE_BYTES)
-WRAPPER_ATTR = "stagegraph.wrapper"
+# Signless integers and floats: what the analysis and the schedules handle.
+SUPPORTED_DTYPES = frozenset({"i1", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64"})
 
 
 _CONTRACTIONS = frozenset(
@@ -80,7 +84,7 @@ class ValueFacts(Facts):
 
     @property
     def nbytes(self) -> int:
-        return self.numel * DTYPE_BYTES.get(self.dtype, 0)
+        return self.numel * byte_size(self.dtype, default=0)
 
 
 class FunctionFacts(Facts):
@@ -183,29 +187,24 @@ class PayloadFacts(Facts):
     def entry_function(self) -> FunctionFacts:
         return next(f for f in self.functions if f.name == self.entry)
 
+    @property
+    def reduction_length(self) -> int:
+        """The longest chain of terms one output element accumulates (product of an op's
+        reduction loop extents): what rounding errors grow with (the verifier's n)."""
+        return max(
+            (
+                math.prod(r for r, it in zip(op.loop_ranges, op.iterator_types, strict=False)
+                          if it == "reduction")
+                for op in self.ops
+            ),
+            default=1,
+        )  # fmt: skip
+
     def ops_of(self, op_class: OpClass) -> tuple[OpFacts, ...]:
         return tuple(op for op in self.ops if op.op_class == op_class)
 
 
 # --------------------------------------------------------------------------- types
-
-
-def _dtype(element: Any) -> str | None:
-    """Short name of a supported element type, ``index`` for index, else None."""
-    from stagegraph.mlir.bindings import ir
-
-    for cls, name in (
-        (ir.F32Type, "f32"),
-        (ir.F64Type, "f64"),
-        (ir.F16Type, "f16"),
-        (ir.BF16Type, "bf16"),
-        (ir.IndexType, "index"),
-    ):
-        if isinstance(element, cls):
-            return name
-    if isinstance(element, ir.IntegerType) and element.is_signless:
-        return f"i{element.width}"
-    return None
 
 
 def value_facts(t: Any, where: str, strict: bool = True) -> ValueFacts:
@@ -216,6 +215,7 @@ def value_facts(t: Any, where: str, strict: bool = True) -> ValueFacts:
             dynamic or unranked shape or an unsupported element type.
     """
     from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.types import element_name
 
     kind: Literal["tensor", "memref", "scalar", "other"] = "scalar"
     shape: tuple[int, ...] = ()
@@ -241,7 +241,7 @@ def value_facts(t: Any, where: str, strict: bool = True) -> ValueFacts:
         element = t.element_type
     elif not isinstance(t, ir.IntegerType | ir.FloatType | ir.IndexType):
         kind = "other"
-    dtype = _dtype(element)
+    dtype = element_name(element)
     if strict and dtype not in SUPPORTED_DTYPES:
         raise UnsupportedPayloadError(
             f"{where} has unsupported element type {element} in {t}; stagegraph supports "
@@ -253,30 +253,12 @@ def value_facts(t: Any, where: str, strict: bool = True) -> ValueFacts:
 # --------------------------------------------------------------------------- functions
 
 
-def _functions(module: Any) -> list[Any]:
-    """Top-level ``func.func`` ops, without the ones stagegraph inserted (wrappers)."""
-    return [
-        op.operation
-        for op in module.body.operations
-        if op.operation.name == "func.func" and WRAPPER_ATTR not in op.operation.attributes
-    ]
-
-
-def _name(fn: Any) -> str:
-    return fn.attributes["sym_name"].value
-
-
-def _visibility(fn: Any) -> str:
-    attrs = fn.attributes
-    return attrs["sym_visibility"].value if "sym_visibility" in attrs else "public"
-
-
 def function_facts(fn: Any, strict: bool) -> FunctionFacts:
     fn_type = fn.attributes["function_type"].value
-    where = f"payload function @{_name(fn)}"
+    where = f"payload function @{function_name(fn)}"
     return FunctionFacts(
-        name=_name(fn),
-        visibility=_visibility(fn),
+        name=function_name(fn),
+        visibility=visibility(fn),
         has_body=len(fn.regions[0].blocks) > 0,
         arguments=tuple(
             value_facts(t, f"{where} argument {i}", strict) for i, t in enumerate(fn_type.inputs)
@@ -287,53 +269,19 @@ def function_facts(fn: Any, strict: bool) -> FunctionFacts:
     )
 
 
-def select_entry(functions: Sequence[Any], entry: str | None = None) -> Any:
-    """The function to analyse: ``entry`` if given, else the single public function with a
-    body, else ``@main``.
-
-    Raises:
-        UnsupportedPayloadError: no such function, or no way to choose one.
-    """
-    names = [_name(fn) for fn in functions]
-    if not functions:
-        raise UnsupportedPayloadError("payload has no func.func to analyse")
-    listing = ", ".join(f"@{n}" for n in names)
-    if entry is not None:
-        for fn in functions:
-            if _name(fn) == entry:
-                return fn
-        close = difflib.get_close_matches(entry, names, n=1)
-        hint = f" (did you mean @{close[0]}?)" if close else ""
-        raise UnsupportedPayloadError(
-            f"payload has no function @{entry}{hint}; its functions are {listing}"
-        )
-    public = [fn for fn in functions if _visibility(fn) == "public" and fn.regions[0].blocks]
-    if len(public) == 1:
-        return public[0]
-    if "main" in names:
-        return functions[names.index("main")]
-    raise UnsupportedPayloadError(
-        f"payload has no entry function: {len(public)} public functions with a body and no "
-        f"@main among {listing}; name the entry explicitly"
-    )
-
-
 # --------------------------------------------------------------------------- linalg ops
 
 
 def linalg_ops(fn: Any) -> list[Any]:
     """Linalg ops (not their region terminators) of a function, in program order."""
-    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
 
-    found: list[Any] = []
+    return collect(fn, is_linalg_op)
 
-    def visit(op: Any) -> Any:
-        if op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index"):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
 
-    fn.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return found
+def is_linalg_op(op: Any) -> bool:
+    """A linalg operation proper (not a region terminator or index op)."""
+    return op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index")
 
 
 def _operands(op: Any) -> tuple[list[Any], list[Any]]:
@@ -596,9 +544,9 @@ def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
     """
     module = getattr(module, "ir", module)  # accept the port wrapper too
     with module.context:
-        functions = _functions(module)
+        functions = payload_functions(module)
         fn = select_entry(functions, entry)
-        name = _name(fn)
+        name = function_name(fn)
         if not fn.regions[0].blocks:
             raise UnsupportedPayloadError(f"payload function @{name} is a declaration, no body")
         fn_facts = tuple(function_facts(f, strict=f == fn) for f in functions)

@@ -64,14 +64,6 @@ def shard_to_mpi(module: TensorModule, config: ShardToMpiConfig) -> TensorModule
 
 def shard_ops(module: Any) -> list[Any]:
     """Every ``shard.*`` operation nested in ``module``."""
-    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
 
-    found: list[Any] = []
-
-    def visit(op: Any) -> Any:
-        if op.name.startswith("shard."):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
+    return collect(module, lambda op: op.name.startswith("shard."))

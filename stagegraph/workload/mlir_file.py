@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import typing
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -18,13 +17,12 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+from stagegraph.dtypes import NAMES
 from stagegraph.errors import PayloadError, ReferenceUnavailableError
 from stagegraph.workload.base import Complexity, TensorSpec, Workload, WorkloadParams
 
 if typing.TYPE_CHECKING:
     from stagegraph.mlir.bindings import ir
-
-_CAST_OPS = {"extf", "truncf", "extsi", "extui", "trunci", "sitofp", "uitofp", "fptosi", "fptoui"}
 
 
 class MlirFileParams(WorkloadParams):
@@ -160,53 +158,35 @@ def _parse(path: Path, text: str, context: ir.Context) -> ir.Module:
 
 
 def _summarize(path: Path, text: str, entry: str | None) -> _Summary:
-    from stagegraph.mlir.bindings import new_context, passmanager
+    """Signature, flops and longest reduction of the file's entry, from the same analysis
+    (and the same entry rule) the graphs' cost models use."""
+    from stagegraph.errors import UnsupportedPayloadError
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.mlir.functions import entry_function, function_name
+    from stagegraph.stages.analysis import analyze
 
     context = new_context()
     module = _parse(path, text, context)
     with context:
-        function = _entry(path, module, entry)
-        kind = function.type
-        inputs = [_spec(path, function, i, t) for i, t in enumerate(kind.inputs)]
-        outputs = [_spec(path, function, i, t, result=True) for i, t in enumerate(kind.results)]
-        name = function.name.value
-        passmanager.PassManager.parse("builtin.module(linalg-generalize-named-ops)").run(
-            module.operation
-        )
-        flops, reduction = _count(module.operation)
-    return _Summary(name, inputs, outputs, flops, reduction)
+        try:
+            function = entry_function(module, entry)
+        except UnsupportedPayloadError as exc:
+            raise PayloadError(f"{path}: {exc} (add ':entry=NAME' to the workload spec)") from None
+        name = function_name(function)
+        kind = ir.TypeAttr(function.attributes["function_type"]).value
+        inputs = [_spec(path, name, i, t) for i, t in enumerate(kind.inputs)]
+        outputs = [_spec(path, name, i, t, result=True) for i, t in enumerate(kind.results)]
+        try:
+            facts = analyze(module, name)
+        except UnsupportedPayloadError as exc:
+            raise PayloadError(f"{path}: {exc}") from None
+    return _Summary(name, inputs, outputs, facts.flops, facts.reduction_length)
 
 
-def _entry(path: Path, module: ir.Module, wanted: str | None) -> Any:
-    from stagegraph.mlir.bindings import func, ir
-
-    functions = {}
-    for op in module.body.operations:
-        if isinstance(op, func.FuncOp) and not op.is_external:
-            visibility = op.attributes.get("sym_visibility")
-            public = visibility is None or ir.StringAttr(visibility).value == "public"
-            functions[op.name.value] = (op, public)
-    if wanted is not None:
-        if wanted not in functions:
-            raise PayloadError(
-                f"{path}: no function @{wanted}; functions: {', '.join(sorted(functions))}"
-            )
-        return functions[wanted][0]
-    if "main" in functions:
-        return functions["main"][0]
-    public = [n for n, (_, is_public) in functions.items() if is_public]
-    if len(public) != 1:
-        raise PayloadError(
-            f"{path}: cannot choose an entry among public functions "
-            f"[{', '.join(public)}]; name one with ':entry=NAME'"
-        )
-    return functions[public[0]][0]
-
-
-def _spec(path: Path, function: Any, index: int, kind: Any, result: bool = False) -> TensorSpec:
+def _spec(path: Path, function: str, index: int, kind: Any, result: bool = False) -> TensorSpec:
     from stagegraph.mlir.bindings import ir
 
-    what = f"{'result' if result else 'argument'} #{index} of @{function.name.value}"
+    what = f"{'result' if result else 'argument'} #{index} of @{function}"
     if isinstance(kind, ir.RankedTensorType | ir.MemRefType):
         if not kind.has_static_shape:
             raise PayloadError(
@@ -219,57 +199,9 @@ def _spec(path: Path, function: Any, index: int, kind: Any, result: bool = False
 
 
 def _dtype(path: Path, what: str, element: Any) -> str:
-    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.types import element_name
 
-    simple = {ir.F64Type: "f64", ir.F32Type: "f32", ir.F16Type: "f16", ir.BF16Type: "bf16"}
-    for kind, name in simple.items():
-        if isinstance(element, kind):
-            return name
-    if isinstance(element, ir.IndexType):
-        return "index"
-    if isinstance(element, ir.IntegerType) and element.width in (1, 8, 16, 32, 64):
-        return f"i{element.width}"
-    raise PayloadError(f"{path}: {what} has element type {element}, which has no numpy dtype")
-
-
-def _walk(op: Any) -> Iterator[Any]:
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                yield child.operation
-                yield from _walk(child.operation)
-
-
-def _count(root: Any) -> tuple[int, int]:
-    """(flops, longest reduction) over the generalized linalg ops: iterations x body ops."""
-    from stagegraph.mlir.bindings import ir
-
-    flops, reduction = 0, 1
-    for op in _walk(root):
-        if op.name != "linalg.generic":
-            continue
-        generic = op.opview
-        maps = [ir.AffineMapAttr(a).value for a in generic.indexing_maps]
-        operands = list(generic.inputs) + list(generic.outputs)
-        ranges = [1] * maps[0].n_dims
-        for affine_map, operand in zip(maps, operands, strict=True):
-            shape = operand.type.shape if isinstance(operand.type, ir.ShapedType) else []
-            for size, expr in zip(shape, affine_map.results, strict=False):
-                if isinstance(expr, ir.AffineDimExpr) and size > 0:
-                    ranges[expr.position] = max(ranges[expr.position], size)
-        produced = {
-            e.position
-            for m in maps[len(generic.inputs) :]
-            for e in m.results
-            if isinstance(e, ir.AffineDimExpr)
-        }
-        iterations = int(np.prod(ranges, dtype=np.int64))
-        flops += iterations * sum(_is_flop(o.operation.name) for o in generic.regions[0].blocks[0])
-        reduced = [r for d, r in enumerate(ranges) if d not in produced]
-        reduction = max(reduction, int(np.prod(reduced, dtype=np.int64)))
-    return flops, reduction
-
-
-def _is_flop(name: str) -> bool:
-    dialect, _, op = name.partition(".")
-    return dialect in ("arith", "math") and op != "constant" and op not in _CAST_OPS
+    name = element_name(element)
+    if name is None or name.startswith("ui") or name not in NAMES:
+        raise PayloadError(f"{path}: {what} has element type {element}, which has no numpy dtype")
+    return name

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from stagegraph.errors import WrapperError
+from stagegraph.mlir.functions import WRAPPER_ATTR
 from stagegraph.runtime.memref import (
     OUTPUTS_ATTR,
     CallableBinary,
@@ -35,7 +36,6 @@ from stagegraph.runtime.memref import (
     record_signature,
 )
 
-WRAPPER_ATTR = "stagegraph.wrapper"
 CLOCK = "clock_gettime"
 CLOCK_MONOTONIC = 1
 

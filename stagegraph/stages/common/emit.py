@@ -85,21 +85,11 @@ def runtime_libraries(module: Any) -> list[str]:
     """Shared libraries the module needs at run time: an OpenMP runtime for ``omp`` ops
     (translated to ``__kmpc_*`` calls only when the engine is created) and glibc's libmvec
     for the vector math functions the lowering called."""
-    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import contains
     from stagegraph.stages.x86.vector_math import declared_vector_functions, libmvec_path
 
     libraries = [libmvec_path()] if declared_vector_functions(module) else []
-    found = False
-
-    def visit(op: Any) -> Any:
-        nonlocal found
-        if op.name.startswith("omp."):
-            found = True
-            return ir.WalkResult.INTERRUPT
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    if not found:
+    if not contains(module, lambda op: op.name.startswith("omp.")):
         return libraries
     from stagegraph.runtime.openmp import library_path
 

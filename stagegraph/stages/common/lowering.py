@@ -66,19 +66,15 @@ def schedule_dynamic(module) -> int:
     Returns the number of loops changed.
     """
     from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
 
     kind = ir.Attribute.parse("#omp<schedulekind dynamic>", module.context)
-    changed = 0
-
-    def visit(op):
-        nonlocal changed
-        if op.name == "omp.wsloop" and "schedule_kind" not in op.attributes:
-            op.attributes["schedule_kind"] = kind
-            changed += 1
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return changed
+    loops = collect(
+        module, lambda op: op.name == "omp.wsloop" and "schedule_kind" not in op.attributes
+    )
+    for loop in loops:
+        loop.attributes["schedule_kind"] = kind
+    return len(loops)
 
 
 LINALG_TO_LOOPS = "convert-linalg-to-loops"

@@ -18,15 +18,9 @@ from typing import Any
 def copies_to_linalg(module: Any) -> int:
     """Replace every ``memref.copy`` in ``module`` by ``linalg.copy``; returns the count."""
     from stagegraph.mlir.bindings import ir, linalg
+    from stagegraph.mlir.walk import collect
 
-    copies: list[Any] = []
-
-    def collect(op: Any) -> Any:
-        if op.name == "memref.copy":
-            copies.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(collect)
+    copies = collect(module, "memref.copy")
     for op in copies:
         with ir.InsertionPoint(op), op.location:
             linalg.copy(op.operands[0], outs=[op.operands[1]])
@@ -40,21 +34,18 @@ def reassociate_reductions(module: Any) -> int:
     the count. Every float combining kind (add, mul, min/max) is associative; sums then
     round differently, as any blocked or parallel sum does."""
     from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
 
-    changed = 0
-
-    def visit(op: Any) -> Any:
-        nonlocal changed
-        if op.name != "vector.reduction" or not isinstance(
-            ir.VectorType(op.operands[0].type).element_type, ir.FloatType
-        ):
-            return ir.WalkResult.ADVANCE
+    reductions = collect(
+        module,
+        lambda op: (
+            op.name == "vector.reduction"
+            and isinstance(ir.VectorType(op.operands[0].type).element_type, ir.FloatType)
+        ),
+    )
+    for op in reductions:
         op.attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<reassoc>")
-        changed += 1
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return changed
+    return len(reductions)
 
 
 def expand_bf16_truncation(module: Any) -> int:
@@ -67,19 +58,16 @@ def expand_bf16_truncation(module: Any) -> int:
     NaN), and on vectors it stays vector integer code instead of one call per lane.
     """
     from stagegraph.mlir.bindings import arith, ir
+    from stagegraph.mlir.walk import collect
 
-    found: list[Any] = []
-
-    def collect(op: Any) -> Any:
-        if (
+    found = collect(
+        module,
+        lambda op: (
             op.name == "arith.truncf"
             and _element(op.results[0].type) == "bf16"
             and _element(op.operands[0].type) == "f32"
-        ):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(collect)
+        ),
+    )
     for op in found:
         source = op.operands[0]
         with ir.InsertionPoint(op), op.location:
@@ -97,11 +85,13 @@ def expand_bf16_truncation(module: Any) -> int:
     return len(found)
 
 
-def _element(value_type: Any) -> str:
+def _element(value_type: Any) -> str | None:
+    """The element type name of a scalar, vector, tensor or memref type."""
     from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.types import element_name
 
     shaped = isinstance(value_type, ir.ShapedType)
-    return str(ir.ShapedType(value_type).element_type if shaped else value_type)
+    return element_name(ir.ShapedType(value_type).element_type if shaped else value_type)
 
 
 def _like(value_type: Any, width: int) -> Any:
@@ -130,20 +120,11 @@ TRUNC_BF16_BUILTIN = "__truncsfbf2"
 
 def uses_bf16(module: Any) -> bool:
     """Whether any op of ``module`` takes or makes a bf16 value (scalar, vector or buffer)."""
-    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import contains
 
-    found = False
-
-    def visit(op: Any) -> Any:
-        nonlocal found
-        values = [*op.operands, *op.results]
-        if any(_element(v.type) == "bf16" for v in values):
-            found = True
-            return ir.WalkResult.INTERRUPT
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
+    return contains(
+        module, lambda op: any(_element(v.type) == "bf16" for v in [*op.operands, *op.results])
+    )
 
 
 def define_bf16_builtins(module: Any) -> bool:

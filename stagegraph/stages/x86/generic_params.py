@@ -16,7 +16,8 @@ import math
 from pydantic import Field
 
 from stagegraph.core.ports import Params
-from stagegraph.stages.analysis import DTYPE_BYTES, OpFacts, PayloadFacts
+from stagegraph.dtypes import byte_size
+from stagegraph.stages.analysis import OpFacts, PayloadFacts
 from stagegraph.stages.target import Target
 
 _REGISTERS = 16  # architectural vector registers on x86-64 (zmm0-15 usable without EVEX hi)
@@ -45,13 +46,12 @@ class GenericParams(Params):
 def _element_bytes(facts: PayloadFacts) -> int:
     """Bytes of the widest element type the non-matmul ops touch (f32 when unknown)."""
     sizes = [
-        DTYPE_BYTES[v.dtype]
+        byte_size(v.dtype, default=0)
         for op in facts.ops
         if op.op_class != "matmul"
         for v in op.inputs + op.outputs
-        if v.dtype in DTYPE_BYTES
     ]
-    return max(sizes, default=4)
+    return max(sizes, default=0) or 4
 
 
 def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericParams:

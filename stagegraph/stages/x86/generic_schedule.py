@@ -20,7 +20,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from stagegraph.stages.analysis import WRAPPER_ATTR, OpFacts, PayloadFacts, analyze, linalg_ops
+from stagegraph.mlir.functions import WRAPPER_ATTR
+from stagegraph.stages.analysis import OpFacts, PayloadFacts, analyze, linalg_ops
 from stagegraph.stages.common import lowering
 from stagegraph.stages.x86.generic_params import (
     GenericParams,
@@ -246,15 +247,9 @@ def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
 
 
 def strip_annotations(module: Any) -> None:
-    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import strip_attributes
 
-    def visit(op: Any) -> Any:
-        for name in (OP_ATTR, FUSE_ATTR):
-            if name in op.attributes:
-                del op.attributes[name]
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
+    strip_attributes(module, OP_ATTR, FUSE_ATTR)
 
 
 # ----------------------------------------------------------------------------- schedule

@@ -360,14 +360,11 @@ def _float_constant(value: Any) -> float | None:
 
 def squares_to_multiplies(fn: Any) -> int:
     """Replace every ``math.powf(x, 2.0)`` in ``fn`` by ``x * x``; returns the count."""
-    squares: list[Any] = []
+    from stagegraph.mlir.walk import collect
 
-    def visit(op: Any) -> Any:
-        if op.name == "math.powf" and _float_constant(op.operands[1]) == 2.0:
-            squares.append(op)
-        return ir.WalkResult.ADVANCE
-
-    fn.walk(visit)
+    squares = collect(
+        fn, lambda op: op.name == "math.powf" and _float_constant(op.operands[1]) == 2.0
+    )
     for op in squares:
         with ir.InsertionPoint(op), op.location:
             square = arith.MulFOp(op.operands[0], op.operands[0]).result

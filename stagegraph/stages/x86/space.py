@@ -15,8 +15,9 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from stagegraph.dtypes import byte_size
 from stagegraph.errors import ConfigError, EmptySearchSpaceError
-from stagegraph.stages.analysis import DTYPE_BYTES, PayloadFacts
+from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.matmul_params import TUNABLE_FIELDS, MatmulParams, tuning_constraints
 from stagegraph.stages.x86.stages import X86Params, compute_dtype, matmul_ops
@@ -264,7 +265,7 @@ def sites_of(facts: PayloadFacts) -> list[Site]:
     for op in matmul_ops(facts):
         c = op.contraction
         dtype = compute_dtype(op)
-        sites.append(Site(c.m, c.n, c.k, DTYPE_BYTES.get(dtype, 4)))
+        sites.append(Site(c.m, c.n, c.k, byte_size(dtype, default=4)))
     return sites
 
 

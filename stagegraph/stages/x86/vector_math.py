@@ -133,17 +133,9 @@ def _chunks(
 
 
 def _candidates(module: Any) -> list[Any]:
-    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
 
-    found = []
-
-    def visit(op: Any) -> Any:
-        if op.name in MATH_FUNCTIONS:
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.operation.walk(visit)
-    return found
+    return collect(module, MATH_FUNCTIONS)
 
 
 def _declare(module: Any, symbol: str, vtype: Any, arity: int, declared: set[str]) -> None:
