@@ -149,22 +149,21 @@ def prepare(engine: Engine, graph: Graph, workload: Any, splice_at: str | None) 
     return Measurement(graph, workload, result, tag)
 
 
-def sample(measure: Callable[[int], np.ndarray], options: BenchOptions) -> tuple[np.ndarray, bool]:
-    """Samples until the CI of the median is within ±rel_halfwidth (or the budget is spent)."""
-    from stagegraph.runtime.stats import summarize
+def sample(
+    measure: Callable[[int], np.ndarray], options: BenchOptions, max_samples: int | None = None
+) -> tuple[np.ndarray, bool]:
+    """Samples until the CI of the median is within ±rel_halfwidth (or the budget is spent);
+    ``max_samples`` caps them (an MPI benchmark whose calls leak communicators)."""
+    from stagegraph.runtime.stats import collect_samples
 
-    begin = time.perf_counter()
-    chunks = [measure(options.repeat)]
-    while True:
-        samples = np.concatenate(chunks)
-        stats = summarize(samples)
-        spent = time.perf_counter() - begin
-        converged = stats.rel_halfwidth <= options.rel_halfwidth
-        if (converged and spent >= options.min_time_s) or spent >= options.budget_s:
-            return samples, converged
-        per_sample = spent / samples.size
-        affordable = int((options.budget_s - spent) / per_sample) if per_sample > 0 else 1
-        chunks.append(measure(max(1, min(samples.size, affordable))))
+    return collect_samples(
+        measure,
+        rel_halfwidth=options.rel_halfwidth,
+        budget_s=options.budget_s,
+        min_samples=max(2, options.repeat),
+        max_samples=max_samples,
+        min_time_s=options.min_time_s,
+    )
 
 
 def benchmark(

@@ -20,7 +20,6 @@ import argparse
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -221,7 +220,7 @@ def run_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[st
 
 def bench_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[str, Any] | None:
     """One rank of ``bench --ranks N``: compile with the wrapper, verify, then time."""
-    from stagegraph.app.bench import spliced
+    from stagegraph.app.bench import sample, spliced
     from stagegraph.app.host import host_info
     from stagegraph.app.mpi_launch import BenchRequest, check_splice
     from stagegraph.app.session import Session, SessionRequest
@@ -286,7 +285,7 @@ def bench_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[
             per_rank[rank].append(array)
         return np.max(np.stack(arrays), axis=0)
 
-    samples, converged = sample_slowest(slowest, options, limit)
+    samples, converged = sample(slowest, options, max_samples=limit)  # rank 0 sizes batches
     comm.bcast(0, root=0)  # releases the other ranks (an error above aborts them instead)
     progress.phase("reverify")
     ok, after = verify_on_ranks(comm, binary, workload, inputs)
@@ -322,33 +321,6 @@ def sample_limit(comm_splits: int, calls_outside: int) -> int | None:
     if not comm_splits:
         return None
     return max(2, COMM_SPLIT_BUDGET // comm_splits - calls_outside)
-
-
-def sample_slowest(
-    measure: Callable[[int], np.ndarray], options: Any, limit: int | None
-) -> tuple[np.ndarray, bool]:
-    """:func:`stagegraph.app.bench.sample`, with at most ``limit`` samples when one is set.
-
-    Rank 0 decides every batch size alone, so the ranks cannot disagree on it.
-    """
-    from stagegraph.app.bench import sample
-
-    if limit is None:
-        return sample(measure, options)
-    from stagegraph.runtime.stats import summarize
-
-    begin = time.perf_counter()
-    chunks = [measure(min(options.repeat, limit))]
-    while True:
-        samples = np.concatenate(chunks)
-        spent = time.perf_counter() - begin
-        converged = summarize(samples).rel_halfwidth <= options.rel_halfwidth
-        left = limit - samples.size
-        if (converged and spent >= options.min_time_s) or spent >= options.budget_s or left <= 0:
-            return samples, converged
-        per_sample = spent / samples.size
-        affordable = int((options.budget_s - spent) / per_sample) if per_sample > 0 else 1
-        chunks.append(measure(max(1, min(samples.size, affordable, left))))
 
 
 def summary(workload: Any, samples: np.ndarray) -> dict[str, Any]:

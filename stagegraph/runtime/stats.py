@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -168,40 +169,51 @@ def summarize(
     )
 
 
-def sample_until(
+def collect_samples(
     measure: Callable[[int], np.ndarray],
     *,
     rel_halfwidth: float = 0.02,
     budget_s: float = 10.0,
     min_samples: int = 10,
-    max_samples: int = 20_000,
+    max_samples: int | None = None,
+    min_time_s: float = 0.0,
     seed: int = 0,
-) -> Stats:
-    """Call ``measure(k)`` (returns ``k`` durations in seconds) until the median is known.
+) -> tuple[np.ndarray, bool]:
+    """Call ``measure(k)`` (returns ``k`` durations in seconds) until the median is known:
+    the one sampling loop of every benchmark (bench, the MPI ranks, the tuner's callers).
 
-    Stops when the bootstrap CI of the median lies within ``±rel_halfwidth`` of it, when
-    ``budget_s`` of wall time has been spent, or at ``max_samples``. Each batch is sized
-    to at most double the samples so far and to fit in the remaining budget, estimated from
-    the wall time per sample of the previous batches. Check ``stats.rel_halfwidth`` to see
-    whether the target was met.
+    Stops when the bootstrap CI of the median lies within ``±rel_halfwidth`` of it (and at
+    least ``min_time_s`` was spent), when ``budget_s`` of wall time has been spent, or at
+    ``max_samples``. Each batch is sized to at most double the samples so far and to fit in
+    the remaining budget, estimated from the wall time per sample of the previous batches.
+    Returns the samples and whether the precision target was met.
     """
     if min_samples < 2:
         raise ValueError("min_samples must be at least 2 for a confidence interval")
+    cap = max_samples if max_samples is not None else float("inf")
     begin = time.perf_counter()
     chunks: list[np.ndarray] = []
     count = 0
-    want = min_samples
+    want = int(min(min_samples, cap))
     while True:
         batch = _clean(measure(want), "measure() result")
         chunks.append(batch)
         count += batch.size
-        stats = summarize(np.concatenate(chunks), seed=seed)
+        samples = np.concatenate(chunks)
         spent = time.perf_counter() - begin
-        if stats.rel_halfwidth <= rel_halfwidth or spent >= budget_s or count >= max_samples:
-            return stats
+        converged = summarize(samples, seed=seed).rel_halfwidth <= rel_halfwidth
+        if (converged and spent >= min_time_s) or spent >= budget_s or count >= cap:
+            return samples, converged
         per_sample = spent / count
         affordable = int((budget_s - spent) / per_sample) if per_sample > 0 else count
-        want = max(1, min(count, affordable, max_samples - count))
+        want = int(max(1, min(count, affordable, cap - count)))
+
+
+def sample_until(measure: Callable[[int], np.ndarray], **options: Any) -> Stats:
+    """:func:`collect_samples`, summarized (check ``stats.rel_halfwidth`` to see whether the
+    target was met)."""
+    samples, _ = collect_samples(measure, **options)
+    return summarize(samples, seed=options.get("seed", 0))
 
 
 def ratio(
