@@ -323,7 +323,7 @@ func.func @main(%a: tensor<4x1x24xf32>) -> tensor<4x24x1xf32> {
 
 def _prepared(text: str):
     from stagegraph.mlir.bindings import ir
-    from stagegraph.stages.x86.generic_schedule import _entry_function
+    from stagegraph.mlir.functions import entry_function as _entry_function
     from stagegraph.stages.x86.prepare import prepare
 
     module = parse_payload(text)
@@ -379,7 +379,7 @@ def test_unit_transpose_becomes_a_reshape():
 
 def test_bool_tensor_returned_is_not_widened():
     from stagegraph.mlir.bindings import ir
-    from stagegraph.stages.x86.generic_schedule import _entry_function
+    from stagegraph.mlir.functions import entry_function as _entry_function
     from stagegraph.stages.x86.prepare import prepare
 
     text = """
@@ -636,3 +636,20 @@ def test_pooling_vectorizes_only_where_it_pays(window, dilation, vectorized):
         for a, b in itertools.product(range(kh), range(kw))
     )
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_failure_propagation_is_a_schedule_option_not_a_global():
+    """Debugging a generic sub-sequence: the schedule (and the x86.schedule stage config)
+    asks for propagated failures; the default leaves a failing op to the loop fallback."""
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.stages.x86.generic_schedule import PROPAGATE_ATTR, build_generic_schedule
+    from stagegraph.stages.x86.stages import ScheduleConfig
+
+    with new_context(), ir.Location.unknown():
+        facts = analyze(ir.Module.parse(CHAIN))
+        params = heuristic_generic_params(facts, AVX512)
+        quiet = build_generic_schedule(facts, params)
+        loud = build_generic_schedule(facts, params, propagate_failures=True)
+        assert PROPAGATE_ATTR not in quiet.operation.attributes
+        assert PROPAGATE_ATTR in loud.operation.attributes
+    assert ScheduleConfig().propagate_failures is False

@@ -71,3 +71,9 @@ def strip_attributes(root: Any, *names: str) -> int:
                 del op.attributes[name]
                 removed += 1
     return removed
+
+
+def top_level_ops(fn: Any) -> list[Any]:
+    """The ops directly in a function's body (its entry block), in order: what a payload
+    rewrite that works op by op, not nested, visits."""
+    return [op.operation for op in fn.regions[0].blocks[0].operations]

@@ -17,25 +17,32 @@ labels. After it, run :data:`PIPELINE` (bufferize, leftovers to loops, LLVM).
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
-from stagegraph.mlir.functions import WRAPPER_ATTR
+from stagegraph.mlir.functions import entry_function
 from stagegraph.stages.analysis import OpFacts, PayloadFacts, analyze, linalg_ops
 from stagegraph.stages.common import lowering
 from stagegraph.stages.x86.generic_params import (
     GenericParams,
-    largest_divisor_at_most,
     reduction_tile_sizes,
     tile_sizes_for,
+)
+from stagegraph.stages.x86.generic_plan import (  # noqa: F401  (DECOMPOSABLE re-exported)
+    DECOMPOSABLE,
+    VECTORIZABLE_1D,
+    convolution_plan,
+    has_bool_operands,
+    partial_tiles,
+    reduction_like,
+    schedulable,
+    vectorize_enabled,
 )
 
 OP_ATTR = "stagegraph.generic_op"
 FUSE_ATTR = "stagegraph.fuse_into"
 PARAMS_ATTR = "stagegraph.generic_params"
-# Failures of one op's sub-sequence leave that op to the fallback; set to "propagate" to
-# see why a sub-sequence fails (debugging).
-FAILURES = "suppress"
+# Whether a failing sub-sequence raises (recorded on the schedule, so a rebuild keeps it).
+PROPAGATE_ATTR = "stagegraph.generic_propagate_failures"
 
 # Cleanup between the schedule and bufferization (folds one-trip loops, dead slices).
 CLEANUP = "canonicalize,cse"
@@ -56,150 +63,7 @@ PIPELINE = (
     f"{CLEANUP},{lowering.BUFFERIZE},{FORALL_TO_FOR},{VECTOR_LOWERING},{lowering.LINALG_TO_LOOPS}"
 )
 
-# Named convolutions that ``transform.structured.decompose`` rewrites to a 1-D op once the
-# outer image/filter dims are tiled to 1, and 1-D ones the vectorizer handles directly.
-DECOMPOSABLE = frozenset(
-    f"linalg.{n}"
-    for n in (
-        "conv_2d_nhwc_hwcf",
-        "conv_2d_nchw_fchw",
-        "depthwise_conv_2d_nhwc_hwc",
-        "pooling_nhwc_sum",
-        "pooling_nhwc_max",
-        "pooling_nhwc_min",
-        "pooling_nchw_sum",
-        "pooling_nchw_max",
-    )
-)
-VECTORIZABLE_1D = frozenset(
-    f"linalg.{n}"
-    for n in (
-        "conv_1d_nwc_wcf",
-        "conv_1d_ncw_fcw",
-        "depthwise_conv_1d_nwc_wc",
-        "pooling_nwc_sum",
-        "pooling_nwc_max",
-        "pooling_nwc_min",
-        "pooling_ncw_sum",
-        "pooling_ncw_max",
-    )
-)
-# Reduction bodies the vectorizer turns into vector.multi_reduction (a single combiner).
-_COMBINERS = frozenset(
-    f"arith.{n}"
-    for n in (
-        *("addf", "mulf", "maximumf", "minimumf", "maxnumf", "minnumf", "addi", "muli"),
-        *("maxsi", "minsi", "maxui", "minui", "andi", "ori", "xori"),
-    )
-)
-
-
-# ----------------------------------------------------------------------------- selection
-
-
-def _epilogue_ops(facts: PayloadFacts) -> set[int]:
-    return {i for layer in facts.layers for i in layer.epilogue}
-
-
-def schedulable(op: OpFacts, facts: PayloadFacts) -> bool:
-    """Whether the generic schedule may transform this op at all (matmul-class ops only
-    when they are matrix-vector products, see :func:`reduction_like`)."""
-    if op.op_class == "other" or not op.loop_ranges:
-        return False
-    if op.op_class == "matmul" and not reduction_like(op):
-        return False
-    return op.index not in _epilogue_ops(facts)
-
-
-def reduction_like(op: OpFacts) -> bool:
-    """A reduction, or a matrix-vector product (scheduled as one: no operand reuse for a
-    matmul micro-kernel to exploit)."""
-    if op.op_class == "matmul":
-        return op.contraction is not None and op.contraction.is_matvec
-    return op.op_class == "reduction"
-
-
-def vectorizable_reduction(op: OpFacts) -> bool:
-    """One output, no index/gather in the body and a recognisable combiner."""
-    body = set(op.body_ops)
-    return (
-        len(op.outputs) == 1
-        and "linalg.index" not in body
-        and "tensor.extract" not in body
-        and bool(body & _COMBINERS)
-    )
-
-
-def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], bool] | None:
-    """(tile sizes, decompose first) for a convolution/pooling op, or None (fallback)."""
-    conv = op.convolution
-    if conv is None:
-        return None
-    if op.op_class == "pooling" and any(d > 1 for d in conv.dilations):
-        return None  # dilated pooling windows vectorize into shuffles slower than loops
-    if op.op_class == "pooling" and any(op.loop_ranges[d] == 1 for d in conv.filter_loop):
-        # A one-row window (1-D pooling in a 2-D op): shuffles again, and nothing for them
-        # to amortize over (avg pool 1-D: 0.14 ms vectorized, 0.07 ms as loops).
-        return None
-    if math.prod(op.loop_ranges[d] for d in conv.filter_loop) == 1:
-        return None  # pointwise: a matmul in disguise, better left to loops (or matmul path)
-    decompose = op.name in DECOMPOSABLE
-    if not decompose and op.name not in VECTORIZABLE_1D:
-        return None
-    ranges = op.loop_ranges
-    sizes = [1] * len(ranges)  # batch, depth, outer image and filter dims: one at a time
-    image, filters = list(conv.output_image), list(conv.filter_loop)
-    if image:
-        sizes[image[-1]] = largest_divisor_at_most(ranges[image[-1]], params.conv_width_tile)
-    if filters:
-        sizes[filters[-1]] = 0  # the innermost filter window stays whole
-    for d in conv.output_channel:
-        sizes[d] = largest_divisor_at_most(ranges[d], params.conv_channel_tile)
-    for d in conv.input_channel:
-        sizes[d] = largest_divisor_at_most(ranges[d], params.conv_reduction_tile)
-    return sizes, decompose
-
-
-def partial_tiles(ranges: tuple[int, ...], *tilings: list[int]) -> bool:
-    """Whether any tiling (0 = untiled) leaves a partial last tile on some dim."""
-    return any(
-        size and extent % size
-        for sizes in tilings
-        for size, extent in zip(sizes, ranges, strict=True)
-    )
-
-
-def has_bool_operands(op: OpFacts) -> bool:
-    """An ``i1`` operand: vector<Nxi1> loads/stores are bit-packed in LLVM while memref
-    ``i1`` elements are bytes, so such ops are left to the scalar fallback."""
-    return any(v.dtype == "i1" for v in op.inputs + op.outputs)
-
-
-def _vectorize_enabled(op: OpFacts, params: GenericParams) -> bool:
-    if has_bool_operands(op):
-        return False
-    return {
-        "elementwise": params.vectorize_elementwise,
-        "reduction": params.vectorize_reductions and vectorizable_reduction(op),
-        "matmul": params.vectorize_reductions and reduction_like(op),
-        "convolution": params.vectorize_convolutions,
-        "pooling": params.vectorize_pooling,
-    }.get(op.op_class, False)
-
-
 # ----------------------------------------------------------------------------- annotation
-
-
-def _entry_function(module: Any, name: str) -> Any:
-    for op in module.body.operations:
-        attrs = op.operation.attributes
-        if (
-            op.operation.name == "func.func"
-            and WRAPPER_ATTR not in attrs
-            and attrs["sym_name"].value == name
-        ):
-            return op.operation
-    raise ValueError(f"payload has no function @{name} (non-wrapper)")
 
 
 def _users(op: Any) -> list[Any]:
@@ -214,7 +78,7 @@ def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
     """
     from stagegraph.mlir.bindings import ir
 
-    fn = _entry_function(module, facts.entry)
+    fn = entry_function(module, facts.entry)
     ops = linalg_ops(fn)
     if [op.name for op in ops] != [f.name for f in facts.ops]:
         raise ValueError("payload linalg ops differ from the facts; re-run the analysis")
@@ -258,10 +122,11 @@ def strip_annotations(module: Any) -> None:
 class _Builder:
     """Emits the transform ops of one op's sub-sequence."""
 
-    def __init__(self, params: GenericParams) -> None:
+    def __init__(self, params: GenericParams, propagate_failures: bool = False) -> None:
         from stagegraph.mlir.bindings import dialect, ir, structured, transform
 
         self.params = params
+        self.propagate_failures = propagate_failures
         self.ir, self.structured, self.transform = ir, structured, transform
         self.tv = dialect("transform.vector")
         self.any = transform.AnyOpType.get()
@@ -275,7 +140,7 @@ class _Builder:
         """A nested ``transform.sequence failures(suppress)`` on ``root``."""
         mode = self.transform.FailurePropagationMode
         seq = self.transform.SequenceOp(
-            mode.Suppress if FAILURES == "suppress" else mode.Propagate, [], root
+            mode.Propagate if self.propagate_failures else mode.Suppress, [], root
         )
         return seq, seq.bodyTarget
 
@@ -335,7 +200,7 @@ class _Builder:
         self, root: Any, op: OpFacts, outer: list[int], inner: list[int], fuse: bool
     ) -> None:
         transform, ir = self.transform, self.ir
-        if not _vectorize_enabled(op, self.params):
+        if not vectorize_enabled(op, self.params):
             return  # tiling alone only adds loop overhead: leave the op to the fallback
         seq, body_root = self.suppressed(root)
         with ir.InsertionPoint(seq.body):
@@ -425,7 +290,7 @@ class _Builder:
 
     def convolution(self, root: Any, op: OpFacts) -> None:
         plan = convolution_plan(op, self.params)
-        if plan is None or not _vectorize_enabled(op, self.params):
+        if plan is None or not vectorize_enabled(op, self.params):
             return
         sizes, decompose = plan
         structured, transform, ir = self.structured, self.transform, self.ir
@@ -447,18 +312,24 @@ class _Builder:
             transform.YieldOp([])
 
 
-def build_generic_schedule(facts: PayloadFacts, params: GenericParams) -> Any:
+def build_generic_schedule(
+    facts: PayloadFacts, params: GenericParams, *, propagate_failures: bool = False
+) -> Any:
     """A transform module (``@__transform_main``) for the non-matmul ops of ``facts``.
 
-    Built in the current MLIR context (enter the payload's context first).
+    An op whose sub-sequence fails is left to the fallback (loops), unless
+    ``propagate_failures`` (debugging: the failure then says why). Built in the current
+    MLIR context (enter the payload's context first).
     """
     from stagegraph.mlir.bindings import ir, transform
     from stagegraph.stages.common.transform import new_schedule
 
-    builder = _Builder(params)
+    builder = _Builder(params, propagate_failures)
     module, main = new_schedule()
     # The params, for apply_generic_schedule to rebuild the schedule after its rewrites.
     module.operation.attributes[PARAMS_ATTR] = ir.StringAttr.get(params.model_dump_json())
+    if propagate_failures:
+        module.operation.attributes[PROPAGATE_ATTR] = ir.UnitAttr.get()
     with ir.InsertionPoint(main.body):
         root = main.bodyTarget
         for op in reversed(facts.ops):
@@ -491,10 +362,12 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
     facts = facts or analyze(module)
     with module.context, ir.Location.unknown():
         attrs = schedule.operation.attributes
-        if PARAMS_ATTR in attrs and prepare(module, _entry_function(module, facts.entry)):
+        if PARAMS_ATTR in attrs and prepare(module, entry_function(module, facts.entry)):
             params = GenericParams.model_validate_json(ir.StringAttr(attrs[PARAMS_ATTR]).value)
             facts = analyze(module, facts.entry)
-            schedule = build_generic_schedule(facts, params)
+            schedule = build_generic_schedule(
+                facts, params, propagate_failures=PROPAGATE_ATTR in attrs
+            )
         annotate_generic_ops(module, facts)
         apply_schedule_module(module, schedule)
         strip_annotations(module)

@@ -86,15 +86,31 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
     return apply_overrides(params, config.overrides)
 
 
+class ScheduleConfig(Config):
+    """``propagate_failures`` (debugging): a generic op whose transform sub-sequence fails
+    raises, saying why, instead of falling back to loops."""
+
+    propagate_failures: bool = False
+
+
 @stage("schedule", name="x86.schedule")
-def schedule(module: TensorModule, facts: PayloadFacts, params: X86Params) -> TensorModule:
+def schedule(
+    module: TensorModule,
+    facts: PayloadFacts,
+    params: X86Params,
+    config: ScheduleConfig = ScheduleConfig(),  # noqa: B008  (frozen, safe to share)
+) -> TensorModule:
     """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels."""
-    _apply_schedules(module, facts, params)
+    _apply_schedules(module, facts, params, propagate_failures=config.propagate_failures)
     return module
 
 
 def _apply_schedules(
-    module: TensorModule, facts: PayloadFacts, params: X86Params, applied: list[str] | None = None
+    module: TensorModule,
+    facts: PayloadFacts,
+    params: X86Params,
+    applied: list[str] | None = None,
+    propagate_failures: bool = False,
 ) -> None:
     """What :func:`schedule` does; each transform module applied is appended to ``applied``
     (as text: applying may change it)."""
@@ -106,7 +122,7 @@ def _apply_schedules(
 
     applied = [] if applied is None else applied
     candidates = mm.label_contractions(module.ir, facts)
-    generic = build_generic_schedule(facts, params.generic)
+    generic = build_generic_schedule(facts, params.generic, propagate_failures=propagate_failures)
     applied.append(generic.operation.get_asm(assume_verified=True))
     apply_generic_schedule(module.ir, generic, facts)
     mm.canonicalize_contractions(module.ir, candidates)

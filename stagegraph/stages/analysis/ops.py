@@ -1,40 +1,26 @@
-"""Payload analysis: the facts about a linalg-on-tensors module that cost models use.
-
-:func:`analyze` walks the entry function through the MLIR bindings (ops, attributes,
-affine maps, types; never the printed IR) and returns :class:`PayloadFacts`: the function
-signatures, every linalg op with its loop ranges, iterator types and a classification
-(``matmul``, ``convolution``, ``pooling``, ``elementwise``, ``reduction``, ``other``), the
-matmul-like *layers* with the elementwise epilogue that could be fused into them, and a flop
-and byte summary. :func:`parse_payload` parses a payload and turns a failure caused by an
-unregistered dialect (e.g. ``tm_tensor.scan``) into an :class:`UnregisteredOpError`.
-"""
+"""Facts of single IR objects: types, functions and linalg ops (classification, loop ranges,
+contraction and convolution dimensions, flops), and the matmul-like layers with their
+epilogues, read through the bindings."""
 
 from __future__ import annotations
 
 import math
-import typing
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from stagegraph.core.ports import Config, Facts, TensorModule
-from stagegraph.core.stage import stage
-from stagegraph.dtypes import byte_size
 from stagegraph.errors import UnsupportedPayloadError
-from stagegraph.mlir.diagnostics import parse_payload  # noqa: F401  (re-exported)
-from stagegraph.mlir.functions import (
-    function_name,
-    payload_functions,
-    select_entry,
-    visibility,
+from stagegraph.mlir.functions import function_name, visibility
+from stagegraph.stages.analysis.facts import (
+    SUPPORTED_DTYPES,
+    ContractionFacts,
+    ConvolutionFacts,
+    FunctionFacts,
+    IteratorType,
+    LayerFacts,
+    OpClass,
+    OpFacts,
+    ValueFacts,
 )
-
-# In priority order: a payload is named by the first class it contains (``primary_class``).
-OpClass = Literal["matmul", "convolution", "pooling", "reduction", "elementwise", "other"]
-IteratorType = Literal["parallel", "reduction"]
-CLASS_PRIORITY: tuple[OpClass, ...] = typing.get_args(OpClass)
-# Signless integers and floats: what the analysis and the schedules handle.
-SUPPORTED_DTYPES = frozenset({"i1", "i8", "i16", "i32", "i64", "f16", "bf16", "f32", "f64"})
-
 
 _CONTRACTIONS = frozenset(
     f"linalg.{name}"
@@ -64,144 +50,6 @@ _NOT_FLOPS = frozenset(
     | {f"arith.{c}" for c in ("fptosi", "fptoui", "index_castui")}
     | {"tensor.extract"}  # a gather: a load, not arithmetic
 )
-
-
-class ValueFacts(Facts):
-    """A function argument/result or a linalg operand.
-
-    ``shape`` is ``()`` for scalars; ``-1`` marks a dynamic size, which only functions other
-    than the entry may have. ``type`` is the printed type, for display only.
-    """
-
-    kind: Literal["tensor", "memref", "scalar", "other"]
-    shape: tuple[int, ...] = ()
-    dtype: str
-    type: str
-
-    @property
-    def numel(self) -> int:
-        return math.prod(self.shape)
-
-    @property
-    def nbytes(self) -> int:
-        return self.numel * byte_size(self.dtype, default=0)
-
-
-class FunctionFacts(Facts):
-    """A ``func.func`` of the payload (wrapper functions are not listed)."""
-
-    name: str
-    visibility: str = "public"
-    has_body: bool = True
-    arguments: tuple[ValueFacts, ...] = ()
-    results: tuple[ValueFacts, ...] = ()
-
-
-class ContractionFacts(Facts):
-    """Sizes of a matmul-like op; ``*_dims`` are loop positions, sizes are their products.
-
-    ``transpose_a`` means A is read k-major (``A[k, m]``), ``transpose_b`` means B is read
-    ``B[n, k]`` (the ``matmul_transpose_b`` layout).
-    """
-
-    batch: int
-    m: int
-    n: int
-    k: int
-    batch_dims: tuple[int, ...] = ()
-    m_dims: tuple[int, ...] = ()
-    n_dims: tuple[int, ...] = ()
-    k_dims: tuple[int, ...] = ()
-    transpose_a: bool = False
-    transpose_b: bool = False
-
-    @property
-    def is_matvec(self) -> bool:
-        """m or n is 1 (matrix-vector, vector-matrix, dot): a row reduction with no reuse of
-        either operand, which register tiles of an m x n micro-kernel would mostly pad."""
-        return self.m == 1 or self.n == 1
-
-
-class ConvolutionFacts(Facts):
-    """Loop positions of a convolution or pooling op, with its strides and dilations."""
-
-    batch: tuple[int, ...] = ()
-    output_image: tuple[int, ...] = ()
-    output_channel: tuple[int, ...] = ()
-    filter_loop: tuple[int, ...] = ()
-    input_channel: tuple[int, ...] = ()
-    depth: tuple[int, ...] = ()
-    strides: tuple[int, ...] = ()
-    dilations: tuple[int, ...] = ()
-
-
-class OpFacts(Facts):
-    """One linalg op of the entry function, in program order (``index``).
-
-    ``producers`` names where each operand (inputs, then outputs) comes from: ``%argN`` for
-    an entry argument, else the defining op (``linalg.transpose``, ``tensor.empty``, ...).
-    ``indexing_maps`` are printed for display only.
-    """
-
-    index: int
-    name: str
-    op_class: OpClass
-    inputs: tuple[ValueFacts, ...] = ()
-    outputs: tuple[ValueFacts, ...] = ()
-    producers: tuple[str, ...] = ()
-    indexing_maps: tuple[str, ...] = ()
-    iterator_types: tuple[IteratorType, ...] = ()
-    loop_ranges: tuple[int, ...] = ()
-    body_ops: tuple[str, ...] = ()
-    flops: int = 0
-    contraction: ContractionFacts | None = None
-    convolution: ConvolutionFacts | None = None
-
-
-class LayerFacts(Facts):
-    """A matmul-like op and the chain of elementwise consumers that could be fused into it."""
-
-    contraction: int  # index into PayloadFacts.ops
-    epilogue: tuple[int, ...] = ()
-    epilogue_ops: tuple[str, ...] = ()  # body ops of the epilogue, e.g. addf (bias), maximumf
-    batch: int = 1
-    m: int = 1
-    n: int = 1
-    k: int = 1
-
-
-class PayloadFacts(Facts):
-    """What a cost model knows of a payload."""
-
-    entry: str
-    functions: tuple[FunctionFacts, ...]
-    ops: tuple[OpFacts, ...] = ()
-    layers: tuple[LayerFacts, ...] = ()
-    classes: frozenset[OpClass] = frozenset()
-    primary_class: OpClass | None = None  # first of CLASS_PRIORITY present
-    flops: int = 0
-    bytes: int = 0  # arguments + results of the entry function
-    dtypes: frozenset[str] = frozenset()
-
-    @property
-    def entry_function(self) -> FunctionFacts:
-        return next(f for f in self.functions if f.name == self.entry)
-
-    @property
-    def reduction_length(self) -> int:
-        """The longest chain of terms one output element accumulates (product of an op's
-        reduction loop extents): what rounding errors grow with (the verifier's n)."""
-        return max(
-            (
-                math.prod(r for r, it in zip(op.loop_ranges, op.iterator_types, strict=False)
-                          if it == "reduction")
-                for op in self.ops
-            ),
-            default=1,
-        )  # fmt: skip
-
-    def ops_of(self, op_class: OpClass) -> tuple[OpFacts, ...]:
-        return tuple(op for op in self.ops if op.op_class == op_class)
 
 
 # --------------------------------------------------------------------------- types
@@ -494,7 +342,7 @@ def op_facts(op: Any, index: int, where: str) -> OpFacts:
 # --------------------------------------------------------------------------- layers
 
 
-def _layers(ops: list[Any], facts: list[OpFacts]) -> list[LayerFacts]:
+def layers_of(ops: list[Any], facts: list[OpFacts]) -> list[LayerFacts]:
     """Each matmul-like op with its single-use chain of same-shape elementwise consumers."""
     position = {op: i for i, op in enumerate(ops)}  # ir.Operation hashes by identity
     layers = []
@@ -530,56 +378,3 @@ def _layers(ops: list[Any], facts: list[OpFacts]) -> list[LayerFacts]:
             )
         )
     return layers
-
-
-# --------------------------------------------------------------------------- entry points
-
-
-def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
-    """Facts of ``module`` (an ``ir.Module`` or a :class:`stagegraph.core.ports.Module`).
-
-    Raises:
-        UnsupportedPayloadError: no entry function, dynamic shapes or unsupported element
-            types in the entry function or its linalg ops.
-    """
-    module = getattr(module, "ir", module)  # accept the port wrapper too
-    with module.context:
-        functions = payload_functions(module)
-        fn = select_entry(functions, entry)
-        name = function_name(fn)
-        if not fn.regions[0].blocks:
-            raise UnsupportedPayloadError(f"payload function @{name} is a declaration, no body")
-        fn_facts = tuple(function_facts(f, strict=f == fn) for f in functions)
-        ops = linalg_ops(fn)
-        facts = [op_facts(op, i, f"payload function @{name}") for i, op in enumerate(ops)]
-        layers = _layers(ops, facts)
-    entry_facts = fn_facts[functions.index(fn)]
-    classes = frozenset(f.op_class for f in facts)
-    values = entry_facts.arguments + entry_facts.results
-    return PayloadFacts(
-        entry=name,
-        functions=fn_facts,
-        ops=tuple(facts),
-        layers=tuple(layers),
-        classes=classes,
-        primary_class=next((c for c in CLASS_PRIORITY if c in classes), None),
-        flops=sum(f.flops for f in facts),
-        bytes=sum(v.nbytes for v in values),
-        dtypes=frozenset(v.dtype for f in facts for v in f.inputs + f.outputs)
-        | frozenset(v.dtype for v in values),
-    )
-
-
-# --------------------------------------------------------------------------- stage
-
-
-class AnalyzeConfig(Config):
-    """``entry``: the function to analyse (default: the single public one, else ``@main``)."""
-
-    entry: str | None = None
-
-
-@stage("analysis", name="analyze")
-def analyze_stage(module: TensorModule, config: AnalyzeConfig) -> PayloadFacts:
-    """Facts of the payload for cost models (see :func:`analyze`)."""
-    return analyze(module.ir, config.entry)

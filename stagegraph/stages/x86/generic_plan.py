@@ -1,0 +1,142 @@
+"""Which non-matmul ops the generic x86 schedule takes, and how: the decisions (from the
+facts and params alone, no IR) that :mod:`.generic_schedule` turns into transform ops."""
+
+from __future__ import annotations
+
+import math
+
+from stagegraph.stages.analysis import OpFacts, PayloadFacts
+from stagegraph.stages.x86.generic_params import (
+    GenericParams,
+    largest_divisor_at_most,
+)
+
+# Named convolutions that ``transform.structured.decompose`` rewrites to a 1-D op once the
+# outer image/filter dims are tiled to 1, and 1-D ones the vectorizer handles directly.
+DECOMPOSABLE = frozenset(
+    f"linalg.{n}"
+    for n in (
+        "conv_2d_nhwc_hwcf",
+        "conv_2d_nchw_fchw",
+        "depthwise_conv_2d_nhwc_hwc",
+        "pooling_nhwc_sum",
+        "pooling_nhwc_max",
+        "pooling_nhwc_min",
+        "pooling_nchw_sum",
+        "pooling_nchw_max",
+    )
+)
+VECTORIZABLE_1D = frozenset(
+    f"linalg.{n}"
+    for n in (
+        "conv_1d_nwc_wcf",
+        "conv_1d_ncw_fcw",
+        "depthwise_conv_1d_nwc_wc",
+        "pooling_nwc_sum",
+        "pooling_nwc_max",
+        "pooling_nwc_min",
+        "pooling_ncw_sum",
+        "pooling_ncw_max",
+    )
+)
+# Reduction bodies the vectorizer turns into vector.multi_reduction (a single combiner).
+_COMBINERS = frozenset(
+    f"arith.{n}"
+    for n in (
+        *("addf", "mulf", "maximumf", "minimumf", "maxnumf", "minnumf", "addi", "muli"),
+        *("maxsi", "minsi", "maxui", "minui", "andi", "ori", "xori"),
+    )
+)
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def _epilogue_ops(facts: PayloadFacts) -> set[int]:
+    return {i for layer in facts.layers for i in layer.epilogue}
+
+
+def schedulable(op: OpFacts, facts: PayloadFacts) -> bool:
+    """Whether the generic schedule may transform this op at all (matmul-class ops only
+    when they are matrix-vector products, see :func:`reduction_like`)."""
+    if op.op_class == "other" or not op.loop_ranges:
+        return False
+    if op.op_class == "matmul" and not reduction_like(op):
+        return False
+    return op.index not in _epilogue_ops(facts)
+
+
+def reduction_like(op: OpFacts) -> bool:
+    """A reduction, or a matrix-vector product (scheduled as one: no operand reuse for a
+    matmul micro-kernel to exploit)."""
+    if op.op_class == "matmul":
+        return op.contraction is not None and op.contraction.is_matvec
+    return op.op_class == "reduction"
+
+
+def vectorizable_reduction(op: OpFacts) -> bool:
+    """One output, no index/gather in the body and a recognisable combiner."""
+    body = set(op.body_ops)
+    return (
+        len(op.outputs) == 1
+        and "linalg.index" not in body
+        and "tensor.extract" not in body
+        and bool(body & _COMBINERS)
+    )
+
+
+def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], bool] | None:
+    """(tile sizes, decompose first) for a convolution/pooling op, or None (fallback)."""
+    conv = op.convolution
+    if conv is None:
+        return None
+    if op.op_class == "pooling" and any(d > 1 for d in conv.dilations):
+        return None  # dilated pooling windows vectorize into shuffles slower than loops
+    if op.op_class == "pooling" and any(op.loop_ranges[d] == 1 for d in conv.filter_loop):
+        # A one-row window (1-D pooling in a 2-D op): shuffles again, and nothing for them
+        # to amortize over (avg pool 1-D: 0.14 ms vectorized, 0.07 ms as loops).
+        return None
+    if math.prod(op.loop_ranges[d] for d in conv.filter_loop) == 1:
+        return None  # pointwise: a matmul in disguise, better left to loops (or matmul path)
+    decompose = op.name in DECOMPOSABLE
+    if not decompose and op.name not in VECTORIZABLE_1D:
+        return None
+    ranges = op.loop_ranges
+    sizes = [1] * len(ranges)  # batch, depth, outer image and filter dims: one at a time
+    image, filters = list(conv.output_image), list(conv.filter_loop)
+    if image:
+        sizes[image[-1]] = largest_divisor_at_most(ranges[image[-1]], params.conv_width_tile)
+    if filters:
+        sizes[filters[-1]] = 0  # the innermost filter window stays whole
+    for d in conv.output_channel:
+        sizes[d] = largest_divisor_at_most(ranges[d], params.conv_channel_tile)
+    for d in conv.input_channel:
+        sizes[d] = largest_divisor_at_most(ranges[d], params.conv_reduction_tile)
+    return sizes, decompose
+
+
+def partial_tiles(ranges: tuple[int, ...], *tilings: list[int]) -> bool:
+    """Whether any tiling (0 = untiled) leaves a partial last tile on some dim."""
+    return any(
+        size and extent % size
+        for sizes in tilings
+        for size, extent in zip(sizes, ranges, strict=True)
+    )
+
+
+def has_bool_operands(op: OpFacts) -> bool:
+    """An ``i1`` operand: vector<Nxi1> loads/stores are bit-packed in LLVM while memref
+    ``i1`` elements are bytes, so such ops are left to the scalar fallback."""
+    return any(v.dtype == "i1" for v in op.inputs + op.outputs)
+
+
+def vectorize_enabled(op: OpFacts, params: GenericParams) -> bool:
+    if has_bool_operands(op):
+        return False
+    return {
+        "elementwise": params.vectorize_elementwise,
+        "reduction": params.vectorize_reductions and vectorizable_reduction(op),
+        "matmul": params.vectorize_reductions and reduction_like(op),
+        "convolution": params.vectorize_convolutions,
+        "pooling": params.vectorize_pooling,
+    }.get(op.op_class, False)
