@@ -119,9 +119,11 @@ class Session:
         return self.engine.run(self.graph, self.workload, until=until)
 
     def close(self) -> None:
-        """Disarm the time limits (the work is done)."""
-        if self.watchdog is not None:
-            self.watchdog.stop()
+        """Stop the hooks that run a thread (time limits, progress): the work is done."""
+        for hook in self.hooks:
+            stop = getattr(hook, "stop", None)
+            if callable(stop):
+                stop()
 
     def __enter__(self) -> Session:
         return self

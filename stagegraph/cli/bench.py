@@ -13,6 +13,7 @@ from stagegraph.cli.options import (
     isolation_options,
     param_option,
     print_ir,
+    progress_hooks,
     session_request,
     target_option,
     time_limit_options,
@@ -141,7 +142,9 @@ def _bench_in_process(request: Any, bench_options: Any, options: dict[str, Any])
     from stagegraph.app.run import check_single_process
     from stagegraph.app.session import Session
 
-    with Session(request, write=print_ir, run_budget_s=bench_options.budget_s) as session:
+    hooks = progress_hooks(options["as_json"])
+    with Session(request, write=print_ir, run_budget_s=bench_options.budget_s,
+                 extra_hooks=hooks) as session:  # fmt: skip
         check_single_process(session.workload)
         info = report_cost_model(session, options["cost_model"])
         if options["versus"] is None:

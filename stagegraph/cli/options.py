@@ -128,6 +128,17 @@ def session_request(options: dict[str, Any]) -> Any:
     )
 
 
+def progress_hooks(as_json: bool) -> list:
+    """A progress line for long compiles, on a terminal and without ``--json`` only."""
+    import sys
+
+    if as_json or not sys.stderr.isatty():
+        return []
+    from stagegraph.instrument.progress import Progress
+
+    return [Progress(sys.stderr)]
+
+
 def print_ir(text: str) -> None:
     """Where ``--print-ir-after`` text goes: stderr, so ``--json`` output stays clean."""
     click.echo(text, err=True)

@@ -12,6 +12,7 @@ from stagegraph.cli.options import (
     isolation_options,
     param_option,
     print_ir,
+    progress_hooks,
     session_request,
     target_option,
     time_limit_options,
@@ -63,7 +64,9 @@ def run(**options: Any) -> None:
     from stagegraph.app.run import run_report
     from stagegraph.app.session import Session
 
-    with Session(request, write=print_ir) as session:
+    with Session(
+        request, write=print_ir, extra_hooks=progress_hooks(options["as_json"])
+    ) as session:
         if options["until"]:
             _print_until(session, options["until"], options["as_json"])
             return
