@@ -501,7 +501,18 @@ def _packed_kernel(
     # Kernel dims: (mo, no, k, mi, ni); loops: no, mo, k.
     tk = p.tile_k if p.tile_k and p.tile_k < site.k else 0
     if tk:
-        kernel = structured.TileUsingForOp(kernel, sizes=[0, 0, tk, 0, 0]).tiled_linalg_op
+        # Pack A and B one K block at a time, inside the K-block loop (BLIS order): the
+        # packed slices (tile_m x kc, kc x tile_n) are written just before the register
+        # tiles read them, while they are still in L2, instead of packing all of K first
+        # (a packed B of K x tile_n overflows L2 and comes back from L3 / memory).
+        by_k = structured.TileUsingForOp(kernel, sizes=[0, 0, tk, 0, 0])
+        kernel, kloop = by_k.tiled_linalg_op, by_k.loops[0]
+        fused = structured.FuseIntoContainingOp(pack_a, kloop)
+        pack_a, kloop = fused.fused_op, fused.new_containing_op
+        pack_b = structured.FuseIntoContainingOp(pack_b, kloop).fused_op
+        # Each K block packs into its own kc-sized buffer (a slice of an empty tensor is
+        # an empty tensor), so every block rewrites the same L2-resident lines.
+        _patterns(func, _ttensor.ApplyFoldTensorEmptyPatternsOp)
     kernel = structured.TileUsingForOp(
         kernel, sizes=[1, 1, p.k_unroll, 0, 0], interchange=[1, 0, 2, 3, 4]
     ).tiled_linalg_op
@@ -511,7 +522,11 @@ def _packed_kernel(
     kp = _pack_k_step(site.k)
     # A widened input is converted per packing step, into the panel being packed.
     tiled_a = structured.TileUsingForOp(pack_a, sizes=[1, kp])
-    tiled_b = structured.TileUsingForOp(pack_b, sizes=[1, kp])
+    # B[k, n] packs k-outer: each step reads kp rows of B along n (contiguous), instead of
+    # walking one reg_n-wide column strip down all of K (a new page every row).
+    tiled_b = structured.TileUsingForOp(
+        pack_b, sizes=[1, kp], interchange=[0, 1] if site.transpose_b else [1, 0]
+    )
     pack_a, pack_b = tiled_a.tiled_linalg_op, tiled_b.tiled_linalg_op
     steps = []
     for copy, tiled, panel in zip(
