@@ -103,6 +103,7 @@ def schedule(module: TensorModule, facts: PayloadFacts, params: X86Params) -> Te
     if sites:
         schedule_ir = mm.build_matmul_schedule(_site_params(params, facts, sites), sites)
         mm.apply_schedule(module.ir, schedule_ir)
+        mm.scalarize_broadcast_reads(module.ir)
     mm.strip_labels(module.ir)
     return module
 
