@@ -20,7 +20,7 @@ _DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2}
 class MatmulParams(Params):
     """Tile sizes and options of one matmul (plus its fused fill and elementwise consumers)."""
 
-    tile_m: int = Field(64, ge=1, le=1 << 16, description="rows of C per cache block")
+    tile_m: int = Field(64, ge=1, le=1 << 16, description="rows of A packed per K block")
     tile_n: int = Field(256, ge=1, le=1 << 16, description="columns of C per cache block")
     tile_k: int = Field(
         0, ge=0, le=1 << 16, description="k extent swept per accumulator pass (0: all of K)"
@@ -30,6 +30,12 @@ class MatmulParams(Params):
     k_unroll: int = Field(1, ge=1, le=16, description="k steps per kernel iteration")
     vector_width: int = Field(16, ge=1, le=64, description="SIMD lanes of the element type")
     vector_registers: int = Field(32, ge=8, le=64, description="architectural SIMD registers")
+    block_m: int = Field(
+        0,
+        ge=0,
+        le=1 << 20,
+        description="rows of C per parallel block, in whole tile_m blocks (0: tile_m)",
+    )
     pack: bool = Field(True, description="pack A and B into zero-padded register panels")
     threads: int = Field(1, ge=1, le=1024, description="threads sharing the block loop")
 
@@ -54,6 +60,12 @@ class MatmulParams(Params):
                 f"{self.vector_registers} vector registers"
             )
         return self
+
+    @property
+    def block_rows(self) -> int:
+        """Rows of C per parallel block: ``block_m`` rounded down to whole ``tile_m`` blocks
+        (at least one), so a tuner that changes ``tile_m`` alone keeps valid params."""
+        return max(self.tile_m, self.block_m // self.tile_m * self.tile_m)
 
     @property
     def accumulator_registers(self) -> int:

@@ -428,7 +428,7 @@ def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, p: MatmulPara
     for _ in range(site.consumers):
         chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
     fill = _producer(mm, 2) if site.has_fill else None
-    tiled = structured.TileUsingForallOp(chain[-1], tile_sizes=[p.tile_m, p.tile_n])
+    tiled = structured.TileUsingForallOp(chain[-1], tile_sizes=[p.block_rows, p.tile_n])
     forall = tiled.forall_op
     block_mm = tiled.tiled_op
     for producer in reversed(chain[:-1]):
@@ -490,7 +490,14 @@ def _packed_kernel(
         ).results[0]
     if not site.transpose_b:
         pack_b = _producer(packed, 1)
-        structured.PackTransposeOp(_any(), _any(), _any(), pack_b, packed, outer_perm=[1, 0])
+        packed = structured.PackTransposeOp(
+            _any(), _any(), _any(), pack_b, packed, outer_perm=[1, 0]
+        ).results[0]
+    # C packs as [N/reg_n, M/reg_m, reg_m, reg_n]: the register tiles of one B micro-panel
+    # (the inner loop runs over M) are then adjacent in memory, so their accumulators load
+    # and store sequentially (prefetchable) rather than a whole packed row apart.
+    unpack_c = transform.GetConsumersOfResult(_any(), packed, 0).result
+    structured.PackTransposeOp(_any(), _any(), _any(), unpack_c, packed, outer_perm=[1, 0])
     _cleanup(func)
     # Re-find the ops from the unpack (patterns replace ops; a one-block forall is even
     # inlined). Earlier sites' unpacks are vectorized already, so the match is this site's.
@@ -510,8 +517,15 @@ def _packed_kernel(
         fused = structured.FuseIntoContainingOp(pack_a, kloop)
         pack_a, kloop = fused.fused_op, fused.new_containing_op
         pack_b = structured.FuseIntoContainingOp(pack_b, kloop).fused_op
-        # Each K block packs into its own kc-sized buffer (a slice of an empty tensor is
-        # an empty tensor), so every block rewrites the same L2-resident lines.
+    if p.block_rows > p.tile_m:
+        # A block of several tile_m row blocks: B is packed once per K block for all of
+        # them, A one tile_m x kc slice at a time (the slice the register tiles sweep).
+        by_m = structured.TileUsingForOp(kernel, sizes=[p.tile_m // p.reg_m, 0, 0, 0, 0])
+        kernel = by_m.tiled_linalg_op
+        pack_a = structured.FuseIntoContainingOp(pack_a, by_m.loops[0]).fused_op
+    if tk or p.block_rows > p.tile_m:
+        # Each K (and M) block packs into its own buffer (a slice of an empty tensor is an
+        # empty tensor), so every block rewrites the same cache-resident lines.
         _patterns(func, _ttensor.ApplyFoldTensorEmptyPatternsOp)
     kernel = structured.TileUsingForOp(
         kernel, sizes=[1, 1, p.k_unroll, 0, 0], interchange=[1, 0, 2, 3, 4]
