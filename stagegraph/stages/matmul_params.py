@@ -72,6 +72,12 @@ class MatmulParams(Params):
         return self.reg_m * (self.reg_n // self.vector_width)
 
 
+def pack_k_step(k: int) -> int:
+    """k elements per vectorized step of the schedule's A and B packing, for a K extent
+    (or K block) of ``k``: the largest of 8, 4, 2, 1 dividing it."""
+    return next(s for s in (8, 4, 2, 1) if k % s == 0)
+
+
 # Blocks per thread the parallel block loop aims for (see _split_for_threads).
 BLOCKS_PER_THREAD = 2
 # Packing cost of an A element relative to a B element: A's panels are a transposition
@@ -124,9 +130,11 @@ def heuristic_matmul_params(
 
     # K block: the B micro-panel (kc x reg_n) and the A micro-panel (reg_m x kc) of one
     # register-tile sweep share three quarters of L1, so B stays in L1 across the m panels.
-    # Register tiles are static: kc is the divisor of k (multiple of k_unroll) nearest it.
+    # Register tiles are static: kc is the divisor of k nearest it that is a multiple of
+    # k_unroll and of the vectorized packing step (else every packing step of a K block
+    # is masked in k: 1000 = 4 x 250 with 8-wide steps).
     kc_target = max(k_unroll, target.l1d_bytes * 3 // 4 // ((reg_n + reg_m) * elem))
-    kc = _nearest_divisor(k, kc_target, k_unroll)
+    kc = _nearest_divisor(k, kc_target, max(k_unroll, pack_k_step(k)))
     tile_k = kc if kc < k else 0
     # Row block: its A slice (tile_m x kc) takes half of L2, beside the B micro-panel
     # streaming through and the accumulators of the register tiles.

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from stagegraph.mlir import arith, dialect, ir, linalg, loop, structured, tensor, transform
 from stagegraph.ports import Facts
 from stagegraph.stages.analysis import OpFacts, declared_iterator_types
-from stagegraph.stages.matmul_params import MatmulParams
+from stagegraph.stages.matmul_params import MatmulParams, pack_k_step
 from stagegraph.stages.transform import apply_schedule_module, new_schedule
 
 _tvec = dialect("transform.vector")
@@ -533,7 +533,8 @@ def _packed_kernel(
     if zero is not None:
         # The packed C is zeroed tile by tile with vector stores (it stays in L2).
         zero = structured.TileUsingForOp(zero, sizes=[1, 1, 0, 0]).tiled_linalg_op
-    kp = _pack_k_step(site.k)
+    # Pack steps must tile the K block evenly, or every step gets a k mask.
+    kp = pack_k_step(tk or site.k)
     # A widened input is converted per packing step, into the panel being packed.
     tiled_a = structured.TileUsingForOp(pack_a, sizes=[1, kp])
     # B[k, n] packs k-outer: each step reads kp rows of B along n (contiguous), instead of
@@ -585,10 +586,6 @@ def _packed_kernel(
     else:
         structured.VectorizeOp(outputs[-1], [1, 1, p.reg_m, p.reg_n])
     _hoist_accumulators(func)
-
-
-def _pack_k_step(k: int) -> int:
-    return next(s for s in (8, 4, 2, 1) if k % s == 0)
 
 
 def _unpacked_kernel(
