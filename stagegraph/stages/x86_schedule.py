@@ -558,9 +558,28 @@ def _packed_kernel(
     for _ in range(site.consumers):
         chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
     tiled = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n])
-    outputs = [tiled.tiled_linalg_op]
     for producer in reversed(chain[:-1]):
-        outputs.append(structured.FuseIntoContainingOp(producer, tiled.loops[1]).fused_op)
+        structured.FuseIntoContainingOp(producer, tiled.loops[1])
+    # Peel the partial last row and column of tiles: the full tiles then have static
+    # shapes and store to C unmasked (a masked vmaskmovps store is slow, several uops).
+    # (Peeling fails on a loop whose static trip count has no remainder: skip those.)
+    full, pieces = tiled.loops[0], []
+    if _partial_tiles(site.m, p.block_rows, p.reg_m):
+        rows = loop.LoopPeelOp(_any(), _any(), full)
+        full, pieces = rows.peeled_loop, [rows.remainder_loop]
+    columns = tiled.loops[1]
+    if pieces:  # the column loop of the full rows
+        columns = transform.GetParentOp(
+            _any(), _match(full, "linalg.unpack"), op_name="scf.for"
+        ).result
+    if _partial_tiles(site.n, p.tile_n, p.reg_n):
+        peeled = loop.LoopPeelOp(_any(), _any(), columns)
+        pieces.append(peeled.remainder_loop)
+        columns = peeled.peeled_loop
+    pieces.append(columns)
+    # Consumers first: lowering the unpacks below adds ops.
+    consumers = [_match(piece, "linalg.generic") for piece in pieces] if site.consumers else []
+    unpacks = [_match(piece, "linalg.unpack") for piece in pieces]
     _cleanup(func)
     structured.VectorizeOp(kernel)
     for step, panel in steps:
@@ -569,23 +588,34 @@ def _packed_kernel(
     structured.VectorizeOp(pack_b, [1, kp, p.reg_n])
     if zero is not None:
         structured.VectorizeOp(zero)
-    if site.consumers:
-        # The tile unpack becomes a slice of the packed tile, read by the (masked) consumers:
-        # a masked unpack write followed by a masked read would make bufferization copy.
-        structured.LowerUnPackOp(
-            _any(),
-            _any(),
-            _any(),
-            _any(),
-            _any(),
-            outputs[-1],
-            lowerUnpadLikeWithExtractSlice=True,
-        )
-        for op in outputs[:-1]:
-            structured.VectorizeOp(op, [p.reg_m, p.reg_n])
-    else:
-        structured.VectorizeOp(outputs[-1], [1, 1, p.reg_m, p.reg_n])
+    for piece_unpack in unpacks:
+        if site.consumers:
+            # The tile unpack becomes a slice of the packed tile, read by the (masked)
+            # consumers: a masked unpack write then a masked read would make bufferization
+            # copy.
+            structured.LowerUnPackOp(
+                _any(),
+                _any(),
+                _any(),
+                _any(),
+                _any(),
+                piece_unpack,
+                lowerUnpadLikeWithExtractSlice=True,
+            )
+        else:
+            structured.VectorizeOp(piece_unpack, [1, 1, p.reg_m, p.reg_n])
+    for piece_consumers in consumers:
+        structured.VectorizeOp(piece_consumers, [p.reg_m, p.reg_n])
     _hoist_accumulators(func)
+
+
+def _partial_tiles(extent: int, block: int, tile: int) -> bool:
+    """Whether the tile loop over a block of a dimension of ``extent`` split into blocks of
+    ``block`` can end with a partial ``tile``: a dynamic bound (the blocks do not divide
+    the extent) or a static one that ``tile`` does not divide."""
+    if extent > block and extent % block:
+        return True
+    return min(extent, block) % tile != 0
 
 
 def _unpacked_kernel(
