@@ -10,7 +10,11 @@ import pytest
 from pydantic import ValidationError
 
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.matmul_params import MatmulParams, heuristic_matmul_params
+from stagegraph.stages.x86.matmul_params import (
+    MatmulParams,
+    heuristic_matmul_params,
+    pack_k_step,
+)
 
 AVX512 = Target(
     isa=frozenset({"avx512f", "avx2", "fma"}),
@@ -191,6 +195,46 @@ def test_heuristic_gives_each_thread_several_blocks(shape):
     assert blocks >= 4
     assert min(two.tile_m, two.tile_n) >= min(128, m, n)  # blocks stay big enough to pack
     assert (two.tile_k, two.reg_m, two.reg_n) == (one.tile_k, one.reg_m, one.reg_n)
+
+
+def test_heuristic_keeps_the_k_loop_within_the_register_file():
+    # 6x16 on 16 ymm: 12 accumulators + 2 B vectors + 1 broadcast leave no room for a
+    # second k step (LLVM would load ahead and spill accumulators); 8x32 on 32 zmm does.
+    assert heuristic_matmul_params(1024, 1024, 1024, "f32", AVX2).k_unroll == 1
+    assert heuristic_matmul_params(1024, 1024, 1024, "f32", AVX512).k_unroll == 4
+
+
+@pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])
+@pytest.mark.parametrize("shape", [(1024, 1024, 1024), (2048, 2048, 2048), (1000, 1000, 1000)])
+def test_heuristic_packs_b_once_per_k_block(target, shape):
+    m, n, k = shape
+    p = heuristic_matmul_params(m, n, k, "f32", target)
+    assert p.block_rows >= m  # one block of all rows: B packed once per K block
+    assert p.tile_m * (p.tile_k or k) * 4 <= target.l2_bytes // 2  # the A slice in L2
+    blocks = -(-m // p.tile_m)
+    assert m - (blocks - 1) * p.tile_m > p.tile_m // 2  # balanced: no sliver of a block
+
+
+def test_heuristic_k_block_is_whole_packing_steps():
+    p = heuristic_matmul_params(1000, 1000, 1000, "f32", AVX2)
+    assert p.tile_k and 1000 % p.tile_k == 0 and p.tile_k % pack_k_step(1000) == 0
+
+
+def test_block_rows_are_whole_row_blocks():
+    assert _params(64, 64, 64, tile_m=16, block_m=40).block_rows == 32
+    assert _params(64, 64, 64, tile_m=16, block_m=0).block_rows == 16
+    assert _params(64, 64, 64, tile_m=16, block_m=8).block_rows == 16
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_matmul_row_blocks_inside_a_block(threads):
+    """block_m: B packed once per K block for several A row blocks, with partial edge
+    tiles (peeled) in both dimensions."""
+    if threads > 1:
+        pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    _run_matmul(
+        100, 70, 60, threads=threads, tile_m=16, block_m=48, tile_n=32, tile_k=20, k_unroll=1
+    )
 
 
 @pytest.mark.parametrize("shape", [(128, 128, 512), (100, 37, 53), (37, 45, 600)])

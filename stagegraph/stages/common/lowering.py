@@ -12,9 +12,14 @@ fully unroll the n-D vector transfers left by the schedules into 1-D ones first 
 unroll leaves stack allocas inside loops).
 """
 
+# Canonicalization before the out-params: a loop that updates its buffer in place (as the
+# matmul's unpack loop does when the block loop has a single block and is inlined) must
+# fold to that buffer, or the returned value is not the allocation itself and the result
+# is copied into the out-parameter instead of being written there.
 BUFFERIZE = (
     "one-shot-bufferize{bufferize-function-boundaries "
     "function-boundary-type-conversion=identity-layout-map},"
+    "canonicalize,"
     "buffer-results-to-out-params{hoist-static-allocs modify-public-functions},"
     "cse,canonicalize"
 )

@@ -20,7 +20,7 @@ _DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2}
 class MatmulParams(Params):
     """Tile sizes and options of one matmul (plus its fused fill and elementwise consumers)."""
 
-    tile_m: int = Field(64, ge=1, le=1 << 16, description="rows of C per cache block")
+    tile_m: int = Field(64, ge=1, le=1 << 16, description="rows of A packed per K block")
     tile_n: int = Field(256, ge=1, le=1 << 16, description="columns of C per cache block")
     tile_k: int = Field(
         0, ge=0, le=1 << 16, description="k extent swept per accumulator pass (0: all of K)"
@@ -30,6 +30,12 @@ class MatmulParams(Params):
     k_unroll: int = Field(1, ge=1, le=16, description="k steps per kernel iteration")
     vector_width: int = Field(16, ge=1, le=64, description="SIMD lanes of the element type")
     vector_registers: int = Field(32, ge=8, le=64, description="architectural SIMD registers")
+    block_m: int = Field(
+        0,
+        ge=0,
+        le=1 << 20,
+        description="rows of C per parallel block, in whole tile_m blocks (0: tile_m)",
+    )
     pack: bool = Field(True, description="pack A and B into zero-padded register panels")
     threads: int = Field(1, ge=1, le=1024, description="threads sharing the block loop")
 
@@ -56,12 +62,27 @@ class MatmulParams(Params):
         return self
 
     @property
+    def block_rows(self) -> int:
+        """Rows of C per parallel block: ``block_m`` rounded down to whole ``tile_m`` blocks
+        (at least one), so a tuner that changes ``tile_m`` alone keeps valid params."""
+        return max(self.tile_m, self.block_m // self.tile_m * self.tile_m)
+
+    @property
     def accumulator_registers(self) -> int:
         return self.reg_m * (self.reg_n // self.vector_width)
 
 
+def pack_k_step(k: int) -> int:
+    """k elements per vectorized step of the schedule's A and B packing, for a K extent
+    (or K block) of ``k``: the largest of 8, 4, 2, 1 dividing it."""
+    return next(s for s in (8, 4, 2, 1) if k % s == 0)
+
+
 # Blocks per thread the parallel block loop aims for (see _split_for_threads).
-BLOCKS_PER_THREAD = 8
+BLOCKS_PER_THREAD = 2
+# Packing cost of an A element relative to a B element: A's panels are a transposition
+# (rows of A become reg_m-wide columns), B's a copy of row segments (see _halve).
+A_PACK_COST = 2
 # Shortest block edge (rows and columns), in register panels of reg_n columns.
 MIN_BLOCK_PANELS = 4
 
@@ -71,13 +92,23 @@ def heuristic_matmul_params(
 ) -> MatmulParams:
     """Derive tiles from the vector width, register count and cache sizes (no size table).
 
+    The loop nest is BLIS's: per parallel block (``block_m x tile_n`` of C), per K block,
+    B's ``kc x tile_n`` slice is packed once; per ``tile_m`` row block inside, A's
+    ``tile_m x kc`` slice is packed; the register tile then sweeps the row block's panels
+    for each B micro-panel.
+
     Register tile: two vectors wide (two independent FMA chains per broadcast) and as many
-    rows as fit the register file after the B vectors and one broadcast. K block (tile_k):
-    the B micro-panel (kc x reg_n) stays in L1 while the register tile sweeps the block's
-    m panels. Cache block: the A slice (tile_m x kc) stays in L2 with the C block beside
-    it; B is re-packed once per M block and A once per N block, so blocks are as large as
-    that allows. With ``threads`` > 1 the block is halved until every thread has several
-    blocks to take (the parallel loop is scheduled dynamically).
+    rows as fit the register file after the B vectors and one broadcast. K unroll: only as
+    far as the unrolled steps' B vectors and broadcasts still fit beside the accumulators
+    (with 16 registers a 6x16 tile leaves room for one step; unrolling further makes LLVM
+    load ahead and spill accumulators). K block (tile_k): the B micro-panel (kc x reg_n)
+    and the A micro-panel stay in L1 while the register tile sweeps the m panels. Row block
+    (tile_m): its A slice (tile_m x kc) in half of L2. Column block (tile_n): its B slice
+    (kc x tile_n) in half of this core's share of L3 (it is re-read from there once per row
+    block). The parallel block takes all rows (block_m), so B is packed once per K block;
+    with ``threads`` > 1 the block is halved until every thread has several blocks to
+    take (the parallel loop is scheduled dynamically). Blocks are balanced: equal parts of
+    the extent, not a maximum size plus a sliver.
     """
     elem = _DTYPE_BYTES.get(dtype, 4)
     lanes = max(1, target.vector_bits // (8 * elem))
@@ -90,25 +121,34 @@ def heuristic_matmul_params(
     # Do not pad a tiny problem up to a big register tile.
     if n <= lanes:
         reg_n = lanes
-    k_unroll = next(u for u in (4, 2, 1) if k % u == 0)
+    accumulators = reg_m * (reg_n // lanes)
+    k_unroll = next(
+        u
+        for u in (4, 2, 1)
+        if k % u == 0 and (u == 1 or accumulators + u * (reg_n // lanes + 1) <= registers)
+    )
 
     # K block: the B micro-panel (kc x reg_n) and the A micro-panel (reg_m x kc) of one
     # register-tile sweep share three quarters of L1, so B stays in L1 across the m panels.
-    # Register tiles are static: kc is the divisor of k (multiple of k_unroll) nearest it.
+    # Register tiles are static: kc is the divisor of k nearest it that is a multiple of
+    # k_unroll and of the vectorized packing step (else every packing step of a K block
+    # is masked in k: 1000 = 4 x 250 with 8-wide steps).
     kc_target = max(k_unroll, target.l1d_bytes * 3 // 4 // ((reg_n + reg_m) * elem))
-    kc = _nearest_divisor(k, kc_target, k_unroll)
+    kc = _nearest_divisor(k, kc_target, max(k_unroll, pack_k_step(k)))
     tile_k = kc if kc < k else 0
-    # M block: its A slice (tile_m x kc) takes a quarter of L2, beside the streaming C rows.
-    tile_m = _round_down(target.l2_bytes // 4 // (kc * elem), reg_m)
-    tile_m = min(tile_m, _round_up(m, reg_m))
-    # N block: its B slice (kc x tile_n) in half of L2; A is re-packed once per N block, so
-    # wide, but the C block (tile_m x tile_n, revisited every K block) within half of L2.
-    tile_n = _round_down(target.l2_bytes // 2 // (kc * elem), reg_n)
-    tile_n = min(tile_n, _round_down(target.l2_bytes // 2 // (tile_m * elem), reg_n))
-    tile_n = min(tile_n, _round_up(n, reg_n))
+    # Row block: its A slice (tile_m x kc) takes half of L2, beside the B micro-panel
+    # streaming through and the accumulators of the register tiles.
+    tile_m = _balanced(m, target.l2_bytes // 2 // (kc * elem), reg_m)
+    # Column block: its B slice (kc x tile_n) in half of one core's share of L3.
+    l3_share = target.l3_bytes // max(1, target.cores)
+    tile_n = _balanced(n, l3_share // 2 // (kc * elem), reg_n)
+    # The parallel block: all rows, in whole row blocks (B packed once per K block).
+    block_m = _round_up(m, tile_m)
     # Enough blocks for every thread (threads take blocks dynamically, see lowering).
     if threads > 1:
-        tile_m, tile_n = _split_for_threads(m, n, tile_m, tile_n, reg_m, reg_n, threads)
+        block_m, tile_n = _split_for_threads(m, n, block_m, tile_n, reg_m, reg_n, threads)
+        tile_m = _balanced(block_m, tile_m, reg_m)
+        block_m = _round_up(block_m, tile_m)
     return MatmulParams(
         tile_m=tile_m,
         tile_n=tile_n,
@@ -118,22 +158,37 @@ def heuristic_matmul_params(
         k_unroll=k_unroll,
         vector_width=lanes,
         vector_registers=registers,
+        block_m=block_m if block_m > tile_m else 0,
         pack=True,
         threads=threads,
     )
 
 
+def _balanced(extent: int, most: int, step: int) -> int:
+    """The block size (a multiple of ``step``) that splits ``extent`` into as few blocks
+    of at most ``most`` (rounded down to ``step``, at least ``step``) as possible, all
+    about equal: 1024 rows in blocks of at most 252 are four blocks of 258 rather than
+    four of 252 and a fifth of 16 (which would pack B once more for a few rows)."""
+    most = _round_down(max(most, step), step)
+    padded = _round_up(extent, step)
+    blocks = -(-padded // most)
+    return _round_up(-(-padded // blocks), step)
+
+
 def _split_for_threads(
     m: int, n: int, tile_m: int, tile_n: int, reg_m: int, reg_n: int, threads: int
 ) -> tuple[int, int]:
-    """Halve the block (its longer edge first) until there are ``BLOCKS_PER_THREAD`` blocks
-    per thread, or both edges reach ``MIN_BLOCK_PANELS`` register panels.
+    """Halve the block (the edge whose halving adds less packing first) until there are
+    ``BLOCKS_PER_THREAD`` blocks per thread, or both edges reach ``MIN_BLOCK_PANELS``
+    register panels.
 
-    Threads take blocks dynamically (``lowering.schedule_dynamic``): with several blocks
-    each, a thread slowed by another runnable thread on its core (e.g. an idle BLAS worker
-    spinning) does fewer blocks instead of holding up the loop. A block packs
-    ``(tile_m + tile_n) * kc`` elements for ``tile_m * tile_n * kc`` FMAs, so the edges
-    stay at least ``MIN_BLOCK_PANELS`` panels long (packing a few % of the block's time).
+    Threads take blocks dynamically (``lowering.schedule_dynamic``): with more than one
+    block each, a thread slowed by another runnable thread on its core (e.g. an idle BLAS
+    worker spinning) does fewer blocks instead of holding up the loop. But every block
+    packs its own B slice (once per row of blocks) and A slice (once per column of
+    blocks): each pass over A or B costs about 1-2% of the matmul, so blocks are only
+    split as that: two per thread, not eight (which re-packed A and B four times
+    each at 1024^3). The edges stay at least ``MIN_BLOCK_PANELS`` panels long.
     """
     edge = MIN_BLOCK_PANELS * reg_n
     min_m = min(_round_up(m, reg_m), _round_up(edge, reg_m))
@@ -161,7 +216,11 @@ def _halve(
             break
         can_n = tile_n > min_n
         can_m = tile_m > min_m
-        if can_n and (tile_n >= tile_m or not can_m):
+        # Halving the rows adds a pass over B (k x n) per row of blocks, halving the
+        # columns a pass over A (m x k, dearer per element) per column of blocks.
+        more_b = math.ceil(m / tile_m) * n
+        more_a = math.ceil(n / tile_n) * m * A_PACK_COST
+        if can_n and (more_a < more_b or not can_m):
             tile_n = max(min_n, _round_up(tile_n // 2, reg_n))
         elif can_m:
             tile_m = max(min_m, _round_up(tile_m // 2, reg_m))
@@ -186,7 +245,7 @@ def _round_down(x: int, to: int) -> int:
     return max(to, x // to * to)
 
 
-# -- tuning declaration (read by stagegraph.stages.x86.space) ------------------------------------
+# -- tuning declaration (read by stagegraph.stages.x86.space) --------------------------------
 
 #: Fields a tuner may vary; vector_width, vector_registers and threads stay as the cost
 #: model chose them (they describe the machine and the run, not the schedule).

@@ -135,6 +135,7 @@ def _apply_schedules(
         schedule_ir = mm.build_matmul_schedule(_site_params(params, facts, sites), sites)
         applied.append(schedule_ir.operation.get_asm(assume_verified=True))
         mm.apply_schedule(module.ir, schedule_ir)
+        mm.scalarize_broadcast_reads(module.ir)
     mm.strip_labels(module.ir)
 
 
