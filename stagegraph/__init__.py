@@ -19,6 +19,8 @@ lives in the subpackages (``stagegraph.core``, ``stagegraph.app``, ...).
 from __future__ import annotations
 
 import importlib
+import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 #: Public name -> the module that defines it.
@@ -36,7 +38,6 @@ _EXPORTS = {
     "parse_workload": "stagegraph.workload.registry",
     "run": "stagegraph.api",
     "bench": "stagegraph.api",
-    "tune": "stagegraph.api",
     "register_graph": "stagegraph.core.catalog",
     "register_workload": "stagegraph.workload.registry",
     "register_cost_model": "stagegraph.stages.common.costmodel",
@@ -92,4 +93,24 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted({*globals(), *_EXPORTS})
+    return sorted({*globals(), *__all__})
+
+
+class _Package(types.ModuleType):
+    """``stagegraph.tune`` is both the function :func:`stagegraph.api.tune` and the tuner's
+    subpackage. Importing the subpackage sets the package attribute ``tune`` to it, which
+    would shadow the function after the first tuning run; the property keeps the function
+    as the attribute (``sg.tune(...)``) while ``import stagegraph.tune.runner`` and
+    ``from stagegraph.tune.runner import ...`` still reach the subpackage (they go through
+    ``sys.modules``)."""
+
+    @property
+    def tune(self) -> Any:
+        return importlib.import_module("stagegraph.api").tune
+
+    @tune.setter
+    def tune(self, module: types.ModuleType) -> None:
+        self.__dict__["_tune_package"] = module  # what the import system sets
+
+
+sys.modules[__name__].__class__ = _Package
