@@ -211,3 +211,16 @@ def test_plugins_environment_names_loaded_plugins(plugin):
 
     assert str(plugin) in plugins_environment({})[ENV].split(os.pathsep)
     assert str(plugin) in SessionRequest(graph="naive", workload="matmul").plugins
+
+
+@pytest.mark.slow
+def test_plugin_graph_on_mpi_ranks(tmp_path):
+    plugin = tmp_path / "ranks_plugin.py"
+    plugin.write_text(
+        "import stagegraph as sg\n"
+        "sg.register_graph('ranks-sharded', lambda: sg.load_graph('sharded'))\n"
+    )
+    done = cli("--plugin", str(plugin), "run", "ranks-sharded",
+               "ff-sharded:m=64,n=128,k=64,grid=2", "--ranks", "2", "--json")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["verified"] is True

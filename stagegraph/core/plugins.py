@@ -112,6 +112,7 @@ def ensure_plugins() -> None:
 
 
 def split_env(value: str) -> list[str]:
+    """The plugin specs of a ``STAGEGRAPH_PLUGINS`` value (``os.pathsep``-separated)."""
     return [part for part in value.split(os.pathsep) if part.strip()]
 
 
