@@ -98,6 +98,18 @@ class StageDefinitionError(StagegraphError, TypeError):
     """A stage function or class is declared wrongly (missing hints, bad kind)."""
 
 
+class DuplicateNameError(StageDefinitionError, ValueError):
+    """A second, different stage, graph, workload or cost model under a name already taken.
+
+    Every registry refuses it the same way, so a plugin can never silently replace a built-in
+    (or another plugin's) definition; re-running the same code (a re-import) is no clash.
+    """
+
+
+class PluginError(StagegraphError, ImportError):
+    """A plugin (``--plugin``, ``STAGEGRAPH_PLUGINS`` or an entry point) could not be loaded."""
+
+
 class ConfigError(StagegraphError, ValueError):
     """A stage config or a params override does not validate."""
 

@@ -5,6 +5,13 @@ child, such a failure becomes an :class:`~stagegraph.errors.IsolatedFailure` wit
 instead of killing the tuner or the CLI. Children come from a ``forkserver`` (never a plain
 ``fork`` of the parent, whose MLIR bindings hold threads); the server preloads
 :mod:`stagegraph.mlir.bindings`, so a child starts with the bindings already imported.
+
+Neither the server nor a child imports the caller's ``__main__`` unless the call needs it
+(``fn`` or an argument defined there). multiprocessing would otherwise run the main script
+again in each of them, and a script without an ``if __name__ == "__main__":`` guard (a
+tuning script calling ``stagegraph.tune``) would start its whole run again inside the
+server, where starting processes is refused: every candidate failed. What the children
+must know by name (plugins) reaches them through the request instead.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import resource
 import signal
 import sys
 import tempfile
+import threading
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -32,7 +40,7 @@ from stagegraph.errors import IsolatedFailure, StagegraphError, restore_exceptio
 
 T = TypeVar("T")
 
-PRELOAD = ("__main__", "stagegraph.app.isolate", "stagegraph.mlir.bindings")
+PRELOAD = ("stagegraph.app.isolate", "stagegraph.mlir.bindings")
 _GRACE_S = 5  # the child's own alarm fires this long after the parent's deadline
 _TAIL_CHARS = 4000
 _OOM = re.compile(r"bad_alloc|out of memory|Cannot allocate memory|MemoryError", re.IGNORECASE)
@@ -54,9 +62,49 @@ class Limits(Schema):
 
 
 def _context() -> multiprocessing.context.BaseContext:
+    _install_main_filter()
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(list(PRELOAD))  # no effect once the server runs
     return context
+
+
+_without_main = threading.local()
+_MAIN_KEYS = ("init_main_from_path", "init_main_from_name")
+
+
+def _install_main_filter() -> None:
+    """Let :func:`run_isolated` start a child that does not re-run ``__main__``.
+
+    multiprocessing asks ``spawn.get_preparation_data`` what a new child must import
+    first, the main module included; the wrapper drops the main module while the current
+    thread starts a child whose call does not refer to ``__main__`` (a thread-local flag,
+    so other threads and other users of multiprocessing are unaffected).
+    """
+    from multiprocessing import spawn
+
+    original = spawn.get_preparation_data
+    if getattr(original, "_stagegraph_filter", False):
+        return
+
+    def preparation_data(name: str) -> dict[str, Any]:
+        data = original(name)
+        if getattr(_without_main, "active", False):
+            for key in _MAIN_KEYS:
+                data.pop(key, None)
+        return data
+
+    preparation_data._stagegraph_filter = True  # type: ignore[attr-defined]
+    spawn.get_preparation_data = preparation_data
+
+
+@contextlib.contextmanager
+def _main_skipped(payload: bytes) -> Any:
+    """While starting a child for ``payload``: skip ``__main__`` unless the payload uses it."""
+    _without_main.active = b"__main__" not in payload
+    try:
+        yield
+    finally:
+        _without_main.active = False
 
 
 def run_isolated(
@@ -86,7 +134,8 @@ def run_isolated(
             args=(payload, memory_bytes, timeout_s, tmp),
             name=f"stagegraph-isolate {label}".strip(),
         )
-        process.start()
+        with _main_skipped(payload):
+            process.start()
         timed_out = True
         try:
             process.join(timeout_s)

@@ -45,6 +45,7 @@ from pydantic import Field
 from stagegraph.app.bench import BenchOptions, BenchReport
 from stagegraph.app.run import RunReport
 from stagegraph.core.graph import Graph
+from stagegraph.core.plugins import plugins_environment
 from stagegraph.core.ports import Schema
 from stagegraph.errors import (
     ConfigError,
@@ -232,7 +233,8 @@ def _launch(
             graph, workload, "--scratch", scratch, "--libmpi", str(mpich.libmpi), *extra,
         ]  # fmt: skip
         path = f"{mpich.mpiexec.parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        env = {**os.environ, "PATH": path}  # hydra finds its proxy on PATH
+        # hydra finds its proxy on PATH; the ranks rebuild the graph by name: plugins too
+        env = {**plugins_environment(), "PATH": path}
         returncode, stderr = _run_group(command, env, timeout, Path(scratch), ranks)
         report = Path(scratch) / REPORT_FILE
         if returncode == 0 and report.is_file():

@@ -10,13 +10,14 @@ process boundaries (pickle, JSON) where graphs and modules cannot.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
 from stagegraph.core.engine import Engine, Hook, RunResult
 from stagegraph.core.graph import Graph
+from stagegraph.core.plugins import load_plugins, loaded_plugins
 from stagegraph.core.ports import Schema
 
 if TYPE_CHECKING:
@@ -35,9 +36,12 @@ class Inspection(Schema):
 class SessionRequest(Schema):
     """Everything that decides how a workload is compiled and run (the command line as data).
 
-    ``graph`` is a graph name or file; ``params`` are ``--param`` overrides of the cost
-    model's choice; ``compile_timeout_s``/``run_timeout_s`` bound an in-process run (the
-    CLI's defaults; ``None`` for no limit, as in library use).
+    ``graph`` is a graph name or file (a :class:`Session` may be given the Graph object
+    itself; ``graph`` then only names it in reports); ``params`` are ``--param`` overrides
+    of the cost model's choice; ``compile_timeout_s``/``run_timeout_s`` bound an in-process
+    run (the CLI's defaults; ``None`` for no limit, as in library use). ``plugins`` are
+    loaded before anything is resolved: by default the ones this process loaded, so a child
+    process that rebuilds the graph by name sees the same plugin registrations.
     """
 
     graph: str
@@ -53,6 +57,32 @@ class SessionRequest(Schema):
     inspection: Inspection = Field(default_factory=Inspection)
     compile_timeout_s: float | None = Field(None, gt=0)
     run_timeout_s: float | None = Field(None, gt=0)
+    plugins: tuple[str, ...] = Field(default_factory=loaded_plugins)
+
+
+def parse_assignments(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings (``--param``, ``--fix``) to a dict; values read as YAML scalars
+    (``8``, ``true``, ``[1,2]``). A mapping (library use) is taken as it is.
+
+    Raises:
+        ConfigError: an item without ``=`` or without a key.
+    """
+    import yaml
+
+    from stagegraph.errors import ConfigError
+
+    if isinstance(items, Mapping):
+        return dict(items)
+    result: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--param {item!r} must look like KEY=VALUE")
+        try:
+            result[key.strip()] = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            result[key.strip()] = raw
+    return result
 
 
 def naive_reference(workload: Any) -> list[Any]:
@@ -82,6 +112,8 @@ class Session:
             default discards it).
         extra_hooks: more hooks after the inspection ones (a tuning worker's IR dumps).
         run_budget_s: added to the run time limit (a benchmark's sampling budget).
+        graph: the graph to use instead of loading ``request.graph`` by name (library use:
+            a graph composed in Python; it cannot cross to another process).
 
     Raises:
         UnknownGraphError, UnknownWorkloadError, UnknownTargetError, ConfigError: from
@@ -95,12 +127,15 @@ class Session:
         write: Callable[[str], None] | None = None,
         extra_hooks: Sequence[Hook] = (),
         run_budget_s: float = 0.0,
+        graph: Graph | None = None,
     ) -> None:
         from stagegraph.core.catalog import load_graph
 
+        load_plugins(request.plugins)
         self.request = request
         self.workload = open_workload(request.workload)
-        self.graph = resolve_graph(load_graph(request.graph), request, self.workload.spec)
+        base = graph if graph is not None else load_graph(request.graph)
+        self.graph = resolve_graph(base, request, self.workload.spec)
         self.hooks = inspection_hooks(self.graph, request.inspection, write)
         self.hooks += list(extra_hooks)
         self.watchdog: Watchdog | None = None

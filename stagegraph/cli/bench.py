@@ -169,20 +169,12 @@ def _bench_one(session: Any, bench_options: Any, options: dict[str, Any], info: 
 
 
 def _bench_versus(session: Any, bench_options: Any, options: dict[str, Any]) -> list:
-    from stagegraph.app.bench import NumpyMeasurement, compare, prepare
-    from stagegraph.app.graph_options import with_params, with_target
-    from stagegraph.core.catalog import load_graph
+    from stagegraph.app.bench import compare, versus_measurements
 
     threads, versus = options["threads"], options["versus"]
-    first = prepare(session.engine, session.graph, session.workload, options["splice_at"])
     if versus == "numpy":
         warn_openblas_overrides()
-        second = NumpyMeasurement(session.workload, threads)
-    else:
-        other = with_params(load_graph(versus), session.request.params, threads)
-        if session.request.target and versus != "naive":
-            other = with_target(other, session.request.target)
-        second = prepare(session.engine, other, session.workload, options["splice_at"])
+    first, second = versus_measurements(session, versus, options["splice_at"])
     unverified = [m for m in (first, second) if hasattr(m, "verdict") and not m.verdict.ok]
     if unverified:
         reports = [m.report(None, threads) for m in unverified]

@@ -15,21 +15,37 @@ EXIT_USER_ERROR = 2
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.option(
+    "--plugin",
+    "plugins",
+    multiple=True,
+    metavar="FILE.py|MODULE",
+    help="Import this code first (repeatable; also $STAGEGRAPH_PLUGINS): the graphs, "
+    "workloads, stages and cost models it registers work by name.",
+)
 @click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
+def cli(ctx: click.Context, debug: bool, plugins: tuple[str, ...]) -> None:
     """Lower MLIR payloads through typed graphs of named stages."""
+    from stagegraph.core.plugins import ensure_plugins, load_plugins
+
     ctx.obj = {"debug": debug}
+    load_plugins(plugins)
+    ensure_plugins()
 
 
 @cli.command("list")
-@click.argument("what", type=click.Choice(["graphs", "workloads", "stages"]))
+@click.argument("what", type=click.Choice(["graphs", "workloads", "stages", "cost-models"]))
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def list_command(what: str, as_json: bool) -> None:
-    """List the graphs, workloads or stage factories that are available."""
+    """List the graphs, workloads, stage factories or cost models that are available."""
     if what == "graphs":
         from stagegraph.core.catalog import list_graphs
 
         rows = [{"name": n} for n in list_graphs()]
+    elif what == "cost-models":
+        from stagegraph.stages.common.costmodel import cost_model_names
+
+        rows = [{"name": n} for n in cost_model_names()]
     elif what == "workloads":
         from stagegraph.workload import list_workloads
 
@@ -100,6 +116,30 @@ def validate(file: str, as_json: bool) -> None:
             f"{file}: graph {graph.name!r} is valid: {len(graph.stages)} stages, "
             f"{len(graph.edges)} edges, tags: {', '.join(sorted(graph.tags)) or 'none'}"
         )
+
+
+@cli.command()
+@click.argument("graph")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False),
+    help="Write to FILE.yaml or FILE.json (default: YAML on stdout).",
+)
+def export(graph: str, output: str | None) -> None:
+    """Write GRAPH (a name, a file, or one a plugin registered) as a graph file.
+
+    Loading the file gives an equal graph: user stages are written as ``module:attribute``.
+    """
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.core.graphfile import dump_graph, graph_text
+
+    loaded = load_graph(graph)
+    if output:
+        dump_graph(loaded, output)
+        click.echo(f"wrote {output}", err=True)
+    else:
+        click.echo(graph_text(loaded, "yaml"), nl=False)
 
 
 @cli.command()

@@ -7,9 +7,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import click
-import yaml
-
-from stagegraph.errors import ConfigError
 
 
 def _apply(command: Callable, options: Sequence[Callable]) -> Callable:
@@ -89,17 +86,10 @@ def param_option(command: Callable) -> Callable:
 
 
 def parse_assignments(items: Sequence[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` strings to a dict; values read as YAML scalars (``8``, ``true``, ``[1,2]``)."""
-    result: dict[str, Any] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--param {item!r} must look like KEY=VALUE")
-        try:
-            result[key.strip()] = yaml.safe_load(raw)
-        except yaml.YAMLError:
-            result[key.strip()] = raw
-    return result
+    """``KEY=VALUE`` strings to a dict (see :func:`stagegraph.app.session.parse_assignments`)."""
+    from stagegraph.app.session import parse_assignments as parse
+
+    return parse(items)
 
 
 def session_request(options: dict[str, Any]) -> Any:

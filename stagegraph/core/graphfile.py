@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ from pydantic import Field, ValidationError, field_validator
 
 from stagegraph.core.graph import Graph, GraphInput
 from stagegraph.core.ports import LEVELS, Module, Schema
-from stagegraph.core.stage import get_factory
+from stagegraph.core.stage import StageFactory, get_factory
 from stagegraph.errors import GraphError, GraphFileError, InvalidGraphError
 
 EDGE_PATTERN = r"^\s*[\w-]+(\.[\w-]+)?\s*->\s*[\w-]+\.[\w-]+\s*$"
@@ -89,26 +90,48 @@ def type_spelling(port_type: type) -> str:
     return f"{port_type.__module__}:{port_type.__qualname__}"
 
 
+def factory_spelling(factory: StageFactory) -> str:
+    """How a graph file names ``factory``: built-in stages by registry name; user stages
+    (plugins, modules beside a graph file) by ``module:attribute``, which imports the code
+    that declares them wherever the file is loaded, with or without the plugin; a stage
+    whose module cannot be imported again (``__main__``) by its registry name."""
+    try:
+        registered = get_factory(factory.name) is factory
+    except GraphError:
+        registered = False
+    fn = getattr(factory.fn, "__func__", factory.fn)
+    owner = getattr(factory.fn, "__self__", None)
+    module_name = (type(owner) if owner is not None else fn).__module__
+    if registered and module_name.startswith("stagegraph."):
+        return factory.name
+    module = sys.modules.get(module_name)
+    attr = next(
+        (key for key, value in vars(module).items() if value is factory),
+        None,
+    ) if module is not None else None  # fmt: skip
+    importable = module_name not in ("__main__", "__mp_main__") and not module_name.startswith(
+        "stagegraph._user_graphs."
+    )
+    if attr is not None and importable:
+        return f"{module_name}:{attr}"
+    if registered:
+        return factory.name
+    return f"{module_name}:{fn.__name__}"
+
+
 def to_file_model(graph: Graph) -> GraphFile:
-    """The file form of a graph whose stages all come from registered factories."""
+    """The file form of a graph (stages named as :func:`factory_spelling` says)."""
+    rank = {node: i for i, node in enumerate(graph.order())}
     stages = []
-    for stage in graph.stages.values():
-        try:
-            registered = get_factory(stage.factory.name) is stage.factory
-        except GraphError:
-            registered = False
-        factory = stage.factory.name
-        if not registered:
-            factory = f"{stage.factory.fn.__module__}:{stage.factory.fn.__name__}"
+    for stage in sorted(graph.stages.values(), key=lambda s: rank[s.name]):
         stages.append(
             StageEntry(
                 name=stage.name,
-                factory=factory,
+                factory=factory_spelling(stage.factory),
                 config=stage.config.model_dump(mode="json", exclude_defaults=True),
                 tags=sorted(stage.tags),
             )
         )
-    rank = {node: i for i, node in enumerate(graph.order())}
     inputs = {
         i.name: InputEntry(type=type_spelling(i.type), tags=sorted(i.tags))
         for i in graph.inputs.values()
@@ -123,16 +146,20 @@ def to_file_model(graph: Graph) -> GraphFile:
     )
 
 
-def dump_graph(graph: Graph, path: str | Path) -> None:
-    """Write a graph as YAML (``.yaml``/``.yml``) or JSON (anything else)."""
+def graph_text(graph: Graph, fmt: str = "yaml") -> str:
+    """A graph as the text of a graph file, ``fmt`` ``"yaml"`` or ``"json"``; loading it
+    gives an equal graph (:func:`graph_from_text`)."""
     data = to_file_model(graph).model_dump(mode="json", exclude_defaults=True)
     data.setdefault("name", graph.name)
+    if fmt == "yaml":
+        return yaml.safe_dump(data, sort_keys=False)
+    return json.dumps(data, indent=2) + "\n"
+
+
+def dump_graph(graph: Graph, path: str | Path) -> None:
+    """Write a graph as YAML (``.yaml``/``.yml``) or JSON (anything else)."""
     path = Path(path)
-    text = (
-        yaml.safe_dump(data, sort_keys=False)
-        if path.suffix in (".yaml", ".yml")
-        else json.dumps(data, indent=2)
-    )
+    text = graph_text(graph, "yaml" if path.suffix in (".yaml", ".yml") else "json")
     try:
         path.write_text(text)
     except OSError as exc:
@@ -146,6 +173,9 @@ def load_graph_file(path: str | Path) -> Graph:
         text = path.read_text()
     except OSError as exc:
         raise GraphFileError(f"cannot read graph file {path}: {exc.strerror}") from None
+    folder = str(path.resolve().parent)
+    if folder not in sys.path:
+        sys.path.append(folder)  # ``factory: my_stages:cleanup`` may name a module beside it
     return graph_from_text(text, str(path))
 
 

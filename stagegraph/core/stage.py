@@ -28,7 +28,7 @@ from stagegraph.core.ports import (
     is_port_type,
     port_name,
 )
-from stagegraph.errors import ConfigError, StageDefinitionError
+from stagegraph.errors import ConfigError, DuplicateNameError, StageDefinitionError
 
 KINDS = ("analysis", "params", "schedule", "passes", "wrapper", "emit")
 MUTATING_KINDS = frozenset({"schedule", "passes", "wrapper"})
@@ -349,7 +349,7 @@ def stage(
         )
         other = _REGISTRY.get(reg_name)
         if other is not None and _origin(other.fn) != _origin(fn):
-            raise StageDefinitionError(
+            raise DuplicateNameError(
                 f"stage name {reg_name!r} is already registered by {_origin(other.fn)}; "
                 f"{_origin(fn)} must use another name"
             )
@@ -374,7 +374,8 @@ def registered() -> dict[str, StageFactory]:
 
 
 def get_factory(name: str) -> StageFactory:
-    """Look a factory up by registry name or by ``module:attribute`` import path."""
+    """Look a factory up by registry name or by ``module:attribute`` import path (how a
+    graph file names a stage of a plugin or user module)."""
     from stagegraph.errors import UnknownStageError, unknown_name_message
 
     if ":" in name:
@@ -384,12 +385,19 @@ def get_factory(name: str) -> StageFactory:
         try:
             obj = getattr(importlib.import_module(module_name), attr)
         except (ImportError, AttributeError) as exc:
-            raise UnknownStageError(f"cannot import stage factory {name!r}: {exc}") from exc
+            raise UnknownStageError(
+                f"cannot import stage factory {name!r}: {exc} (load the code that declares it "
+                f"with --plugin or STAGEGRAPH_PLUGINS, or put its module beside the graph file)"
+            ) from exc
         if not isinstance(obj, StageFactory):
             raise UnknownStageError(f"{name!r} is not a stage factory (declare it with @stage)")
         return obj
     if name not in _REGISTRY:
         _load_library()
+    if name not in _REGISTRY:
+        from stagegraph.core.plugins import ensure_plugins
+
+        ensure_plugins()  # a plugin's stage, named in a graph file
     if name not in _REGISTRY:
         raise UnknownStageError(unknown_name_message("stage factory", name, _REGISTRY))
     return _REGISTRY[name]

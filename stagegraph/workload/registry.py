@@ -14,7 +14,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
+from stagegraph.core.plugins import ensure_plugins
 from stagegraph.errors import (
+    DuplicateNameError,
     UnknownWorkloadError,
     WorkloadParamError,
     did_you_mean,
@@ -32,20 +34,40 @@ _discovered = False
 
 
 def register(cls: type[Workload]) -> type[Workload]:
-    """Class decorator: make ``cls`` available under ``cls.name`` in specs."""
+    """Class decorator: make ``cls`` available under ``cls.name`` in specs.
+
+    Raises:
+        TypeError: ``cls`` is no :class:`Workload` subclass or has no ``name``.
+        DuplicateNameError: another class (or a shipped ``.mlir`` payload) has the name; the
+            same class again (a re-import of its module) is no clash.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Workload)):
+        raise TypeError(f"register_workload needs a Workload subclass, got {cls!r}")
     if not cls.name:
         raise TypeError(f"{cls.__qualname__} has no 'name'")
+    if cls.__module__ != PACKAGE and not cls.__module__.startswith(PACKAGE + "."):
+        _discover()  # a user class must not shadow a shipped one registered later
     other = _REGISTRY.get(cls.name)
-    if other is not None and other is not cls:
-        raise ValueError(f"workload name {cls.name!r} is already registered by {other}")
+    if other is not None and other is not cls and _origin(other) != _origin(cls):
+        raise DuplicateNameError(
+            f"workload name {cls.name!r} is already registered by {_origin(other)}; "
+            f"{_origin(cls)} must use another name"
+        )
     _REGISTRY[cls.name] = cls
     return cls
+
+
+def _origin(entry: type | Path) -> str:
+    if isinstance(entry, Path):
+        return f"the payload {entry.name}"
+    return f"{entry.__module__}.{entry.__qualname__}"
 
 
 def _discover() -> None:
     """Import every module of the workloads package and index its ``.mlir`` files (once)."""
     global _discovered
     if _discovered:
+        ensure_plugins()
         return
     _discovered = True
     package = importlib.import_module(PACKAGE)
@@ -54,6 +76,7 @@ def _discover() -> None:
     for folder in package.__path__:
         for path in sorted(Path(folder).glob("*.mlir")):
             _REGISTRY.setdefault(path.stem, path)
+    ensure_plugins()
 
 
 def list_workloads() -> list[str]:

@@ -11,9 +11,15 @@ from typing import Any, TypeVar
 
 from pydantic import Field, ValidationError
 
+from stagegraph.core.plugins import ensure_plugins
 from stagegraph.core.ports import Config, Params
-from stagegraph.core.stage import get_factory
-from stagegraph.errors import ConfigError, UnknownCostModelError, unknown_name_message
+from stagegraph.core.stage import StageFactory, get_factory
+from stagegraph.errors import (
+    ConfigError,
+    DuplicateNameError,
+    UnknownCostModelError,
+    unknown_name_message,
+)
 
 P = TypeVar("P", bound=Params)
 
@@ -68,8 +74,9 @@ def unknown_param_message(model: type[Params], name: str) -> str:
 
 # -- the cost models known by name (``--cost-model NAME``) -------------------------------
 
-#: ``--cost-model`` name → the params stage factory (``module:attribute``) that implements it.
-COST_MODELS = {
+#: ``--cost-model`` name → the params stage factory (``module:attribute``, or the factory
+#: itself for one registered with :func:`register_cost_model`) that implements it.
+COST_MODELS: dict[str, str | StageFactory] = {
     "heuristic": "stagegraph.stages.x86.stages:heuristic",
     "analytical": "stagegraph.stages.x86.costmodels:analytical",
     "tuned": "stagegraph.stages.x86.costmodels:tuned",
@@ -78,7 +85,42 @@ COST_MODELS = {
 DEFAULT_COST_MODEL = "heuristic"
 
 
+def register_cost_model(name: str, factory: StageFactory | str) -> StageFactory | str:
+    """Make a params stage available as ``--cost-model NAME``.
+
+    ``factory`` is a stage factory of kind ``params`` (declared with ``@stage("params")``)
+    or its ``module:attribute`` / registered name; it replaces the graph's params stage
+    under the same stage name, so its outputs must match the graph's params type. It is
+    built without config, so every config field needs a default.
+
+    Raises:
+        DuplicateNameError: another factory has the name (the same one again is no clash).
+        TypeError: ``factory`` is not a params stage factory.
+    """
+    if isinstance(factory, StageFactory) and factory.kind != "params":
+        raise TypeError(f"cost model {name!r}: {factory.name!r} is a {factory.kind} stage, "
+                        f"not a params stage")  # fmt: skip
+    if not isinstance(factory, StageFactory | str):
+        raise TypeError(f"cost model {name!r}: expected a stage factory, got {factory!r}")
+    other = COST_MODELS.get(name)
+    if other is not None and _spelling(other) != _spelling(factory):
+        raise DuplicateNameError(
+            f"cost model name {name!r} is already registered by {_spelling(other)}; "
+            f"{_spelling(factory)} must use another name"
+        )
+    COST_MODELS[name] = factory
+    return factory
+
+
+def _spelling(factory: StageFactory | str) -> str:
+    if isinstance(factory, str):
+        return factory
+    fn = getattr(factory.fn, "__func__", factory.fn)
+    return f"{fn.__module__}.{fn.__qualname__} ({factory.name})"
+
+
 def cost_model_names() -> list[str]:
+    ensure_plugins()
     return list(COST_MODELS)
 
 
@@ -88,6 +130,8 @@ def cost_model_factory(name: str) -> Any:
     Raises:
         UnknownCostModelError: ``name`` is not registered (with a "did you mean").
     """
+    ensure_plugins()
     if name not in COST_MODELS:
         raise UnknownCostModelError(unknown_name_message("cost model", name, COST_MODELS))
-    return get_factory(COST_MODELS[name])
+    factory = COST_MODELS[name]
+    return factory if isinstance(factory, StageFactory) else get_factory(factory)
