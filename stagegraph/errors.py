@@ -86,6 +86,10 @@ class InvalidGraphError(GraphError, ValueError):
         super().__init__(f"graph {graph!r} has {len(problems)} problems:\n{lines}")
 
 
+class SpliceError(GraphError, ValueError):
+    """A wrapper cannot follow the stage at the requested splice tag (e.g. LLVM level)."""
+
+
 class GraphFileError(GraphError, ValueError):
     """A graph file cannot be read or does not match the schema."""
 
