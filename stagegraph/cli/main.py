@@ -35,6 +35,7 @@ def list_command(what: str, as_json: bool) -> None:
 
         rows = [{"name": n} for n in list_workloads()]
     else:
+        from stagegraph.core.render import first_sentence
         from stagegraph.core.stage import registered
 
         rows = [
@@ -43,7 +44,7 @@ def list_command(what: str, as_json: bool) -> None:
                 "kind": f.kind,
                 "inputs": [str(p) for p in f.inputs],
                 "outputs": [str(p) for p in f.outputs],
-                "doc": f.doc.splitlines()[0] if f.doc else "",
+                "doc": first_sentence(f.doc),
             }
             for f in sorted(registered().values(), key=lambda f: (f.kind, f.name))
         ]
