@@ -37,7 +37,9 @@ class SessionRequest(Schema):
 
     ``graph`` is a graph name or file; ``params`` are ``--param`` overrides of the cost
     model's choice; ``compile_timeout_s``/``run_timeout_s`` bound an in-process run (the
-    CLI's defaults; ``None`` for no limit, as in library use).
+    CLI's defaults; ``None`` for no limit, as in library use); ``cache_dir`` keeps stage
+    results on disk (``--cache``); ``trace_file`` records every stage of every process
+    that opens a session on this request as Chrome trace events (``--trace``).
     """
 
     graph: str
@@ -53,6 +55,8 @@ class SessionRequest(Schema):
     inspection: Inspection = Field(default_factory=Inspection)
     compile_timeout_s: float | None = Field(None, gt=0)
     run_timeout_s: float | None = Field(None, gt=0)
+    cache_dir: str | None = None
+    trace_file: str | None = None
 
 
 def naive_reference(workload: Any) -> list[Any]:
@@ -112,7 +116,11 @@ class Session:
                 (request.run_timeout_s or float("inf")) + run_budget_s,
             )
             self.hooks.append(self.watchdog)
-        self.engine = Engine(self.hooks)
+        if request.trace_file:
+            from stagegraph.instrument.trace_events import TraceEvents
+
+            self.hooks.append(TraceEvents(request.trace_file))
+        self.engine = Engine(self.hooks, cache_dir=request.cache_dir)
 
     def compile(self, until: str | None = None) -> RunResult:
         """Run the graph's stages for the workload (up to the tag ``until``)."""
