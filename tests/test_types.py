@@ -108,6 +108,8 @@ def test_unknown_param_keys_in_configs_are_refused_with_did_you_mean():
     with pytest.raises(ConfigError, match=r"params: unknown parameter 'tile_mm'"):
         fixed("select", params={"tile_mm": 12})
     fixed("select", params={"tile_m": 12})
+    with pytest.raises(ConfigError, match=r"pipelin: .*did you mean 'pipeline'"):
+        pipeline("p", pipelin="cse")
 
 
 def test_schema_has_each_factorys_config(capsys):

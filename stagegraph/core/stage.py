@@ -230,7 +230,8 @@ class StageFactory:
             config = self.config_model.model_validate(dict(values))
         except ValidationError as exc:
             raise ConfigError(
-                f"stage {stage_name!r} ({self.name}): invalid config: {_brief(exc)}"
+                f"stage {stage_name!r} ({self.name}): invalid config: "
+                f"{_brief(exc, list(self.config_model.model_fields))}"
             ) from exc
         try:
             config.check_for(self)
@@ -241,10 +242,18 @@ class StageFactory:
         return config
 
 
-def _brief(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
-    )
+def _brief(exc: ValidationError, fields: list[str] | None = None) -> str:
+    """One line per error; an unknown key gets a did-you-mean and the known keys."""
+    from stagegraph.errors import did_you_mean
+
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        message = e["msg"]
+        if e["type"] == "extra_forbidden" and fields is not None and len(e["loc"]) == 1:
+            message += f"{did_you_mean(str(e['loc'][0]), fields)}; its keys: {', '.join(fields)}"
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
