@@ -94,6 +94,12 @@ def test_run_trace_is_chrome_trace_and_show_draws_it(tmp_path, capsys):
     assert "lower (passes)" in text and " ms" in text
     assert main(["show", "naive", "--trace", str(trace)]) == 0
     assert "ms" in capsys.readouterr().out
+    import shutil
+
+    if shutil.which("dot"):
+        svg = tmp_path / "naive.svg"
+        assert main(["show", "naive", "--trace", str(trace), "-o", str(svg)]) == 0
+        assert "ms" in svg.read_text()
 
 
 def test_isolated_child_and_bench_write_to_the_trace(tmp_path, capsys):

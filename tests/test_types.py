@@ -121,6 +121,9 @@ def test_schema_has_each_factorys_config(capsys):
     assert set(transform["properties"]) == {"file", "text", "entry"}
     assert transform["additionalProperties"] is False
     assert "takes" in by_factory["pipeline"]["properties"]["config"]["properties"]
+    overrides = by_factory["x86.heuristic"]["properties"]["config"]["properties"]["overrides"]
+    assert "tile_m" in overrides["propertyNames"]["enum"]
+    assert "tile_mm" not in overrides["propertyNames"]["enum"]
     try:
         import jsonschema
     except ImportError:

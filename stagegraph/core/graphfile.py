@@ -254,6 +254,7 @@ def json_schema() -> dict[str, Any]:
     branches = []
     for name, factory in sorted(registered().items()):
         config = factory.config_model.model_json_schema(ref_template="#/$defs/{model}")
+        config = factory.config_model.schema_for(factory, config)
         for key, value in config.pop("$defs", {}).items():
             defs.setdefault(key, value)
         branches.append(

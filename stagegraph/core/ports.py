@@ -52,6 +52,12 @@ class Config(Schema):
     def check_for(self, factory: Any) -> None:
         """Raise ``ValueError`` when the config does not fit ``factory`` (default: fits)."""
 
+    @classmethod
+    def schema_for(cls, factory: Any, schema: dict[str, Any]) -> dict[str, Any]:
+        """This config's JSON Schema for ``factory`` (what :meth:`check_for` checks, as far
+        as a schema can say it); the default is ``schema`` unchanged."""
+        return schema
+
 
 #: Marks a config field holding a file path: a graph file resolves it relative to its own
 #: folder (``file: schedule.mlir`` next to ``graph.yaml``), as ``Annotated[str, GRAPH_PATH]``.

@@ -29,6 +29,16 @@ class CostModelConfig(Config):
         (a graph file's ``overrides: {tile_mm: 12}`` fails ``validate``, with a did-you-mean)."""
         check_param_keys(factory, self.overrides, "overrides")
 
+    @classmethod
+    def schema_for(cls, factory: Any, schema: dict[str, Any]) -> dict[str, Any]:
+        """``overrides`` keys limited to the parameters of the produced params model."""
+        model = produced_params(factory)
+        properties = schema.get("properties", {})
+        if model is not None and "overrides" in properties:
+            keys = sorted(override_keys(model))
+            properties["overrides"] = {**properties["overrides"], "propertyNames": {"enum": keys}}
+        return schema
+
 
 def produced_params(factory: Any) -> type[Params] | None:
     """The params model a cost-model factory produces (None if it produces none)."""
