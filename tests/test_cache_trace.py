@@ -109,6 +109,11 @@ def test_isolated_child_and_bench_write_to_the_trace(tmp_path, capsys):
     assert {e["pid"] for e in events} - {os.getpid()}, "the child's stages are missing"
     assert main(["bench", "naive", SMALL, "--budget", "0.2", "--trace", str(trace)]) == 0
     assert "bench" in [e["name"] for e in events_of(trace)]
+    capsys.readouterr()
+    assert main(["show", "naive", "--trace", str(trace), "--format", "text"]) == 0
+    text = capsys.readouterr().out
+    assert "bench (wrapper)" in text and "loops (passes)" in text
+    assert text.index("bufferize") < text.index("bench (wrapper)") < text.index("loops")
 
 
 @pytest.mark.slow

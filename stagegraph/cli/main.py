@@ -80,8 +80,9 @@ def show(graph: str, fmt: str, output: str | None, trace_file: str | None) -> No
     loaded = load_graph(graph)
     trace = None
     if trace_file:
-        from stagegraph.instrument.trace_events import load_trace
+        from stagegraph.instrument.trace_events import executed_graph, load_trace
 
+        loaded = executed_graph(loaded, trace_file)  # with the stages the run spliced in
         trace = load_trace(trace_file, loaded.name)
     if output:
         render_file(loaded, output, trace)

@@ -88,7 +88,14 @@ class TraceEvents(Hook):
             "dur": max(end - start, 0.0),
             "pid": os.getpid(),
             "tid": threading.get_native_id(),
-            "args": {"graph": event.graph.name, "factory": event.stage.factory_name, **args},
+            "args": {
+                "graph": event.graph.name,
+                "factory": event.stage.factory_name,
+                "inputs": sorted(
+                    f"{e.src}.{e.src_port}" for e in event.graph.in_edges(event.stage.name)
+                ),
+                **args,
+            },
         }
 
     def after_stage(self, event: StageEvent) -> None:
@@ -139,10 +146,7 @@ def collecting(trace_file: str | None) -> Iterator[None]:
         merge(trace_file)
 
 
-def load_trace(path: str | Path, graph: str) -> Trace:
-    """A :class:`Trace` of the stage events in a Chrome trace file, one record per stage
-    name (the mean time over the processes and runs that executed it; ``cached`` when every
-    one was served from the cache), for drawing timings on ``graph``."""
+def _read_events(path: str | Path) -> list[dict[str, Any]]:
     from stagegraph.errors import StagegraphError
 
     try:
@@ -154,10 +158,40 @@ def load_trace(path: str | Path, graph: str) -> Trace:
     events = data.get("traceEvents") if isinstance(data, dict) else data
     if not isinstance(events, list):
         raise StagegraphError(f"trace {path} has no traceEvents list (Chrome trace format)")
+    return [e for e in events if isinstance(e, dict) and e.get("ph") == "X" and "name" in e]
+
+
+def executed_graph(graph: Any, path: str | Path) -> Any:
+    """``graph`` with the stages a run added to it put back where they ran: a stage of the
+    trace the graph lacks (the benchmark wrapper ``bench``), from a registered factory and
+    fed by one node of the graph, is spliced after that node (with its default config)."""
+    from stagegraph.core.stage import get_factory
+    from stagegraph.errors import StagegraphError
+
+    added: dict[str, dict[str, Any]] = {}
+    for e in _read_events(path):
+        args = e.get("args") or {}
+        if e["name"] not in graph.stages and e["name"] not in graph.inputs and args.get("inputs"):
+            added.setdefault(e["name"], args)
+    for name, args in added.items():
+        sources = {i.partition(".")[0] for i in args["inputs"]}
+        if len(sources) != 1 or not (sources <= {*graph.stages, *graph.inputs}):
+            continue
+        try:
+            stage = get_factory(str(args.get("factory")))(name)
+            graph = graph.splice(after=sources.pop(), stage=stage)
+        except StagegraphError:
+            continue  # drawn without it
+    return graph
+
+
+def load_trace(path: str | Path, graph: str) -> Trace:
+    """A :class:`Trace` of the stage events in a Chrome trace file, one record per stage
+    name (the mean time over the processes and runs that executed it; ``cached`` when every
+    one was served from the cache), for drawing timings on ``graph``."""
     by_stage: dict[str, list[dict[str, Any]]] = {}
-    for e in events:
-        if isinstance(e, dict) and e.get("ph") == "X" and "name" in e:
-            by_stage.setdefault(e["name"], []).append(e)
+    for e in _read_events(path):
+        by_stage.setdefault(e["name"], []).append(e)
     records = [
         StageRecord(
             name=name,
