@@ -21,6 +21,8 @@ from stagegraph.errors import StageFailed, StagegraphError
 
 Value = Any
 Key = tuple[str, str]
+#: Stage kinds never served from the persistent cache (``cache_dir``).
+DISK_EXCLUDED_KINDS = frozenset({"emit", "wrapper"})
 
 
 class StageRecord(Schema):
@@ -297,7 +299,9 @@ class Engine:
         cacheable = self.cache_enabled and stage.factory.cacheable
         # A stage without inputs reads its environment (the target stage reads the host):
         # valid for this process, not for the next run or another machine sharing the folder.
-        disk = self.disk if stage.factory.inputs else None
+        # Emit and benchmark-wrapper stages always run (Binary outputs; cheap harnesses).
+        on_disk = stage.factory.inputs and stage.kind not in DISK_EXCLUDED_KINDS
+        disk = self.disk if on_disk else None
         if cacheable and key not in self._cache and disk is not None:
             found = disk.load(key, self.context, stage.name)
             if found is not None:
