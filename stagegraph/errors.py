@@ -26,6 +26,11 @@ def unknown_name_message(what: str, name: str, known: Iterable[str], where: str 
     return f"unknown {what} {name!r}{place}{did_you_mean(name, known)}; known: {listing}"
 
 
+class StagegraphWarning(UserWarning):
+    """Something the user should know that did not stop the run (the CLI prints it as
+    ``warning: ...`` on stderr), e.g. a corrupt cache entry that was ignored."""
+
+
 class StagegraphError(Exception):
     """Base of all errors meant for users."""
 
@@ -84,6 +89,10 @@ class InvalidGraphError(GraphError, ValueError):
         self.problems = problems
         lines = "\n".join(f"  - {p}" for p in problems)
         super().__init__(f"graph {graph!r} has {len(problems)} problems:\n{lines}")
+
+
+class SpliceError(GraphError, ValueError):
+    """A wrapper cannot follow the stage at the requested splice tag (e.g. LLVM level)."""
 
 
 class GraphFileError(GraphError, ValueError):

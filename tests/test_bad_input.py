@@ -35,6 +35,12 @@ FILES = {
         "name: demo", "name: demo\ninputs:\n  payload: {type: 'module:llvm'}"
     ),
     "empty.yaml": "name: empty\nstages: []\n",
+    "levels.yaml": GOOD_GRAPH.replace("factory: bufferize}", "factory: linalg_to_loops}"),
+    "badparam.yaml": "name: demo\nstages:\n  - {name: target, factory: target}\n"
+    "  - {name: analyze, factory: analyze}\n"
+    "  - {name: select, factory: x86.heuristic, config: {overrides: {tile_mm: 12}}}\n"
+    "edges:\n  - payload -> analyze.module\n  - analyze.facts -> select.facts\n"
+    "  - target.facts -> select.target\n",
     "external.mlir": "func.func private @no_such_function(f32) -> f32\n"
     "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %a : tensor<4xf32>\n}\n"
     "func.func @other(%x: f32) -> f32 {\n"
@@ -109,6 +115,30 @@ CATALOGUE = [
         ],
     ),
     ("empty-graph", ["validate", "{dir}/empty.yaml"], ["graph 'empty' has no stages"]),
+    (
+        "graph-level-mismatch",
+        ["validate", "{dir}/levels.yaml"],
+        [
+            "levels.yaml",
+            "stage 'load' output 'module' (Module[tensor]) cannot feed stage "
+            "'bufferize' input 'module' (Module[buffer])",
+        ],
+    ),
+    (
+        "graph-unknown-param-key",
+        ["validate", "{dir}/badparam.yaml"],
+        ["badparam.yaml", "stage 'select'", "unknown parameter 'tile_mm'", "did you mean 'tile_m'"],
+    ),
+    (
+        "bad-splice-at",
+        ["bench", "x86", "matmul:m=4,n=4,k=4", "--splice-at", "lower"],
+        [
+            "graph 'x86'",
+            "cannot splice the benchmark wrapper at 'lower'",
+            "Module[llvm]",
+            "--splice-at bufferized|input|scheduled",
+        ],
+    ),
     (
         "unknown-cost-model",
         ["run", "x86", "matmul", "--cost-model", "heuristc"],

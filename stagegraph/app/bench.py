@@ -16,7 +16,7 @@ from stagegraph.app.host import BlasInfo, HostInfo
 from stagegraph.app.run import effective_threads
 from stagegraph.core.engine import Engine, RunResult
 from stagegraph.core.graph import Graph
-from stagegraph.core.ports import Schema
+from stagegraph.core.ports import Module, Schema
 from stagegraph.errors import StagegraphError
 
 WRAPPER_STAGE = "bench"
@@ -100,7 +100,46 @@ def spliced(graph: Graph, splice_at: str | None, entry: str) -> tuple[Graph, str
             f"graph {graph.name!r} declares no default splice tag; pass --splice-at "
             f"(its tags: {', '.join(sorted(graph.tags)) or 'none'})"
         )
-    return graph.splice(after=tag, stage=bench_wrapper(WRAPPER_STAGE, entry=entry)), tag
+    level = splice_level(graph, tag)
+    wrapper = bench_wrapper(WRAPPER_STAGE, entry=entry, level=level)
+    return graph.splice(after=tag, stage=wrapper), tag
+
+
+def splice_level(graph: Graph, tag: str) -> str:
+    """The IR level of the module at ``tag``, checked before anything compiles.
+
+    Raises:
+        UnknownTagError, AmbiguousTagError: ``tag`` names no single node.
+        SpliceError: the wrapper cannot be built there (no module, or LLVM level).
+    """
+    from stagegraph.errors import SpliceError
+    from stagegraph.stages.common.wrapper import WRAPPABLE_LEVELS
+
+    def level_at(node: str) -> str | None:
+        found = graph.stages.get(node) or graph.inputs[node]
+        levels = [
+            graph.output_type(node, p.name).level
+            for p in found.outputs.values()
+            if issubclass(p.type, Module)
+        ]
+        return levels[0] if levels else None
+
+    anchor = graph.node_for_tag(tag)
+    level = level_at(anchor)
+    if level in (*WRAPPABLE_LEVELS, "any"):
+        return level
+    usable = sorted(
+        t
+        for t, nodes in graph.tags.items()
+        if len(nodes) == 1 and level_at(nodes[0]) in (*WRAPPABLE_LEVELS, "any")
+    )
+    what = f"gives Module[{level}]" if level else "gives no module"
+    raise SpliceError(
+        f"graph {graph.name!r}: cannot splice the benchmark wrapper at {tag!r}: stage "
+        f"{anchor!r} {what}, and the wrapper is built from the entry's tensor or buffer "
+        f"signature; splice at a tag before lowering to LLVM (--splice-at "
+        f"{'|'.join(usable) or 'none'})"
+    )
 
 
 class Measurement:
@@ -142,8 +181,8 @@ class Measurement:
 
 def prepare(engine: Engine, graph: Graph, workload: Any, splice_at: str | None) -> Measurement:
     """Splice, compile and verify; raises nothing for a wrong result (the report says so)."""
-    if splice_at is not None:
-        graph.node_for_tag(splice_at)  # an unknown or ambiguous tag fails before compiling
+    if splice_at is not None:  # an unknown, ambiguous or LLVM-level tag fails before compiling
+        splice_level(graph, splice_at)
     bench_graph, tag = spliced(graph, splice_at, workload.entry)
     result = engine.run(bench_graph, workload)
     return Measurement(graph, workload, result, tag)

@@ -151,12 +151,16 @@ def check_splice(graph: Graph, splice_at: str | None) -> str:
 
     Raises:
         ConfigError: no tag given or defaulted, no ``partitioned`` stage, or a tag before it.
+        SpliceError: the module at the tag is one no wrapper can be built for.
         UnknownTagError, AmbiguousTagError: the tag names no single node of ``graph``.
     """
     tag = splice_at or graph.default_splice
     if tag is None:
         raise ConfigError(f"graph {graph.name!r} declares no default splice tag; pass --splice-at")
+    from stagegraph.app.bench import splice_level
+
     anchor = graph.node_for_tag(tag)
+    splice_level(graph, tag)  # SpliceError: no wrapper can be built there (LLVM level)
     if PARTITIONED not in graph.tags:
         raise ConfigError(
             f"--ranks: graph {graph.name!r} has no stage tagged {PARTITIONED!r}, so it is not "

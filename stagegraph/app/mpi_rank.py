@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from stagegraph.app.run import StageTime
-from stagegraph.core.engine import Engine, Hook, StageEvent
+from stagegraph.core.engine import Engine, Hook, StageEvent, StageRecord
 from stagegraph.core.graph import Graph
 from stagegraph.core.ports import LLVMModule, Module
 from stagegraph.errors import RankFailedError
@@ -108,9 +108,12 @@ def compile_on_rank(
     comm: Any, graph: Graph, workload: Any, hook: EmitInput | None = None
 ) -> tuple[Any, list[StageTime]]:
     """Rank 0 runs the graph; the others JIT the LLVM IR it broadcasts."""
+    from stagegraph.instrument.trace_events import env_hook
+
+    tracer = env_hook(f"rank {comm.rank}")  # --trace: every rank's stages in the trace
     if comm.rank == 0:
         hook = hook or EmitInput()
-        result = Engine([hook]).run(graph, workload)
+        result = Engine([hook, *([tracer] if tracer else [])]).run(graph, workload)
         comm.bcast(hook.text, root=0)
         times = [
             StageTime(name=r.name, kind=r.kind, seconds=r.seconds, cached=r.cached)
@@ -124,8 +127,17 @@ def compile_on_rank(
     context = new_context()
     (emit,) = [s for s in graph.stages.values() if s.kind == "emit"]
     module = LLVMModule(parse_module(text, context, source="rank 0 LLVM IR"))
+    event = StageEvent(graph, emit, {"module": module})
+    if tracer:
+        tracer.before_stage(event)
+    start = time.perf_counter()
     with context, ir.Location.unknown():
-        return emit.run({"module": module})["binary"], []
+        binary = emit.run({"module": module})["binary"]
+    if tracer:
+        event.record = StageRecord(name=emit.name, kind=emit.kind,
+                                   seconds=time.perf_counter() - start)  # fmt: skip
+        tracer.after_stage(event)
+    return binary, []
 
 
 def scatter_inputs(comm: Any, workload: Any) -> list[np.ndarray]:

@@ -58,6 +58,8 @@ class SessionRequest(Schema):
     compile_timeout_s: float | None = Field(None, gt=0)
     run_timeout_s: float | None = Field(None, gt=0)
     plugins: tuple[str, ...] = Field(default_factory=loaded_plugins)
+    cache_dir: str | None = None
+    trace_file: str | None = None
 
 
 def parse_assignments(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
@@ -147,7 +149,11 @@ class Session:
                 (request.run_timeout_s or float("inf")) + run_budget_s,
             )
             self.hooks.append(self.watchdog)
-        self.engine = Engine(self.hooks)
+        if request.trace_file:
+            from stagegraph.instrument.trace_events import TraceEvents
+
+            self.hooks.append(TraceEvents(request.trace_file))
+        self.engine = Engine(self.hooks, cache_dir=request.cache_dir)
 
     def compile(self, until: str | None = None) -> RunResult:
         """Run the graph's stages for the workload (up to the tag ``until``)."""

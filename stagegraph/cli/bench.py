@@ -8,6 +8,7 @@ from typing import Any
 import click
 
 from stagegraph.cli.options import (
+    cache_trace_options,
     cost_model_options,
     inspection_options,
     isolation_options,
@@ -75,6 +76,7 @@ from stagegraph.cli.output import (
 @cost_model_options
 @target_option
 @time_limit_options
+@cache_trace_options
 def bench(**options: Any) -> None:  # fmt: skip
     """Benchmark WORKLOAD through GRAPH with the timing wrapper spliced at a tag."""
     from stagegraph.app.bench import BenchOptions, append_csv

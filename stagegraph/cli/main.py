@@ -7,7 +7,7 @@ import traceback
 
 import click
 
-from stagegraph.cli.output import emit_json
+from stagegraph.cli.output import emit_json, print_warnings
 from stagegraph.errors import StagegraphError
 
 EXIT_USER_ERROR = 2
@@ -51,6 +51,7 @@ def list_command(what: str, as_json: bool) -> None:
 
         rows = [{"name": n} for n in list_workloads()]
     else:
+        from stagegraph.core.render import first_sentence
         from stagegraph.core.stage import registered
 
         rows = [
@@ -59,7 +60,7 @@ def list_command(what: str, as_json: bool) -> None:
                 "kind": f.kind,
                 "inputs": [str(p) for p in f.inputs],
                 "outputs": [str(p) for p in f.outputs],
-                "doc": f.doc.splitlines()[0] if f.doc else "",
+                "doc": first_sentence(f.doc),
             }
             for f in sorted(registered().values(), key=lambda f: (f.kind, f.name))
         ]
@@ -80,17 +81,30 @@ def list_command(what: str, as_json: bool) -> None:
 @click.argument("graph")
 @click.option("--format", "fmt", type=click.Choice(["dot", "text"]), default="dot")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Render to a file (svg...).")
-def show(graph: str, fmt: str, output: str | None) -> None:
+@click.option(
+    "--trace",
+    "trace_file",
+    type=click.Path(dir_okay=False, exists=True),
+    metavar="FILE.json",
+    help="Label each stage with its time from a --trace file of run/bench/tune.",
+)
+def show(graph: str, fmt: str, output: str | None, trace_file: str | None) -> None:
     """Print GRAPH as DOT (or text); -o renders an image with Graphviz."""
     from stagegraph.core.catalog import load_graph
     from stagegraph.core.render import render_file, to_dot, to_text
 
     loaded = load_graph(graph)
+    trace = None
+    if trace_file:
+        from stagegraph.instrument.trace_events import executed_graph, load_trace
+
+        loaded = executed_graph(loaded, trace_file)  # with the stages the run spliced in
+        trace = load_trace(trace_file, loaded.name)
     if output:
-        render_file(loaded, output)
+        render_file(loaded, output, trace)
         click.echo(f"wrote {output}")
     else:
-        click.echo(to_dot(loaded) if fmt == "dot" else to_text(loaded), nl=False)
+        click.echo(to_dot(loaded, trace) if fmt == "dot" else to_text(loaded, trace), nl=False)
 
 
 @cli.command()
@@ -168,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in args
     try:
         _register_extensions()
+        print_warnings()
         cli.main(args=args, prog_name="stagegraph", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code

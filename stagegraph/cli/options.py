@@ -75,6 +75,28 @@ def cost_model_options(command: Callable) -> Callable:
     ])  # fmt: skip
 
 
+def cache_trace_options(command: Callable) -> Callable:
+    """``--cache DIR`` and ``--trace FILE.json``, shared by run/bench/tune; with ``--trace``
+    the command merges every process's stage events into FILE.json when it ends."""
+    import functools
+
+    @functools.wraps(command)
+    def traced(**options: Any) -> Any:
+        from stagegraph.instrument.trace_events import collecting
+
+        with collecting(_absolute(options.get("trace"))):
+            return command(**options)
+
+    return _apply(traced, [
+        click.option("--cache", "cache", type=click.Path(file_okay=False), metavar="DIR",
+                     help="Keep stage results in DIR: a later run replays unchanged stages."),
+        click.option("--trace", "trace", type=click.Path(dir_okay=False), metavar="FILE.json",
+                     help="Write every stage of every process as Chrome trace events "
+                          "(open in Perfetto or chrome://tracing; 'stagegraph show GRAPH "
+                          "--trace FILE.json' draws the timings on the graph)."),
+    ])  # fmt: skip
+
+
 def param_option(command: Callable) -> Callable:
     return click.option(
         "--param",
@@ -115,6 +137,8 @@ def session_request(options: dict[str, Any]) -> Any:
         ),
         compile_timeout_s=options.get("compile_timeout"),
         run_timeout_s=options.get("run_timeout"),
+        cache_dir=_absolute(options.get("cache")),
+        trace_file=_absolute(options.get("trace")),
     )
 
 
@@ -127,6 +151,13 @@ def progress_hooks(as_json: bool) -> list:
     from stagegraph.instrument.progress import Progress
 
     return [Progress(sys.stderr)]
+
+
+def _absolute(path: str | None) -> str | None:
+    """An absolute path, so child processes (other working directories) agree on it."""
+    import os
+
+    return os.path.abspath(path) if path else None
 
 
 def print_ir(text: str) -> None:

@@ -104,3 +104,22 @@ def report_cost_model(session: Any, cost_model: str | None) -> dict | None:
     if info["fallback"]:
         click.echo(f"cost model 'tuned': {info['note']}", err=True)
     return info
+
+
+def print_warnings() -> None:
+    """Print the library's warnings (:class:`~stagegraph.errors.StagegraphWarning`, e.g. an
+    ignored cache entry) as ``warning: ...`` on stderr, every time they happen."""
+    import warnings
+
+    from stagegraph.errors import StagegraphWarning
+
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if issubclass(category, StagegraphWarning):
+            click.echo(f"warning: {message}", err=True)
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+    warnings.simplefilter("always", StagegraphWarning)

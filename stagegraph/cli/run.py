@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from stagegraph.cli.options import (
+    cache_trace_options,
     cost_model_options,
     inspection_options,
     isolation_options,
@@ -40,6 +41,7 @@ from stagegraph.cli.output import emit_json, print_run_report, report_cost_model
 @cost_model_options
 @target_option
 @time_limit_options
+@cache_trace_options
 def run(**options: Any) -> None:
     """Compile WORKLOAD through GRAPH, run it and verify it against the reference."""
     if options["ranks"] is not None:

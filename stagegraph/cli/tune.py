@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from stagegraph.cli.options import (
+    cache_trace_options,
     inspection_options,
     parse_assignments,
     session_request,
@@ -86,6 +87,7 @@ from stagegraph.cli.output import emit_json
 )
 @inspection_options
 @target_option
+@cache_trace_options
 def tune(**options: Any) -> None:
     """Search params for WORKLOAD through GRAPH; every candidate isolated, recorded in --db.
 

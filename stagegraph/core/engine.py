@@ -21,6 +21,8 @@ from stagegraph.errors import StageFailed, StagegraphError
 
 Value = Any
 Key = tuple[str, str]
+#: Stage kinds never served from the persistent cache (``cache_dir``).
+DISK_EXCLUDED_KINDS = frozenset({"emit", "wrapper"})
 
 
 class StageRecord(Schema):
@@ -73,6 +75,9 @@ class Hook:
     def on_failure(self, event: StageEvent, error: BaseException) -> str | None:
         """Called when the stage raised; may return a reproducer path for the error."""
         return None
+
+    def on_warning(self, message: str) -> None:
+        """Called with a warning of the engine (e.g. a bad cache entry that was ignored)."""
 
 
 @dataclass
@@ -127,13 +132,50 @@ def content_hash(value: Value) -> str:
 
 
 class Engine:
-    """Runs graphs. Keep one engine to reuse its memo cache across runs."""
+    """Runs graphs. Keep one engine to reuse its memo cache across runs.
 
-    def __init__(self, hooks: Iterable[Hook] = (), cache: bool = True, context: Any = None):
+    Args:
+        hooks: instrumentation (see :class:`Hook`).
+        cache: memoize stage results in this process.
+        context: the MLIR context (default: a new one on first use).
+        cache_dir: also keep stage results in this folder, so another process (a second
+            ``--cache DIR`` run) replays unchanged stages (see :mod:`stagegraph.core.cache`).
+    """
+
+    def __init__(
+        self,
+        hooks: Iterable[Hook] = (),
+        cache: bool = True,
+        context: Any = None,
+        cache_dir: str | None = None,
+    ):
         self.hooks = list(hooks)
         self.cache_enabled = cache
+        self.cache_dir = cache_dir
         self._context = context
         self._cache: dict[str, tuple[dict[str, Value], dict[str, str]]] = {}
+        self._disk: Any = None
+
+    @property
+    def disk(self) -> Any:
+        """The :class:`~stagegraph.core.cache.DiskCache` of ``cache_dir`` (None without)."""
+        if self.cache_dir is None or not self.cache_enabled:
+            return None
+        if self._disk is None:
+            from stagegraph.core.cache import DiskCache
+
+            self._disk = DiskCache(self.cache_dir, self.versions, self.warn)
+        return self._disk
+
+    def warn(self, message: str) -> None:
+        """Tell the hooks, and Python's warnings (the CLI prints them), about ``message``."""
+        import warnings
+
+        from stagegraph.errors import StagegraphWarning
+
+        for hook in self.hooks:
+            hook.on_warning(message)
+        warnings.warn(message, StagegraphWarning, stacklevel=2)
 
     @property
     def context(self) -> Any:
@@ -254,16 +296,28 @@ class Engine:
         ops_in = _ops(module_in)
         level_in = module_in.level if module_in else None
         start = time.perf_counter()
-        cached = self.cache_enabled and stage.factory.cacheable and key in self._cache
+        cacheable = self.cache_enabled and stage.factory.cacheable
+        # A stage without inputs reads its environment (the target stage reads the host):
+        # valid for this process, not for the next run or another machine sharing the folder.
+        # Emit and benchmark-wrapper stages always run (Binary outputs; cheap harnesses).
+        on_disk = stage.factory.inputs and stage.kind not in DISK_EXCLUDED_KINDS
+        disk = self.disk if on_disk else None
+        if cacheable and key not in self._cache and disk is not None:
+            found = disk.load(key, self.context, stage.name)
+            if found is not None:
+                self._cache[key] = found
+        cached = cacheable and key in self._cache
         if cached:
             stored, out_hashes = self._cache[key]
             outputs = {p: v.clone() if isinstance(v, Module) else v for p, v in stored.items()}
         else:
             outputs = self._call(graph, stage, event)
             out_hashes = {p: content_hash(v) for p, v in outputs.items()}
-            if self.cache_enabled and stage.factory.cacheable:
+            if cacheable:
                 stored = {p: v.clone() if isinstance(v, Module) else v for p, v in outputs.items()}
                 self._cache[key] = (stored, out_hashes)
+                if disk is not None:
+                    disk.store(key, stage.name, stored, out_hashes)
         seconds = time.perf_counter() - start
         module_out = next((v for v in outputs.values() if isinstance(v, Module)), None)
         record = StageRecord(

@@ -94,6 +94,7 @@ class Graph:
     default_splice: str | None = None
     description: str = ""
     network: nx.MultiDiGraph = field(repr=False, default=None)  # type: ignore[assignment]
+    _types: dict[tuple[str, str], type] = field(repr=False, default=None)  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -129,6 +130,7 @@ class Graph:
         set_(self, "edges", tuple(sorted(set(edge_list))))
         set_(self, "default_splice", default_splice)
         set_(self, "description", description)
+        set_(self, "_types", self._output_types())
         problems.extend(self._check())
         if problems:
             raise problems[0] if len(problems) == 1 else InvalidGraphError(name, problems)
@@ -138,6 +140,50 @@ class Graph:
 
     def _node(self, name: str) -> Stage | GraphInput | None:
         return self.stages.get(name) or self.inputs.get(name)
+
+    def _output_types(self) -> dict[tuple[str, str], type]:
+        """The type each output carries in this graph: the declared one, except that a
+        ``Module["any"]`` output of a stage whose module inputs are all ``any`` (a pass
+        pipeline of unknown passes, a wrapper) carries the level fed into it, so a level
+        mismatch further down is still found."""
+        digraph = nx.DiGraph()
+        digraph.add_nodes_from([*self.inputs, *self.stages])
+        digraph.add_edges_from((e.src, e.dst) for e in self.edges if e.src in digraph)
+        try:
+            order = list(nx.topological_sort(digraph))
+        except nx.NetworkXUnfeasible:
+            order = list(digraph)  # a cycle: reported by _check; declared types only
+        types: dict[tuple[str, str], type] = {}
+        for name in order:
+            node = self._node(name)
+            if node is None:
+                continue
+            for port in node.outputs.values():
+                types[(name, port.name)] = port.type
+            if isinstance(node, GraphInput):
+                continue
+            module_ins = {p.name for p in node.inputs.values() if issubclass(p.type, Module)}
+            if not module_ins or any(node.inputs[p].type.level != "any" for p in module_ins):
+                continue
+            fed = {
+                types.get((e.src, e.src_port))
+                for e in self.edges
+                if e.dst == name and e.dst_port in module_ins
+            }
+            levels = {
+                t.level for t in fed if t is not None and issubclass(t, Module) and t.level != "any"
+            }
+            if len(levels) != 1:
+                continue
+            level = levels.pop()
+            for port in node.outputs.values():
+                if issubclass(port.type, Module) and port.type.level == "any":
+                    types[(name, port.name)] = Module[level]
+        return types
+
+    def output_type(self, node: str, port: str) -> type:
+        """The type ``node``'s output ``port`` carries here (levels flow through ``any``)."""
+        return self._types[(node, port)]
 
     def _check(self) -> list[GraphError]:
         problems: list[GraphError] = []
@@ -170,11 +216,12 @@ class Graph:
                 feeds.setdefault((edge.dst, edge.dst_port), []).append(edge)
             if out is None or inp is None:
                 continue
-            if not compatible(out.type, inp.type):
+            out_type = self._types.get((edge.src, edge.src_port), out.type)
+            if not compatible(out_type, inp.type):
                 problems.append(
                     PortTypeError(
                         f"graph {self.name!r}: {self._describe_output(edge)} "
-                        f"({port_name(out.type)}) cannot feed stage {edge.dst!r} input "
+                        f"({port_name(out_type)}) cannot feed stage {edge.dst!r} input "
                         f"{edge.dst_port!r} ({port_name(inp.type)})"
                     )
                 )
@@ -231,7 +278,7 @@ class Graph:
         for stage in self.stages.values():
             graph.add_node(stage.name, kind=stage.kind, node=stage, tags=stage.tags)
         for e in self.edges:
-            port_type = self._node(e.src).outputs[e.src_port].type
+            port_type = self._types[(e.src, e.src_port)]
             graph.add_edge(e.src, e.dst, key=(e.src_port, e.dst_port), type=port_type)
         return graph
 

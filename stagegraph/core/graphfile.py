@@ -23,7 +23,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator
 
 from stagegraph.core.graph import Graph, GraphInput
-from stagegraph.core.ports import LEVELS, Module, Schema
+from stagegraph.core.ports import GRAPH_PATH, LEVELS, Module, Schema
 from stagegraph.core.stage import StageFactory, get_factory
 from stagegraph.errors import GraphError, GraphFileError, InvalidGraphError
 
@@ -176,10 +176,13 @@ def load_graph_file(path: str | Path) -> Graph:
     folder = str(path.resolve().parent)
     if folder not in sys.path:
         sys.path.append(folder)  # ``factory: my_stages:cleanup`` may name a module beside it
-    return graph_from_text(text, str(path))
+    return graph_from_text(text, str(path), base_dir=path.parent)
 
 
-def graph_from_text(text: str, source: str = "<graph>") -> Graph:
+def graph_from_text(
+    text: str, source: str = "<graph>", base_dir: str | Path | None = None
+) -> Graph:
+    """Build a graph from YAML/JSON text; config paths resolve relative to ``base_dir``."""
     try:
         data = yaml.safe_load(text)
         root = yaml.compose(text)
@@ -199,15 +202,32 @@ def graph_from_text(text: str, source: str = "<graph>") -> Graph:
             for err in exc.errors()
         ]
         raise GraphFileError(f"{source}: invalid graph file:\n  " + "\n  ".join(problems)) from None
-    return graph_from_model(model, source)
+    return graph_from_model(model, source, base_dir)
 
 
-def graph_from_model(model: GraphFile, source: str = "<graph>") -> Graph:
+def resolve_paths(factory: Any, config: dict[str, Any], base_dir: str | Path | None) -> dict:
+    """``config`` with its relative path fields (marked ``GRAPH_PATH``) joined to
+    ``base_dir``: files named in a graph file are found next to it, wherever it is run."""
+    if base_dir is None:
+        return config
+    resolved = dict(config)
+    for name, info in factory.config_model.model_fields.items():
+        value = resolved.get(name)
+        if GRAPH_PATH in info.metadata and isinstance(value, str) and value:
+            path = Path(value).expanduser()
+            resolved[name] = str(path if path.is_absolute() else Path(base_dir) / path)
+    return resolved
+
+
+def graph_from_model(
+    model: GraphFile, source: str = "<graph>", base_dir: str | Path | None = None
+) -> Graph:
     stages = []
     for entry in model.stages:
         try:
             factory = get_factory(entry.factory)
-            stages.append(factory(entry.name, tags=entry.tags, config=entry.config))
+            config = resolve_paths(factory, entry.config, base_dir)
+            stages.append(factory(entry.name, tags=entry.tags, config=config))
         except GraphError as exc:
             raise GraphFileError(f"{source}: stage {entry.name!r}: {exc}") from None
         except Exception as exc:  # config validation
@@ -254,4 +274,24 @@ def _locate(root: yaml.Node | None, loc: tuple, source: str) -> str:
 
 
 def json_schema() -> dict[str, Any]:
-    return GraphFile.model_json_schema()
+    """The graph-file schema; each stage's ``config`` is checked against its factory's own
+    config schema (an ``if factory == NAME then config: SCHEMA`` branch per registered
+    factory; a factory named by import path is checked when the graph is built)."""
+    from stagegraph.core.stage import registered
+
+    schema = GraphFile.model_json_schema()
+    defs = schema.setdefault("$defs", {})
+    branches = []
+    for name, factory in sorted(registered().items()):
+        config = factory.config_model.model_json_schema(ref_template="#/$defs/{model}")
+        config = factory.config_model.schema_for(factory, config)
+        for key, value in config.pop("$defs", {}).items():
+            defs.setdefault(key, value)
+        branches.append(
+            {
+                "if": {"properties": {"factory": {"const": name}}, "required": ["factory"]},
+                "then": {"properties": {"config": config}},
+            }
+        )
+    defs["StageEntry"]["allOf"] = branches
+    return schema

@@ -37,7 +37,31 @@ class Facts(Schema):
 
 
 class Config(Schema):
-    """A stage's configuration (the empty config is the default)."""
+    """A stage's configuration (the empty config is the default).
+
+    Two optional hooks let a config refine its stage instance: :meth:`port_levels` gives
+    the IR levels of the stage's ``Module["any"]`` ports (a generic pass pipeline knows
+    from its passes what it takes and gives), :meth:`check_for` checks values against the
+    factory (keys of the params model a cost model produces).
+    """
+
+    def port_levels(self) -> tuple[str | None, str | None]:
+        """IR levels (taken, given) that replace ``any`` on this instance's module ports."""
+        return None, None
+
+    def check_for(self, factory: Any) -> None:
+        """Raise ``ValueError`` when the config does not fit ``factory`` (default: fits)."""
+
+    @classmethod
+    def schema_for(cls, factory: Any, schema: dict[str, Any]) -> dict[str, Any]:
+        """This config's JSON Schema for ``factory`` (what :meth:`check_for` checks, as far
+        as a schema can say it); the default is ``schema`` unchanged."""
+        return schema
+
+
+#: Marks a config field holding a file path: a graph file resolves it relative to its own
+#: folder (``file: schedule.mlir`` next to ``graph.yaml``), as ``Annotated[str, GRAPH_PATH]``.
+GRAPH_PATH = "stagegraph:graph-relative-path"
 
 
 class Module:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import io
 import shutil
 from pathlib import Path
 
@@ -64,14 +63,21 @@ def _dot_id(name: str) -> str:
 
 
 def to_text(graph: Graph, trace: Trace | None = None) -> str:
-    """A terminal rendering that needs no Graphviz."""
-    display = nx.DiGraph()
-    for node in graph.order():
-        display.add_node(node, label=_label(graph, node, trace).replace("\n", " "))
-    display.add_edges_from((e.src, e.dst) for e in graph.edges)
-    buffer = io.StringIO()
-    nx.write_network_text(display, path=buffer.write, with_labels=True, end="\n")
-    return buffer.getvalue()
+    """A terminal rendering that needs no Graphviz: one line per node in topological
+    order, with the nodes it takes its inputs from (``<- load, select``).
+
+    (networkx's tree rendering shows a node with several parents once and leaves
+    ``└─╼ ...`` stubs in the other places, which reads like missing stages.)
+    """
+    order = graph.order()
+    labels = {node: _label(graph, node, trace).replace("\n", " ") for node in order}
+    width = max(len(label) for label in labels.values())
+    lines = []
+    for node in order:
+        sources = sorted({e.src for e in graph.in_edges(node)}, key=order.index)
+        arrow = f"  <- {', '.join(sources)}" if sources else ""
+        lines.append(f"{labels[node]:<{width}}{arrow}".rstrip())
+    return "\n".join(lines) + "\n"
 
 
 def render_file(graph: Graph, path: str | Path, trace: Trace | None = None) -> None:
@@ -89,3 +95,16 @@ def render_file(graph: Graph, path: str | Path, trace: Trace | None = None) -> N
         path.write_bytes(dot.create(format=fmt))
     except OSError as exc:
         raise StagegraphError(f"cannot write {path}: {exc.strerror or exc}") from None
+
+
+def first_sentence(doc: str) -> str:
+    """The first sentence of a docstring as plain text: its first paragraph joined onto one
+    line, cut after the first full stop, RST roles and backticks removed
+    (``:func:`analyze``` and ````entry```` become ``analyze`` and ``entry``)."""
+    import re
+
+    paragraph = " ".join(doc.strip().split("\n\n", 1)[0].split())
+    text = re.sub(r":[\w:.-]+:`([^`]*)`", r"\1", paragraph)
+    text = re.sub(r"`+([^`]*)`+", r"\1", text)
+    match = re.search(r"(?<!\be\.g)(?<!\bi\.e)(?<!\betc)(?<!\bvs)[.!?](?=\s|$)", text)
+    return text[: match.end()] if match else text

@@ -227,17 +227,33 @@ class StageFactory:
 
     def make_config(self, values: Mapping[str, Any], stage_name: str) -> Config:
         try:
-            return self.config_model.model_validate(dict(values))
+            config = self.config_model.model_validate(dict(values))
         except ValidationError as exc:
             raise ConfigError(
-                f"stage {stage_name!r} ({self.name}): invalid config: {_brief(exc)}"
+                f"stage {stage_name!r} ({self.name}): invalid config: "
+                f"{_brief(exc, list(self.config_model.model_fields))}"
             ) from exc
+        try:
+            config.check_for(self)
+        except ValueError as exc:
+            raise ConfigError(
+                f"stage {stage_name!r} ({self.name}): invalid config: {exc}"
+            ) from None
+        return config
 
 
-def _brief(exc: ValidationError) -> str:
-    return "; ".join(
-        f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
-    )
+def _brief(exc: ValidationError, fields: list[str] | None = None) -> str:
+    """One line per error; an unknown key gets a did-you-mean and the known keys."""
+    from stagegraph.errors import did_you_mean
+
+    parts = []
+    for e in exc.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        message = e["msg"]
+        if e["type"] == "extra_forbidden" and fields is not None and len(e["loc"]) == 1:
+            message += f"{did_you_mean(str(e['loc'][0]), fields)}; its keys: {', '.join(fields)}"
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
 
 
 @dataclass(frozen=True)
@@ -259,11 +275,13 @@ class Stage:
 
     @property
     def inputs(self) -> dict[str, Port]:
-        return {p.name: p for p in self.factory.inputs}
+        """The factory's input ports, ``Module["any"]`` narrowed by the config's levels."""
+        return {p.name: _narrow(p, self.config.port_levels()[0]) for p in self.factory.inputs}
 
     @property
     def outputs(self) -> dict[str, Port]:
-        return {p.name: p for p in self.factory.outputs}
+        """The factory's output ports, ``Module["any"]`` narrowed by the config's levels."""
+        return {p.name: _narrow(p, self.config.port_levels()[1]) for p in self.factory.outputs}
 
     def with_config(self, **changes: Any) -> Stage:
         values = {**self.config.model_dump(), **changes}
@@ -288,11 +306,17 @@ class Stage:
             result = self.factory.fn(**inputs, config=self.config)
         else:
             result = self.factory.fn(**inputs)
-        ports = self.factory.outputs
+        ports = tuple(self.outputs.values())
         if not ports:
             return {}
         values = list(result) if len(ports) > 1 else [result]
         return {p.name: _coerce(p, v) for p, v in zip(ports, values, strict=True)}
+
+
+def _narrow(port: Port, level: str | None) -> Port:
+    if level is None or not issubclass(port.type, Module) or port.type.level != "any":
+        return port
+    return Port(port.name, Module[level], port.optional)
 
 
 def _coerce(port: Port, value: Any) -> Any:

@@ -30,6 +30,43 @@ class CostModelConfig(Config):
     overrides: dict[str, Any] = Field(default_factory=dict)
     threads: int | None = Field(None, ge=1)
 
+    def check_for(self, factory: Any) -> None:
+        """``overrides`` keys must be parameters of the params model the stage produces
+        (a graph file's ``overrides: {tile_mm: 12}`` fails ``validate``, with a did-you-mean)."""
+        check_param_keys(factory, self.overrides, "overrides")
+
+    @classmethod
+    def schema_for(cls, factory: Any, schema: dict[str, Any]) -> dict[str, Any]:
+        """``overrides`` keys limited to the parameters of the produced params model."""
+        model = produced_params(factory)
+        properties = schema.get("properties", {})
+        if model is not None and "overrides" in properties:
+            keys = sorted(override_keys(model))
+            properties["overrides"] = {**properties["overrides"], "propertyNames": {"enum": keys}}
+        return schema
+
+
+def produced_params(factory: Any) -> type[Params] | None:
+    """The params model a cost-model factory produces (None if it produces none)."""
+    return next(
+        (
+            p.type
+            for p in factory.outputs
+            if isinstance(p.type, type) and issubclass(p.type, Params)
+        ),
+        None,
+    )
+
+
+def check_param_keys(factory: Any, values: dict[str, Any], field: str) -> None:
+    """Raise ``ValueError`` naming the first key of ``values`` the params model lacks."""
+    model = produced_params(factory)
+    if model is None or not values:
+        return
+    unknown = sorted(set(values) - override_keys(model))
+    if unknown:
+        raise ValueError(f"{field}: {unknown_param_message(model, unknown[0])}")
+
 
 def apply_overrides(params: P, overrides: dict[str, Any]) -> P:
     """``params`` with ``overrides`` applied and re-validated."""

@@ -6,6 +6,8 @@ they expect and produce, so the graph type-checks where in the flow they can go.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from stagegraph.core.ports import AnyModule, BufferModule, Config, LLVMModule, Module, TensorModule
 from stagegraph.core.stage import stage
 from stagegraph.stages.common import lowering
@@ -17,19 +19,69 @@ from stagegraph.stages.common.rewrites import (
 
 
 class PipelineConfig(Config):
-    """A pass pipeline nested in ``builtin.module(...)``."""
+    """A pass pipeline: bare (``canonicalize,cse``, run nested in ``builtin.module(...)``)
+    or anchored the mlir-opt way (``builtin.module(canonicalize,cse)``)."""
 
     pipeline: str = ""
+
+
+Level = Literal["tensor", "buffer", "llvm", "any"]
+
+#: Passes that change the IR level, in the order a flow meets them: (pass, takes, gives).
+LEVEL_PASSES = (
+    ("one-shot-bufferize", "tensor", "buffer"),
+    ("finalize-memref-to-llvm", "buffer", "llvm"),
+    ("convert-to-llvm", "buffer", "llvm"),
+    ("convert-func-to-llvm", "buffer", "llvm"),
+)
+
+
+def infer_levels(pipeline: str) -> tuple[str | None, str | None]:
+    """IR levels (taken, given) a pipeline implies by its level-changing passes; None for
+    what its passes do not tell (``canonicalize,cse`` runs at any level)."""
+    import re
+
+    names = re.findall(r"[\w.-]+", pipeline)
+    found = [(takes, gives) for name in names for p, takes, gives in LEVEL_PASSES if name == p]
+    if not found:
+        return None, None
+    return found[0][0], found[-1][1]
+
+
+class GenericPipelineConfig(PipelineConfig):
+    """Any pass pipeline, with the IR levels it takes and gives: ``takes``/``gives`` when
+    given, else inferred from its passes (``one-shot-bufferize``: tensor to buffer,
+    ``convert-to-llvm``/``finalize-memref-to-llvm``: to llvm), else the level fed in."""
+
+    takes: Level | None = None
+    gives: Level | None = None
+
+    def port_levels(self) -> tuple[str | None, str | None]:
+        takes, gives = infer_levels(self.pipeline)
+        return self.takes or takes, self.gives or gives
+
+
+def anchored(pipeline: str) -> str:
+    """The pipeline as ``PassManager.parse`` takes it: nested in ``builtin.module(...)``
+    unless it is already anchored there (``builtin.module(...)``)."""
+    text = pipeline.strip()
+    if text.startswith("builtin.module(") and text.endswith(")"):
+        depth = 0
+        for i, char in enumerate(text):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 0 and i >= len("builtin.module"):
+                if i == len(text) - 1:
+                    return text  # one anchor around the whole pipeline
+                break
+    return f"builtin.module({text})"
 
 
 def run_pipeline(module: Module, pipeline: str) -> Module:
     """Run ``pipeline`` on the module in place (an empty pipeline only verifies)."""
     from stagegraph.mlir.bindings import passmanager
 
-    if pipeline:
-        manager = passmanager.PassManager.parse(
-            f"builtin.module({pipeline})", context=module.ir.context
-        )
+    if pipeline.strip():
+        manager = passmanager.PassManager.parse(anchored(pipeline), context=module.ir.context)
         manager.run(module.ir.operation)
     elif not module.ir.operation.verify():
         raise ValueError("module does not verify")
@@ -37,8 +89,14 @@ def run_pipeline(module: Module, pipeline: str) -> Module:
 
 
 @stage("passes", name="pipeline")
-def pipeline(module: AnyModule, config: PipelineConfig) -> AnyModule:
-    """Any textual pass pipeline; the IR level is unchanged as the graph knows."""
+def pipeline(module: AnyModule, config: GenericPipelineConfig) -> AnyModule:
+    """Any textual pass pipeline, at the IR levels its config declares or its passes imply.
+
+    ``takes``/``gives`` (tensor, buffer, llvm) type this instance's ports; without them
+    they come from the passes (``one-shot-bufferize`` takes tensors and gives buffers,
+    ``convert-to-llvm`` gives llvm), and a pipeline that does not change the level passes
+    on the level fed into it.
+    """
     return run_pipeline(module, config.pipeline)
 
 

@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import model_validator
 
-from stagegraph.core.ports import Config, Module, TensorModule
+from stagegraph.core.ports import GRAPH_PATH, Config, Module, TensorModule
 from stagegraph.core.stage import stage
 
 
 class TransformConfig(Config):
     """Exactly one of ``file`` (a .mlir path) or ``text`` (the transform module)."""
 
-    file: str | None = None
+    file: Annotated[str | None, GRAPH_PATH] = None  # relative to a graph file's folder
     text: str | None = None
     entry: str = "__transform_main"
 

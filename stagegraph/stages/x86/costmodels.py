@@ -13,14 +13,19 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import Field
 
+from stagegraph.core.ports import GRAPH_PATH
 from stagegraph.core.stage import stage
 from stagegraph.errors import ConfigError
 from stagegraph.stages.analysis import PayloadFacts
-from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
+from stagegraph.stages.common.costmodel import (
+    CostModelConfig,
+    apply_overrides,
+    check_param_keys,
+)
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.stages import X86Params, heuristic
 
@@ -86,7 +91,7 @@ def analytical(facts: PayloadFacts, target: Target, config: AnalyticalConfig) ->
 class TunedConfig(CostModelConfig):
     """Where to look: the DB file and the workload/graph the measurements were made for."""
 
-    db: str | None = None
+    db: Annotated[str | None, GRAPH_PATH] = None
     workload: str = ""
     graph: str = ""
 
@@ -135,8 +140,19 @@ def tuned(facts: PayloadFacts, target: Target, config: TunedConfig) -> X86Params
 class FixedConfig(CostModelConfig):
     """Params from a JSON file (``path``) or inline (``params``)."""
 
-    path: str | None = None
+    path: Annotated[str | None, GRAPH_PATH] = None
     params: dict[str, Any] | None = None
+
+    def check_for(self, factory: Any) -> None:
+        """Inline ``params`` are a whole X86Params (``matmul``/``generic``) or parameters of
+        it, checked like ``overrides``."""
+        super().check_for(factory)
+        if self.params is None:
+            return
+        if "matmul" in self.params or "generic" in self.params:
+            X86Params.model_validate(self.params)  # a ValidationError is a ValueError
+        else:
+            check_param_keys(factory, self.params, "params")
 
 
 def read_params_file(path: str) -> dict[str, Any]:
