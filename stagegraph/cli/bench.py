@@ -60,8 +60,9 @@ from stagegraph.cli.output import (
 @click.option(
     "--vs",
     "versus",
-    metavar="GRAPH|numpy",
-    help="Measure a second variant interleaved and report the ratio.",
+    metavar="GRAPH|numpy|iree",
+    help="Measure a second variant interleaved and report the ratio (iree: the same payload "
+    "compiled by IREE for llvm-cpu; needs pip install 'stagegraph[peers]').",
 )
 @param_option
 @click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
@@ -171,10 +172,18 @@ def _bench_versus(session: Any, bench_options: Any, options: dict[str, Any]) -> 
     from stagegraph.core.catalog import load_graph
 
     threads, versus = options["threads"], options["versus"]
+    if versus == "iree":
+        from stagegraph.app.iree import import_iree
+
+        import_iree()  # a missing extra fails before anything compiles
     first = prepare(session.engine, session.graph, session.workload, options["splice_at"])
     if versus == "numpy":
         warn_openblas_overrides()
         second = NumpyMeasurement(session.workload, threads)
+    elif versus == "iree":
+        from stagegraph.app.iree import IreeMeasurement
+
+        second = IreeMeasurement(session.workload, threads, session.request.target)
     else:
         other = with_params(load_graph(versus), session.request.params, threads)
         if session.request.target and versus != "naive":
