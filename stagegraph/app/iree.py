@@ -83,11 +83,13 @@ def target_flags(target: str | None) -> list[str]:
 
 
 def payload_text(workload: Any) -> str:
-    """The workload's MLIR: the file's own text, or the printed payload."""
+    """The workload's MLIR: the file's own text, or the printed payload (also for a file
+    with ops these bindings rewrite on parsing, such as ``tm_tensor.scan``)."""
     from stagegraph.mlir.bindings import new_context
+    from stagegraph.mlir.diagnostics import unregistered_ops
     from stagegraph.workload.mlir_file import MlirFileWorkload
 
-    if isinstance(workload, MlirFileWorkload):
+    if isinstance(workload, MlirFileWorkload) and not unregistered_ops(workload.text):
         return workload.text
     return str(workload.payload(new_context()))
 
