@@ -91,3 +91,13 @@ def test_bench_vs_iree_reports_ratio(iree, capsys):
     assert report["a"]["graph"] == "x86" and report["b"]["graph"] == "iree"
     assert report["a"]["verified"] and report["b"]["verified"]
     assert report["ratio_low"] <= report["ratio"] <= report["ratio_high"]
+
+
+def test_iree_bf16_matmul_verifies(iree):
+    """bf16 travels as uint16 bits in stagegraph and as ml_dtypes.bfloat16 in IREE."""
+    from stagegraph.app.iree import IreeMeasurement
+    from stagegraph.app.session import open_workload
+
+    workload = open_workload("matmul:m=16,n=8,k=24,dtype=bf16")
+    measurement = IreeMeasurement(workload, threads=1)
+    assert measurement.verdict.ok, measurement.verdict.message

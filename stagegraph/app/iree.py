@@ -176,8 +176,19 @@ def as_list(results: Any) -> list[Any]:
     return list(results) if isinstance(results, tuple | list) else [results]
 
 
+def to_iree(array: np.ndarray, dtype: str) -> np.ndarray:
+    """stagegraph's storage of ``dtype`` as IREE wants it (bf16: uint16 bits -> bfloat16)."""
+    if dtype == "bf16":
+        import ml_dtypes  # a dependency of iree-base-runtime
+
+        return np.ascontiguousarray(array).view(ml_dtypes.bfloat16)
+    return np.ascontiguousarray(array)
+
+
 def to_numpy(value: Any) -> np.ndarray:
-    return np.asarray(value.to_host() if hasattr(value, "to_host") else value)
+    """An IREE result in stagegraph's storage (bfloat16 -> uint16 bits)."""
+    array = np.asarray(value.to_host() if hasattr(value, "to_host") else value)
+    return array.view(np.uint16) if array.dtype.name == "bfloat16" else array
 
 
 class OverheadTimer:
@@ -236,7 +247,8 @@ class IreeMeasurement:
         self.config = device_config(self.threads)
         self.call_fn = self._load(runtime, vmfb)
         noop_fn = self._load(runtime, noop_vmfb)
-        inputs = [np.ascontiguousarray(x) for x in workload.inputs()]
+        specs = workload.input_specs()
+        inputs = [to_iree(x, s.dtype) for x, s in zip(workload.inputs(), specs, strict=True)]
         try:
             outputs = as_list(self.call_fn(*inputs))
             self.verdict = workload.verify([to_numpy(o) for o in outputs])

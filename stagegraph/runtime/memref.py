@@ -28,12 +28,9 @@ OUTPUTS_ATTR = "stagegraph.outputs"
 C_INTERFACE_ATTR = "llvm.emit_c_interface"
 CIFACE_PREFIX = "_mlir_ciface_"
 
-try:  # bf16 arrays use ml_dtypes when installed, else raw uint16 storage.
-    import ml_dtypes  # type: ignore[import-not-found]
-
-    _BF16: np.dtype = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - depends on the environment
-    _BF16 = np.dtype(np.uint16)
+# bf16 arrays are uint16 bit patterns, as everywhere in stagegraph (stagegraph.dtypes), even
+# when ml_dtypes is installed (IREE's runtime brings it): workloads make uint16 inputs.
+_BF16: np.dtype = np.dtype(np.uint16)
 
 #: MLIR element type name -> numpy storage dtype.
 DTYPES: dict[str, np.dtype] = {
