@@ -1,10 +1,13 @@
-"""Run every .mlir payload of a folder through the x86 and naive graphs and compare.
+"""Run every .mlir payload of a folder through the x86 and naive graphs and IREE, and compare.
 
 Each compile+verify+measure runs in an isolated child process with a time and memory limit,
-so a payload that crashes or hangs is reported, not fatal. The table names the CPU, the ISA
-tier and OpenBLAS's core type, and marks a speedup whose samples were too spread to trust; if
-``OPENBLAS_CORETYPE`` or ``OPENBLAS_L2_SIZE`` is set, the script restarts without them (the
-reference runs numpy) and says so. Usage:
+so a payload that crashes or hangs is reported, not fatal. IREE (``pip install
+'stagegraph[peers]'``) compiles and runs each payload in its own child too (its invocation
+overhead subtracted, as in ``bench --vs iree``); without the extra its columns say so. The
+table names the CPU, the ISA tier and OpenBLAS's core type, and marks a speedup whose
+samples were too spread to trust; if ``OPENBLAS_CORETYPE`` or ``OPENBLAS_L2_SIZE`` is set,
+the script restarts without them (the reference runs numpy) and says so. A last row gives
+the geometric means (times over the payloads both x86 and IREE verify). Usage:
 
     python benchmarks/kernelbench.py ../shared/kernelbench/level1 [--json] [--timeout S]
 """
@@ -31,6 +34,10 @@ class Row(Schema):
     x86_s: float | None = None
     naive_s: float | None = None
     speedup: float | None = None
+    iree_s: float | None = None
+    iree_verified: bool | None = None  # None: IREE did not run (missing, crashed, rejected)
+    x86_vs_iree: float | None = None  # x86 time / IREE time: below 1, x86 is faster
+    iree_error: str = ""
     trustworthy: bool | None = None  # both medians precise enough to quote
     warning: str = ""
     error: str = ""
@@ -51,6 +58,52 @@ def measure(graph_name: str, path: str, budget_s: float) -> dict:
             "message": report.message, "trustworthy": report.trustworthy,
             "warning": report.warning,
             "host": report.host.model_dump(mode="json") if report.host else None}  # fmt: skip
+
+
+def measure_iree(path: str, budget_s: float) -> dict:
+    """Compile, verify and time one payload with IREE (runs in the child)."""
+    from stagegraph.app.bench import BenchOptions, sample
+    from stagegraph.app.iree import IreeMeasurement
+    from stagegraph.app.session import open_workload
+
+    measurement = IreeMeasurement(open_workload(path))
+    if not measurement.verdict.ok:
+        return {"verified": False, "median_s": None, "message": measurement.verdict.message}
+    measurement.measure(1, warmup=1)
+    samples, _ = sample(measurement.measure, BenchOptions(warmup=1, repeat=5, budget_s=budget_s))
+    return {"verified": True, "median_s": measurement.report(samples).median_s, "message": ""}
+
+
+def iree_missing() -> str:
+    """Why IREE cannot run here ("" when it can); nothing of IREE is loaded in this process."""
+    import importlib.util
+
+    try:
+        found = all(importlib.util.find_spec(n) for n in ("iree.compiler", "iree.runtime"))
+    except ModuleNotFoundError:
+        found = False
+    return "" if found else "missing: pip install 'stagegraph[peers]'"
+
+
+def with_iree(row: Row, path: Path, limits: Limits, budget_s: float, missing: str) -> Row:
+    """The row with IREE's columns; an IREE failure stays in them."""
+    if missing:
+        return row.model_copy(update={"iree_error": missing})
+    try:
+        result = limits.run(measure_iree, str(path), budget_s, label="iree")
+    except StagegraphError as exc:
+        return row.model_copy(update={"iree_error": str(exc).splitlines()[0]})
+    ratio = None
+    if result["median_s"] and row.x86_s and row.verified:
+        ratio = row.x86_s / result["median_s"]
+    return row.model_copy(update={
+        "iree_s": result["median_s"], "iree_verified": result["verified"],
+        "x86_vs_iree": ratio, "iree_error": result["message"],
+    })  # fmt: skip
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
 def run_one(path: Path, limits: Limits, budget_s: float) -> tuple[Row, dict | None]:
@@ -98,17 +151,26 @@ def main() -> int:
     args = parser.parse_args()
     limits = Limits(timeout_s=args.timeout, memory_bytes=16 * 2**30)
     rows, host = [], None
+    missing = iree_missing()
     for path in sorted(args.folder.glob("*.mlir")):
         row, row_host = run_one(path, limits, args.budget)
+        row = with_iree(row, path, limits, args.budget, missing)
         rows.append(row)
         host = host or row_host
         if not args.json:
             print(f"... {path.stem}", file=sys.stderr)
     verified = [r for r in rows if r.verified]
     speedups = [r.speedup for r in verified if r.speedup]
-    geomean = math.exp(sum(map(math.log, speedups)) / len(speedups)) if speedups else None
+    gm_speedup = geomean(speedups)
+    both = [r for r in verified if r.iree_verified and r.x86_s and r.iree_s]
+    gm_x86 = geomean([r.x86_s for r in both])
+    gm_iree = geomean([r.iree_s for r in both])
+    gm_ratio = geomean([r.x86_vs_iree for r in both if r.x86_vs_iree])
     noisy = [r for r in verified if r.trustworthy is False]
-    summary = {"verified": len(verified), "total": len(rows), "geomean_speedup": geomean,
+    summary = {"verified": len(verified), "total": len(rows), "geomean_speedup": gm_speedup,
+               "iree_verified": sum(bool(r.iree_verified) for r in rows),
+               "iree": missing or "installed", "geomean_x86_s": gm_x86,
+               "geomean_iree_s": gm_iree, "geomean_x86_vs_iree": gm_ratio,
                "noisy": len(noisy), "host": host, "note": note}  # fmt: skip
     if args.json:
         print(json.dumps({"rows": [r.model_dump() for r in rows], "summary": summary}, indent=1))
@@ -116,18 +178,33 @@ def main() -> int:
     for line in header(host, note):
         print(f"{line}  ")
     print()
-    print("| payload | op classes | verified | x86 ms | naive ms | speedup |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| payload | op classes | verified | x86 ms | naive ms | speedup "
+        "| IREE ms | IREE verified | x86/IREE time |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ms = lambda s: f"{s * 1e3:.3f}" if s else "-"  # noqa: E731
         sp = f"{r.speedup:.1f}x" if r.speedup else "-"
         if r.speedup and r.trustworthy is False:  # no precise-looking number for noise
             sp = f"~{r.speedup:.0f}x (noisy)"
         status = "yes" if r.verified else f"no ({r.error[:60]})"
+        if r.iree_verified is None:
+            iree_ok = r.iree_error[:60] or "-"
+        else:
+            iree_ok = "yes" if r.iree_verified else f"no ({r.iree_error[:60]})"
+        vs = f"{r.x86_vs_iree:.2f}" if r.x86_vs_iree else "-"
         print(f"| {r.payload} | {', '.join(r.classes)} | {status} | {ms(r.x86_s)} | "
-              f"{ms(r.naive_s)} | {sp} |")  # fmt: skip
-    gm = f"{geomean:.2f}" if geomean else "-"
+              f"{ms(r.naive_s)} | {sp} | {ms(r.iree_s)} | {iree_ok} | {vs} |")  # fmt: skip
+    g = lambda v, f="{:.2f}": f.format(v) if v else "-"  # noqa: E731
+    print(f"| geometric mean ({len(both)} verified by both) | | {len(verified)} of {len(rows)} | "
+          f"{g(gm_x86 and gm_x86 * 1e3, '{:.3f}')} | | {g(gm_speedup)}x | "
+          f"{g(gm_iree and gm_iree * 1e3, '{:.3f}')} | "
+          f"{missing or sum(bool(r.iree_verified) for r in rows)} | {g(gm_ratio)} |")  # fmt: skip
+    gm = f"{gm_speedup:.2f}" if gm_speedup else "-"
     print(f"\n{len(verified)} verified of {len(rows)}, geometric-mean speedup {gm}")
+    if gm_ratio:
+        print(f"x86/IREE time, geometric mean over {len(both)} payloads: {gm_ratio:.2f}")
     if noisy:
         print(f"{len(noisy)} speedups marked noisy (samples too spread to trust):")
         for r in noisy:

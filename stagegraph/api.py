@@ -199,9 +199,10 @@ def bench(
 def _bench_in_process(
     graph: str | Graph, request: Any, options: Any, splice_at: str | None, vs: str | None
 ) -> Any:
-    from stagegraph.app.bench import benchmark, compare, versus_measurements
+    from stagegraph.app.bench import benchmark, compare
     from stagegraph.app.run import check_single_process
     from stagegraph.app.session import Session
+    from stagegraph.app.versus import versus_measurements
 
     own = graph if isinstance(graph, Graph) else None
     with Session(request, graph=own, run_budget_s=options.budget_s) as session:

@@ -290,6 +290,14 @@ class TargetNotRunnableError(StagegraphError, RuntimeError):
     """Code built for a target whose ISA features this host lacks (it would die of SIGILL)."""
 
 
+class PeerUnavailableError(StagegraphError, ImportError):
+    """A peer compiler (``--vs iree``) whose optional packages are not installed."""
+
+
+class PeerCompileError(StagegraphError, RuntimeError):
+    """A peer compiler rejected the payload."""
+
+
 class UnknownCostModelError(StagegraphError, KeyError):
     """A ``--cost-model`` name that is not registered."""
 

@@ -326,28 +326,6 @@ def compare(
     )
 
 
-def versus_measurements(
-    session: Any, versus: str, splice_at: str | None
-) -> tuple[Measurement, Measurement | NumpyMeasurement]:
-    """The two sides of ``bench --vs``: the session's graph, and ``versus`` (a graph name,
-    or ``numpy``) with the same ``--param``/``--threads`` and (except ``naive``) target;
-    both compiled and verified, to be timed with :func:`compare`."""
-    from stagegraph.app.graph_options import params_stages, with_params, with_target
-    from stagegraph.core.catalog import load_graph
-
-    threads = session.request.threads
-    first = prepare(session.engine, session.graph, session.workload, splice_at)
-    if versus == "numpy":
-        return first, NumpyMeasurement(session.workload, threads)
-    other = load_graph(versus)
-    if params_stages(other) or session.request.params:
-        other = with_params(other, session.request.params, threads)
-    # else: a graph without a cost model (naive) runs on one thread whatever --threads says
-    if session.request.target and versus != "naive":
-        other = with_target(other, session.request.target)
-    return first, prepare(session.engine, other, session.workload, splice_at)
-
-
 def rough(value: float) -> str:
     """Two significant digits, never in exponent form: how a noisy number is shown."""
     return f"{float(f'{value:.2g}'):g}" if abs(value) >= 1e-4 else f"{value:.2g}"

@@ -62,8 +62,9 @@ from stagegraph.cli.output import (
 @click.option(
     "--vs",
     "versus",
-    metavar="GRAPH|numpy",
-    help="Measure a second variant interleaved and report the ratio.",
+    metavar="GRAPH|numpy|iree",
+    help="Measure a second variant interleaved and report the ratio (iree: the same payload "
+    "compiled by IREE for llvm-cpu; needs pip install 'stagegraph[peers]').",
 )
 @param_option
 @click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
@@ -171,9 +172,14 @@ def _bench_one(session: Any, bench_options: Any, options: dict[str, Any], info: 
 
 
 def _bench_versus(session: Any, bench_options: Any, options: dict[str, Any]) -> list:
-    from stagegraph.app.bench import compare, versus_measurements
+    from stagegraph.app.bench import compare
+    from stagegraph.app.versus import versus_measurements
 
     threads, versus = options["threads"], options["versus"]
+    if versus == "iree":
+        from stagegraph.app.iree import import_iree
+
+        import_iree()  # a missing extra fails before anything compiles
     if versus == "numpy":
         warn_openblas_overrides()
     first, second = versus_measurements(session, versus, options["splice_at"])

@@ -158,8 +158,34 @@ def parse_payload(text: str, context: Any | None = None, source: str = "<payload
     if module is None:
         problem = explain_parse_error(text, error, diagnostics)
         if isinstance(problem, UnregisteredOpError):
+            module = _parse_rewriting_scans(text, context, source)
+            if module is not None:
+                return module
+        if isinstance(problem, UnregisteredOpError):
             raise UnregisteredOpError(
                 f"{source}: {problem}", op_name=problem.op_name, dialect=problem.dialect
             ) from None
         raise problem from None
     return module
+
+
+def _parse_rewriting_scans(text: str, context: Any, source: str) -> Any | None:
+    """The payload with its ``tm_tensor.scan`` ops rewritten into upstream ops (see
+    :mod:`stagegraph.mlir.scan`), or None when it has other unregistered ops or the
+    torch-mlir-opt tool is not there to read the dialect."""
+    from stagegraph.mlir.scan import REWRITTEN, generic_form, rewrite_scans
+
+    if not set(unregistered_ops(text)) <= REWRITTEN:
+        return None
+    generic = generic_form(text)
+    if generic is None:
+        return None
+    context.allow_unregistered_dialects = True
+    try:
+        module, _, _ = parse_capturing(generic, context, source)
+        if module is None:
+            return None
+        rewrite_scans(module)
+    finally:
+        context.allow_unregistered_dialects = False
+    return module if module.operation.verify() else None
