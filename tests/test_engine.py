@@ -179,7 +179,8 @@ def test_transform_failure_carries_diagnostics():
 def test_memo_key_covers_the_modules_a_stage_imports():
     """x86.schedule's code lives mostly in x86_schedule.py (imported inside the function):
     its version must change when that module does, and the stage's own module is no key."""
-    from stagegraph.core.stage import _imported_modules, dependency_version, get_factory
+    from stagegraph.core.stage import get_factory
+    from stagegraph.core.versioning import _imported_modules, dependency_version
 
     factory = get_factory("x86.schedule")
     assert "stagegraph.stages.x86.matmul_schedule" in _imported_modules(

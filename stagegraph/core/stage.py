@@ -8,7 +8,6 @@ configuration. Calling the factory makes a :class:`Stage`: a name, tags and a fr
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import inspect
 import typing
@@ -28,6 +27,7 @@ from stagegraph.core.ports import (
     is_port_type,
     port_name,
 )
+from stagegraph.core.versioning import source_version
 from stagegraph.errors import ConfigError, DuplicateNameError, StageDefinitionError
 
 KINDS = ("analysis", "params", "schedule", "passes", "wrapper", "emit")
@@ -97,99 +97,6 @@ def _ports_from_hints(fn: Callable, owner: str) -> tuple[tuple[Port, ...], tuple
     return tuple(inputs), tuple(outputs), config_model
 
 
-def _source_version(obj: Any) -> str:
-    """Hash of the source of the module defining ``obj`` and of every module of the same
-    package (and of stagegraph) it imports, at any depth, lazily imports included: editing
-    a helper module (``x86_schedule.py`` for ``x86.schedule``) changes the cache key."""
-    module = inspect.getmodule(obj)
-    if module is None:
-        return hashlib.sha256(getattr(obj, "__qualname__", "").encode()).hexdigest()[:16]
-    return dependency_version(module.__name__)
-
-
-@functools.cache
-def dependency_version(module_name: str) -> str:
-    """Hash of ``module_name``'s source and its in-project imports' (see _source_version)."""
-    roots = {module_name.partition(".")[0], "stagegraph"}
-    seen: dict[str, str] = {}
-    todo = [module_name]
-    while todo:
-        name = todo.pop()
-        if name in seen:
-            continue
-        seen[name] = _module_source(name)
-        todo.extend(i for i in _imported_modules(name) if i.partition(".")[0] in roots)
-    digest = hashlib.sha256()
-    for name in sorted(seen):
-        digest.update(f"{name}\0{seen[name]}\0".encode())
-    return digest.hexdigest()[:16]
-
-
-@functools.cache
-def _module_source(name: str) -> str:
-    path = _module_file(name)
-    if path is None:
-        return ""
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read()
-    except OSError:
-        return ""
-
-
-def _module_file(name: str) -> str | None:
-    """The ``.py`` file of a module, found without importing it (importing
-    ``stagegraph.mlir.bindings`` to hash it would load them)."""
-    import importlib.util
-    import os
-    import sys
-
-    loaded = sys.modules.get(name)
-    if loaded is not None:
-        path = getattr(loaded, "__file__", None)
-        return path if path and path.endswith(".py") else None
-    parent, _, leaf = name.rpartition(".")
-    if not parent:
-        spec = importlib.util.find_spec(name)  # a top-level name: nothing is imported
-        origin = spec.origin if spec is not None else None
-        return origin if origin and origin.endswith(".py") else None
-    parent_file = _module_file(parent)
-    if parent_file is None or not parent_file.endswith("__init__.py"):
-        return None
-    folder = os.path.dirname(parent_file)
-    for candidate in (
-        os.path.join(folder, f"{leaf}.py"),
-        os.path.join(folder, leaf, "__init__.py"),
-    ):
-        if os.path.isfile(candidate):
-            return candidate
-    return None
-
-
-@functools.cache
-def _imported_modules(name: str) -> frozenset[str]:
-    """Modules named by the import statements anywhere in the module (function bodies too)."""
-    import ast
-
-    try:
-        tree = ast.parse(_module_source(name))
-    except SyntaxError:
-        return set()
-    package = name.rpartition(".")[0]
-    found: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[: len(parts) - node.level + 1] + ([base] if base else []))
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)  # submodules
-    return frozenset(m for m in found if m)
-
-
 @dataclass(frozen=True, eq=False)
 class StageFactory:
     """A registered stage definition; calling it makes a configured :class:`Stage`."""
@@ -222,8 +129,8 @@ class StageFactory:
     @property
     def code_version(self) -> str:
         """``version`` if given, else the hash of the stage's code and its in-project
-        imports (:func:`_source_version`): part of every memo key."""
-        return self.version or _source_version(self.fn)
+        imports (:func:`~stagegraph.core.versioning.source_version`): part of every memo key."""
+        return self.version or source_version(self.fn)
 
     def make_config(self, values: Mapping[str, Any], stage_name: str) -> Config:
         try:
