@@ -169,6 +169,10 @@ class EmitError(StagegraphError, ValueError):
     """A module cannot be turned into a binary (wrong IR level, toolchain failure)."""
 
 
+class LoweringIncompleteError(StagegraphError, ValueError):
+    """A module meant to be at the LLVM level still holds ops of other dialects."""
+
+
 class ToolchainError(StagegraphError, RuntimeError):
     """The system linker is missing or failed."""
 

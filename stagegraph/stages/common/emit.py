@@ -12,6 +12,7 @@ from pydantic import Field
 
 from stagegraph.core.ports import Binary, Config, LLVMModule
 from stagegraph.core.stage import stage
+from stagegraph.stages.common.lowering import require_llvm_level
 
 
 class JitConfig(Config):
@@ -24,6 +25,7 @@ def jit(module: LLVMModule, config: JitConfig) -> Binary:
     """Compile in-process; the fastest way from IR to a callable."""
     from stagegraph.runtime.jit import JitBinary
 
+    require_llvm_level(module.ir, "the stage that produced emit's input")
     check_runnable(module.ir)
     libs = [*config.shared_libs, *runtime_libraries(module.ir)]
     check_external_symbols(module.ir, libs)

@@ -130,3 +130,67 @@ def required_isa(module) -> tuple[str, frozenset[str]] | None:
 
     name = ir.StringAttr(attrs[TARGET_NAME_ATTR]).value if TARGET_NAME_ATTR in attrs else "?"
     return name, frozenset(ir.StringAttr(a).value for a in attrs[TARGET_ISA_ATTR])
+
+
+#: Dialects an LLVM-level module may hold when it is translated to LLVM IR.
+LLVM_LEVEL_DIALECTS = frozenset({"llvm", "omp"})
+
+
+def not_lowered(module) -> list:
+    """Ops of an LLVM-level ``module`` that LLVM translation cannot take: anything outside
+    the llvm/omp dialects (the module op itself aside). Casts the conversions left
+    (``builtin.unrealized_conversion_cast``) come last: the op they stand for is the cause."""
+    from stagegraph.mlir.walk import collect
+
+    left = collect(
+        module,
+        lambda op: (
+            op.name != "builtin.module" and op.name.partition(".")[0] not in LLVM_LEVEL_DIALECTS
+        ),
+    )
+    return sorted(left, key=lambda op: op.name == "builtin.unrealized_conversion_cast")
+
+
+def require_llvm_level(module, who: str) -> None:
+    """Raise when ``module`` still holds ops LLVM translation cannot take, naming the first
+    such op and ``who`` should have removed it (a lowering stage, or the stage before emit).
+
+    Raises:
+        LoweringIncompleteError: with the op's name, location and the count.
+    """
+    from stagegraph.errors import LoweringIncompleteError
+
+    left = not_lowered(module)
+    if not left:
+        return
+    first = left[0]
+    names = sorted({op.name for op in left})
+    raise LoweringIncompleteError(
+        f"{len(left)} ops were not lowered to the LLVM dialect ({', '.join(names)}); the "
+        f"first, {first.name} at {first.location}, should have been removed by {who}: no "
+        "conversion in its pipeline handles it (lower it earlier, or add the conversion)"
+    )
+
+
+#: Dialects the LLVM lowering pipelines do not convert: ops of these must be gone before.
+NOT_CONVERTED_TO_LLVM = ("linalg.", "tensor.", "bufferization.to_tensor")
+
+
+def require_lowerable(module, who: str) -> None:
+    """Before an LLVM lowering pipeline: raise when ``module`` still holds ops it has no
+    conversion for (linalg or tensor ops), naming the first and ``who`` left it.
+
+    Raises:
+        LoweringIncompleteError: with the op's name, location and the count.
+    """
+    from stagegraph.errors import LoweringIncompleteError
+    from stagegraph.mlir.walk import collect
+
+    left = collect(module, lambda op: op.name.startswith(NOT_CONVERTED_TO_LLVM))
+    if left:
+        names = sorted({op.name for op in left})
+        raise LoweringIncompleteError(
+            f"{len(left)} ops reached the LLVM lowering that it cannot convert "
+            f"({', '.join(names)}); the first, {left[0].name} at {left[0].location}, should "
+            f"have been removed by {who}"
+        )

@@ -13,6 +13,7 @@ from stagegraph.core.stage import stage
 from stagegraph.stages.common import lowering
 from stagegraph.stages.common.rewrites import (
     copies_to_linalg,
+    decompose_aggregated_ops,
     define_bf16_builtins,
     expand_bf16_truncation,
 )
@@ -102,7 +103,10 @@ def pipeline(module: AnyModule, config: GenericPipelineConfig) -> AnyModule:
 
 @stage("passes", name="verify")
 def verify(module: TensorModule, config: PipelineConfig) -> TensorModule:
-    """The payload as given, verified (and optionally cleaned up by ``pipeline``)."""
+    """The payload as given, verified (and optionally cleaned up by ``pipeline``); named
+    aggregates such as ``linalg.softmax`` decomposed into the generic ops they stand for,
+    so every later stage (analysis, schedules, lowering to loops) sees only ops it knows."""
+    decompose_aggregated_ops(module.ir)
     return run_pipeline(module, config.pipeline)
 
 
@@ -162,6 +166,11 @@ def lower_to_llvm(module: BufferModule, config: LowerConfig) -> LLVMModule:
     """
     if copies_to_linalg(module.ir):
         run_pipeline(module, lowering.LINALG_TO_LOOPS)
+    lowering.require_lowerable(
+        module.ir, "the stage that produced this stage's input (e.g. linalg_to_loops)"
+    )
     expand_bf16_truncation(module.ir)
     define_bf16_builtins(module.ir)
-    return run_pipeline(module, config.pipeline)
+    run_pipeline(module, config.pipeline)
+    lowering.require_llvm_level(module.ir, "this lowering stage")
+    return module

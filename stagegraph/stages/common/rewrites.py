@@ -151,3 +151,33 @@ def define_bf16_builtins(module: Any) -> bool:
             func.ReturnOp([truncated])
     expand_bf16_truncation(module)
     return True
+
+
+#: Named ops that are aggregates of simpler linalg ops (``AggregatedOpInterface``): no
+#: conversion to loops or vectors knows them, so they are decomposed first.
+AGGREGATED_OPS = ("linalg.softmax",)
+
+
+def decompose_aggregated_ops(module: Any) -> int:
+    """Rewrite every aggregated named op (``linalg.softmax``: max, sub+exp, sum, div) into the
+    ``linalg.generic`` ops it stands for, with the transform dialect's
+    ``decompose_interface``; returns how many were decomposed. Without it the op survives to
+    LLVM translation, which fails far from the cause."""
+    from stagegraph.mlir.bindings import ir, structured, transform
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
+
+    count = len(collect(module, AGGREGATED_OPS))
+    if not count:
+        return 0
+    with module.context, ir.Location.unknown():
+        schedule, sequence = new_schedule()
+        with ir.InsertionPoint(sequence.body):
+            ops = structured.MatchOp.match_op_names(sequence.bodyTarget, list(AGGREGATED_OPS))
+            each = transform.ForeachOp([], [ops.result])
+            with ir.InsertionPoint(each.body):
+                structured.DecomposeInterfaceOp(transform.AnyOpType.get(), each.body.arguments[0])
+                transform.YieldOp([])
+            transform.YieldOp([])
+        apply_schedule_module(module, schedule)
+    return count

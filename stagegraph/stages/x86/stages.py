@@ -206,6 +206,7 @@ def lower(
         call_vector_math(module.ir, target)
     run_pipeline(module, X86_FINISH)
     reassociate_reductions(module.ir)
+    lowering.require_lowerable(module.ir, "this stage's linalg-to-loops step (x86.lower)")
     if not target.has("avx512bf16"):  # else LLVM would call compiler-rt's __truncsfbf2
         expand_bf16_truncation(module.ir)
         define_bf16_builtins(module.ir)
@@ -217,5 +218,6 @@ def lower(
         run_pipeline(module, lowering.TO_OPENMP)
         lowering.schedule_dynamic(module.ir)
         run_pipeline(module, lowering.OPENMP_TO_LLVM)
+    lowering.require_llvm_level(module.ir, "this lowering stage")
     lowering.pin_codegen_target(module.ir, target)
     return module
