@@ -51,3 +51,40 @@ def test_lowering_that_leaves_an_op_names_it_and_the_stage(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "stage 'lower' of graph 'partial' failed" in err
     assert "linalg.matmul" in err and "should have been removed by the stage that produced" in err
+
+
+DYNAMIC_MATMUL = """
+func.func @main(%a: tensor<?x8xf32>, %b: tensor<8x12xf32>) -> tensor<?x12xf32> {
+  %c0 = arith.constant 0 : index
+  %m = tensor.dim %a, %c0 : tensor<?x8xf32>
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty(%m) : tensor<?x12xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<?x12xf32>) -> tensor<?x12xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<?x8xf32>, tensor<8x12xf32>)
+                     outs(%f : tensor<?x12xf32>) -> tensor<?x12xf32>
+  return %r : tensor<?x12xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("graph", ["naive", "x86"])
+def test_dynamic_sizes_are_specialized_from_the_npz(tmp_path, capsys, graph):
+    import json
+
+    payload = tmp_path / "dynmm.mlir"
+    payload.write_text(DYNAMIC_MATMUL)
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((6, 8), np.float32), rng.standard_normal((8, 12), np.float32)
+    np.savez(tmp_path / "dynmm.npz", in0=a, in1=b, out0=a @ b)
+    assert main(["run", graph, str(payload), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["verified"] is True
+    assert report["specialized"] == {"argument 0": [6, 8], "result 0": [6, 12]}
+
+
+def test_dynamic_sizes_without_data_are_refused(tmp_path, capsys):
+    payload = tmp_path / "dynmm.mlir"
+    payload.write_text(DYNAMIC_MATMUL)
+    assert main(["run", "naive", str(payload)]) == 2
+    err = capsys.readouterr().err
+    assert "argument #0 of @main has a dynamic shape" in err and "dynmm.npz" in err

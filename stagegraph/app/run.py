@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from pydantic import Field
+
 from stagegraph.core.engine import RunResult
 from stagegraph.core.ports import Schema
 from stagegraph.errors import ConfigError
@@ -35,6 +37,7 @@ class RunReport(Schema):
     threads: int | None = None
     params: dict[str, Any] | None = None
     emitted: str | None = None
+    specialized: dict[str, list[int]] = Field(default_factory=dict)
 
 
 def effective_threads(threads: int | None) -> int:
@@ -89,6 +92,7 @@ def run_report(session: Session) -> RunReport:
         "compile_seconds": result.trace.compile_seconds(),
         "threads": effective_threads(session.request.threads),
         "params": result.params.model_dump(mode="json") if result.params else None,
+        "specialized": workload.specialization,
     }
     binary = result.binary
     if binary is None or not hasattr(binary, "call"):

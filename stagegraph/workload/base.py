@@ -208,6 +208,12 @@ class Workload:
         )
 
     @property
+    def specialization(self) -> dict[str, list[int]]:
+        """Static shapes given at load time to arguments/results declared with dynamic sizes
+        (``{"argument 0": [4, 8]}``); empty for workloads built with static shapes."""
+        return {}
+
+    @property
     def complexity(self) -> Complexity:
         raise NotImplementedError
 

@@ -38,6 +38,8 @@ class _Summary:
     outputs: list[TensorSpec]
     flops: int
     reduction: int
+    arguments: dict[int, tuple[int, ...]]  # dynamic argument -> the static shape it got
+    results: dict[int, tuple[int, ...]]
 
 
 class MlirFileWorkload(Workload):
@@ -76,10 +78,29 @@ class MlirFileWorkload(Workload):
         return self.path.with_suffix(".npz")
 
     def payload(self, context: ir.Context | None = None) -> ir.Module:
-        """Parse the file into ``context`` (a fresh module each call)."""
+        """Parse the file into ``context`` (a fresh module each call), with dynamic sizes
+        specialized as the npz fixes them (see :attr:`specialization`)."""
         from stagegraph.mlir.bindings import new_context
+        from stagegraph.mlir.functions import entry_function
 
-        return _parse(self.path, self.text, context or new_context())
+        context = context or new_context()
+        module = _parse(self.path, self.text, context)
+        summary = self._summary
+        if summary.arguments or summary.results:
+            with context:
+                function = entry_function(module, summary.entry)
+                _apply_specialization(self.path, module, function, summary.arguments,
+                                      summary.results)  # fmt: skip
+        return module
+
+    @property
+    def specialization(self) -> dict[str, list[int]]:
+        """The static shapes given to dynamic arguments and results at load time."""
+        summary = self._summary
+        return {
+            **{f"argument {i}": list(s) for i, s in summary.arguments.items()},
+            **{f"result {i}": list(s) for i, s in summary.results.items()},
+        }
 
     def input_specs(self) -> list[TensorSpec]:
         return list(self._summary.inputs)
@@ -159,7 +180,8 @@ def _parse(path: Path, text: str, context: ir.Context) -> ir.Module:
 
 def _summarize(path: Path, text: str, entry: str | None) -> _Summary:
     """Signature, flops and longest reduction of the file's entry, from the same analysis
-    (and the same entry rule) the graphs' cost models use."""
+    (and the same entry rule) the graphs' cost models use; dynamic sizes specialized to the
+    arrays of the ``.npz`` beside the file when it has them."""
     from stagegraph.errors import UnsupportedPayloadError
     from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.mlir.functions import entry_function, function_name
@@ -173,6 +195,9 @@ def _summarize(path: Path, text: str, entry: str | None) -> _Summary:
         except UnsupportedPayloadError as exc:
             raise PayloadError(f"{path}: {exc} (add ':entry=NAME' to the workload spec)") from None
         name = function_name(function)
+        arguments, results = _specialization(path, function)
+        if arguments or results:
+            _apply_specialization(path, module, function, arguments, results)
         kind = ir.TypeAttr(function.attributes["function_type"]).value
         inputs = [_spec(path, name, i, t) for i, t in enumerate(kind.inputs)]
         outputs = [_spec(path, name, i, t, result=True) for i, t in enumerate(kind.results)]
@@ -180,7 +205,55 @@ def _summarize(path: Path, text: str, entry: str | None) -> _Summary:
             facts = analyze(module, name)
         except UnsupportedPayloadError as exc:
             raise PayloadError(f"{path}: {exc}") from None
-    return _Summary(name, inputs, outputs, facts.flops, facts.reduction_length)
+    return _Summary(name, inputs, outputs, facts.flops, facts.reduction_length, arguments, results)
+
+
+def _npz_shapes(path: Path) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:
+    """Shapes of the ``in*`` and the ``mut*`` + ``out*`` arrays of the npz beside ``path``."""
+    npz = path.with_suffix(".npz")
+    if not npz.is_file():
+        return [], []
+    with np.load(npz) as data:
+
+        def shapes(*prefixes: str) -> list[tuple[int, ...]]:
+            return [
+                tuple(data[f"{p}{i}"].shape)
+                for p in prefixes
+                for i in range(len(data.files))
+                if f"{p}{i}" in data.files
+            ]
+
+        return shapes("in"), shapes("mut", "out")
+
+
+def _specialization(path: Path, function: Any) -> tuple[dict[int, tuple], dict[int, tuple]]:
+    """Static shapes for the entry's dynamic arguments and results, from the npz (empty
+    when nothing is dynamic or no npz fixes the sizes; ``_spec`` then names the problem)."""
+    from stagegraph.mlir.bindings import ir
+
+    kind = ir.TypeAttr(function.attributes["function_type"]).value
+    dynamic = [
+        [i for i, t in enumerate(types) if isinstance(t, ir.RankedTensorType)
+         and not t.has_static_shape]
+        for types in (kind.inputs, kind.results)
+    ]  # fmt: skip
+    if not any(dynamic):
+        return {}, {}
+    ins, outs = _npz_shapes(path)
+    if len(ins) != len(kind.inputs) or len(outs) != len(kind.results):
+        return {}, {}
+    return {i: ins[i] for i in dynamic[0]}, {i: outs[i] for i in dynamic[1]}
+
+
+def _apply_specialization(
+    path: Path, module: Any, function: Any, arguments: dict, results: dict
+) -> None:
+    from stagegraph.mlir.specialize import specialize
+
+    try:
+        specialize(module, function, arguments, results)
+    except PayloadError as exc:
+        raise PayloadError(f"{path}: {path.with_suffix('.npz').name}: {exc}") from None
 
 
 def _spec(path: Path, function: str, index: int, kind: Any, result: bool = False) -> TensorSpec:
@@ -190,7 +263,8 @@ def _spec(path: Path, function: str, index: int, kind: Any, result: bool = False
     if isinstance(kind, ir.RankedTensorType | ir.MemRefType):
         if not kind.has_static_shape:
             raise PayloadError(
-                f"{path}: {what} has a dynamic shape ({kind}); workloads need static shapes"
+                f"{path}: {what} has a dynamic shape ({kind}); workloads need static shapes "
+                f"(or a {path.with_suffix('.npz').name} beside it whose arrays fix the sizes)"
             )
         return TensorSpec(shape=tuple(kind.shape), dtype=_dtype(path, what, kind.element_type))
     if isinstance(kind, ir.ShapedType):
