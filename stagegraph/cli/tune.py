@@ -140,7 +140,7 @@ def tune(**options: Any) -> None:
         click.echo("  constraints:")
         for name in info["constraints"]:
             click.echo(f"    {name}")
-        size = f"{info['size']}" if info["size_exact"] else f">= {info['size']} (z3 count capped)"
+        size = f"{info['size']}" if info["size_exact"] else f">= {info['size']} (z3 count stopped)"
         click.echo(f"  size: {size}; product of domains {info['product_of_domains']:.3g}")
         return
     report = run_tune(tune_options, progress=not as_json)

@@ -202,12 +202,16 @@ class SearchSpace:
         solver.add(*[variables[n] == int(v) for n, v in values.items() if n in variables])
         return solver.check() == z3.sat
 
-    def count(self, cap: int = 1000) -> tuple[int, bool]:
-        """Number of solutions, counted with z3 up to ``cap``; (count, exact)."""
+    def count(self, cap: int = 1000, seconds: float | None = None) -> tuple[int, bool]:
+        """Number of solutions, counted with z3 up to ``cap`` (and for at most ``seconds``);
+        (count, exact)."""
+        import time
+
+        deadline = time.monotonic() + seconds if seconds is not None else float("inf")
         seen = 0
         for _ in self.stream(0):
             seen += 1
-            if seen >= cap:
+            if seen >= cap or time.monotonic() > deadline:
                 return seen, False
         return seen, True
 
@@ -236,9 +240,10 @@ class SearchSpace:
             for f in TUNABLE_FIELDS
         }
 
-    def describe(self, cap: int = 1000) -> dict[str, Any]:
-        """What ``tune --explain`` prints: variables, domains, constraints and the size."""
-        count, exact = self.count(cap)
+    def describe(self, cap: int = 1000, seconds: float = 0.25) -> dict[str, Any]:
+        """What ``tune --explain`` prints: variables, domains, constraints and the size (z3
+        counts solutions for at most ``seconds``: an explanation answers at once)."""
+        count, exact = self.count(cap, seconds)
         return {
             "fields": {n: {"low": d.low, "high": d.high} for n, d in self.domains.items()},
             "fixed": {
