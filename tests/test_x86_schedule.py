@@ -684,3 +684,51 @@ def test_matvec_runs_as_a_vectorized_reduction(a_shape, b_shape, threads):
     text = _named("linalg.matmul", a_shape, b_shape, c_shape)
     names = _check(text, a_shape, b_shape, np.matmul, threads=threads, sites=0)
     assert "linalg.matmul" not in names and "vector.reduction" in names
+
+
+def _rnn_step(m: int, k: int, n: int) -> str:
+    """A recurrent step as PyTorch exports an RNN cell: x @ w1 + b1, tanh, then @ w2."""
+    t, row = f"tensor<{m}x{n}xf32>", "affine_map<(d0, d1) -> (d1)>"
+    ident = "affine_map<(d0, d1) -> (d0, d1)>"
+    both = '["parallel", "parallel"]'
+    return f"""
+func.func @main(%x: tensor<{m}x{k}xf32>, %w1: tensor<{k}x{n}xf32>, %b1: tensor<{n}xf32>,
+                %w2: tensor<{n}x{n}xf32>) -> ({t}, {t}) {{
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : {t}
+  %f = linalg.fill ins(%zero : f32) outs(%e : {t}) -> {t}
+  %m1 = linalg.matmul ins(%x, %w1 : tensor<{m}x{k}xf32>, tensor<{k}x{n}xf32>)
+                      outs(%f : {t}) -> {t}
+  %biased = linalg.generic {{indexing_maps = [{ident}, {row}, {ident}], iterator_types = {both}}}
+      ins(%m1, %b1 : {t}, tensor<{n}xf32>) outs(%e : {t}) {{
+    ^bb0(%a: f32, %b: f32, %o: f32):
+      %s = arith.addf %a, %b : f32
+      linalg.yield %s : f32
+  }} -> {t}
+  %h = linalg.generic {{indexing_maps = [{ident}, {ident}], iterator_types = {both}}}
+      ins(%biased : {t}) outs(%e : {t}) {{
+    ^bb0(%a: f32, %o: f32):
+      %r = math.tanh %a : f32
+      linalg.yield %r : f32
+  }} -> {t}
+  %m2 = linalg.matmul ins(%h, %w2 : {t}, tensor<{n}x{n}xf32>) outs(%f : {t}) -> {t}
+  return %h, %m2 : {t}, {t}
+}}
+"""
+
+
+@pytest.mark.parametrize(("m", "k", "n"), [(20, 24, 40), (128, 64, 256)])
+def test_two_layers_sharing_a_fill_with_a_returned_epilogue_and_partial_tiles(m, k, n):
+    """A recurrent step (as PyTorch exports an RNN cell): the first layer's epilogue result
+    is both returned and fed to the second matmul; partial row and column tiles are peeled."""
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.core.engine import Engine
+
+    rng = np.random.default_rng(5)
+    x, w1 = rng.standard_normal((m, k), np.float32), rng.standard_normal((k, n), np.float32)
+    b1, w2 = rng.standard_normal(n, np.float32), rng.standard_normal((n, n), np.float32)
+    result = Engine().run(load_graph("x86"), {"payload": _rnn_step(m, k, n)})
+    h, out = result.binary.call("main", [x, w1, b1, w2])
+    want_h = np.tanh(x.astype(np.float64) @ w1 + b1)
+    np.testing.assert_allclose(h, want_h, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, want_h @ w2, rtol=1e-4, atol=1e-3)

@@ -570,7 +570,7 @@ def _packed_kernel(
     columns = tiled.loops[1]
     if pieces:  # the column loop of the full rows
         columns = transform.GetParentOp(
-            _any(), _match(full, "linalg.unpack"), op_name="scf.for"
+            _any(), _match(full, "linalg.unpack"), op_name="scf.for", deduplicate=True
         ).result
     if _partial_tiles(site.n, p.tile_n, p.reg_n):
         peeled = loop.LoopPeelOp(_any(), _any(), columns)
