@@ -222,18 +222,10 @@ def _bench_in_process(
 def _isolated(
     request: Any, timeout: float, memory: float, bench: Any = None, splice_at: str | None = None
 ) -> Any:
-    import tempfile
+    from stagegraph.app.isolated import run_in_child
 
-    from stagegraph.app.isolate import Limits
-    from stagegraph.app.isolated import IsolatedRequest, run_isolated_report
-
-    in_child = request.model_copy(update={"compile_timeout_s": None, "run_timeout_s": None})
-    with tempfile.TemporaryDirectory(prefix="stagegraph-crumb-") as scratch:
-        isolated = IsolatedRequest(
-            session=in_child, breadcrumb=f"{scratch}/current", bench=bench, splice_at=splice_at
-        )
-        limits = Limits(timeout_s=timeout, memory_bytes=int(memory * 2**30))
-        return run_isolated_report(isolated, limits)
+    request = request.model_copy(update={"bench": bench, "splice_at": splice_at})
+    return run_in_child(request, timeout, memory)
 
 
 def tune(

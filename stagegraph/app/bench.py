@@ -13,11 +13,11 @@ import numpy as np
 from pydantic import Field
 
 from stagegraph.app.host import BlasInfo, HostInfo
-from stagegraph.app.run import effective_threads
 from stagegraph.core.engine import Engine, RunResult
 from stagegraph.core.graph import Graph
 from stagegraph.core.ports import Module, Schema
 from stagegraph.errors import StagegraphError
+from stagegraph.stages.target import effective_threads
 
 WRAPPER_STAGE = "bench"
 

@@ -27,8 +27,8 @@ from typing import Any
 import numpy as np
 
 from stagegraph.app.bench import BenchReport, timing_fields
-from stagegraph.app.run import effective_threads
 from stagegraph.errors import ConfigError, PeerUnavailableError, StagegraphError
+from stagegraph.stages.target import effective_threads
 
 INSTALL_HINT = "pip install 'stagegraph[peers]'"
 DATA_TILING = ("--iree-opt-data-tiling", "--iree-llvmcpu-enable-ukernels=all")

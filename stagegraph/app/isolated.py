@@ -6,19 +6,31 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from stagegraph.app.bench import BenchOptions
 from stagegraph.app.session import SessionRequest
 from stagegraph.core.ports import Schema
 
 
 class IsolatedRequest(Schema):
-    """What the child needs: the session, where to leave its breadcrumb, and (to benchmark
-    instead of run) the bench options with the splice tag."""
+    """What the child needs: the session (with bench options: benchmark instead of run) and
+    where to leave its breadcrumb."""
 
     session: SessionRequest
     breadcrumb: str
-    bench: BenchOptions | None = None
-    splice_at: str | None = None
+
+
+def run_in_child(request: SessionRequest, timeout_s: float, memory_gb: float) -> Any:
+    """The report of ``request`` run (or benchmarked, when it has bench options) in a child
+    process under these limits; the child has no watchdog of its own (the parent's limit
+    ends it)."""
+    import tempfile
+
+    from stagegraph.app.isolate import Limits
+
+    in_child = request.model_copy(update={"compile_timeout_s": None, "run_timeout_s": None})
+    with tempfile.TemporaryDirectory(prefix="stagegraph-crumb-") as scratch:
+        isolated = IsolatedRequest(session=in_child, breadcrumb=f"{scratch}/current")
+        limits = Limits(timeout_s=timeout_s, memory_bytes=int(memory_gb * 2**30))
+        return run_isolated_report(isolated, limits)
 
 
 def _isolated_child(request: IsolatedRequest) -> Any:
@@ -27,12 +39,13 @@ def _isolated_child(request: IsolatedRequest) -> Any:
     from stagegraph.instrument.repro import CrashBreadcrumb
 
     with Session(request.session, extra_hooks=[CrashBreadcrumb(request.breadcrumb)]) as session:
-        if request.bench is None:
+        bench = request.session.bench
+        if bench is None:
             return run_report(session)
         from stagegraph.app.bench import benchmark
 
-        return benchmark(session.engine, session.graph, session.workload, request.splice_at,
-                         request.bench, request.session.threads)  # fmt: skip
+        return benchmark(session.engine, session.graph, session.workload,
+                         request.session.splice_at, bench, request.session.threads)  # fmt: skip
 
 
 def run_isolated_report(request: IsolatedRequest, limits: Any) -> Any:

@@ -10,6 +10,7 @@ from pydantic import Field
 from stagegraph.core.engine import RunResult
 from stagegraph.core.ports import Schema
 from stagegraph.errors import ConfigError
+from stagegraph.stages.target import effective_threads
 
 if TYPE_CHECKING:
     from stagegraph.app.session import Session
@@ -38,15 +39,6 @@ class RunReport(Schema):
     params: dict[str, Any] | None = None
     emitted: str | None = None
     specialized: dict[str, list[int]] = Field(default_factory=dict)
-
-
-def effective_threads(threads: int | None) -> int:
-    """What ``--threads`` means when not given: all usable cores (as the cost models assume)."""
-    if threads is not None:
-        return threads
-    from stagegraph.stages.target import usable_cores
-
-    return usable_cores()
 
 
 def check_single_process(workload: Any) -> None:

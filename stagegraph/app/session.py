@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
+from stagegraph.app.bench import BenchOptions
 from stagegraph.core.engine import Engine, Hook, RunResult
 from stagegraph.core.graph import Graph
 from stagegraph.core.plugins import load_plugins, loaded_plugins
@@ -60,6 +61,8 @@ class SessionRequest(Schema):
     plugins: tuple[str, ...] = Field(default_factory=loaded_plugins)
     cache_dir: str | None = None
     trace_file: str | None = None
+    bench: BenchOptions | None = None
+    splice_at: str | None = None
 
 
 def parse_assignments(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:

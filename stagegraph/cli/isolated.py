@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import tempfile
 from typing import Any
 
 
@@ -14,13 +13,7 @@ def run_isolated(
     splice_at: str | None = None,
 ) -> Any:
     """The report of ``request`` run (or benchmarked, with ``bench``) in a limited child."""
-    from stagegraph.app.isolate import Limits
-    from stagegraph.app.isolated import IsolatedRequest, run_isolated_report
+    from stagegraph.app.isolated import run_in_child
 
-    in_child = request.model_copy(update={"compile_timeout_s": None, "run_timeout_s": None})
-    with tempfile.TemporaryDirectory(prefix="stagegraph-crumb-") as scratch:
-        isolated = IsolatedRequest(
-            session=in_child, breadcrumb=f"{scratch}/current", bench=bench, splice_at=splice_at
-        )
-        limits = Limits(timeout_s=timeout, memory_bytes=int(memory_gb * 2**30))
-        return run_isolated_report(isolated, limits)
+    request = request.model_copy(update={"bench": bench, "splice_at": splice_at})
+    return run_in_child(request, timeout, memory_gb)

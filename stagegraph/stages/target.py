@@ -172,6 +172,13 @@ def usable_cores(cgroup_cpu_max: Path = CGROUP_CPU_MAX) -> int:
     return max(1, cores)
 
 
+def effective_threads(threads: int | None) -> int:
+    """What ``--threads`` means when not given: all usable cores (as the cost models assume)."""
+    if threads is not None:
+        return threads
+    return usable_cores()
+
+
 def vector_bits_for(isa: frozenset[str]) -> int:
     """Widest SIMD register the feature set allows."""
     if "avx512f" in isa:
