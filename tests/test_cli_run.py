@@ -222,3 +222,16 @@ def test_x86_parallel_shared_library_links_the_openmp_runtime(capsys, tmp_path):
 def test_bf16_matmul_verifies_with_bf16_tolerance(capsys, graph):
     code, report = run_json(capsys, graph, "matmul:m=16,n=8,k=24,dtype=bf16")
     assert code == 0 and report["verified"] is True
+
+
+@pytest.mark.parametrize(
+    "blocking",
+    [["--param", "tile_k=64"], ["--param", "tile_k=64", "--param", "tile_m=12",
+                                "--param", "block_m=48"]],
+    ids=["k-blocks", "k-and-m-blocks"],
+)  # fmt: skip
+def test_bf16_widening_inside_k_and_m_block_loops(capsys, blocking):
+    """The widening copies follow the packs into the K-block (and M-block) loops."""
+    code, report = run_json(capsys, "x86", "matmul:m=48,n=32,k=128,dtype=bf16",
+                            "--threads", "1", *blocking)  # fmt: skip
+    assert code == 0 and report["verified"] is True, report

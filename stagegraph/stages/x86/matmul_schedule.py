@@ -517,12 +517,23 @@ def _packed_kernel(
         fused = structured.FuseIntoContainingOp(pack_a, kloop)
         pack_a, kloop = fused.fused_op, fused.new_containing_op
         pack_b = structured.FuseIntoContainingOp(pack_b, kloop).fused_op
+        # A widening copy follows its pack into the K-block loop (and below, into the pack
+        # step): fusion only reaches a producer used directly inside the container.
+        widenings = [
+            None if copy is None else structured.FuseIntoContainingOp(copy, kloop).fused_op
+            for copy in widenings
+        ]
     if p.block_rows > p.tile_m:
         # A block of several tile_m row blocks: B is packed once per K block for all of
         # them, A one tile_m x kc slice at a time (the slice the register tiles sweep).
         by_m = structured.TileUsingForOp(kernel, sizes=[p.tile_m // p.reg_m, 0, 0, 0, 0])
         kernel = by_m.tiled_linalg_op
         pack_a = structured.FuseIntoContainingOp(pack_a, by_m.loops[0]).fused_op
+        if widenings[0] is not None:
+            widenings = [
+                structured.FuseIntoContainingOp(widenings[0], by_m.loops[0]).fused_op,
+                widenings[1],
+            ]
     if tk or p.block_rows > p.tile_m:
         # Each K (and M) block packs into its own buffer (a slice of an empty tensor is an
         # empty tensor), so every block rewrites the same cache-resident lines.
@@ -551,7 +562,14 @@ def _packed_kernel(
          [p.reg_n, kp] if site.transpose_b else [kp, p.reg_n]),
         strict=True,
     ):  # fmt: skip
-        if copy is not None:
+        if copy is None:
+            continue
+        if tk or p.block_rows > p.tile_m:
+            # Inside the K (and M) block loops the copy widens its block's slice once, in
+            # vector steps, just before the packing reads it (still in cache).
+            step = structured.TileUsingForOp(copy, sizes=[1, _WIDEN_LANES]).tiled_linalg_op
+            steps.append((step, [1, _WIDEN_LANES]))
+        else:
             steps.append((structured.FuseIntoContainingOp(copy, tiled.loops[1]).fused_op, panel))
     # Unpack and the elementwise chain run together per register tile: one pass over C.
     chain = [unpack]
