@@ -33,28 +33,10 @@ Assignments = Mapping[str, Any] | Sequence[str] | None
 
 
 def _request(graph: str | Graph, workload: str, **options: Any) -> SessionRequest:
-    from stagegraph.app.session import Inspection, SessionRequest, parse_assignments
+    from stagegraph.app.session import request_from_options
 
-    return SessionRequest(
-        graph=graph.name if isinstance(graph, Graph) else str(graph),
-        workload=workload,
-        target=options.get("target"),
-        params=parse_assignments(options.get("param") or ()),
-        threads=options.get("threads"),
-        cost_model=options.get("cost_model"),
-        db=options.get("db"),
-        params_file=options.get("params_file"),
-        emit=options.get("emit") or "jit",
-        output=options.get("output"),
-        inspection=Inspection(
-            print_ir_after=tuple(options.get("print_ir_after") or ()),
-            verify_each=bool(options.get("verify_each")),
-            repro_dir=options.get("repro_dir"),
-            dump_ir=options.get("dump_ir"),
-        ),
-        compile_timeout_s=options.get("compile_timeout"),
-        run_timeout_s=options.get("run_timeout"),
-    )
+    name = graph.name if isinstance(graph, Graph) else str(graph)
+    return request_from_options(name, workload, options)
 
 
 def _by_name(graph: str | Graph, option: str) -> str:

@@ -213,3 +213,36 @@ def inspection_hooks(
     if inspection.dump_ir:
         hooks.append(DumpIR(inspection.dump_ir))
     return hooks
+
+
+def request_from_options(graph: str, workload: str, options: Mapping[str, Any]) -> SessionRequest:
+    """The request for options under the command line's names (``param``/``params`` as
+    ``KEY=VALUE`` strings or a mapping, ``print_ir_after``, ``cache``, ``trace``, ...): one
+    translation for the CLI and the Python API."""
+    import os
+
+    def absolute(path: str | None) -> str | None:  # children run in other directories
+        return os.path.abspath(path) if path else None
+
+    return SessionRequest(
+        graph=graph,
+        workload=workload,
+        target=options.get("target"),
+        params=parse_assignments(options.get("params") or options.get("param") or ()),
+        threads=options.get("threads"),
+        cost_model=options.get("cost_model"),
+        db=options.get("db"),
+        params_file=options.get("params_file"),
+        emit=options.get("emit") or "jit",
+        output=options.get("output"),
+        inspection=Inspection(
+            print_ir_after=tuple(options.get("print_ir_after") or ()),
+            verify_each=bool(options.get("verify_each")),
+            repro_dir=options.get("repro_dir"),
+            dump_ir=options.get("dump_ir"),
+        ),
+        compile_timeout_s=options.get("compile_timeout"),
+        run_timeout_s=options.get("run_timeout"),
+        cache_dir=absolute(options.get("cache")),
+        trace_file=absolute(options.get("trace")),
+    )

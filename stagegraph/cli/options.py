@@ -116,30 +116,9 @@ def parse_assignments(items: Sequence[str]) -> dict[str, Any]:
 
 def session_request(options: dict[str, Any]) -> Any:
     """The :class:`SessionRequest` for a command's keyword arguments (the click values)."""
-    from stagegraph.app.session import Inspection, SessionRequest
+    from stagegraph.app.session import request_from_options
 
-    return SessionRequest(
-        graph=options["graph"],
-        workload=options["workload"],
-        target=options.get("target"),
-        params=parse_assignments(options.get("params") or ()),
-        threads=options.get("threads"),
-        cost_model=options.get("cost_model"),
-        db=options.get("db"),
-        params_file=options.get("params_file"),
-        emit=options.get("emit") or "jit",
-        output=options.get("output"),
-        inspection=Inspection(
-            print_ir_after=tuple(options.get("print_ir_after") or ()),
-            verify_each=bool(options.get("verify_each")),
-            repro_dir=options.get("repro_dir"),
-            dump_ir=options.get("dump_ir"),
-        ),
-        compile_timeout_s=options.get("compile_timeout"),
-        run_timeout_s=options.get("run_timeout"),
-        cache_dir=_absolute(options.get("cache")),
-        trace_file=_absolute(options.get("trace")),
-    )
+    return request_from_options(options["graph"], options["workload"], options)
 
 
 def progress_hooks(as_json: bool) -> list:
