@@ -248,3 +248,13 @@ def test_unreachable_cluster_exit_2_db_intact(tmp_path, capsys):
     assert hashlib.sha256(db.read_bytes()).hexdigest() == digest
     assert main(["tune", "x86", SMALL, "--cluster", "bogus", "--db", str(db)]) == 2
     assert os.path.getsize(db) > 0
+
+
+@pytest.mark.parametrize("workload", ["matmul:m=128,n=128,k=128", "matmul:m=37,n=45,k=19",
+                                      "mlp:batch=8,widths=40-24-16"])  # fmt: skip
+def test_the_heuristic_baseline_lies_in_its_own_space(workload):
+    """The cost model's choice must satisfy the constraints the tuner searches under."""
+    from stagegraph.tune.runner import Problem, TuneOptions
+
+    problem = Problem(TuneOptions(session=SessionRequest(graph="x86", workload=workload)))
+    assert problem.space.contains(problem.space.values_of(problem.base))
