@@ -258,3 +258,14 @@ def test_the_heuristic_baseline_lies_in_its_own_space(workload):
 
     problem = Problem(TuneOptions(session=SessionRequest(graph="x86", workload=workload)))
     assert problem.space.contains(problem.space.values_of(problem.base))
+
+
+def test_run_limit_follows_the_baseline_not_a_fixed_timeout():
+    """A candidate is cut at ~10x the baseline's time for the same calls (plus a floor),
+    never later than --run-timeout."""
+    from stagegraph.tune.worker import RUN_LIMIT_FLOOR_S, run_limit
+
+    fast = run_limit(1e-4, samples=20, cap_s=60.0)
+    assert RUN_LIMIT_FLOOR_S < fast < RUN_LIMIT_FLOOR_S + 0.1
+    assert run_limit(1e-2, samples=20, cap_s=60.0) == pytest.approx(2.0 + 10 * 1e-2 * 46)
+    assert run_limit(1.0, samples=20, cap_s=60.0) == 60.0

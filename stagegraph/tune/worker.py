@@ -88,6 +88,21 @@ def _alarm(seconds: float) -> None:
     signal.alarm(max(1, math.ceil(seconds)) if seconds else 0)
 
 
+#: A candidate's run phase may take this many times what the baseline's would (plus a floor
+#: for process noise) before it is cut: a candidate that slow loses anyway, and a hang is
+#: found in seconds, not at the fixed --run-timeout.
+RUN_LIMIT_FACTOR = 10.0
+RUN_LIMIT_FLOOR_S = 2.0
+
+
+def run_limit(baseline_call_s: float, samples: int, cap_s: float) -> float:
+    """Seconds a candidate's run phase may take: :data:`RUN_LIMIT_FACTOR` times the
+    baseline's time for the same calls (warm-up and the interleaved samples of both
+    variants), plus :data:`RUN_LIMIT_FLOOR_S`, never more than ``cap_s``."""
+    calls = 2 * (samples + 3)
+    return min(cap_s, RUN_LIMIT_FLOOR_S + RUN_LIMIT_FACTOR * baseline_call_s * calls)
+
+
 def _interleaved(base: Any, cand: Any, samples: int) -> tuple[list[float], list[float]]:
     """Alternate chunks of baseline and candidate so machine noise hits both alike."""
     import numpy as np
@@ -135,8 +150,15 @@ def run_batch(task: BatchTask, work: str) -> int:
         from stagegraph.errors import BaselineError
 
         raise BaselineError(f"the baseline does not verify: {base.verdict.message}")
+    import numpy as np
+
+    _mark(out, "baseline", "run")
+    _alarm(task.run_timeout_s)
+    limit = run_limit(float(np.median(base.measure(3, warmup=1))), task.samples,
+                      task.run_timeout_s)  # fmt: skip
+    _alarm(0)
     for params in task.candidates:
-        result = _evaluate(task, out, params, base, compile_params)
+        result = _evaluate(task, out, params, base, compile_params, limit)
         with (out / "results.jsonl").open("a") as handle:
             handle.write(result.model_dump_json() + "\n")
         if db is not None:
@@ -189,7 +211,9 @@ class CandidateInspection:
         return None
 
 
-def _evaluate(task: BatchTask, out: Path, params: dict, base: Any, compile_params: Any) -> Any:
+def _evaluate(
+    task: BatchTask, out: Path, params: dict, base: Any, compile_params: Any, run_s: float
+) -> Any:
     from stagegraph.errors import StageFailed
 
     phash = task.hash_of(params)
@@ -209,7 +233,7 @@ def _evaluate(task: BatchTask, out: Path, params: dict, base: Any, compile_param
                 status="failed", reason="wrong result", detail=message, **common, **timing
             )
         _mark(out, phash, "run")
-        _alarm(task.run_timeout_s)
+        _alarm(run_s)
         if fault:
             _inject(fault)
         base_samples, samples = _interleaved(base, measurement, task.samples)
