@@ -219,11 +219,6 @@ def request_from_options(graph: str, workload: str, options: Mapping[str, Any]) 
     """The request for options under the command line's names (``param``/``params`` as
     ``KEY=VALUE`` strings or a mapping, ``print_ir_after``, ``cache``, ``trace``, ...): one
     translation for the CLI and the Python API."""
-    import os
-
-    def absolute(path: str | None) -> str | None:  # children run in other directories
-        return os.path.abspath(path) if path else None
-
     return SessionRequest(
         graph=graph,
         workload=workload,
@@ -243,6 +238,13 @@ def request_from_options(graph: str, workload: str, options: Mapping[str, Any]) 
         ),
         compile_timeout_s=options.get("compile_timeout"),
         run_timeout_s=options.get("run_timeout"),
-        cache_dir=absolute(options.get("cache")),
-        trace_file=absolute(options.get("trace")),
+        cache_dir=absolute_path(options.get("cache")),
+        trace_file=absolute_path(options.get("trace")),
     )
+
+
+def absolute_path(path: str | None) -> str | None:
+    """An absolute path, so child processes (other working directories) agree on it."""
+    import os
+
+    return os.path.abspath(path) if path else None

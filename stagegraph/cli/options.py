@@ -82,9 +82,10 @@ def cache_trace_options(command: Callable) -> Callable:
 
     @functools.wraps(command)
     def traced(**options: Any) -> Any:
+        from stagegraph.app.session import absolute_path
         from stagegraph.instrument.trace_events import collecting
 
-        with collecting(_absolute(options.get("trace"))):
+        with collecting(absolute_path(options.get("trace"))):
             return command(**options)
 
     return _apply(traced, [
@@ -130,13 +131,6 @@ def progress_hooks(as_json: bool) -> list:
     from stagegraph.instrument.progress import Progress
 
     return [Progress(sys.stderr)]
-
-
-def _absolute(path: str | None) -> str | None:
-    """An absolute path, so child processes (other working directories) agree on it."""
-    import os
-
-    return os.path.abspath(path) if path else None
 
 
 def print_ir(text: str) -> None:
