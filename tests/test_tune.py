@@ -89,21 +89,21 @@ def test_space_streams_distinct_valid_solutions(problem):
 
 
 def test_empty_space_names_conflicts(problem):
-    from stagegraph.stages.x86.space import build_space
+    from stagegraph.core.search_space import build_space
 
     # 12 lanes is a multiple of no vector width from AVX2 (8 f32 lanes) up: any host.
-    space = build_space(problem.facts, problem.target, problem.base, {"reg_n": 12})
+    space = build_space(problem.base, problem.facts, problem.target, {"reg_n": 12})
     with pytest.raises(EmptySearchSpaceError) as info:
         space.require_nonempty()
-    assert "fixed mm0.reg_n=12" in info.value.conflicts
-    assert "mm0.reg_n_multiple_of_vector_width" in info.value.conflicts
+    assert "fixed matmul0.reg_n=12" in info.value.conflicts
+    assert "matmul0.reg_n_multiple_of_vector_width" in info.value.conflicts
 
 
 def test_explain_prints_space_without_measuring(tmp_path, capsys):
     db = tmp_path / "x.db"
     code, info = _cli_json(["tune", "x86", SMALL, "--explain", "--json", "--db", str(db)], capsys)
     assert code == 0 and not db.exists()
-    assert "mm0.tile_m" in info["fields"] and "mm0.register_budget" in info["constraints"]
+    assert "matmul0.tile_m" in info["fields"] and "matmul0.register_budget" in info["constraints"]
     assert info["size"] > 0
 
 
@@ -235,7 +235,7 @@ def test_tune_on_local_dask_cluster(tmp_path, capsys):
 def test_empty_space_cli_exit_2(tmp_path, capsys):
     code = main(["tune", "x86", SMALL, "--fix", "reg_n=12", "--db", str(tmp_path / "e.db")])
     err = capsys.readouterr().err
-    assert code == 2 and "reg_n_multiple_of_vector_width" in err and "fixed mm0.reg_n=12" in err
+    assert code == 2 and "reg_n_multiple_of_vector_width" in err and "fixed matmul0.reg_n=12" in err
 
 
 def test_unreachable_cluster_exit_2_db_intact(tmp_path, capsys):

@@ -119,6 +119,7 @@ class Session:
         run_budget_s: added to the run time limit (a benchmark's sampling budget).
         graph: the graph to use instead of loading ``request.graph`` by name (library use:
             a graph composed in Python; it cannot cross to another process).
+        cache: memoize stage results (off for one-shot runs: keys hash the stages' code).
 
     Raises:
         UnknownGraphError, UnknownWorkloadError, UnknownTargetError, ConfigError: from
@@ -133,6 +134,7 @@ class Session:
         extra_hooks: Sequence[Hook] = (),
         run_budget_s: float = 0.0,
         graph: Graph | None = None,
+        cache: bool = True,
     ) -> None:
         from stagegraph.core.catalog import load_graph
 
@@ -156,7 +158,7 @@ class Session:
             from stagegraph.instrument.trace_events import TraceEvents
 
             self.hooks.append(TraceEvents(request.trace_file))
-        self.engine = Engine(self.hooks, cache_dir=request.cache_dir)
+        self.engine = Engine(self.hooks, cache=cache, cache_dir=request.cache_dir)
 
     def compile(self, until: str | None = None) -> RunResult:
         """Run the graph's stages for the workload (up to the tag ``until``)."""

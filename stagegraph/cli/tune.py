@@ -48,6 +48,7 @@ from stagegraph.cli.output import emit_json
     show_default=True,
 )
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
 @click.option(
     "--cost-model",
     "cost_model",
@@ -58,6 +59,11 @@ from stagegraph.cli.output import emit_json
 )
 @click.option(
     "--fix", "fixes", multiple=True, metavar="FIELD=VALUE", help="Pin a tunable field in the space."
+)
+@click.option(
+    "--per-op",
+    is_flag=True,
+    help="Give every distinct non-matmul op its own params (default: one set shared by all).",
 )
 @click.option("--batch-size", type=click.IntRange(min=1), help="Candidates per isolated child.")
 @click.option("--samples", type=click.IntRange(min=4), default=20, show_default=True)
@@ -120,6 +126,7 @@ def tune(**options: Any) -> None:
         strategy=options["strategy"],
         seed=options["seed"],
         fixes=parse_assignments(options["fixes"]),
+        per_op=options["per_op"],
         batch_size=options["batch_size"],
         samples=options["samples"],
         compile_timeout_s=options["compile_timeout"],
@@ -134,8 +141,13 @@ def tune(**options: Any) -> None:
             emit_json(info)
             return
         click.echo(f"search space of {graph} on {info['workload']}:")
+        for site, kinds in info["sites"].items():
+            click.echo(f"  site {site}: ops {', '.join(kinds) or 'none'}")
+        width = max(map(len, info["fields"]), default=16)
         for name, dom in info["fields"].items():
-            click.echo(f"  {name:<16} {dom['low']}..{dom['high']}")
+            values = ("{" + ",".join(map(str, dom["choices"])) + "}" if "choices" in dom
+                      else f"{dom['low']}..{dom['high']}")  # fmt: skip
+            click.echo(f"  {name:<{width}} {values}")
         click.echo("  fixed: " + ", ".join(f"{k}={v}" for k, v in info["fixed"].items()))
         click.echo("  constraints:")
         for name in info["constraints"]:

@@ -286,17 +286,19 @@ class Engine:
         event = StageEvent(graph, stage, inputs)
         for hook in self.hooks:
             hook.before_stage(event)
-        key_data = (
-            self.versions
-            + stage.spec_hash()
-            + "".join(f"|{p}={h}" for p, h in sorted(input_hashes.items()))
-        )
-        key = hashlib.sha256(key_data.encode()).hexdigest()
+        cacheable = self.cache_enabled and stage.factory.cacheable
+        key = ""
+        if cacheable:  # hashing the stage's code costs ~0.2 s: only for a cache
+            key_data = (
+                self.versions
+                + stage.spec_hash()
+                + "".join(f"|{p}={h}" for p, h in sorted(input_hashes.items()))
+            )
+            key = hashlib.sha256(key_data.encode()).hexdigest()
         module_in = next((v for v in inputs.values() if isinstance(v, Module)), None)
         ops_in = _ops(module_in)
         level_in = module_in.level if module_in else None
         start = time.perf_counter()
-        cacheable = self.cache_enabled and stage.factory.cacheable
         # A stage without inputs reads its environment (the target stage reads the host):
         # valid for this process, not for the next run or another machine sharing the folder.
         # Emit and benchmark-wrapper stages always run (Binary outputs; cheap harnesses).

@@ -13,7 +13,13 @@ from pydantic import Field
 
 from stagegraph.app.session import Inspection, SessionRequest
 from stagegraph.core.ports import Schema
-from stagegraph.stages.common.tuning_db import CandidateResult, TuneDB, TuneKey, best_result
+from stagegraph.stages.common.tuning_db import (
+    CandidateResult,
+    TuneDB,
+    TuneKey,
+    best_result,
+    target_key,
+)
 
 DEFAULT_DB = "stagegraph-tune.db"
 
@@ -30,6 +36,7 @@ class TuneOptions(Schema):
     strategy: str = "random"
     seed: int = 0
     fixes: dict[str, Any] = Field(default_factory=dict)
+    per_op: bool = False
     batch_size: int | None = Field(None, ge=1)
     compile_timeout_s: float = Field(60.0, gt=0)
     run_timeout_s: float = Field(60.0, gt=0)
@@ -88,26 +95,27 @@ class Problem:
         from stagegraph.app.session import Session
         from stagegraph.stages.analysis import PayloadFacts
         from stagegraph.stages.target import Target
-        from stagegraph.stages.x86.costmodels import target_hash
-        from stagegraph.stages.x86.space import build_space
+        from stagegraph.core.search_space import build_space
 
         request = options.session
         if request.cost_model is None:
             request = request.model_copy(update={"cost_model": "heuristic"})
-        session = Session(request.model_copy(update={"inspection": Inspection()}))
+        session = Session(request.model_copy(update={"inspection": Inspection()}), cache=False)
         self.request = request
         self.graph, self.workload = session.graph, session.workload
         select, port = params_port(self.graph)
         result = session.compile(until=select.name)
         edges = self.graph.in_edges(select.name)
         inputs = {e.dst_port: result.value(e.src, e.src_port) for e in edges}
-        self.facts = next(v for v in inputs.values() if isinstance(v, PayloadFacts))
-        self.target = next(v for v in inputs.values() if isinstance(v, Target))
+        self.facts = next((v for v in inputs.values() if isinstance(v, PayloadFacts)), None)
+        self.target = next((v for v in inputs.values() if isinstance(v, Target)), None)
         self.base = result.value(select.name, port.name)
         self.params_model = f"{port.type.__module__}:{port.type.__qualname__}"
-        self.space = build_space(self.facts, self.target, self.base, options.fixes)
+        self.space = build_space(
+            self.base, self.facts, self.target, options.fixes, per_op=options.per_op
+        )
         self.key = TuneKey(
-            workload=self.workload.spec, graph=request.graph, target=target_hash(self.target)
+            workload=self.workload.spec, graph=request.graph, target=target_key(self.target)
         )
 
 

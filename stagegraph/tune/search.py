@@ -2,25 +2,34 @@
 
 * ``random``: the space's seeded solution stream, in order (deterministic per seed, so a
   resumed run proposes the same candidates and finds them in the DB);
-* ``model``: a pool from the stream ranked by the analytical (roofline) estimate, best first;
-* ``evolve``: mutations of the fastest measured candidates (one field at a time, kept only
-  when the solver says they are in the space), topped up from the stream.
+* ``model``: a learned ranking, as TVM's MetaSchedule and Ansor do: a pool of solutions is
+  ranked by a regression of the measured log-speedups on the candidates' values (refit
+  after every batch of measurements; failures count as very slow), and most of each batch
+  is the pool's predicted best, the rest random to keep exploring;
+* ``evolve``: mutations of the fastest measured candidates (one variable at a time, kept
+  only when the solver says they are in the space), topped up from the stream.
+
+Strategies see only the space's variables and domains: they work for any params model.
 """
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Iterator
 from itertools import islice
+from typing import Any
 
+import numpy as np
+
+from stagegraph.core.search_space import SearchSpace
+from stagegraph.core.tunable import Choice
 from stagegraph.stages.common.tuning_db import CandidateResult
-from stagegraph.stages.x86.space import SearchSpace
-from stagegraph.stages.x86.stages import X86Params
 
 STRATEGIES = ("random", "model", "evolve")
 
 
-def _params_stream(space: SearchSpace, seed: int) -> Iterator[X86Params]:
+def _params_stream(space: SearchSpace, seed: int) -> Iterator[Any]:
     for values in space.stream(seed):
         try:
             yield space.to_params(values)
@@ -35,14 +44,14 @@ class Strategy:
         self.space, self.seed, self.budget = space, seed, budget
         self.stream = _params_stream(space, seed)
 
-    def propose(
-        self, n: int, seen: set[str], history: dict[str, CandidateResult]
-    ) -> list[X86Params]:
+    def propose(self, n: int, seen: set[str], history: dict[str, CandidateResult]) -> list[Any]:
         return _take(self.stream, n, seen)
 
 
-def _take(source: Iterator[X86Params], n: int, seen: set[str]) -> list[X86Params]:
-    out: list[X86Params] = []
+def _take(source: Iterator[Any], n: int, seen: set[str]) -> list[Any]:
+    out: list[Any] = []
+    if n <= 0:
+        return out
     for params in source:
         h = params.content_hash()[:16]
         if h in seen:
@@ -54,24 +63,98 @@ def _take(source: Iterator[X86Params], n: int, seen: set[str]) -> list[X86Params
     return out
 
 
+def log_speedup(result: CandidateResult) -> float | None:
+    """log(baseline median / candidate median) of a measured candidate (None if failed)."""
+    if result.status != "ok" or not result.samples or not result.baseline_samples:
+        return None
+    return math.log(float(np.median(result.baseline_samples)) / float(np.median(result.samples)))
+
+
+class LearnedRanking:
+    """Ridge regression of log-speedup on features of a candidate's values.
+
+    Features per variable: its value scaled to its domain, the log of it, and (for a
+    choice) a one-hot of its position, plus pairwise products of the scaled values of the
+    same site (tiles interact). Refit from scratch on every call: histories are small.
+    """
+
+    def __init__(self, space: SearchSpace, alpha: float = 1.0) -> None:
+        self.space, self.alpha = space, alpha
+        self.names = list(space.variables)
+        self.weights: np.ndarray | None = None
+
+    def features(self, values: dict[str, int]) -> np.ndarray:
+        scaled, extra = [], []
+        for name in self.names:
+            dom = self.space.variables[name].domain
+            value = values.get(name, 0)
+            if isinstance(dom, Choice):
+                low, high = (dom.values[0], dom.values[-1]) if dom.values else (0, 1)
+                extra += [1.0 if value == v else 0.0 for v in dom.values]
+            else:
+                low, high = dom.low, dom.high
+            scaled.append((value - low) / max(1, high - low))
+            extra.append(math.log2(1 + max(0, value)))
+        pairs = [a * b for i, a in enumerate(scaled) for b in scaled[i + 1 :]]
+        return np.array([1.0, *scaled, *extra, *pairs])
+
+    def fit(self, rows: list[tuple[dict[str, int], float]]) -> bool:
+        if len(rows) < 3:
+            self.weights = None
+            return False
+        x = np.stack([self.features(v) for v, _ in rows])
+        y = np.array([s for _, s in rows])
+        ridge = self.alpha * np.eye(x.shape[1])
+        ridge[0, 0] = 0.0  # no penalty on the intercept
+        self.weights = np.linalg.solve(x.T @ x + ridge, x.T @ y)
+        return True
+
+    def predict(self, values: dict[str, int]) -> float:
+        return 0.0 if self.weights is None else float(self.features(values) @ self.weights)
+
+
 class ModelStrategy(Strategy):
-    """Rank a pool of solutions with the roofline estimate; measure the most promising."""
+    """Measure what the learned ranking predicts fastest; explore with the rest."""
+
+    #: Share of each batch drawn at random (exploration), once the ranking has data.
+    EXPLORE = 0.25
 
     def __init__(self, space: SearchSpace, seed: int = 0, budget: int = 0) -> None:
         super().__init__(space, seed, budget)
-        from stagegraph.stages.x86.roofline import estimate_seconds
+        self.rng = random.Random(seed)
+        self.ranking = LearnedRanking(space)
+        self.pool: list[Any] = list(islice(self.stream, max(64, 8 * budget)))
 
-        def cost(p: X86Params) -> float:
-            return sum(
-                estimate_seconds(mm, s.m, s.n, s.k, s.elem, space.target)
-                for mm, s in zip(p.matmul, space.sites, strict=True)
-            )
-
-        pool = list(islice(self.stream, max(64, 8 * budget)))
-        self.ranked = iter(sorted(pool, key=cost))
+    def _training_rows(self, history: dict[str, CandidateResult]) -> list[tuple[dict, float]]:
+        rows, failed = [], []
+        for result in history.values():
+            try:
+                values = self.space.values_of(type(self.space.base).model_validate(result.params))
+            except ValueError:
+                continue
+            gain = log_speedup(result)
+            (rows if gain is not None else failed).append((values, gain))
+        if rows:
+            worst = min(g for _, g in rows) - math.log(2.0)  # a failure: worse than any
+            rows += [(v, worst) for v, _ in failed]
+        return rows
 
     def propose(self, n, seen, history):  # type: ignore[override]
-        return _take(self.ranked, n, seen) or _take(self.stream, n, seen)
+        trained = self.ranking.fit(self._training_rows(history))
+        fresh = [p for p in self.pool if p.content_hash()[:16] not in seen]
+        if not trained:
+            picked = _take(iter(fresh), n, seen)
+        else:
+            explore = max(1, round(n * self.EXPLORE)) if n > 1 else 0
+            ranked = sorted(fresh, key=lambda p: -self.ranking.predict(self.space.values_of(p)))
+            picked = _take(iter(ranked), n - explore, seen)
+            rest = [p for p in fresh if p.content_hash()[:16] not in seen]
+            self.rng.shuffle(rest)
+            picked += _take(iter(rest), n - len(picked), seen)
+        chosen = {p.content_hash()[:16] for p in picked}
+        self.pool = [p for p in self.pool if p.content_hash()[:16] not in chosen]
+        self.pool += list(islice(self.stream, len(picked)))  # keep the pool full
+        return picked + _take(self.stream, n - len(picked), seen)
 
 
 class EvolveStrategy(Strategy):
@@ -86,24 +169,33 @@ class EvolveStrategy(Strategy):
             (r for r in history.values() if r.status == "ok" and r.median_s),
             key=lambda r: r.median_s,
         )
-        parents = [X86Params.model_validate(r.params) for r in ok[:3]]
+        model = type(self.space.base)
+        parents = [model.model_validate(r.params) for r in ok[:3]]
         out = _take(self._mutants(parents), n, seen) if parents else []
         return out + _take(self.stream, n - len(out), seen) if len(out) < n else out
 
-    def _mutants(self, parents: list[X86Params]) -> Iterator[X86Params]:
+    def _mutants(self, parents: list[Any]) -> Iterator[Any]:
         for _ in range(40 * len(parents)):
             parent = self.rng.choice(parents)
             values = self.space.values_of(parent)
             name = self.rng.choice(list(values))
-            dom = self.space.domains[name]
-            step = self.rng.choice([0.5, 2.0, -1, 1])
-            new = int(values[name] * step) if step in (0.5, 2.0) else values[name] + int(step)
-            values[name] = min(dom.high, max(dom.low, new))
+            values[name] = self._neighbour(name, values[name])
             if self.space.contains(values):
                 try:
                     yield self.space.to_params(values)
                 except ValueError:
                     continue
+
+    def _neighbour(self, name: str, value: int) -> int:
+        dom = self.space.variables[name].domain
+        if isinstance(dom, Choice):
+            if not dom.values:
+                return value
+            i = min(range(len(dom.values)), key=lambda j: abs(dom.values[j] - value))
+            return dom.values[max(0, min(len(dom.values) - 1, i + self.rng.choice([-1, 1])))]
+        step = self.rng.choice([0.5, 2.0, -1, 1])
+        new = int(value * step) if step in (0.5, 2.0) else value + int(step)
+        return min(dom.high, max(dom.low, new))
 
 
 def make_strategy(name: str, space: SearchSpace, seed: int, budget: int) -> Strategy:

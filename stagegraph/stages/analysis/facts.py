@@ -108,6 +108,16 @@ class OpFacts(Facts):
     contraction: ContractionFacts | None = None
     convolution: ConvolutionFacts | None = None
 
+    def signature(self) -> str:
+        """What the op is, independent of the payload it sits in: kind, op name, loop
+        ranges and element types (``convolution linalg.conv_2d_nchw_fchw 1x8x30x30x3x3x3
+        f32,f32->f32``). Tuned params are stored and found by it, so the same layer in
+        another payload gets them."""
+        ranges = "x".join(map(str, self.loop_ranges)) or "scalar"
+        ins = ",".join(v.dtype for v in self.inputs)
+        outs = ",".join(v.dtype for v in self.outputs)
+        return f"{self.op_class} {self.name} {ranges} {ins}->{outs}"
+
 
 class LayerFacts(Facts):
     """A matmul-like op and the chain of elementwise consumers that could be fused into it."""

@@ -39,6 +39,21 @@ CREATE TABLE IF NOT EXISTS candidates (
 """
 
 
+def target_key(target: Any) -> str:
+    """The part of a tuning DB key that names the machine, stable across processes: the
+    target's fields with sets sorted (a frozenset dumps in hash-randomized order) and
+    without the frequency, which /proc/cpuinfo reports as the current (fluctuating) clock
+    on many hosts. ``"any"`` for a graph without a target stage."""
+    import hashlib
+
+    if target is None:
+        return "any"
+    fields = target.model_dump(mode="json", exclude={"frequency_ghz"})
+    fields = {k: sorted(v) if isinstance(v, list) else v for k, v in fields.items()}
+    data = json.dumps(fields, sort_keys=True)
+    return hashlib.sha256(data.encode()).hexdigest()[:16]
+
+
 class TuneKey(Schema):
     """What a measurement is valid for."""
 

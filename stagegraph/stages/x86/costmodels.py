@@ -36,18 +36,6 @@ def _heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> 
     return heuristic.fn(facts, target, CostModelConfig(threads=config.threads))
 
 
-def target_hash(target: Target) -> str:
-    """The part of a tuning DB key that names the machine, stable across processes: the ISA
-    set sorted (a frozenset dumps in hash-randomized order) and without the frequency, which
-    /proc/cpuinfo reports as the current (fluctuating) clock on many hosts."""
-    import hashlib
-
-    fields = target.model_dump(mode="json", exclude={"frequency_ghz"})
-    fields["isa"] = sorted(fields["isa"])
-    data = json.dumps(fields, sort_keys=True)
-    return hashlib.sha256(data.encode()).hexdigest()[:16]
-
-
 class AnalyticalConfig(CostModelConfig):
     """How many candidates of the space to rank (streamed lazily, seeded)."""
 
@@ -61,19 +49,21 @@ def analytical(facts: PayloadFacts, target: Target, config: AnalyticalConfig) ->
     estimated time (roofline + cache traffic) and keep the best, without running any."""
     from itertools import islice
 
+    from stagegraph.core.search_space import build_space
+    from stagegraph.stages.x86.matmul_params import MatmulParams, matmul_shape
     from stagegraph.stages.x86.roofline import estimate_seconds
-    from stagegraph.stages.x86.space import build_space, sites_of
+    from stagegraph.stages.x86.stages import matmul_ops
 
     base = _heuristic(facts, target, config)
     if not base.matmul:
         return apply_overrides(base, config.overrides)
-    space = build_space(facts, target, base)
-    sites = sites_of(facts)
+    space = build_space(base, facts, target, only=lambda site: site.model is MatmulParams)
+    shapes = [matmul_shape(op) for op in matmul_ops(facts)]
 
     def cost(params: X86Params) -> float:
         return sum(
-            estimate_seconds(p, s.m, s.n, s.k, s.elem, target)
-            for p, s in zip(params.matmul, sites, strict=True)
+            estimate_seconds(p, *shape, target)
+            for p, shape in zip(params.matmul, shapes, strict=True)
         )
 
     best, best_cost = base, cost(base)
@@ -105,11 +95,11 @@ def lookup_tuned(config: TunedConfig, target: Target) -> tuple[X86Params | None,
         return None, "no --db given"
     if not Path(config.db).exists():
         return None, f"tuning database {config.db} does not exist"
-    from stagegraph.stages.common.tuning_db import TuneDB, TuneKey, best_result
+    from stagegraph.stages.common.tuning_db import TuneDB, TuneKey, best_result, target_key
 
     db = TuneDB(config.db)
     try:
-        key = TuneKey(workload=config.workload, graph=config.graph, target=target_hash(target))
+        key = TuneKey(workload=config.workload, graph=config.graph, target=target_key(target))
         found = best_result(db.results(key))
     finally:
         db.close()

@@ -16,6 +16,7 @@ import math
 from pydantic import Field
 
 from stagegraph.core.ports import Params
+from stagegraph.core.tunable import Choice, declare_space
 from stagegraph.dtypes import byte_size
 from stagegraph.stages.analysis import OpFacts, PayloadFacts
 from stagegraph.stages.target import Target
@@ -157,3 +158,63 @@ def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int],
 def tile_volume(sizes: list[int], ranges: tuple[int, ...]) -> int:
     """Elements of one tile (0 = the whole range)."""
     return math.prod(s if s else r for s, r in zip(sizes, ranges, strict=True))
+
+
+# -- search spaces (read by the tuner through stagegraph.core.tunable) -----------------------
+
+
+def _op_lanes(op: OpFacts, target: Target) -> int:
+    """Vector lanes of the op's widest element type on ``target``."""
+    elem = max((byte_size(v.dtype, default=0) for v in op.inputs + op.outputs), default=0) or 4
+    return max(1, target.vector_bits // (8 * elem))
+
+
+def _multiples_of_lanes(*factors: int) -> object:
+    return lambda op, target: Choice(tuple(f * _op_lanes(op, target) for f in factors))
+
+
+def _reduction_rules(p: object, op: object, target: Target, logic: object) -> dict[str, object]:
+    return {"reduction_rows_within_chunk": p.reduction_rows <= p.reduction_chunk}
+
+
+def _convolution_rules(p: object, op: object, target: Target, logic: object) -> dict[str, object]:
+    """An output tile's accumulators (width x channels) stay within four register files, so
+    the unrolled vector code stays small enough to compile in seconds."""
+    budget = 4 * _REGISTERS * _op_lanes(op, target)
+    return {f"conv_output_tile_within_{budget}": p.conv_width_tile * p.conv_channel_tile <= budget}
+
+
+_X86 = {"applies_to": lambda target: target.arch in ("x86_64", "AMD64")}
+_TILES = Choice((1, 2, 4, 8, 16, 32))
+
+declare_space(
+    GenericParams,
+    "elementwise",
+    {"inner_tile": _multiples_of_lanes(1, 2, 4, 8, 16), "fuse_elementwise": Choice((0, 1))},
+    **_X86,
+)
+declare_space(
+    GenericParams,
+    "reduction",
+    {
+        "reduction_rows": _multiples_of_lanes(1, 2, 4, 8),
+        "reduction_chunk": _multiples_of_lanes(*(2**i for i in range(10))),
+        "fuse_elementwise": Choice((0, 1)),
+    },
+    _reduction_rules,
+    **_X86,
+)
+declare_space(
+    GenericParams,
+    "convolution",
+    {"conv_width_tile": _TILES, "conv_channel_tile": _TILES, "conv_reduction_tile": _TILES},
+    _convolution_rules,
+    **_X86,
+)
+declare_space(
+    GenericParams,
+    "pooling",
+    {"conv_width_tile": _TILES, "conv_channel_tile": _TILES},
+    _convolution_rules,
+    **_X86,
+)

@@ -17,6 +17,8 @@ labels. After it, run :data:`PIPELINE` (bufferize, leftovers to loops, LLVM).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from typing import Any
 
 from stagegraph.mlir.functions import entry_function
@@ -43,6 +45,8 @@ FUSE_ATTR = "stagegraph.fuse_into"
 PARAMS_ATTR = "stagegraph.generic_params"
 # Whether a failing sub-sequence raises (recorded on the schedule, so a rebuild keeps it).
 PROPAGATE_ATTR = "stagegraph.generic_propagate_failures"
+#: Per-op params (by op signature) recorded beside :data:`PARAMS_ATTR`.
+PER_OP_ATTR = "stagegraph.generic_params_per_op"
 
 # Cleanup between the schedule and bufferization (folds one-trip loops, dead slices).
 CLEANUP = "canonicalize,cse"
@@ -313,9 +317,16 @@ class _Builder:
 
 
 def build_generic_schedule(
-    facts: PayloadFacts, params: GenericParams, *, propagate_failures: bool = False
+    facts: PayloadFacts,
+    params: GenericParams,
+    *,
+    per_op: Mapping[str, GenericParams] | None = None,
+    propagate_failures: bool = False,
 ) -> Any:
     """A transform module (``@__transform_main``) for the non-matmul ops of ``facts``.
+
+    ``per_op`` gives some ops their own params, by :meth:`OpFacts.signature` (a tuned
+    layer); the others take ``params``.
 
     An op whose sub-sequence fails is left to the fallback (loops), unless
     ``propagate_failures`` (debugging: the failure then says why). Built in the current
@@ -328,6 +339,10 @@ def build_generic_schedule(
     module, main = new_schedule()
     # The params, for apply_generic_schedule to rebuild the schedule after its rewrites.
     module.operation.attributes[PARAMS_ATTR] = ir.StringAttr.get(params.model_dump_json())
+    per_op = dict(per_op or {})
+    if per_op:
+        recorded = json.dumps({sig: p.model_dump(mode="json") for sig, p in per_op.items()})
+        module.operation.attributes[PER_OP_ATTR] = ir.StringAttr.get(recorded)
     if propagate_failures:
         module.operation.attributes[PROPAGATE_ATTR] = ir.UnitAttr.get()
     with ir.InsertionPoint(main.body):
@@ -335,10 +350,11 @@ def build_generic_schedule(
         for op in reversed(facts.ops):
             if not schedulable(op, facts):
                 continue
+            builder.params = per_op.get(op.signature(), params)
             if op.op_class == "elementwise":
-                builder.elementwise(root, op, params.fuse_elementwise)
+                builder.elementwise(root, op, builder.params.fuse_elementwise)
             elif reduction_like(op):
-                builder.reduction(root, op, params.fuse_elementwise)
+                builder.reduction(root, op, builder.params.fuse_elementwise)
             else:
                 builder.convolution(root, op)
         transform.YieldOp([])
@@ -364,9 +380,13 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
         attrs = schedule.operation.attributes
         if PARAMS_ATTR in attrs and prepare(module, entry_function(module, facts.entry)):
             params = GenericParams.model_validate_json(ir.StringAttr(attrs[PARAMS_ATTR]).value)
+            per_op = {}
+            if PER_OP_ATTR in attrs:
+                recorded = json.loads(ir.StringAttr(attrs[PER_OP_ATTR]).value)
+                per_op = {sig: GenericParams.model_validate(p) for sig, p in recorded.items()}
             facts = analyze(module, facts.entry)
             schedule = build_generic_schedule(
-                facts, params, propagate_failures=PROPAGATE_ATTR in attrs
+                facts, params, per_op=per_op, propagate_failures=PROPAGATE_ATTR in attrs
             )
         annotate_generic_ops(module, facts)
         apply_schedule_module(module, schedule)

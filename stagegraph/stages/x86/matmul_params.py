@@ -12,6 +12,7 @@ import math
 from pydantic import Field, model_validator
 
 from stagegraph.core.ports import Params
+from stagegraph.core.tunable import Choice, Range, declare_space
 from stagegraph.stages.target import Target
 
 _DTYPE_BYTES = {"f32": 4, "f64": 8, "bf16": 2, "f16": 2}
@@ -245,7 +246,7 @@ def _round_down(x: int, to: int) -> int:
     return max(to, x // to * to)
 
 
-# -- tuning declaration (read by stagegraph.stages.x86.space) --------------------------------
+# -- search space (read by the tuner through stagegraph.core.tunable) -------------------------
 
 #: Fields a tuner may vary; vector_width, vector_registers and threads stay as the cost
 #: model chose them (they describe the machine and the run, not the schedule).
@@ -267,3 +268,47 @@ def tuning_constraints(p: object, logic: object) -> dict[str, object]:
         "register_budget": p.reg_m * p.reg_n + p.reg_n + p.vector_width
         <= p.vector_registers * p.vector_width,
     }
+
+
+def matmul_shape(op: object) -> tuple[int, int, int, int]:
+    """(m, n, k, element bytes) of a matmul op's facts (the accumulator's element type)."""
+    c = op.contraction
+    return c.m, c.n, c.k, _DTYPE_BYTES.get(op.outputs[0].dtype, 4)
+
+
+def matmul_space_rules(p: object, op: object, target: Target, logic: object) -> dict[str, object]:
+    """The model's rules, then shape bounds (no block beyond the matrix) and cache
+    capacities (A's block in L2, B's micro-panel in half of it) for this op."""
+    m, n, k, elem = matmul_shape(op)
+    kc = logic.If(p.tile_k == 0, k, p.tile_k)
+    l2 = target.l2_bytes
+    return {
+        **tuning_constraints(p, logic),
+        f"tile_m_within_m={m}": p.tile_m < m + p.reg_m,
+        f"tile_n_within_n={n}": p.tile_n < n + p.reg_n,
+        f"tile_k_divides_k={k}": logic.Or(p.tile_k == 0, k % p.tile_k == 0),
+        f"k_unroll_divides_k={k}": k % p.k_unroll == 0,
+        f"a_block_fits_l2={l2}B": p.tile_m * kc * elem <= l2,
+        "b_panel_fits_half_l2": kc * p.reg_n * elem <= l2 // 2,
+    }  # fmt: skip
+
+
+def _lanes(op: object, target: Target) -> int:
+    return max(1, target.vector_bits // (8 * matmul_shape(op)[3]))
+
+
+declare_space(
+    MatmulParams,
+    "matmul",
+    {
+        "tile_m": lambda op, t: Range(1, matmul_shape(op)[0] + 31),
+        "tile_n": lambda op, t: Range(1, matmul_shape(op)[1] + 255),
+        "tile_k": lambda op, t: Range(0, max(0, matmul_shape(op)[2] - 1)),
+        "reg_m": lambda op, t: Range(1, min(32, max(1, matmul_shape(op)[0]))),
+        "reg_n": lambda op, t: Range(_lanes(op, t), min(256, t.vector_registers * _lanes(op, t))),
+        "k_unroll": Range(1, 16),
+        "pack": Choice((0, 1)),
+    },
+    matmul_space_rules,
+    applies_to=lambda target: target.arch in ("x86_64", "AMD64"),
+)

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from stagegraph.core.ports import BufferModule, Config, LLVMModule, Params, TensorModule
 from stagegraph.core.stage import stage
+from stagegraph.core.tunable import TuningSite
 from stagegraph.errors import ConfigError
 from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
@@ -28,6 +29,40 @@ class X86Params(Params):
 
     matmul: tuple[MatmulParams, ...] = ()
     generic: GenericParams = Field(default_factory=GenericParams)
+    op_params: dict[str, GenericParams] = Field(
+        default_factory=dict,
+        description="generic params of single ops, by OpFacts.signature (tuned layers); "
+        "every other non-matmul op takes `generic`",
+    )
+
+    def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list[TuningSite]:
+        """Where a tuner varies these params: each matmul's own params; the generic params
+        of the other ops, shared (``per_op`` False) or one entry of ``op_params`` per
+        distinct op signature."""
+        matmuls = matmul_ops(facts)
+        sites = [
+            TuningSite(f"matmul{i}", ("matmul", i), MatmulParams, (op,))
+            for i, op in enumerate(matmuls)
+        ]
+        taken = {op.index for op in matmuls}
+        others = [op for op in facts.ops if op.index not in taken and op.op_class != "other"]
+        if not per_op:
+            if others:
+                sites.append(
+                    TuningSite("generic", ("generic",), GenericParams, tuple(others),
+                               kind_of=generic_op_kind)
+                )  # fmt: skip
+            return sites
+        groups: dict[str, list[Any]] = {}
+        for op in others:
+            groups.setdefault(op.signature(), []).append(op)
+        for signature, ops in groups.items():
+            default = self.op_params.get(signature, self.generic).model_dump(mode="json")
+            sites.append(
+                TuningSite(f"op{ops[0].index}", ("op_params", signature), GenericParams,
+                           tuple(ops), default=default, kind_of=generic_op_kind)
+            )  # fmt: skip
+        return sites
 
     @classmethod
     def override_keys(cls) -> set[str]:
@@ -41,7 +76,15 @@ class X86Params(Params):
         return X86Params(
             matmul=tuple(apply_overrides(p, mm) for p in self.matmul),
             generic=apply_overrides(self.generic, gen),
+            op_params={s: apply_overrides(p, gen) for s, p in self.op_params.items()},
         )
+
+
+def generic_op_kind(op: Any) -> str:
+    """The kind a non-matmul op's search space is declared for: its class, except that a
+    matmul-class op the matmul schedule does not take (a matvec) is scheduled as a
+    reduction."""
+    return "reduction" if op.op_class == "matmul" else op.op_class
 
 
 def matmul_ops(facts: PayloadFacts) -> list[Any]:
@@ -122,7 +165,9 @@ def _apply_schedules(
 
     applied = [] if applied is None else applied
     candidates = mm.label_contractions(module.ir, facts)
-    generic = build_generic_schedule(facts, params.generic, propagate_failures=propagate_failures)
+    generic = build_generic_schedule(
+        facts, params.generic, per_op=params.op_params, propagate_failures=propagate_failures
+    )
     applied.append(generic.operation.get_asm(assume_verified=True))
     apply_generic_schedule(module.ir, generic, facts)
     mm.canonicalize_contractions(module.ir, candidates)
