@@ -93,9 +93,9 @@ class Problem:
     def __init__(self, options: TuneOptions) -> None:
         from stagegraph.app.graph_options import params_port
         from stagegraph.app.session import Session
+        from stagegraph.core.search_space import build_space
         from stagegraph.stages.analysis import PayloadFacts
         from stagegraph.stages.target import Target
-        from stagegraph.core.search_space import build_space
 
         request = options.session
         if request.cost_model is None:
