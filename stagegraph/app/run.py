@@ -39,6 +39,8 @@ class RunReport(Schema):
     params: dict[str, Any] | None = None
     emitted: str | None = None
     specialized: dict[str, list[int]] = Field(default_factory=dict)
+    #: What the stages warned about (e.g. ops the ``tuned`` cost model left to the heuristic).
+    warnings: list[str] = Field(default_factory=list)
 
 
 def check_single_process(workload: Any) -> None:
@@ -67,12 +69,27 @@ def execute(result: RunResult, workload: Any) -> tuple[list[Any], float]:
     return outputs, time.perf_counter() - start
 
 
+def compile_recording_warnings(session: Session) -> tuple[RunResult, list[str]]:
+    """Compile, and keep the stages' warnings for the report (they are still shown)."""
+    import warnings
+
+    from stagegraph.errors import StagegraphWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StagegraphWarning)
+        result = session.compile()  # the watchdog's run phase starts when emit finishes
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                               warning.lineno)  # fmt: skip
+    return result, [str(w.message) for w in caught if issubclass(w.category, StagegraphWarning)]
+
+
 def run_report(session: Session) -> RunReport:
     """Compile the session's workload through its graph, run it once and verify the outputs
     (an emitted file is written, not run)."""
     workload = session.workload
     check_single_process(workload)
-    result = session.compile()  # the watchdog's run phase starts when emit finishes
+    result, warned = compile_recording_warnings(session)
     stages = [
         StageTime(name=r.name, kind=r.kind, seconds=r.seconds, cached=r.cached)
         for r in result.trace.records
@@ -85,6 +102,7 @@ def run_report(session: Session) -> RunReport:
         "threads": effective_threads(session.request.threads),
         "params": result.params.model_dump(mode="json") if result.params else None,
         "specialized": workload.specialization,
+        "warnings": warned,
     }
     binary = result.binary
     if binary is None or not hasattr(binary, "call"):

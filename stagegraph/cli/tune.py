@@ -65,6 +65,12 @@ from stagegraph.cli.output import emit_json
     is_flag=True,
     help="Give every distinct non-matmul op its own params (default: one set shared by all).",
 )
+@click.option(
+    "--measure",
+    metavar="STAGE",
+    help="A registered stage of kind measure that times candidates (default: the interleaved "
+    "timer); bring your own with --plugin.",
+)
 @click.option("--batch-size", type=click.IntRange(min=1), help="Candidates per isolated child.")
 @click.option("--samples", type=click.IntRange(min=4), default=20, show_default=True)
 @click.option(
@@ -127,6 +133,7 @@ def tune(**options: Any) -> None:
         seed=options["seed"],
         fixes=parse_assignments(options["fixes"]),
         per_op=options["per_op"],
+        measure=options["measure"],
         batch_size=options["batch_size"],
         samples=options["samples"],
         compile_timeout_s=options["compile_timeout"],
@@ -158,7 +165,13 @@ def tune(**options: Any) -> None:
     report = run_tune(tune_options, progress=not as_json)
     if as_json:
         emit_json(report.model_dump(mode="json"))
-        return
+    else:
+        _print_report(report)
+    if report.interrupted:
+        raise click.exceptions.Exit(130)
+
+
+def _print_report(report: Any) -> None:
     base = report.baseline
     click.echo(f"tuned {report.graph} on {report.workload} ({report.strategy}, db {report.db})")
     click.echo(f"  measured {report.measured}, failed {report.failed}, reused {report.reused}")
@@ -169,3 +182,11 @@ def tune(**options: Any) -> None:
     for failure in report.failures:
         click.echo(f"  failed {failure.params_hash}: {failure.reason}: {failure.detail}")
     click.echo(f"  {report.message}")
+    if report.interrupted:
+        click.echo("  interrupted: the best so far is above; every finished candidate is in the DB")
+    if report.tuned_ops:
+        click.echo(f"  tuned values stored for {len(report.tuned_ops)} ops, found by op kind, "
+                   "shape, dtypes and target in any payload")  # fmt: skip
+    if report.winner:
+        click.echo(f"  use it:  {report.commands['use']}")
+    click.echo(f"  resume:  {report.commands['resume']}")

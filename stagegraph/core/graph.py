@@ -384,6 +384,20 @@ class Graph:
         stages = [new if s.name == name else s for s in self.stages.values()]
         return self._with(stages=stages)
 
+    def extend(
+        self,
+        stages: Iterable[Stage] = (),
+        edges: Iterable[EdgeLike] = (),
+        inputs: Iterable[GraphInput] = (),
+    ) -> Graph:
+        """The graph with more stages, edges and inputs (checked like a new graph): how a
+        tool adds its own stages after a user's graph (the tuner's check and measure)."""
+        return self._with(
+            stages=[*self.stages.values(), *stages],
+            edges=[*self.edges, *edges],
+            inputs=[*self.inputs.values(), *inputs],
+        )
+
     def with_config(self, name: str, **changes: Any) -> Graph:
         """The same graph with one stage's config fields changed."""
         return self.replace(name, self._require_stage(name).with_config(**changes))

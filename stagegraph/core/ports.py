@@ -120,6 +120,17 @@ class Binary:
         return self.key
 
 
+class WorkloadRef:
+    """The workload a graph compiles, as a graph input (its inputs, reference and checks),
+    for stages that run the binary: verification and measurement."""
+
+    def __init__(self, workload: Any) -> None:
+        self.workload = workload
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(str(self.workload.spec).encode()).hexdigest()
+
+
 def port_name(port_type: type) -> str:
     """Human-readable name of a port type, used in errors, DOT labels and graph files."""
     if isinstance(port_type, type) and issubclass(port_type, Module):
@@ -128,7 +139,9 @@ def port_name(port_type: type) -> str:
 
 
 def is_port_type(annotation: Any) -> bool:
-    return isinstance(annotation, type) and issubclass(annotation, Module | Params | Facts | Binary)
+    return isinstance(annotation, type) and issubclass(
+        annotation, Module | Params | Facts | Binary | WorkloadRef
+    )
 
 
 def compatible(produced: type, expected: type) -> bool:

@@ -23,6 +23,7 @@ from stagegraph.core.ports import (
     Facts,
     Module,
     Params,
+    WorkloadRef,
     compatible,
     is_port_type,
     port_name,
@@ -30,9 +31,15 @@ from stagegraph.core.ports import (
 from stagegraph.core.versioning import source_version
 from stagegraph.errors import ConfigError, DuplicateNameError, StageDefinitionError
 
-KINDS = ("analysis", "params", "schedule", "passes", "wrapper", "emit")
+KINDS = ("analysis", "params", "schedule", "passes", "wrapper", "emit", "measure")
 MUTATING_KINDS = frozenset({"schedule", "passes", "wrapper"})
-_DEFAULT_OUTPUT = ((Module, "module"), (Params, "params"), (Facts, "facts"), (Binary, "binary"))
+_DEFAULT_OUTPUT = (
+    (Module, "module"),
+    (Params, "params"),
+    (Facts, "facts"),
+    (Binary, "binary"),
+    (WorkloadRef, "workload"),
+)
 
 
 @dataclass(frozen=True)
@@ -216,7 +223,8 @@ class Stage:
         ports = tuple(self.outputs.values())
         if not ports:
             return {}
-        values = list(result) if len(ports) > 1 else [result]
+        named = isinstance(result, tuple) and hasattr(result, "_fields")  # NamedTuple outputs
+        values = list(result) if len(ports) > 1 or named else [result]
         return {p.name: _coerce(p, v) for p, v in zip(ports, values, strict=True)}
 
 
@@ -249,7 +257,7 @@ def stage(
     """Declare a stage factory from a function or a class with a ``run`` method.
 
     Args:
-        kind: one of ``analysis, params, schedule, passes, wrapper, emit``.
+        kind: one of ``analysis, params, schedule, passes, wrapper, emit, measure``.
         name: registry name (default: the function or class name).
         mutates: whether the stage changes its input modules in place (default: by kind).
         cacheable: whether the engine may serve its outputs from the memo cache.

@@ -37,6 +37,7 @@ class TuneOptions(Schema):
     seed: int = 0
     fixes: dict[str, Any] = Field(default_factory=dict)
     per_op: bool = False
+    measure: str | None = None
     batch_size: int | None = Field(None, ge=1)
     compile_timeout_s: float = Field(60.0, gt=0)
     run_timeout_s: float = Field(60.0, gt=0)
@@ -79,8 +80,13 @@ class TuneReport(Schema):
     failed: int
     reused: int
     exhausted: bool = False
+    interrupted: bool = False
     failures: list[Failure] = Field(default_factory=list)
     seconds: float
+    #: The exact command lines to use the result (``use``) and to go on tuning (``resume``).
+    commands: dict[str, str] = Field(default_factory=dict)
+    #: Ops whose tuned values the ``tuned`` cost model now finds by their signature.
+    tuned_ops: list[str] = Field(default_factory=list)
 
 
 class Problem:
@@ -152,7 +158,7 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
     counts = {"measured": 0, "failed": 0, "reused": 0}
     history: dict[str, CandidateResult] = {}
     seen: set[str] = set()
-    exhausted = False
+    exhausted = interrupted = False
     try:
         workers = options.jobs if options.cluster is None else max(1, options.jobs)
         size = options.batch_size or max(1, min(4, math.ceil(options.budget / workers)))
@@ -185,6 +191,7 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
                     memory_bytes=options.memory_bytes,
                     samples=options.samples,
                     faults=options.faults,
+                    measure=options.measure,
                 )
                 for i in range(0, len(fresh), size)
             ]
@@ -194,12 +201,77 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
                     history[result.params_hash] = result
                     counts["measured" if result.status == "ok" else "failed"] += 1
                     _tick(bar, counts, history)
+    except KeyboardInterrupt:
+        interrupted = True  # every finished candidate is in the DB: report the best so far
     finally:
         if bar is not None:
             bar.close()
-        executor.close()
+        try:
+            executor.close()
+        except KeyboardInterrupt:
+            interrupted = True
+        tuned_ops = _record_tuned_sites(db, problem, history)
         db.close()
-    return _report(options, problem, history, counts, exhausted, time.perf_counter() - start)
+    report = _report(options, problem, history, counts, exhausted, time.perf_counter() - start)
+    return report.model_copy(update={"interrupted": interrupted, "tuned_ops": tuned_ops})
+
+
+def _record_tuned_sites(
+    db: TuneDB, problem: Problem, history: dict[str, CandidateResult]
+) -> list[str]:
+    """Store the winner's values of every site under each op's signature, so the ``tuned``
+    cost model finds them for the same op in any payload; [] without a winner."""
+    found = best_result(list(history.values()))
+    if found is None or found[1].low <= 1.0:
+        return []
+    from stagegraph.stages.common.tuning_db import TunedSite
+
+    best, speedup = found
+    space = problem.space
+    values = space.values_of(type(space.base).model_validate(best.params))
+    stored = []
+    for site in space.sites:
+        varied = {v.field: values[n] for n, v in space.variables.items() if v.site is site}
+        model = f"{site.model.__module__}:{site.model.__qualname__}"
+        for op in site.ops:
+            signature = op.signature() if hasattr(op, "signature") else None
+            if not varied or signature is None:
+                continue
+            db.record_site(
+                TunedSite(target=problem.key.target, graph=problem.key.graph, model=model,
+                          signature=signature, site_values=varied, speedup=speedup.ratio,
+                          speedup_low=speedup.low, speedup_high=speedup.high,
+                          workload=problem.key.workload, params_hash=best.params_hash)
+            )  # fmt: skip
+            stored.append(signature)
+    return stored
+
+
+def commands_for(options: TuneOptions) -> dict[str, str]:
+    """The command lines to use a tuning result and to resume the search (the DB keeps
+    what was measured, and a seeded strategy proposes the same candidates again)."""
+    import shlex
+
+    request = options.session
+    plugins = [arg for plugin in request.plugins for arg in ("--plugin", plugin)]
+    common = []
+    if request.target:
+        common += ["--target", request.target]
+    if request.threads:
+        common += ["--threads", str(request.threads)]
+    db = ["--db", options.db]
+    use = ["stagegraph", *plugins, "bench", request.graph, request.workload, *common,
+           "--cost-model", "tuned", *db]  # fmt: skip
+    resume = ["stagegraph", *plugins, "tune", request.graph, request.workload, *common, *db,
+              "--budget", str(options.budget), "--strategy", options.strategy,
+              "--seed", str(options.seed), "--samples", str(options.samples)]  # fmt: skip
+    if options.per_op:
+        resume.append("--per-op")
+    if options.measure:
+        resume += ["--measure", options.measure]
+    for key, value in options.fixes.items():
+        resume += ["--fix", f"{key}={value}"]
+    return {"use": shlex.join(use), "resume": shlex.join(resume)}
 
 
 def _progress(total: int, enabled: bool) -> Any:
@@ -277,5 +349,6 @@ def _report(
         exhausted=exhausted,
         failures=failures,
         seconds=seconds,
+        commands=commands_for(options),
         **counts,
     )

@@ -44,6 +44,9 @@ class BatchTask(Schema):
     memory_bytes: int | None = 4 * 2**30
     samples: int = 20
     faults: dict[str, str] = Field(default_factory=dict)
+    #: A registered stage of kind ``measure`` to time candidates with (default: the
+    #: interleaved timer of :mod:`stagegraph.stages.common.measure`).
+    measure: str | None = None
 
     def hash_of(self, params: dict[str, Any]) -> str:
         """The key of a candidate in the DB: its params' content hash (16 hex digits)."""
@@ -103,48 +106,136 @@ def run_limit(baseline_call_s: float, samples: int, cap_s: float) -> float:
     return min(cap_s, RUN_LIMIT_FLOOR_S + RUN_LIMIT_FACTOR * baseline_call_s * calls)
 
 
-def _interleaved(base: Any, cand: Any, samples: int) -> tuple[list[float], list[float]]:
-    """Alternate chunks of baseline and candidate so machine noise hits both alike."""
-    import numpy as np
+class Candidate:
+    """One candidate's run of the measuring graph: the graph's own stages with its params,
+    then ``check`` and ``measure`` (:mod:`stagegraph.stages.common.measure`)."""
 
-    base.measure(1, warmup=2)
-    cand.measure(1, warmup=2)
-    chunk = max(1, samples // 4)
-    bs, cs = [], []
-    for _ in range(4):
-        bs.append(base.measure(chunk))
-        cs.append(cand.measure(chunk))
-    return np.concatenate(bs).tolist(), np.concatenate(cs).tolist()
+    def __init__(self, result: Any) -> None:
+        from stagegraph.stages.common.measure import CHECK, MEASURE
+
+        self.result = result
+        self.verdict = result.value(CHECK, "verdict")
+        self.binary = result.binary
+        timing = result.values.get((MEASURE, "timing"))
+        self.samples = list(timing.samples) if timing is not None else []
+        self.baseline_samples = list(timing.baseline_samples) if timing is not None else []
+
+
+class Measuring:
+    """Compiles and measures candidates of one batch through the measuring graph, in one
+    engine (stages upstream of the params are memoized), with the phase alarms."""
+
+    def __init__(self, task: BatchTask, out: Path, inspection: CandidateInspection) -> None:
+        from stagegraph.app.session import Session
+        from stagegraph.core.ports import WorkloadRef
+
+        request = task.session.model_copy(
+            update={"inspection": Inspection(verify_each=task.session.inspection.verify_each,
+                                             repro_dir=task.session.inspection.repro_dir)}
+        )  # fmt: skip
+        self.task, self.out, self.inspection = task, out, inspection
+        self.phases = _Phases(task, out)
+        self.session = Session(request, extra_hooks=[*inspection.hooks(), self.phases])
+        self.workload = WorkloadRef(self.session.workload)
+        self.timer = None
+        if task.measure:
+            from stagegraph.core.stage import get_factory
+
+            self.timer = get_factory(task.measure)
+
+    def graph(self, params: dict[str, Any]) -> Any:
+        from stagegraph.app.bench import spliced
+        from stagegraph.app.graph_options import with_fixed_params
+        from stagegraph.stages.common.measure import measuring_graph
+
+        fixed = with_fixed_params(self.session.graph, params)
+        bench_graph, _ = spliced(fixed, None, self.session.workload.entry)
+        return measuring_graph(bench_graph, self.timer, self.task.samples)
+
+    def inputs(self, graph: Any, baseline: Any = None) -> dict[str, Any]:
+        from stagegraph.core.ports import Module
+        from stagegraph.stages.common.measure import BASELINE_INPUT, WORKLOAD_INPUT
+
+        engine = self.session.engine
+        module_input = next(n for n, i in graph.inputs.items() if issubclass(i.type, Module))
+        values = {module_input: self.session.workload.payload(engine.context),
+                  WORKLOAD_INPUT: self.workload}  # fmt: skip
+        if baseline is not None and BASELINE_INPUT in graph.inputs:
+            values[BASELINE_INPUT] = baseline
+        return values
+
+    def compile_baseline(self) -> Candidate:
+        from stagegraph.stages.common.measure import CHECK
+
+        self.inspection.start(self.task.baseline)
+        graph = self.graph(self.task.baseline)
+        self.phases.start("baseline", None)
+        result = self.session.engine.run(graph, self.inputs(graph), until=CHECK)
+        self.base_graph = graph
+        return Candidate(result)
+
+    def run(self, params: dict[str, Any], phash: str, baseline: Candidate, run_s: float) -> Any:
+        """Compile, check and measure ``params``; a timer that measured no baseline is run
+        again on the baseline, so both are timed by the same stage."""
+        self.inspection.start(params)
+        graph = self.graph(params)
+        self.phases.start(phash, run_s)
+        candidate = Candidate(self.session.engine.run(graph, self.inputs(graph, baseline.binary)))
+        if candidate.verdict.ok and not candidate.baseline_samples:
+            again = self.session.engine.run(
+                self.base_graph, self.inputs(self.base_graph, baseline.binary)
+            )
+            candidate.baseline_samples = Candidate(again).samples
+        _alarm(0)
+        return candidate
+
+
+class _Phases:
+    """Engine hook: the compile alarm until the graph's ``measure`` stage, then the run
+    alarm (and, in tests, the injected fault); marks the phase for the parent to blame."""
+
+    def __init__(self, task: BatchTask, out: Path) -> None:
+        self.task, self.out = task, out
+        self.phash, self.run_s = "baseline", None
+
+    def start(self, phash: str, run_s: float | None) -> None:
+        self.phash, self.run_s = phash, run_s
+        _mark(self.out, phash, "compile")
+        _alarm(self.task.compile_timeout_s)
+
+    def before_stage(self, event: Any) -> None:
+        from stagegraph.stages.common.measure import MEASURE
+
+        if event.stage.name != MEASURE or self.run_s is None:
+            return
+        _mark(self.out, self.phash, "run")
+        _alarm(self.run_s)
+        fault = fault_for(self.task.faults, self.phash)
+        if fault and fault != "wrong":
+            _inject(fault)
+
+    def after_stage(self, event: Any) -> None:
+        return None
+
+    def on_failure(self, event: Any, error: BaseException) -> str | None:
+        return None
+
+    def on_warning(self, message: str) -> None:
+        return None
 
 
 def run_batch(task: BatchTask, work: str) -> int:
     """Child entry: evaluate every candidate of ``task``; results go to ``work``/results."""
-    from stagegraph.app.bench import prepare
-    from stagegraph.app.graph_options import with_fixed_params
-    from stagegraph.app.session import Session
+    from stagegraph.stages.common.bench_wrapper import run_benchmark
 
     out = Path(work)
-    inspection = CandidateInspection(task)
-    # Dumps and printed IR go to one folder per candidate (CandidateInspection), not one.
-    request = task.session.model_copy(
-        update={"inspection": Inspection(verify_each=task.session.inspection.verify_each,
-                                         repro_dir=task.session.inspection.repro_dir)}
-    )  # fmt: skip
-    session = Session(request, extra_hooks=inspection.hooks())
+    measuring = Measuring(task, out, CandidateInspection(task))
     db = None
     if task.db:
         from stagegraph.stages.common.tuning_db import TuneDB
 
         db = TuneDB(task.db)
-
-    def compile_params(params: dict[str, Any]) -> Any:
-        inspection.start(params)
-        graph = with_fixed_params(session.graph, params)
-        return prepare(session.engine, graph, session.workload, None)
-
-    _mark(out, "baseline", "compile")
-    _alarm(task.compile_timeout_s)
-    base = compile_params(task.baseline)
+    base = measuring.compile_baseline()
     _alarm(0)
     if not base.verdict.ok:
         from stagegraph.errors import BaselineError
@@ -154,11 +245,12 @@ def run_batch(task: BatchTask, work: str) -> int:
 
     _mark(out, "baseline", "run")
     _alarm(task.run_timeout_s)
-    limit = run_limit(float(np.median(base.measure(3, warmup=1))), task.samples,
-                      task.run_timeout_s)  # fmt: skip
+    workload = measuring.session.workload
+    calls = run_benchmark(base.binary, f"{workload.entry}_bench", workload.inputs(), 1, 3)
+    limit = run_limit(float(np.median(calls)), task.samples, task.run_timeout_s)
     _alarm(0)
     for params in task.candidates:
-        result = _evaluate(task, out, params, base, compile_params, limit)
+        result = _evaluate(task, out, params, base, measuring, limit)
         with (out / "results.jsonl").open("a") as handle:
             handle.write(result.model_dump_json() + "\n")
         if db is not None:
@@ -212,39 +304,35 @@ class CandidateInspection:
 
 
 def _evaluate(
-    task: BatchTask, out: Path, params: dict, base: Any, compile_params: Any, run_s: float
+    task: BatchTask, out: Path, params: dict, base: Candidate, measuring: Measuring, run_s: float
 ) -> Any:
     from stagegraph.errors import StageFailed
 
     phash = task.hash_of(params)
     common = {"params_hash": phash, "params": params}
-    _mark(out, phash, "compile")
-    measurement = None
+    candidate = None
     try:
-        _alarm(task.compile_timeout_s)
-        measurement = compile_params(params)
-        _alarm(0)
-        trace = measurement.result.trace
-        timing = {"compile_s": trace.compile_seconds(), "executed": trace.executed()}
+        candidate = measuring.run(params, phash, base, run_s)
+        records = [r for r in candidate.result.trace.records if r.kind != "measure"]
+        timing = {"compile_s": sum(r.seconds for r in records),
+                  "executed": [r.name for r in records if not r.cached]}  # fmt: skip
         fault = fault_for(task.faults, phash)
-        if not measurement.verdict.ok or fault == "wrong":
-            message = measurement.verdict.message if fault != "wrong" else "injected wrong result"
+        if not candidate.verdict.ok or fault == "wrong":
+            message = candidate.verdict.message if fault != "wrong" else "injected wrong result"
             return CandidateResult(
                 status="failed", reason="wrong result", detail=message, **common, **timing
             )
-        _mark(out, phash, "run")
-        _alarm(run_s)
-        if fault:
-            _inject(fault)
-        base_samples, samples = _interleaved(base, measurement, task.samples)
-        _alarm(0)
+        if not candidate.samples or not candidate.baseline_samples:
+            return CandidateResult(status="failed", reason="not measured",
+                                   detail="the measure stage returned no samples",
+                                   **common, **timing)  # fmt: skip
         import numpy as np
 
         return CandidateResult(
             status="ok",
-            samples=samples,
-            baseline_samples=base_samples,
-            median_s=float(np.median(samples)),
+            samples=candidate.samples,
+            baseline_samples=candidate.baseline_samples,
+            median_s=float(np.median(candidate.samples)),
             **common,
             **timing,
         )
@@ -261,7 +349,7 @@ def _evaluate(
         detail = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         return CandidateResult(status="failed", reason="exception", detail=detail, **common)
     finally:
-        del measurement
+        del candidate
         with contextlib.suppress(Exception):
             import gc
 

@@ -54,6 +54,46 @@ def target_key(target: Any) -> str:
     return hashlib.sha256(data.encode()).hexdigest()[:16]
 
 
+_SITES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tuned_sites (
+    target TEXT NOT NULL,
+    graph TEXT NOT NULL,
+    model TEXT NOT NULL,
+    signature TEXT NOT NULL,
+    site_values TEXT NOT NULL,
+    speedup REAL NOT NULL,
+    speedup_low REAL NOT NULL,
+    speedup_high REAL NOT NULL,
+    workload TEXT NOT NULL,
+    params_hash TEXT NOT NULL,
+    created REAL NOT NULL,
+    PRIMARY KEY (target, graph, model, signature)
+)
+"""
+
+
+class TunedSite(Schema):
+    """The tuned values of one op's params, found again by what the op is.
+
+    ``signature`` says what the op is (kind, shape, element types: ``OpFacts.signature``),
+    ``model`` which params model the values are fields of (``module:Class``); the values
+    are only the fields the tuner varied, so the cost model's choice of the rest (threads,
+    vector width) still applies. ``workload`` and ``params_hash`` say where they won, by
+    ``speedup`` [``speedup_low``, ``speedup_high``] over the heuristic.
+    """
+
+    target: str
+    graph: str
+    model: str
+    signature: str
+    site_values: dict[str, Any]
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    workload: str
+    params_hash: str
+
+
 class TuneKey(Schema):
     """What a measurement is valid for."""
 
@@ -87,6 +127,7 @@ class TuneDB:
             self.conn.execute("PRAGMA journal_mode=WAL")
             self.conn.execute("PRAGMA synchronous=FULL")
             self.conn.execute(_SCHEMA)
+            self.conn.execute(_SITES_SCHEMA)
         except sqlite3.Error as exc:
             raise TuneDBError(f"cannot open tuning database {self.path}: {exc}") from None
 
@@ -117,6 +158,45 @@ class TuneDB:
             )
         except sqlite3.Error as exc:
             raise TuneDBError(f"cannot write to tuning database {self.path}: {exc}") from None
+
+    def record_site(self, site: TunedSite) -> bool:
+        """Keep ``site`` unless the op already has tuned values with a higher lower bound
+        of the speedup; returns whether it was stored."""
+        where = (site.target, site.graph, site.model, site.signature)
+        try:
+            found = self.conn.execute(
+                "SELECT speedup_low FROM tuned_sites WHERE target = ? AND graph = ? AND "
+                "model = ? AND signature = ?",
+                where,
+            ).fetchone()
+            if found is not None and found[0] >= site.speedup_low:
+                return False
+            self.conn.execute(
+                "INSERT OR REPLACE INTO tuned_sites VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                (*where, json.dumps(site.site_values, sort_keys=True), site.speedup,
+                 site.speedup_low, site.speedup_high, site.workload, site.params_hash,
+                 time.time()),
+            )  # fmt: skip
+        except sqlite3.Error as exc:
+            raise TuneDBError(f"cannot write to tuning database {self.path}: {exc}") from None
+        return True
+
+    def tuned_site(self, target: str, graph: str, model: str, signature: str) -> TunedSite | None:
+        """The tuned values for an op with this signature, or None."""
+        try:
+            row = self.conn.execute(
+                "SELECT site_values, speedup, speedup_low, speedup_high, workload, params_hash "
+                "FROM tuned_sites WHERE target = ? AND graph = ? AND model = ? AND signature = ?",
+                (target, graph, model, signature),
+            ).fetchone()
+        except sqlite3.Error as exc:
+            raise TuneDBError(f"cannot read tuning database {self.path}: {exc}") from None
+        if row is None:
+            return None
+        values, speedup, low, high, workload, params_hash = row
+        return TunedSite(target=target, graph=graph, model=model, signature=signature,
+                         site_values=json.loads(values), speedup=speedup, speedup_low=low,
+                         speedup_high=high, workload=workload, params_hash=params_hash)  # fmt: skip
 
     def get(self, key: TuneKey, params_hash: str) -> CandidateResult | None:
         rows = self._select(key, "AND params_hash = ?", (params_hash,))

@@ -116,15 +116,81 @@ def lookup_tuned(config: TunedConfig, target: Target) -> tuple[X86Params | None,
     ), f"tuned params {best.params_hash} from {config.db}"
 
 
+def lookup_by_ops(
+    config: TunedConfig, facts: PayloadFacts, target: Target, base: X86Params
+) -> tuple[X86Params, list[str], list[str]]:
+    """The heuristic's params with the tuned values of every op the DB knows by its
+    signature (kind, shape, dtypes) on this graph and target, whatever payload it was
+    tuned in; returns (params, tuned ops, ops left to the heuristic)."""
+    from stagegraph.stages.common.tuning_db import TuneDB, target_key
+    from stagegraph.stages.x86.generic_params import GenericParams
+    from stagegraph.stages.x86.matmul_params import MatmulParams
+    from stagegraph.stages.x86.stages import matmul_ops
+
+    def model_name(model: type) -> str:
+        return f"{model.__module__}:{model.__qualname__}"
+
+    found, missing = [], []
+    matmul, op_params = list(base.matmul), dict(base.op_params)
+    db = TuneDB(config.db)
+    try:
+        key = (target_key(target), config.graph)
+
+        def lookup(op: Any, model: type, start: Any) -> Any:
+            row = db.tuned_site(*key, model_name(model), op.signature())
+            if row is None:
+                missing.append(op.signature())
+                return None
+            try:
+                tuned_values = model.model_validate({**start.model_dump(), **row.site_values})
+            except ValueError:
+                missing.append(op.signature())
+                return None
+            found.append(op.signature())
+            return tuned_values
+
+        mm = matmul_ops(facts)
+        for i, op in enumerate(mm):
+            matmul[i] = lookup(op, MatmulParams, matmul[i]) or matmul[i]
+        taken = {op.index for op in mm}
+        for op in facts.ops:
+            if op.index in taken or op.op_class == "other" or op.signature() in op_params:
+                continue
+            tuned_generic = lookup(op, GenericParams, base.generic)
+            if tuned_generic is not None:
+                op_params[op.signature()] = tuned_generic
+    finally:
+        db.close()
+    params = base.model_copy(update={"matmul": tuple(matmul), "op_params": op_params})
+    return X86Params.model_validate(params.model_dump()), found, missing
+
+
 @stage("params", name="x86.tuned", cacheable=False)
 def tuned(facts: PayloadFacts, target: Target, config: TunedConfig) -> X86Params:
-    """The tuning DB's best params for this workload, graph and machine; the heuristic's
-    choice (with a warning) when the DB has no winner for them. Never cached: the DB grows."""
+    """The tuning DB's best params for this workload, graph and machine; else, op by op,
+    the values tuned for the same op (kind, shape, dtypes) in any payload, and the
+    heuristic's choice for the others (a warning names them). Never cached: the DB grows."""
     params, why = lookup_tuned(config, target)
     if params is None:
-        log.info("cost model 'tuned': %s; falling back to 'heuristic'", why)
-        params = _heuristic(facts, target, config)
+        base = _heuristic(facts, target, config)
+        params, found, missing = base, [], []
+        if config.db and Path(config.db).exists():
+            params, found, missing = lookup_by_ops(config, facts, target, base)
+        if missing or not found:
+            unknown = "; ".join(sorted(set(missing))) or "every op"
+            _warn(f"cost model 'tuned': {why}; tuned values for {len(found)} ops by their "
+                  f"signature; the heuristic's for: {unknown}")  # fmt: skip
     return apply_overrides(params, config.overrides)
+
+
+def _warn(message: str) -> None:
+    """A warning the CLI prints and a run report records (falling back is not an error)."""
+    import warnings
+
+    from stagegraph.errors import StagegraphWarning
+
+    log.info(message)
+    warnings.warn(message, StagegraphWarning, stacklevel=3)
 
 
 class FixedConfig(CostModelConfig):
