@@ -9,7 +9,9 @@
     comparison = sg.bench("x86", "matmul:m=64,n=64,k=64", budget=2, vs="numpy", threads=1)
 
 Building graphs: :class:`Graph`, :class:`GraphInput`, :func:`stage`, the port types
-:class:`Module`, :class:`Params`, :class:`Facts`, :class:`Config`; running them:
+:class:`Module`, :class:`Params`, :class:`Facts`, :class:`Config`, :class:`Binary`,
+:class:`WorkloadRef`; tuning them: :func:`declare_space` (with :class:`Range`,
+:class:`Choice`, :class:`TuningSite`); running them:
 :class:`Engine`, :func:`run`, :func:`bench`, :func:`tune`; names: :func:`load_graph`,
 :func:`parse_workload`, :class:`Workload`; extending: :func:`register_graph`,
 :func:`register_workload`, :func:`register_cost_model`, :func:`load_plugin`. Everything else
@@ -43,10 +45,18 @@ _EXPORTS = {
     "register_cost_model": "stagegraph.stages.common.costmodel",
     "load_plugin": "stagegraph.core.plugins",
     "StagegraphError": "stagegraph.errors",
+    "Binary": "stagegraph.core.ports",
+    "WorkloadRef": "stagegraph.core.ports",
+    "declare_space": "stagegraph.core.tunable",
+    "Range": "stagegraph.core.tunable",
+    "Choice": "stagegraph.core.tunable",
+    "TuningSite": "stagegraph.core.tunable",
 }
 _RENAMED = {"register_workload": "register"}
 
 __all__ = [
+    "Binary",
+    "Choice",
     "Config",
     "Engine",
     "Facts",
@@ -54,9 +64,13 @@ __all__ = [
     "GraphInput",
     "Module",
     "Params",
+    "Range",
     "StagegraphError",
+    "TuningSite",
     "Workload",
+    "WorkloadRef",
     "bench",
+    "declare_space",
     "load_graph",
     "load_plugin",
     "parse_workload",
@@ -74,8 +88,9 @@ if TYPE_CHECKING:
     from stagegraph.core.engine import Engine
     from stagegraph.core.graph import Graph, GraphInput
     from stagegraph.core.plugins import load_plugin
-    from stagegraph.core.ports import Config, Facts, Module, Params
+    from stagegraph.core.ports import Binary, Config, Facts, Module, Params, WorkloadRef
     from stagegraph.core.stage import stage
+    from stagegraph.core.tunable import Choice, Range, TuningSite, declare_space
     from stagegraph.errors import StagegraphError
     from stagegraph.stages.common.costmodel import register_cost_model
     from stagegraph.workload.base import Workload

@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         _register_extensions()
         print_warnings()
-        cli.main(args=args, prog_name="stagegraph", standalone_mode=False)
+        code = cli.main(args=args, prog_name="stagegraph", standalone_mode=False)
     except click.exceptions.Exit as exc:
         return exc.exit_code
     except click.ClickException as exc:
@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         click.echo(f"error: {exc}", err=True)
         return EXIT_USER_ERROR
-    return 0
+    return code if isinstance(code, int) else 0  # a command's own exit code (tune: 130)
 
 
 if __name__ == "__main__":

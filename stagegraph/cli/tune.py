@@ -52,10 +52,8 @@ from stagegraph.cli.output import emit_json
 @click.option(
     "--cost-model",
     "cost_model",
-    default="heuristic",
-    show_default=True,
     metavar="NAME",
-    help="The baseline's cost model.",
+    help="The baseline's cost model (default: the graph's own).",
 )
 @click.option(
     "--fix", "fixes", multiple=True, metavar="FIELD=VALUE", help="Pin a tunable field in the space."

@@ -115,6 +115,7 @@ class SearchSpace:
         solver = z3.Solver(ctx=ctx)
         solver.set("random_seed", seed)
         solver.set("phase_selection", 5)  # random phase: different seeds, different corners
+        solver.set("ctrl_c", False)  # else z3 takes SIGINT for itself: Ctrl-C must stop us
         for name, expr in constraints.items():
             if track:
                 solver.assert_and_track(expr, z3.Bool(name, ctx))

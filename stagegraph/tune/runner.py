@@ -104,8 +104,6 @@ class Problem:
         from stagegraph.stages.target import Target
 
         request = options.session
-        if request.cost_model is None:
-            request = request.model_copy(update={"cost_model": "heuristic"})
         session = Session(request.model_copy(update={"inspection": Inspection()}), cache=False)
         self.request = request
         self.graph, self.workload = session.graph, session.workload
@@ -339,7 +337,7 @@ def _report(
         workload=problem.workload.spec,
         target=problem.key.target,
         strategy=options.strategy,
-        cost_model=problem.request.cost_model or "heuristic",
+        cost_model=problem.request.cost_model or "the graph's own",
         db=options.db,
         budget=options.budget,
         baseline=baseline,
