@@ -15,7 +15,6 @@ import pytest
 
 from stagegraph.app.session import SessionRequest
 from stagegraph.cli.main import main
-from stagegraph.core.search_space import build_space
 from stagegraph.stages.common.tuning_db import CandidateResult, TuneDB, TunedSite
 from tests.conftest import kernelbench_or_skip
 
