@@ -15,7 +15,8 @@ from stagegraph.errors import ConfigError
 PUBLIC = [
     "Config", "Engine", "Facts", "Graph", "GraphInput", "Module", "Params", "StagegraphError",
     "Workload", "bench", "load_graph", "load_plugin", "parse_workload", "register_cost_model",
-    "register_graph", "register_workload", "run", "stage", "tune",
+    "register_graph", "register_workload", "run", "stage", "tune", "Binary", "WorkloadRef",
+    "declare_space", "Range", "Choice", "TuningSite",
 ]  # fmt: skip
 
 

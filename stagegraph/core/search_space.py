@@ -179,6 +179,32 @@ class SearchSpace:
         solver.add(*[zvars[n] == int(v) for n, v in values.items() if n in zvars])
         return solver.check() == z3.sat
 
+    def repair(self, values: Mapping[str, int], pinned: Mapping[str, int]) -> dict[str, int] | None:
+        """The solution nearest ``values`` (fewest other variables changed) with the
+        ``pinned`` values, or None: how a search moves one variable (reg_m 6 -> 4) and lets
+        the solver fix what depends on it (tile_m to a multiple of 4)."""
+        z3 = self._z3
+        ctx = z3.Context()
+        zvars, constraints = self._build(ctx)
+        opt = z3.Optimize(ctx=ctx)
+        opt.set("ctrl_c", False)
+        opt.add(*constraints.values())
+        opt.add(*[zvars[n] == int(v) for n, v in pinned.items() if n in zvars])
+        moves = [
+            z3.If(zvars[n] >= int(v), zvars[n] - int(v), int(v) - zvars[n])
+            for n, v in values.items()
+            if n in zvars and n not in pinned
+        ]
+        for name, value in values.items():  # first keep as many as possible, then stay near
+            if name in zvars and name not in pinned:
+                opt.add_soft(zvars[name] == int(value))
+        if moves:
+            opt.minimize(z3.Sum(moves))
+        if opt.check() != z3.sat:
+            return None
+        model = opt.model()
+        return {n: model.eval(v, model_completion=True).as_long() for n, v in zvars.items()}
+
     def violated(self, values: Mapping[str, int]) -> list[str]:
         """Names of the constraints ``values`` break (the baseline must break none)."""
         z3 = self._z3

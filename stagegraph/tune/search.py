@@ -2,12 +2,13 @@
 
 * ``random``: the space's seeded solution stream, in order (deterministic per seed, so a
   resumed run proposes the same candidates and finds them in the DB);
-* ``model``: a learned ranking, as TVM's MetaSchedule and Ansor do: a pool of solutions is
-  ranked by a regression of the measured log-speedups on the candidates' values (refit
-  after every batch of measurements; failures count as very slow), and most of each batch
-  is the pool's predicted best, the rest random to keep exploring;
-* ``evolve``: mutations of the fastest measured candidates (one variable at a time, kept
-  only when the solver says they are in the space), topped up from the stream.
+* ``model``: a learned ranking, as TVM's MetaSchedule and Ansor do: random solutions and
+  neighbours of the baseline and of the fastest candidates are ranked by a regression of
+  the measured log-speedups on the candidates' values (refit after every batch of
+  measurements; failures count as very slow), and most of each batch is the predicted
+  best, the rest random to keep exploring;
+* ``evolve``: mutations of the fastest measured candidates (one variable moved, the
+  others repaired by the solver), topped up from the stream.
 
 Strategies see only the space's variables and domains: they work for any params model.
 """
@@ -113,8 +114,56 @@ class LearnedRanking:
         return 0.0 if self.weights is None else float(self.features(values) @ self.weights)
 
 
+class Mutator:
+    """Neighbours of a solution: one variable moved (to an adjacent choice, or halved,
+    doubled, stepped), the others repaired by the solver to the nearest valid values."""
+
+    def __init__(self, space: SearchSpace, rng: random.Random) -> None:
+        self.space, self.rng = space, rng
+
+    def step(self, name: str, value: int) -> int:
+        dom = self.space.variables[name].domain
+        if isinstance(dom, Choice):
+            if not dom.values:
+                return value
+            i = min(range(len(dom.values)), key=lambda j: abs(dom.values[j] - value))
+            return dom.values[max(0, min(len(dom.values) - 1, i + self.rng.choice([-1, 1])))]
+        moved = self.rng.choice([value // 2, value * 2, value - 1, value + 1, value - 2, value + 2])
+        return min(dom.high, max(dom.low, moved))
+
+    def mutants(self, parents: list[Any], tries: int) -> Iterator[Any]:
+        for _ in range(tries):
+            parent = self.rng.choice(parents)
+            values = self.space.values_of(parent)
+            name = self.rng.choice(list(values))
+            moved = self.step(name, values[name])
+            if moved == values[name]:
+                continue
+            repaired = self.space.repair(values, {name: moved})
+            if repaired is None:
+                continue
+            try:
+                yield self.space.to_params(repaired)
+            except ValueError:
+                continue
+
+
+def _fastest(history: dict[str, CandidateResult], model: type, count: int) -> list[Any]:
+    """The ``count`` measured candidates with the best speedup over the baseline."""
+    ranked = sorted(
+        (r for r in history.values() if log_speedup(r) is not None),
+        key=lambda r: -(log_speedup(r) or 0.0),
+    )
+    return [model.model_validate(r.params) for r in ranked[:count]]
+
+
 class ModelStrategy(Strategy):
-    """Measure what the learned ranking predicts fastest; explore with the rest."""
+    """Measure what the learned ranking predicts fastest among random solutions and
+    neighbours of the baseline and of the fastest candidates; explore with the rest.
+
+    Before any measurement the ranking knows nothing, so the first batch is half
+    neighbours of the baseline (the cost model's choice is a good place to start) and
+    half random solutions."""
 
     #: Share of each batch drawn at random (exploration), once the ranking has data.
     EXPLORE = 0.25
@@ -122,14 +171,16 @@ class ModelStrategy(Strategy):
     def __init__(self, space: SearchSpace, seed: int = 0, budget: int = 0) -> None:
         super().__init__(space, seed, budget)
         self.rng = random.Random(seed)
+        self.mutator = Mutator(space, self.rng)
         self.ranking = LearnedRanking(space)
-        self.pool: list[Any] = list(islice(self.stream, max(64, 8 * budget)))
+        self.pool: list[Any] = list(islice(self.stream, max(32, 4 * budget)))
 
     def _training_rows(self, history: dict[str, CandidateResult]) -> list[tuple[dict, float]]:
         rows, failed = [], []
+        model = type(self.space.base)
         for result in history.values():
             try:
-                values = self.space.values_of(type(self.space.base).model_validate(result.params))
+                values = self.space.values_of(model.model_validate(result.params))
             except ValueError:
                 continue
             gain = log_speedup(result)
@@ -141,16 +192,22 @@ class ModelStrategy(Strategy):
 
     def propose(self, n, seen, history):  # type: ignore[override]
         trained = self.ranking.fit(self._training_rows(history))
+        parents = [self.space.base, *_fastest(history, type(self.space.base), 3)]
+        neighbours = [p for p in self.mutator.mutants(parents, 6 * n)
+                      if p.content_hash()[:16] not in seen]  # fmt: skip
         fresh = [p for p in self.pool if p.content_hash()[:16] not in seen]
         if not trained:
-            picked = _take(iter(fresh), n, seen)
+            picked = _take(iter(neighbours), (n + 1) // 2, seen)
         else:
             explore = max(1, round(n * self.EXPLORE)) if n > 1 else 0
-            ranked = sorted(fresh, key=lambda p: -self.ranking.predict(self.space.values_of(p)))
+            candidates = neighbours + fresh
+            ranked = sorted(
+                candidates, key=lambda p: -self.ranking.predict(self.space.values_of(p))
+            )
             picked = _take(iter(ranked), n - explore, seen)
-            rest = [p for p in fresh if p.content_hash()[:16] not in seen]
-            self.rng.shuffle(rest)
-            picked += _take(iter(rest), n - len(picked), seen)
+        rest = [p for p in fresh if p.content_hash()[:16] not in seen]
+        self.rng.shuffle(rest)
+        picked += _take(iter(rest), n - len(picked), seen)
         chosen = {p.content_hash()[:16] for p in picked}
         self.pool = [p for p in self.pool if p.content_hash()[:16] not in chosen]
         self.pool += list(islice(self.stream, len(picked)))  # keep the pool full
@@ -162,40 +219,12 @@ class EvolveStrategy(Strategy):
 
     def __init__(self, space: SearchSpace, seed: int = 0, budget: int = 0) -> None:
         super().__init__(space, seed, budget)
-        self.rng = random.Random(seed)
+        self.mutator = Mutator(space, random.Random(seed))
 
     def propose(self, n, seen, history):  # type: ignore[override]
-        ok = sorted(
-            (r for r in history.values() if r.status == "ok" and r.median_s),
-            key=lambda r: r.median_s,
-        )
-        model = type(self.space.base)
-        parents = [model.model_validate(r.params) for r in ok[:3]]
-        out = _take(self._mutants(parents), n, seen) if parents else []
+        parents = _fastest(history, type(self.space.base), 3)
+        out = _take(self.mutator.mutants(parents, 40 * len(parents)), n, seen) if parents else []
         return out + _take(self.stream, n - len(out), seen) if len(out) < n else out
-
-    def _mutants(self, parents: list[Any]) -> Iterator[Any]:
-        for _ in range(40 * len(parents)):
-            parent = self.rng.choice(parents)
-            values = self.space.values_of(parent)
-            name = self.rng.choice(list(values))
-            values[name] = self._neighbour(name, values[name])
-            if self.space.contains(values):
-                try:
-                    yield self.space.to_params(values)
-                except ValueError:
-                    continue
-
-    def _neighbour(self, name: str, value: int) -> int:
-        dom = self.space.variables[name].domain
-        if isinstance(dom, Choice):
-            if not dom.values:
-                return value
-            i = min(range(len(dom.values)), key=lambda j: abs(dom.values[j] - value))
-            return dom.values[max(0, min(len(dom.values) - 1, i + self.rng.choice([-1, 1])))]
-        step = self.rng.choice([0.5, 2.0, -1, 1])
-        new = int(value * step) if step in (0.5, 2.0) else value + int(step)
-        return min(dom.high, max(dom.low, new))
 
 
 def make_strategy(name: str, space: SearchSpace, seed: int, budget: int) -> Strategy:
