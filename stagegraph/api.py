@@ -220,8 +220,11 @@ def tune(
     db: str = "stagegraph-tune.db",
     strategy: str = "random",
     seed: int = 0,
-    cost_model: str = "heuristic",
+    cost_model: str | None = None,
     fix: Assignments = None,
+    per_op: bool = False,
+    measure: str | None = None,
+    threads: int | None = None,
     batch_size: int | None = None,
     samples: int = 20,
     compile_timeout: float = 60.0,
@@ -240,7 +243,9 @@ def tune(
 
     Returns the :class:`~stagegraph.tune.runner.TuneReport` (``report.best``,
     ``report.winner``), or with ``explain=True`` the search space as a dict. ``fix`` pins
-    fields (``{"tile_m": 32}``). ``graph`` must be a name: workers rebuild it.
+    fields (``{"tile_m": 32}``); ``per_op`` gives each distinct op its own params;
+    ``measure`` names a registered stage of kind measure to time candidates with.
+    ``graph`` must be a name: workers rebuild it.
     """
     from stagegraph.app.session import parse_assignments
     from stagegraph.tune.runner import TuneOptions
@@ -253,7 +258,7 @@ def tune(
     session = _request(
         _by_name(graph, "tune"), workload, target=target, cost_model=cost_model,
         dump_ir=dump_ir, print_ir_after=print_ir_after, verify_each=verify_each,
-        repro_dir=repro_dir,
+        repro_dir=repro_dir, threads=threads,
     )  # fmt: skip
     options = TuneOptions(
         session=session,
@@ -264,6 +269,8 @@ def tune(
         strategy=strategy,
         seed=seed,
         fixes=parse_assignments(fix or ()),
+        per_op=per_op,
+        measure=measure,
         batch_size=batch_size,
         samples=samples,
         compile_timeout_s=compile_timeout,

@@ -94,7 +94,7 @@ def test_bench_versus_numpy(tmp_path):
 
 def test_tune_explain_and_one_candidate(tmp_path):
     space = sg.tune("x86", "matmul:m=64,n=64,k=64", explain=True)
-    assert "mm0.tile_m" in space["fields"]
+    assert "matmul0.tile_m" in space["fields"]
     report = sg.tune("x86", "matmul:m=32,n=32,k=32", budget=1, samples=4,
                      db=str(tmp_path / "t.db"))  # fmt: skip
     assert report.measured == 1 and report.failed == 0
