@@ -119,7 +119,8 @@ def test_user_params_model_is_tunable_without_editing_stagegraph(user_plugin, tm
     assert report["measured"] == 3 and report["failed"] == 0, report["failures"]
     assert report["exhausted"] is False
     assert "--measure user.wallclock" in report["commands"]["resume"]
-    assert report["commands"]["resume"].startswith(f"stagegraph --plugin {user_plugin} tune")
+    resume = report["commands"]["resume"]
+    assert resume.startswith("stagegraph --plugin") and f"--plugin {user_plugin} " in resume
     rows = TuneDB(db).conn.execute("SELECT params, samples, baseline_samples FROM candidates")
     seen = set()
     for params, samples, baseline in rows.fetchall():
