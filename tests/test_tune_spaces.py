@@ -288,3 +288,24 @@ def test_ctrl_c_reports_the_best_so_far_and_how_to_resume(tmp_path):
     assert proc.returncode == 130, err
     assert "interrupted" in out and "best candidate is" in out
     assert f"resume:  stagegraph tune x86 {SMALL}" in out and "--budget 6" in out
+
+
+def test_declarations_apply_per_target_and_name_unknown_fields():
+    from stagegraph.core.ports import Params
+    from stagegraph.core.search_space import build_space
+    from stagegraph.core.tunable import Choice, declare_space
+    from stagegraph.errors import EmptySearchSpaceError
+    from stagegraph.stages.target import resolve_target
+
+    class WideParams(Params):
+        width: int = 8
+
+    declare_space(WideParams, "*", {"width": Choice((8, 16))},
+                  applies_to=lambda target: target.has("avx512f"))  # fmt: skip
+    base = WideParams()
+    on_v4 = build_space(base, None, resolve_target("x86-64-v4"))
+    assert list(on_v4.variables) == ["params.width"]
+    with pytest.raises(EmptySearchSpaceError, match="declares search spaces for \\*"):
+        build_space(base, None, resolve_target("x86-64-v3"))
+    with pytest.raises(ValueError, match="unknown fields hieght"):
+        declare_space(WideParams, "*", {"hieght": Choice((1,))})
