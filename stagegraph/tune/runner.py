@@ -56,6 +56,8 @@ class Best(Schema):
     params: dict[str, Any]
     params_hash: str
     median_s: float
+    #: The baseline's median measured beside this candidate (what ``speedup`` compares).
+    baseline_median_s: float | None = None
     speedup: float
     speedup_low: float
     speedup_high: float
@@ -317,6 +319,7 @@ def _report(
             params=result.params,
             params_hash=result.params_hash,
             median_s=result.median_s,
+            baseline_median_s=float(np.median(result.baseline_samples)),
             speedup=r.ratio,
             speedup_low=r.low,
             speedup_high=r.high,
