@@ -3,7 +3,8 @@
 For each payload, ``stagegraph tune`` runs with the given strategy and budget (every
 candidate compiled, verified and timed interleaved with the heuristic's params in an
 isolated child); the table gives the best candidate's median and the baseline's measured
-beside it, the speedup with its paired bootstrap interval, and whether the interval excludes 1 (a win).
+beside it, the speedup with its paired bootstrap interval, and whether the interval
+excludes 1 (a win).
 The reference is the x86 graph's own heuristic cost model (the params the tuner starts
 from). The header names the host CPU and its ISA tier. Usage:
 
