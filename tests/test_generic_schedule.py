@@ -692,3 +692,35 @@ def test_pooling_channels_tile_by_conv_batch_tile(batch_tile, channels):
         for a, b in itertools.product(range(3), range(3))
     )
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_pooling_vectors_drop_unit_dims_by_conv_drop_unit_dims(drop):
+    """A one-channel pooling tile vectorizes to ``vector<Wx1>`` values (window slices
+    shuffled element by element); ``conv_drop_unit_dims`` turns them into ``vector<W>``
+    before lowering (off by default); the result stays correct."""
+    import re
+
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic_schedule import (
+        apply_generic_schedule,
+        build_generic_schedule,
+    )
+
+    text = _pooling((3, 3))
+    module = parse_payload(text)
+    facts = analyze(module)
+    heuristic = heuristic_generic_params(facts, AVX512)
+    assert not heuristic.conv_drop_unit_dims
+    params = heuristic.model_copy(update={"conv_drop_unit_dims": drop})
+    with module.context, ir.Location.unknown():
+        apply_generic_schedule(module, build_generic_schedule(facts, params), facts)
+    unit = re.findall(r"vector<\d+x1xf32>", str(module))
+    assert bool(unit) != drop
+    x = np.random.default_rng(8).standard_normal((2, 16, 9, 40)).astype(np.float32)
+    (out,) = _jit(text, params).call("main", [x])
+    expected = sum(
+        x[:, :, a : a + out.shape[2], b : b + out.shape[3]]
+        for a, b in itertools.product(range(3), range(3))
+    )
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

@@ -44,6 +44,9 @@ class GenericParams(Params):
     conv_batch_tile: int = Field(
         1, ge=1, description="innermost batch-dim tile of convolutions (a pooling's channels)"
     )
+    conv_drop_unit_dims: bool = Field(
+        False, description="drop unit dims of a convolution tile's vectors before lowering"
+    )
 
 
 def _element_bytes(facts: PayloadFacts) -> int:
