@@ -653,3 +653,74 @@ def test_failure_propagation_is_a_schedule_option_not_a_global():
         assert PROPAGATE_ATTR not in quiet.operation.attributes
         assert PROPAGATE_ATTR in loud.operation.attributes
     assert ScheduleConfig().propagate_failures is False
+
+
+@pytest.mark.parametrize(("batch_tile", "channels"), [(1, 1), (4, 4), (3, 2)])
+def test_pooling_channels_tile_by_conv_batch_tile(batch_tile, channels):
+    """``conv_batch_tile`` tiles the innermost batch dim of a convolution (an NCHW
+    pooling's channels) to its largest divisor at most the knob, so each decomposed 1-D
+    tile holds that many channels (the default 1 keeps one channel per tile); the result
+    stays correct."""
+    import re
+
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic_schedule import (
+        apply_generic_schedule,
+        build_generic_schedule,
+        convolution_plan,
+    )
+
+    text = _pooling((3, 3))
+    module = parse_payload(text)
+    facts = analyze(module)
+    (pool,) = [op for op in facts.ops if op.op_class == "pooling"]
+    heuristic = heuristic_generic_params(facts, AVX512)
+    assert heuristic.conv_batch_tile == 1
+    params = heuristic.model_copy(update={"conv_batch_tile": batch_tile})
+    sizes, decompose = convolution_plan(pool, params)
+    assert decompose and sizes[pool.convolution.batch[-1]] == channels
+    assert sizes[pool.convolution.batch[0]] == 1
+    with module.context, ir.Location.unknown():
+        apply_generic_schedule(module, build_generic_schedule(facts, params), facts)
+    width = sizes[pool.convolution.output_image[-1]]
+    tiles = set(re.findall(rf"tensor<1x(\d+)x1x{width}xf32>", str(module)))  # output tiles
+    assert tiles == {str(channels)}
+    x = np.random.default_rng(7).standard_normal((2, 16, 9, 40)).astype(np.float32)
+    (out,) = _jit(text, params).call("main", [x])
+    expected = sum(
+        x[:, :, a : a + out.shape[2], b : b + out.shape[3]]
+        for a, b in itertools.product(range(3), range(3))
+    )
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("drop", [False, True])
+def test_pooling_vectors_drop_unit_dims_by_conv_drop_unit_dims(drop):
+    """A one-channel pooling tile vectorizes to ``vector<Wx1>`` values (window slices
+    shuffled element by element); ``conv_drop_unit_dims`` turns them into ``vector<W>``
+    before lowering (off by default); the result stays correct."""
+    import re
+
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic_schedule import (
+        apply_generic_schedule,
+        build_generic_schedule,
+    )
+
+    text = _pooling((3, 3))
+    module = parse_payload(text)
+    facts = analyze(module)
+    heuristic = heuristic_generic_params(facts, AVX512)
+    assert not heuristic.conv_drop_unit_dims
+    params = heuristic.model_copy(update={"conv_drop_unit_dims": drop})
+    with module.context, ir.Location.unknown():
+        apply_generic_schedule(module, build_generic_schedule(facts, params), facts)
+    unit = re.findall(r"vector<\d+x1xf32>", str(module))
+    assert bool(unit) != drop
+    x = np.random.default_rng(8).standard_normal((2, 16, 9, 40)).astype(np.float32)
+    (out,) = _jit(text, params).call("main", [x])
+    expected = sum(
+        x[:, :, a : a + out.shape[2], b : b + out.shape[3]]
+        for a, b in itertools.product(range(3), range(3))
+    )
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)

@@ -42,6 +42,12 @@ class GenericParams(Params):
     conv_width_tile: int = Field(8, ge=1, description="output-width tile of 1-D convolutions")
     conv_channel_tile: int = Field(8, ge=1, description="output-channel tile of convolutions")
     conv_reduction_tile: int = Field(8, ge=1, description="input-channel tile of convolutions")
+    conv_batch_tile: int = Field(
+        1, ge=1, description="innermost batch-dim tile of convolutions (a pooling's channels)"
+    )
+    conv_drop_unit_dims: bool = Field(
+        False, description="drop unit dims of a convolution tile's vectors before lowering"
+    )
 
 
 def _element_bytes(facts: PayloadFacts) -> int:

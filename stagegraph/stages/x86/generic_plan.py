@@ -112,6 +112,10 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
         sizes[d] = largest_divisor_at_most(ranges[d], params.conv_channel_tile)
     for d in conv.input_channel:
         sizes[d] = largest_divisor_at_most(ranges[d], params.conv_reduction_tile)
+    if conv.batch:
+        sizes[conv.batch[-1]] = largest_divisor_at_most(
+            ranges[conv.batch[-1]], params.conv_batch_tile
+        )
     return sizes, decompose
 
 

@@ -189,6 +189,15 @@ class _Builder:
             tv.ApplyLowerShapeCastPatternsOp, tv.ApplyLowerBroadcastPatternsOp, canonicalize=False
         )
 
+    def drop_unit_dims(self, target: Any) -> None:
+        """Drop the unit dims of the vector ops under ``target`` (shape casts instead), so a
+        one-channel convolution's ``vector<Wx1>`` values become ``vector<W>``."""
+        op = self.transform.ApplyPatternsOp(target)
+        with self.ir.InsertionPoint(op.patterns):
+            self.tv.ApplyDropUnitDimWithShapeCastPatternsOp()
+            self.tv.ApplyDropInnerMostUnitDimsFromXferOpsPatternsOp()
+            self.transform.ApplyCanonicalizationPatternsOp()
+
     # -- per class ---------------------------------------------------------------------
 
     def elementwise(self, root: Any, op: OpFacts, fuse: bool) -> None:
@@ -311,6 +320,8 @@ class _Builder:
                 structured.VectorizeOp(compute)
                 loops = list(tiled.results[1:])
                 if loops:
+                    if self.params.conv_drop_unit_dims:
+                        self.drop_unit_dims(loops[0])
                     self.lower_vectors(loops[0])
                 transform.YieldOp([])
             transform.YieldOp([])
