@@ -185,13 +185,33 @@ def _reduction_rules(p: object, op: object, target: Target, logic: object) -> di
 
 def _convolution_rules(p: object, op: object, target: Target, logic: object) -> dict[str, object]:
     """An output tile's accumulators (width x channels) stay within four register files, so
-    the unrolled vector code stays small enough to compile in seconds."""
+    the unrolled vector code stays small enough to compile in seconds; a batch tile times
+    the width tile stays at most 16 (beyond it the unrolled tile spills: 0.6-0.7x)."""
     budget = 4 * _REGISTERS * _op_lanes(op, target)
-    return {f"conv_output_tile_within_{budget}": p.conv_width_tile * p.conv_channel_tile <= budget}
+    return {
+        f"conv_output_tile_within_{budget}": p.conv_width_tile * p.conv_channel_tile <= budget,
+        "conv_batch_times_width_within_16": p.conv_batch_tile * p.conv_width_tile <= 16,
+    }
 
 
 _X86 = {"applies_to": lambda target: target.arch in ("x86_64", "AMD64")}
-_TILES = Choice((1, 2, 4, 8, 16, 32))
+_POWERS = (1, 2, 4, 8, 16, 32)
+
+
+def _tiles_of(role: str, cap: int = 32) -> object:
+    """Tile sizes for a convolution loop role: powers of two (the heuristic's values) and
+    the divisors of the op's extent in that role up to ``cap`` (a tile is the largest
+    divisor at most the value, so the divisors are the distinct plans)."""
+
+    def domain(op: OpFacts, target: Target) -> Choice:
+        conv = op.convolution
+        dims = getattr(conv, role, ()) if conv is not None else ()
+        extent = op.loop_ranges[dims[-1]] if dims else 1
+        divisors = [d for d in range(1, min(extent, cap) + 1) if extent % d == 0]
+        return Choice((*_POWERS, *divisors))
+
+    return domain
+
 
 declare_space(
     GenericParams,
@@ -213,14 +233,25 @@ declare_space(
 declare_space(
     GenericParams,
     "convolution",
-    {"conv_width_tile": _TILES, "conv_channel_tile": _TILES, "conv_reduction_tile": _TILES},
+    {
+        "conv_width_tile": _tiles_of("output_image"),
+        "conv_channel_tile": _tiles_of("output_channel", 16),
+        "conv_reduction_tile": _tiles_of("input_channel"),
+        "conv_batch_tile": Choice((1, 2, 4, 8)),
+        "conv_drop_unit_dims": Choice((0, 1)),
+    },
     _convolution_rules,
     **_X86,
 )
 declare_space(
     GenericParams,
     "pooling",
-    {"conv_width_tile": _TILES, "conv_channel_tile": _TILES},
+    {
+        "conv_width_tile": _tiles_of("output_image"),
+        "conv_channel_tile": _tiles_of("output_channel", 16),
+        "conv_batch_tile": Choice((1, 2, 4, 8)),
+        "conv_drop_unit_dims": Choice((0, 1)),
+    },
     _convolution_rules,
     **_X86,
 )
