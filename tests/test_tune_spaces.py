@@ -175,8 +175,11 @@ def test_heuristic_baseline_breaks_no_declared_constraint(workload):
         assert problem.space.violated(problem.space.values_of(problem.base)) == []
 
 
-def test_tuning_a_softmax_measures_candidates(tmp_path, capsys):
-    path = str(kernelbench_or_skip() / "l1_023_Softmax.mlir")
+@pytest.mark.parametrize(
+    "payload", ["l1_023_Softmax", "l1_050_conv_standard_2D_square_input_square_kernel"]
+)
+def test_tuning_a_softmax_and_a_convolution_measures_candidates(payload, tmp_path, capsys):
+    path = str(kernelbench_or_skip() / f"{payload}.mlir")
     db = tmp_path / "s.db"
     code = main(["tune", "x86", path, "--budget", "2", "--threads", "1", "--samples", "4",
                  "--db", str(db), "--json", "--strategy", "model"])  # fmt: skip
