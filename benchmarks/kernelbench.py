@@ -10,6 +10,7 @@ the script restarts without them (the reference runs numpy) and says so. A last 
 the geometric means (times over the payloads both x86 and IREE verify). Usage:
 
     python benchmarks/kernelbench.py ../shared/kernelbench/level1 [--json] [--timeout S]
+    python benchmarks/kernelbench.py ../shared/kernelbench/level3 --no-naive --threads 1
 """
 
 from __future__ import annotations
@@ -43,13 +44,13 @@ class Row(Schema):
     error: str = ""
 
 
-def measure(graph_name: str, path: str, budget_s: float) -> dict:
+def measure(graph_name: str, path: str, budget_s: float, threads: int | None = None) -> dict:
     """Compile, verify and time one payload through one graph (runs in the child)."""
     from stagegraph.app.bench import BenchOptions, benchmark
     from stagegraph.app.session import Session, SessionRequest
     from stagegraph.stages.analysis import analyze
 
-    session = Session(SessionRequest(graph=graph_name, workload=path))
+    session = Session(SessionRequest(graph=graph_name, workload=path, threads=threads))
     workload, engine = session.workload, session.engine
     classes = sorted(analyze(workload.payload(engine.context)).classes)
     report = benchmark(engine, session.graph, workload, None,
@@ -60,13 +61,13 @@ def measure(graph_name: str, path: str, budget_s: float) -> dict:
             "host": report.host.model_dump(mode="json") if report.host else None}  # fmt: skip
 
 
-def measure_iree(path: str, budget_s: float) -> dict:
+def measure_iree(path: str, budget_s: float, threads: int | None = None) -> dict:
     """Compile, verify and time one payload with IREE (runs in the child)."""
     from stagegraph.app.bench import BenchOptions, sample
     from stagegraph.app.iree import IreeMeasurement
     from stagegraph.app.session import open_workload
 
-    measurement = IreeMeasurement(open_workload(path))
+    measurement = IreeMeasurement(open_workload(path), threads=threads)
     if not measurement.verdict.ok:
         return {"verified": False, "median_s": None, "message": measurement.verdict.message}
     measurement.measure(1, warmup=1)
@@ -85,12 +86,14 @@ def iree_missing() -> str:
     return "" if found else "missing: pip install 'stagegraph[peers]'"
 
 
-def with_iree(row: Row, path: Path, limits: Limits, budget_s: float, missing: str) -> Row:
+def with_iree(
+    row: Row, path: Path, limits: Limits, budget_s: float, missing: str, threads: int | None = None
+) -> Row:
     """The row with IREE's columns; an IREE failure stays in them."""
     if missing:
         return row.model_copy(update={"iree_error": missing})
     try:
-        result = limits.run(measure_iree, str(path), budget_s, label="iree")
+        result = limits.run(measure_iree, str(path), budget_s, threads, label="iree")
     except StagegraphError as exc:
         return row.model_copy(update={"iree_error": str(exc).splitlines()[0]})
     ratio = None
@@ -106,23 +109,28 @@ def geomean(values: list[float]) -> float | None:
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
-def run_one(path: Path, limits: Limits, budget_s: float) -> tuple[Row, dict | None]:
+def run_one(
+    path: Path, limits: Limits, budget_s: float, threads: int | None = None, naive: bool = True
+) -> tuple[Row, dict | None]:
     """The payload's row, and the host the x86 side ran on (``None`` if it never ran)."""
     row = Row(payload=path.stem)
     results = {}
-    for graph in ("x86", "naive"):
+    for graph in ("x86", "naive") if naive else ("x86",):
         try:
-            results[graph] = limits.run(measure, graph, str(path), budget_s, label=graph)
+            results[graph] = limits.run(measure, graph, str(path), budget_s, threads, label=graph)
         except StagegraphError as exc:
             first = str(exc).splitlines()[0]
             host = results["x86"]["host"] if results else None
             return row.model_copy(update={"error": f"{graph}: {first}"}), host
-    x86, naive = results["x86"], results["naive"]
+    x86 = results["x86"]
+    naive = results.get("naive", {"median_s": None, "trustworthy": None})
     speedup = None
     if x86["median_s"] and naive["median_s"]:
         speedup = naive["median_s"] / x86["median_s"]
     noisy = [f"{g}: {r['warning']}" for g, r in results.items() if r["trustworthy"] is False]
-    timed = x86["trustworthy"] is not None and naive["trustworthy"] is not None
+    timed = x86["trustworthy"] is not None and (
+        naive["trustworthy"] is not None or not results.get("naive")
+    )
     return row.model_copy(update={
         "classes": x86["classes"], "verified": bool(x86["verified"]),
         "x86_s": x86["median_s"], "naive_s": naive["median_s"], "speedup": speedup,
@@ -148,13 +156,15 @@ def main() -> int:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--budget", type=float, default=1.0, help="timing budget per graph (s)")
+    parser.add_argument("--threads", type=int, help="threads of x86 and IREE (default: all)")
+    parser.add_argument("--no-naive", action="store_true", help="skip the naive graph (models)")
     args = parser.parse_args()
     limits = Limits(timeout_s=args.timeout, memory_bytes=16 * 2**30)
     rows, host = [], None
     missing = iree_missing()
     for path in sorted(args.folder.glob("*.mlir")):
-        row, row_host = run_one(path, limits, args.budget)
-        row = with_iree(row, path, limits, args.budget, missing)
+        row, row_host = run_one(path, limits, args.budget, args.threads, not args.no_naive)
+        row = with_iree(row, path, limits, args.budget, missing, args.threads)
         rows.append(row)
         host = host or row_host
         if not args.json:
@@ -171,12 +181,14 @@ def main() -> int:
                "iree_verified": sum(bool(r.iree_verified) for r in rows),
                "iree": missing or "installed", "geomean_x86_s": gm_x86,
                "geomean_iree_s": gm_iree, "geomean_x86_vs_iree": gm_ratio,
-               "noisy": len(noisy), "host": host, "note": note}  # fmt: skip
+               "noisy": len(noisy), "host": host, "note": note,
+               "threads": args.threads}  # fmt: skip
     if args.json:
         print(json.dumps({"rows": [r.model_dump() for r in rows], "summary": summary}, indent=1))
         return 0
     for line in header(host, note):
         print(f"{line}  ")
+    print(f"threads: {args.threads or 'all cores'} (x86 and IREE)  ")
     print()
     print(
         "| payload | op classes | verified | x86 ms | naive ms | speedup "
