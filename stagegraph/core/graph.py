@@ -7,14 +7,17 @@ by their bare name in edges. Every constructor validates and reports all problem
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import graphlib
+import heapq
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any
 
 from stagegraph.core.ports import Module, compatible, port_name
+
+if TYPE_CHECKING:
+    import networkx as nx
 from stagegraph.core.stage import Port, Stage
 from stagegraph.errors import (
     AmbiguousTagError,
@@ -93,8 +96,9 @@ class Graph:
     inputs: Mapping[str, GraphInput]
     default_splice: str | None = None
     description: str = ""
-    network: nx.MultiDiGraph = field(repr=False, default=None)  # type: ignore[assignment]
     _types: dict[tuple[str, str], type] = field(repr=False, default=None)  # type: ignore[assignment]
+    _order: tuple[str, ...] = field(repr=False, default=())
+    _network: Any = field(repr=False, default=None)
 
     def __init__(
         self,
@@ -134,7 +138,24 @@ class Graph:
         problems.extend(self._check())
         if problems:
             raise problems[0] if len(problems) == 1 else InvalidGraphError(name, problems)
-        set_(self, "network", nx.freeze(self._to_networkx()))
+        set_(self, "_order", tuple(_ranked_order(self._successors(), self._rank)))
+
+    @property
+    def network(self) -> nx.MultiDiGraph:
+        """The graph as a frozen networkx multigraph (node kinds, tags, edge port types), for
+        rendering and analysis; built on first use (importing networkx costs ~0.2 s)."""
+        if self._network is None:
+            import networkx as nx
+
+            object.__setattr__(self, "_network", nx.freeze(self._to_networkx()))
+        return self._network
+
+    def _successors(self) -> dict[str, list[str]]:
+        following: dict[str, list[str]] = {n: [] for n in [*self.inputs, *self.stages]}
+        for e in self.edges:
+            if e.src in following and e.dst in following:
+                following[e.src].append(e.dst)
+        return following
 
     # -- validation -------------------------------------------------------------------------
 
@@ -146,13 +167,10 @@ class Graph:
         ``Module["any"]`` output of a stage whose module inputs are all ``any`` (a pass
         pipeline of unknown passes, a wrapper) carries the level fed into it, so a level
         mismatch further down is still found."""
-        digraph = nx.DiGraph()
-        digraph.add_nodes_from([*self.inputs, *self.stages])
-        digraph.add_edges_from((e.src, e.dst) for e in self.edges if e.src in digraph)
         try:
-            order = list(nx.topological_sort(digraph))
-        except nx.NetworkXUnfeasible:
-            order = list(digraph)  # a cycle: reported by _check; declared types only
+            order = _ranked_order(self._successors(), str)
+        except graphlib.CycleError:
+            order = [*self.inputs, *self.stages]  # a cycle: reported by _check; declared types
         types: dict[tuple[str, str], type] = {}
         for name in order:
             node = self._node(name)
@@ -243,13 +261,13 @@ class Graph:
                             f"is connected {len(incoming)} times (from {sources})"
                         )
                     )
-        digraph = nx.DiGraph([(e.src, e.dst) for e in self.edges])
+        predecessors: dict[str, set[str]] = {}
+        for e in self.edges:
+            predecessors.setdefault(e.dst, set()).add(e.src)
         try:
-            cycle = nx.find_cycle(digraph)
-        except nx.NetworkXNoCycle:
-            cycle = None
-        if cycle:
-            path = " -> ".join([u for u, _ in cycle] + [cycle[0][0]])
+            graphlib.TopologicalSorter(predecessors).prepare()
+        except graphlib.CycleError as exc:
+            path = " -> ".join(exc.args[1])
             problems.append(CycleError(f"graph {self.name!r} has a cycle: {path}"))
         if self.default_splice is not None and not self._tagged(self.default_splice):
             problems.append(
@@ -272,6 +290,8 @@ class Graph:
         )
 
     def _to_networkx(self) -> nx.MultiDiGraph:
+        import networkx as nx
+
         graph = nx.MultiDiGraph(name=self.name)
         for node in self.inputs.values():
             graph.add_node(node.name, kind="input", node=node, tags=node.tags)
@@ -316,7 +336,7 @@ class Graph:
 
     def order(self) -> list[str]:
         """Nodes in a deterministic topological order."""
-        return list(nx.lexicographical_topological_sort(self.network, key=self._rank))
+        return list(self._order)
 
     def _rank(self, node: str) -> str:
         return f"{0 if node in self.inputs else 1}:{node}"
@@ -328,10 +348,14 @@ class Graph:
         return [e for e in self.edges if e.src == node and port in (None, e.src_port)]
 
     def ancestors(self, node: str) -> set[str]:
-        return nx.ancestors(self.network, node)
+        preceding: dict[str, list[str]] = {}
+        for src, dsts in self._successors().items():
+            for dst in dsts:
+                preceding.setdefault(dst, []).append(src)
+        return _reachable(preceding, node)
 
     def descendants(self, node: str) -> set[str]:
-        return nx.descendants(self.network, node)
+        return _reachable(self._successors(), node)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Graph):
@@ -458,3 +482,41 @@ class Graph:
             inputs=[i for i in self.inputs.values() if i.name in keep],
             default_splice=default,
         )
+
+
+def _ranked_order(successors: Mapping[str, list[str]], rank: Callable[[str], str]) -> list[str]:
+    """A topological order that takes, among the nodes ready, the lowest ``rank`` first
+    (deterministic: the same graph always runs its stages in the same order).
+
+    Raises:
+        graphlib.CycleError: the edges have a cycle.
+    """
+    waiting = {node: 0 for node in successors}
+    for targets in successors.values():
+        for target in targets:
+            waiting[target] += 1
+    ready = [(rank(n), n) for n, count in waiting.items() if count == 0]
+    heapq.heapify(ready)
+    order: list[str] = []
+    while ready:
+        _, node = heapq.heappop(ready)
+        order.append(node)
+        for target in successors[node]:
+            waiting[target] -= 1
+            if waiting[target] == 0:
+                heapq.heappush(ready, (rank(target), target))
+    if len(order) != len(waiting):
+        raise graphlib.CycleError("the graph has a cycle", [])
+    return order
+
+
+def _reachable(following: Mapping[str, list[str]], start: str) -> set[str]:
+    """Nodes reachable from ``start`` along ``following`` (``start`` itself excluded)."""
+    seen: set[str] = set()
+    todo = list(following.get(start, ()))
+    while todo:
+        node = todo.pop()
+        if node not in seen:
+            seen.add(node)
+            todo.extend(following.get(node, ()))
+    return seen
