@@ -724,3 +724,27 @@ def test_pooling_vectors_drop_unit_dims_by_conv_drop_unit_dims(drop):
         for a, b in itertools.product(range(3), range(3))
     )
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_per_op_params_reach_only_their_op():
+    """``per_op`` params (by op signature) change that op's tiling and nothing else's."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.x86.generic_schedule import build_generic_schedule
+
+    module = parse_payload(ROW_SUM)
+    facts = analyze(module)
+    base = GenericParams(reduction_chunk=1024)
+    reduction = facts.ops[1]
+
+    def tile_sizes(per_op: dict) -> list[tuple[int, ...]]:
+        with module.context, ir.Location.unknown():
+            schedule = build_generic_schedule(facts, base, per_op=per_op)
+        tiles = collect(
+            schedule.operation, lambda op: op.name == "transform.structured.tile_using_for"
+        )
+        return [tuple(ir.DenseI64ArrayAttr(t.attributes["static_sizes"])) for t in tiles]
+
+    assert tile_sizes({}) != tile_sizes({reduction.signature(): GenericParams(reduction_chunk=64)})
+    other = {facts.ops[0].signature(): GenericParams(reduction_chunk=64)}  # the fill's entry
+    assert tile_sizes(other) == tile_sizes({})
