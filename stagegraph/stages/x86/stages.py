@@ -224,9 +224,11 @@ X86_FINISH = "func.func(lower-vector-multi-reduction),convert-linalg-to-loops"
 
 class LowerConfig(Config):
     """``vector_math``: call glibc's libmvec for vector math ops the target's ISA covers
-    (else LLVM scalarizes them into one libm call per lane)."""
+    (else LLVM scalarizes them into one libm call per lane); ``approximate_math``: f32 tanh
+    as a rational function in arith first (:mod:`stagegraph.stages.common.math_approx`)."""
 
     vector_math: bool = True
+    approximate_math: bool = True
 
 
 @stage("passes", name="x86.lower")
@@ -237,6 +239,7 @@ def lower(
     loops become dynamically scheduled OpenMP loops when the params ask for more than one
     thread."""
     from stagegraph.stages.common import lowering
+    from stagegraph.stages.common.math_approx import approximate_tanh
     from stagegraph.stages.common.passes import run_pipeline
     from stagegraph.stages.common.rewrites import (
         copies_to_linalg,
@@ -247,6 +250,8 @@ def lower(
     from stagegraph.stages.x86.vector_math import call_vector_math
 
     copies_to_linalg(module.ir)
+    if config.approximate_math:
+        approximate_tanh(module.ir)
     if config.vector_math:
         call_vector_math(module.ir, target)
     run_pipeline(module, X86_FINISH)
