@@ -656,11 +656,11 @@ def test_failure_propagation_is_a_schedule_option_not_a_global():
 
 
 @pytest.mark.parametrize(("batch_tile", "channels"), [(1, 1), (4, 4), (3, 2)])
-def test_pooling_channels_tile_by_conv_batch_tile(batch_tile, channels):
-    """``conv_batch_tile`` tiles the innermost batch dim of a convolution (an NCHW
-    pooling's channels) to its largest divisor at most the knob, so each decomposed 1-D
-    tile holds that many channels (the default 1 keeps one channel per tile); the result
-    stays correct."""
+def test_pooling_channels_tile_by_pool_batch_tile(batch_tile, channels):
+    """``pool_batch_tile`` tiles the innermost batch dim of a pooling (NCHW: its channels)
+    to its largest divisor at most the knob, so each decomposed 1-D tile holds that many
+    channels (the heuristic takes :data:`POOL_BATCH_TILE`); a convolution's batch tile
+    (``conv_batch_tile``) does not apply to it; the result stays correct."""
     import re
 
     from stagegraph.mlir.bindings import ir
@@ -675,8 +675,8 @@ def test_pooling_channels_tile_by_conv_batch_tile(batch_tile, channels):
     facts = analyze(module)
     (pool,) = [op for op in facts.ops if op.op_class == "pooling"]
     heuristic = heuristic_generic_params(facts, AVX512)
-    assert heuristic.conv_batch_tile == 1
-    params = heuristic.model_copy(update={"conv_batch_tile": batch_tile})
+    assert heuristic.conv_batch_tile == 1 and heuristic.pool_batch_tile == 4
+    params = heuristic.model_copy(update={"pool_batch_tile": batch_tile, "conv_batch_tile": 8})
     sizes, decompose = convolution_plan(pool, params)
     assert decompose and sizes[pool.convolution.batch[-1]] == channels
     assert sizes[pool.convolution.batch[0]] == 1
@@ -712,7 +712,7 @@ def test_pooling_vectors_drop_unit_dims_by_conv_drop_unit_dims(drop):
     facts = analyze(module)
     heuristic = heuristic_generic_params(facts, AVX512)
     assert not heuristic.conv_drop_unit_dims
-    params = heuristic.model_copy(update={"conv_drop_unit_dims": drop})
+    params = heuristic.model_copy(update={"conv_drop_unit_dims": drop, "pool_batch_tile": 1})
     with module.context, ir.Location.unknown():
         apply_generic_schedule(module, build_generic_schedule(facts, params), facts)
     unit = re.findall(r"vector<\d+x1xf32>", str(module))

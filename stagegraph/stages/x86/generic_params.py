@@ -45,6 +45,9 @@ class GenericParams(Params):
     conv_batch_tile: int = Field(
         1, ge=1, description="innermost batch-dim tile of convolutions (a pooling's channels)"
     )
+    pool_batch_tile: int = Field(
+        1, ge=1, description="innermost batch-dim tile of poolings (NCHW: the channels)"
+    )
     conv_drop_unit_dims: bool = Field(
         False, description="drop unit dims of a convolution tile's vectors before lowering"
     )
@@ -61,6 +64,12 @@ def _element_bytes(facts: PayloadFacts) -> int:
     return max(sizes, default=0) or 4
 
 
+#: Pooling windows (of as many channels) per tile: independent work for the vector unit to
+#: overlap. Measured on AVX2 (Zen 1): 1.6x (2-D max pool), 2.7x (2-D average pool), no
+#: change on 3-D; tiling a convolution's batch instead loses 0.6-0.9x (it only adds spills).
+POOL_BATCH_TILE = 4
+
+
 def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericParams:
     """Knobs from the facts and the machine.
 
@@ -70,7 +79,8 @@ def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericPara
       (so the fully unrolled vector code stays small);
     * reductions over outer dims take 4 registers of the innermost parallel dim per tile;
       the reduction is chunked so that a chunk fits the register file;
-    * convolutions tile output channels and width by the lanes.
+    * convolutions tile output channels and width by the lanes; poolings also take
+      :data:`POOL_BATCH_TILE` windows of their batch (channel) dim per tile.
     """
     elem = _element_bytes(facts)
     lanes = max(1, target.vector_bits // (8 * elem))
@@ -86,6 +96,7 @@ def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericPara
         conv_width_tile=lanes,
         conv_channel_tile=max(1, lanes // 2),
         conv_reduction_tile=max(1, lanes // 2),
+        pool_batch_tile=POOL_BATCH_TILE,
     )
 
 
@@ -183,6 +194,15 @@ def _reduction_rules(p: object, op: object, target: Target, logic: object) -> di
     return {"reduction_rows_within_chunk": p.reduction_rows <= p.reduction_chunk}
 
 
+def _pooling_rules(p: object, op: object, target: Target, logic: object) -> dict[str, object]:
+    """As for convolutions, with the pooling's own batch tile."""
+    budget = 4 * _REGISTERS * _op_lanes(op, target)
+    return {
+        f"conv_output_tile_within_{budget}": p.conv_width_tile * p.conv_channel_tile <= budget,
+        "pool_batch_times_width_within_64": p.pool_batch_tile * p.conv_width_tile <= 64,
+    }
+
+
 def _convolution_rules(p: object, op: object, target: Target, logic: object) -> dict[str, object]:
     """An output tile's accumulators (width x channels) stay within four register files, so
     the unrolled vector code stays small enough to compile in seconds; a batch tile times
@@ -249,9 +269,9 @@ declare_space(
     {
         "conv_width_tile": _tiles_of("output_image"),
         "conv_channel_tile": _tiles_of("output_channel", 16),
-        "conv_batch_tile": Choice((1, 2, 4, 8)),
+        "pool_batch_tile": Choice((1, 2, 4, 8)),
         "conv_drop_unit_dims": Choice((0, 1)),
     },
-    _convolution_rules,
+    _pooling_rules,
     **_X86,
 )

@@ -113,9 +113,10 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
     for d in conv.input_channel:
         sizes[d] = largest_divisor_at_most(ranges[d], params.conv_reduction_tile)
     if conv.batch:
-        sizes[conv.batch[-1]] = largest_divisor_at_most(
-            ranges[conv.batch[-1]], params.conv_batch_tile
-        )
+        # A pooling's batch dims hold its channels too (NCHW): independent windows, so
+        # taking several per tile pays; a convolution's batch tile only adds spills.
+        batch_tile = params.pool_batch_tile if op.op_class == "pooling" else params.conv_batch_tile
+        sizes[conv.batch[-1]] = largest_divisor_at_most(ranges[conv.batch[-1]], batch_tile)
     return sizes, decompose
 
 
