@@ -218,7 +218,7 @@ def tune(
     jobs: int = 1,
     cluster: str | None = None,
     db: str = "stagegraph-tune.db",
-    strategy: str = "random",
+    strategy: str = "model",
     seed: int = 0,
     cost_model: str | None = None,
     fix: Assignments = None,

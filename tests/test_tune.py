@@ -189,6 +189,7 @@ def test_faults_are_survived_and_recorded(problem, tmp_path):
         memory_bytes=3 * 2**30,
         samples=4,
         faults=faults,
+        strategy="random",
     )
     report = tune(options)
     reasons = {f.params_hash: f.reason for f in report.failures}

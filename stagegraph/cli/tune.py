@@ -44,7 +44,7 @@ from stagegraph.cli.output import emit_json
 @click.option(
     "--strategy",
     type=click.Choice(["random", "model", "evolve"]),
-    default="random",
+    default="model",
     show_default=True,
 )
 @click.option("--seed", type=int, default=0, show_default=True)

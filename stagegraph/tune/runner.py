@@ -33,7 +33,7 @@ class TuneOptions(Schema):
     jobs: int = Field(1, ge=1)
     cluster: str | None = None
     db: str = DEFAULT_DB
-    strategy: str = "random"
+    strategy: str = "model"
     seed: int = 0
     fixes: dict[str, Any] = Field(default_factory=dict)
     per_op: bool = False
