@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 
 def _root() -> str:
@@ -42,19 +43,48 @@ def dialect(name: str) -> ModuleType:
     return _load(f"dialects.{name}")
 
 
-arith = dialect("arith")
-bufferization = dialect("bufferization")
-func = dialect("func")
-linalg = dialect("linalg")
-llvm = dialect("llvm")
-memref = dialect("memref")
-scf = dialect("scf")
-tensor = dialect("tensor")
-vector = dialect("vector")
-transform = dialect("transform")
-structured = dialect("transform.structured")
-loop = dialect("transform.loop")
-interpreter = dialect("transform.interpreter")
+#: Dialect modules by attribute name, imported on first use (module ``__getattr__``):
+#: importing all of them costs ~0.3 s, which a command that only parses and analyses a
+#: payload (``tune --explain``) need not pay.
+_DIALECTS = {
+    "arith": "arith",
+    "bufferization": "bufferization",
+    "func": "func",
+    "linalg": "linalg",
+    "llvm": "llvm",
+    "memref": "memref",
+    "scf": "scf",
+    "tensor": "tensor",
+    "vector": "vector",
+    "transform": "transform",
+    "structured": "transform.structured",
+    "loop": "transform.loop",
+    "interpreter": "transform.interpreter",
+}
+
+
+def __getattr__(name: str) -> ModuleType:
+    if name not in _DIALECTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module = dialect(_DIALECTS[name])
+    globals()[name] = module
+    return module
+
+
+if TYPE_CHECKING:
+    from torch_mlir.dialects import (  # noqa: F401  (for type checkers; loaded lazily)
+        arith,
+        bufferization,
+        func,
+        linalg,
+        llvm,
+        memref,
+        scf,
+        tensor,
+        transform,
+        vector,
+    )
+    from torch_mlir.dialects.transform import interpreter, loop, structured  # noqa: F401
 
 
 def new_context() -> ir.Context:
