@@ -730,8 +730,7 @@ def _lower_vectors(func: ir.Value) -> None:
 
 
 def build_matmul_schedule(
-    params: MatmulParams | Sequence[MatmulParams],
-    sites: Sequence[MatmulSite],
+    params: MatmulParams | Sequence[MatmulParams], sites: Sequence[MatmulSite]
 ) -> ir.Module:
     """A transform module whose ``__transform_main`` schedules every matmul in ``sites``.
 
