@@ -16,6 +16,7 @@ from stagegraph.stages.common.rewrites import (
     decompose_aggregated_ops,
     define_bf16_builtins,
     expand_bf16_truncation,
+    split_shared_empties,
 )
 
 
@@ -119,9 +120,12 @@ def bufferize(module: TensorModule, config: BufferizeConfig) -> BufferModule:
     """Tensors to memrefs; results become caller-allocated out-parameters.
 
     Before that, every public function records its calling convention (which arguments
-    are outputs), so runners can call the binary without the tensor-level IR.
+    are outputs), so runners can call the binary without the tensor-level IR; and no
+    ``tensor.empty`` keeps more than a few users (:func:`split_shared_empties`: bufferizing
+    stays linear in the number of ops).
     """
     record_public_signatures(module)
+    split_shared_empties(module.ir)
     return run_pipeline(module, config.pipeline)
 
 

@@ -8,6 +8,9 @@ reassociating reduction is a tree of vector adds. :func:`reassociate_reductions`
 ``libmlir_c_runner_utils``, which the torch-mlir wheel does not ship (the JIT then fails to
 resolve the symbol and crashes). Rewriting such copies as ``linalg.copy`` lets them lower to
 plain loops instead.
+
+A ``tensor.empty`` shared by very many ops makes one-shot bufferization quadratic:
+:func:`split_shared_empties` bounds its users.
 """
 
 from __future__ import annotations
@@ -26,6 +29,35 @@ def copies_to_linalg(module: Any) -> int:
             linalg.copy(op.operands[0], outs=[op.operands[1]])
         op.erase()
     return len(copies)
+
+
+# Users one ``tensor.empty`` may keep (see split_shared_empties).
+EMPTY_USERS = 8
+
+
+def split_shared_empties(module: Any, users: int = EMPTY_USERS) -> int:
+    """Give each ``tensor.empty`` of ``module`` at most ``users`` uses, cloning it for the
+    rest; returns the number of clones.
+
+    Every destination-style op writing into one empty tensor joins one alias set in
+    one-shot-bufferize's analysis, which scans the set for conflicts on every write: an
+    empty shared by thousands of ops (an unrolled recurrent model writes every step into
+    the same one) makes bufferization quadratic. An empty has no contents, so a clone is
+    the same value; a few users per empty still let short chains reuse one buffer.
+    """
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+
+    clones = 0
+    for op in collect(module, "tensor.empty"):
+        uses = [(u.owner.operation, u.operand_number) for u in op.results[0].uses]
+        for start in range(users, len(uses), users):
+            with ir.InsertionPoint(op), op.location:
+                clone = op.clone()
+            clones += 1
+            for user, number in uses[start : start + users]:
+                user.operands[number] = clone.results[0]
+    return clones
 
 
 def reassociate_reductions(module: Any) -> int:

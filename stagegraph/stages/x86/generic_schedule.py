@@ -18,7 +18,7 @@ labels. After it, run :data:`PIPELINE` (bufferize, leftovers to loops, LLVM).
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 from stagegraph.mlir.functions import entry_function
@@ -126,10 +126,16 @@ def strip_annotations(module: Any) -> None:
 class _Builder:
     """Emits the transform ops of one op's sub-sequence."""
 
-    def __init__(self, params: GenericParams, propagate_failures: bool = False) -> None:
+    def __init__(
+        self,
+        params: GenericParams,
+        propagate_failures: bool = False,
+        fused_roots: Collection[int] | None = None,
+    ) -> None:
         from stagegraph.mlir.bindings import dialect, ir, structured, transform
 
         self.params = params
+        self.fused_roots = fused_roots
         self.propagate_failures = propagate_failures
         self.ir, self.structured, self.transform = ir, structured, transform
         self.tv = dialect("transform.vector")
@@ -215,6 +221,9 @@ class _Builder:
         transform, ir = self.transform, self.ir
         if not vectorize_enabled(op, self.params):
             return  # tiling alone only adds loop overhead: leave the op to the fallback
+        # A root no producer is labelled for gets no fusion step: its dead-code sweep
+        # covers the whole function, which for every op would be quadratic.
+        fuse = fuse and (self.fused_roots is None or op.index in self.fused_roots)
         seq, body_root = self.suppressed(root)
         with ir.InsertionPoint(seq.body):
             targets = self.match(body_root, OP_ATTR, op.index)
@@ -333,6 +342,7 @@ def build_generic_schedule(
     *,
     per_op: Mapping[str, GenericParams] | None = None,
     propagate_failures: bool = False,
+    fused_roots: Collection[int] | None = None,
 ) -> Any:
     """A transform module (``@__transform_main``) for the non-matmul ops of ``facts``.
 
@@ -340,13 +350,15 @@ def build_generic_schedule(
     layer); the others take ``params``.
 
     An op whose sub-sequence fails is left to the fallback (loops), unless
-    ``propagate_failures`` (debugging: the failure then says why). Built in the current
+    ``propagate_failures`` (debugging: the failure then says why). ``fused_roots``: the
+    ops that :func:`annotate_generic_ops` found producers to fuse into (the values of its
+    result); only these get a fusion step (default: every op may). Built in the current
     MLIR context (enter the payload's context first).
     """
     from stagegraph.mlir.bindings import ir, transform
     from stagegraph.stages.common.transform import new_schedule
 
-    builder = _Builder(params, propagate_failures)
+    builder = _Builder(params, propagate_failures, fused_roots)
     module, main = new_schedule()
     # The params, for apply_generic_schedule to rebuild the schedule after its rewrites.
     module.operation.attributes[PARAMS_ATTR] = ir.StringAttr.get(params.model_dump_json())
@@ -377,9 +389,9 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
     it, apply ``schedule`` in place, drop the labels.
 
     ``facts`` must describe ``module`` as it is now (default: analysed here). When the
-    rewrites change the entry, the facts are re-analysed and the schedule rebuilt with the
+    rewrites change the entry, the facts are re-analysed; the schedule is rebuilt with the
     params recorded in ``schedule`` (other ops, e.g. matmuls, are never rewritten, so their
-    labels stay valid).
+    labels stay valid), with fusion steps only for the roots that got producers.
     """
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.common.transform import apply_schedule_module
@@ -389,17 +401,27 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
     facts = facts or analyze(module)
     with module.context, ir.Location.unknown():
         attrs = schedule.operation.attributes
-        if PARAMS_ATTR in attrs and prepare(module, entry_function(module, facts.entry)):
+        params = None
+        if PARAMS_ATTR in attrs:
             params = GenericParams.model_validate_json(ir.StringAttr(attrs[PARAMS_ATTR]).value)
-            per_op = {}
-            if PER_OP_ATTR in attrs:
-                recorded = json.loads(ir.StringAttr(attrs[PER_OP_ATTR]).value)
-                per_op = {sig: GenericParams.model_validate(p) for sig, p in recorded.items()}
+        per_op = {}
+        if PER_OP_ATTR in attrs:
+            recorded = json.loads(ir.StringAttr(attrs[PER_OP_ATTR]).value)
+            per_op = {sig: GenericParams.model_validate(p) for sig, p in recorded.items()}
+        fn = entry_function(module, facts.entry)
+        if params is not None and prepare(module, fn, params.fuse_elementwise):
             facts = analyze(module, facts.entry)
+        fused = annotate_generic_ops(module, facts)
+        if params is not None:
+            # Rebuilt: with the facts after the rewrites, and a fusion step only where
+            # a producer was labelled.
             schedule = build_generic_schedule(
-                facts, params, per_op=per_op, propagate_failures=PROPAGATE_ATTR in attrs
+                facts,
+                params,
+                per_op=per_op,
+                propagate_failures=PROPAGATE_ATTR in attrs,
+                fused_roots=set(fused.values()),
             )
-        annotate_generic_ops(module, facts)
         apply_schedule_module(module, schedule)
         strip_annotations(module)
 

@@ -16,6 +16,7 @@ vectorized with masks. The schedule stays on tensors; ``lowering.BUFFERIZE`` fol
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 from stagegraph.core.ports import Facts
@@ -749,12 +750,20 @@ def build_matmul_schedule(
     module, seq = new_schedule()
     with ir.InsertionPoint(seq.body):
         if sites:
-            _schedule_all(seq.bodyTarget, sites, per_site)
+            _lower_vectors(_merged(_schedule_all(seq.bodyTarget, sites, per_site)))
         transform.YieldOp([])
     return module
 
 
-def _schedule_all(root: ir.Value, sites: Sequence[MatmulSite], params: list[MatmulParams]):
+def _merged(handles: list[ir.Value]) -> ir.Value:
+    if len(handles) == 1:
+        return handles[0]
+    return transform.MergeHandlesOp(handles, deduplicate=True).result
+
+
+def _schedule_all(
+    root: ir.Value, sites: Sequence[MatmulSite], params: list[MatmulParams]
+) -> list[ir.Value]:
     i64 = ir.IntegerType.get_signless(64)
     handles = [
         structured.MatchOp(
@@ -765,10 +774,7 @@ def _schedule_all(root: ir.Value, sites: Sequence[MatmulSite], params: list[Matm
     funcs = [transform.GetParentOp(_any(), h, op_name="func.func").result for h in handles]
     for func, mm, site, p in zip(funcs, handles, sites, params, strict=True):
         _schedule_site(func, mm, site, p)
-    all_funcs = (
-        transform.MergeHandlesOp(funcs, deduplicate=True).result if len(funcs) > 1 else funcs[0]
-    )
-    _lower_vectors(all_funcs)
+    return funcs
 
 
 def scalarize_broadcast_reads(payload: ir.Module) -> int:
@@ -852,3 +858,80 @@ def apply_schedule(payload: ir.Module, schedule: ir.Module) -> None:
     """Run ``__transform_main`` of ``schedule`` on ``payload`` (in place)."""
     apply_schedule_module(payload, schedule)
     _strip(payload, SITE_ATTR)
+
+
+def _site_ops(mm: ir.Operation, site: MatmulSite) -> list[ir.Operation]:
+    """The ops the schedule of ``site`` rewrites, in program order: its fill and widening
+    copies (when only the matmul reads them), the matmul, its elementwise chain."""
+    block = mm.block
+    ops = []
+    producers = [(2, site.has_fill)] + [(i, w) for i, w in enumerate(site.widened)]
+    for operand, present in producers:
+        owner = _defining_op(mm.operands[operand]) if present else None
+        if owner is not None and owner.block == block and len(list(owner.results[0].uses)) == 1:
+            ops.append(owner)
+    ops.sort(key=functools.cmp_to_key(lambda a, b: -1 if a.is_before_in_block(b) else 1))
+    ops.append(mm)
+    op = mm
+    for _ in range(site.consumers):
+        op = next(iter(op.results[0].uses)).owner.operation
+        ops.append(op)
+    return ops
+
+
+def schedule_matmuls(
+    payload: ir.Module,
+    sites: Sequence[tuple[int, MatmulSite]],
+    params: Sequence[MatmulParams],
+    applied: list[str] | None = None,
+) -> None:
+    """Schedule each of ``sites`` (its ``SITE_ATTR`` label from :func:`find_matmuls`, its
+    description) with its ``params``: :func:`build_matmul_schedule` of that site alone.
+
+    Each site is moved into a scratch module with the ops its schedule rewrites
+    (:func:`stagegraph.stages.common.scope.outline`), scheduled there and moved back. The
+    schedule's function-wide steps cost time proportional to the payload module around
+    them: pattern sets walk the function, and both ``fuse_into_containing_op`` and every
+    failed pattern match under ``apply_patterns`` (the transform interpreter's tracking
+    listener) print an op, which numbers and verifies the whole module. In a scratch module
+    that is the site, so compile time stays linear in the number of matmuls. Sites that
+    cannot be moved are scheduled in place, together. The transform modules applied are
+    appended to ``applied`` as text.
+    """
+    from stagegraph.stages.common.scope import outline
+
+    by_label: dict[int, ir.Operation] = {}
+
+    def visit(op):
+        if op.name == "linalg.matmul" and SITE_ATTR in op.attributes:
+            by_label[ir.IntegerAttr(op.attributes[SITE_ATTR]).value] = op
+        return ir.WalkResult.ADVANCE
+
+    payload.operation.walk(visit)
+    i64 = ir.IntegerType.get_signless(64, payload.context)
+    in_place: list[tuple[ir.Operation, MatmulSite, MatmulParams]] = []
+    for (label, site), p in zip(sites, params, strict=True):
+        mm = by_label.get(label)
+        if mm is None:
+            continue
+        scope = outline(_site_ops(mm, site))
+        if scope is None:
+            in_place.append((mm, site, p))
+            continue
+        mm.attributes[SITE_ATTR] = ir.IntegerAttr.get(i64, 0)
+        schedule = build_matmul_schedule(p, [site])
+        if applied is not None:
+            applied.append(schedule.operation.get_asm(assume_verified=True))
+        try:
+            apply_schedule(scope.module, schedule)
+        finally:
+            scope.inline()
+    _strip(payload, SITE_ATTR)
+    if not in_place:
+        return
+    for i, (mm, _, _) in enumerate(in_place):
+        mm.attributes[SITE_ATTR] = ir.IntegerAttr.get(i64, i)
+    schedule = build_matmul_schedule([p for _, _, p in in_place], [s for _, s, _ in in_place])
+    if applied is not None:
+        applied.append(schedule.operation.get_asm(assume_verified=True))
+    apply_schedule(payload, schedule)

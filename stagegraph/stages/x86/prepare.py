@@ -20,6 +20,9 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
   groups around a plain 2-D convolution.
 * :func:`depthwise_to_channels_last`: an NCHW depthwise convolution becomes transposes
   around the NHWC one, which decomposes to 1-D and vectorizes along the channels.
+* :func:`fuse_elementwise_chains`: an elementwise generic used only by an elementwise
+  generic (read without broadcast) is merged into it, so a chain is one op: the schedule
+  then needs no per-producer fusion, whose cost grows with the whole function.
 
 Ops are found by walking the entry function; matmul-like ops are never changed.
 """
@@ -345,6 +348,146 @@ def widen_bool_tensors(fn: Any) -> int:
     return count
 
 
+# ----------------------------------------------------------------------------- elementwise chains
+
+
+def _all_parallel(op: Any) -> bool:
+    from stagegraph.stages.analysis.ops import declared_iterator_types
+
+    return all(it == "parallel" for it in declared_iterator_types(op))
+
+
+def _maps(op: Any) -> list[Any]:
+    return [ir.AffineMapAttr(a).value for a in op.attributes["indexing_maps"]]
+
+
+def _element_type(value_type: Any) -> Any:
+    if isinstance(value_type, ir.ShapedType):
+        return ir.ShapedType(value_type).element_type
+    return value_type
+
+
+def _plain_elementwise(op: Any) -> bool:
+    """A single-result, all-parallel ``linalg.generic`` on ranked tensors whose body reads
+    neither its init nor ``linalg.index`` (so it can be inlined anywhere with only its
+    input arguments remapped)."""
+    if op.name != "linalg.generic" or len(op.results) != 1 or _is_contraction(op):
+        return False
+    if not isinstance(op.results[0].type, ir.RankedTensorType) or not _all_parallel(op):
+        return False
+    if _is_bool_tensor(op.results[0].type):
+        return False  # i1 vectors are bit-packed: the schedule leaves these alone
+    block = _body(op)
+    if list(block.arguments[_n_inputs(op)].uses):
+        return False
+    return all(inner.operation.name != "linalg.index" for inner in block.operations)
+
+
+def _feeds_named_linalg(op: Any) -> bool:
+    """Whether a result of ``op`` is an operand of a linalg op other than a plain generic
+    (a matmul, a transpose, ...): such producers are left to that op's schedule."""
+    for result in op.results:
+        for use in result.uses:
+            user = use.owner.operation
+            if user.name.startswith("linalg.") and _is_contraction(user):
+                return True
+    return False
+
+
+def _fusable_operand(consumer: Any) -> int | None:
+    """The first input of ``consumer`` made by an elementwise generic that only it uses, read
+    without broadcast or reduction (each producer element computed once), else None."""
+    maps = _maps(consumer)
+    for k in range(_n_inputs(consumer)):
+        producer = _owner_op(consumer.operands[k])
+        if producer is None or producer.parent != consumer.parent:
+            continue
+        if not _plain_elementwise(producer) or len(list(producer.results[0].uses)) != 1:
+            continue
+        if not maps[k].is_permutation:
+            continue
+        if not _maps(producer)[-1].is_permutation:
+            continue
+        return k
+    return None
+
+
+def _fuse_producer(consumer: Any, k: int) -> Any:
+    """Replace ``consumer`` and the producer of its input ``k`` by one generic computing
+    both bodies per element; returns the new op."""
+    producer = _owner_op(consumer.operands[k])
+    c_maps, p_maps = _maps(consumer), _maps(producer)
+    n_loops = c_maps[0].n_dims
+    # Producer loop p_out.results[i] runs along the consumer's c_maps[k].results[i].
+    to_consumer: list[Any] = [None] * p_maps[-1].n_dims
+    for p_expr, c_expr in zip(p_maps[-1].results, c_maps[k].results, strict=True):
+        to_consumer[ir.AffineDimExpr(p_expr).position] = c_expr
+    remap = ir.AffineMap.get(n_loops, 0, to_consumer)
+    p_in = _n_inputs(producer)
+    c_in = _n_inputs(consumer)
+    p_inputs = list(producer.operands)[:p_in]
+    c_operands = list(consumer.operands)
+    inputs = c_operands[:k] + p_inputs + c_operands[k + 1 : c_in]
+    inits = c_operands[c_in:]
+    p_in_maps = [
+        ir.AffineMap.get(n_loops, 0, [e.compose(remap) for e in m.results]) for m in p_maps[:p_in]
+    ]
+    maps = c_maps[:k] + p_in_maps + c_maps[k + 1 :]
+    with ir.InsertionPoint(consumer), consumer.location:
+        fused = linalg.GenericOp(
+            [r.type for r in consumer.results],
+            inputs,
+            inits,
+            ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+            consumer.attributes["iterator_types"],
+        )
+    types = [_element_type(v.type) for v in inputs + inits]
+    block = ir.Block.create_at_start(fused.regions[0], types, [consumer.location] * len(types))
+    new_args = list(block.arguments)
+    p_block, c_block = _body(producer), _body(consumer)
+    for old, new in zip(list(p_block.arguments)[:p_in], new_args[k : k + p_in], strict=True):
+        old.replace_all_uses_with(new)
+    p_yield = _yield(producer)
+    c_args = list(c_block.arguments)
+    c_args[k].replace_all_uses_with(p_yield.operands[0])
+    kept = c_args[:k] + c_args[k + 1 :]
+    for old, new in zip(kept, new_args[:k] + new_args[k + p_in :], strict=True):
+        old.replace_all_uses_with(new)
+    into = ir.InsertionPoint(block)
+    for body_op in [o.operation for o in p_block.operations][:-1]:
+        body_op.detach_from_parent()
+        into.insert(body_op)
+    for body_op in [o.operation for o in c_block.operations]:
+        body_op.detach_from_parent()
+        into.insert(body_op)
+    for old, new in zip(consumer.results, fused.results, strict=True):
+        old.replace_all_uses_with(new)
+    consumer.erase()
+    producer.erase()
+    return fused.operation
+
+
+def fuse_elementwise_chains(fn: Any) -> int:
+    """Merge each elementwise ``linalg.generic`` into its only consumer when that consumer is
+    an elementwise generic reading it without broadcast; returns the number of merges.
+
+    A recurrent model unrolls into thousands of tiny elementwise ops in chains; one generic
+    per chain gives the schedule one sub-sequence per chain, with no producer to fuse into
+    tile loops (``transform.structured.fuse_into_containing_op`` costs time proportional to
+    the whole function per producer: quadratic overall). Consumers feeding a matmul-like or
+    other named linalg op are left alone (their schedule decides about producers), and so
+    are reductions (their producers are fused into their row tiles by the schedule).
+    """
+    count = 0
+    for op in top_level_ops(fn):
+        if not _plain_elementwise(op) or _feeds_named_linalg(op):
+            continue
+        while (k := _fusable_operand(op)) is not None:
+            op = _fuse_producer(op, k)
+            count += 1
+    return count
+
+
 # ----------------------------------------------------------------------------- powers
 
 
@@ -375,8 +518,12 @@ def squares_to_multiplies(fn: Any) -> int:
     return len(squares)
 
 
-def prepare(module: Any, fn: Any) -> bool:
-    """All rewrites on the function ``fn`` of ``module``; whether anything changed."""
+def prepare(module: Any, fn: Any, fuse_elementwise: bool = True) -> bool:
+    """All rewrites on the function ``fn`` of ``module``; whether anything changed.
+
+    ``fuse_elementwise`` (the params' choice to fuse elementwise producers) also merges
+    elementwise chains into single generics (:func:`fuse_elementwise_chains`).
+    """
     del module
     changed = drop_dead_results(fn)
     changed += unit_transposes_to_reshapes(fn)
@@ -385,4 +532,6 @@ def prepare(module: Any, fn: Any) -> bool:
     changed += conv3d_to_conv2d_loops(fn)
     changed += grouped_conv_to_group_loops(fn)
     changed += depthwise_to_channels_last(fn)
+    if fuse_elementwise:
+        changed += fuse_elementwise_chains(fn)
     return bool(changed)

@@ -175,11 +175,10 @@ def _apply_schedules(
     order = {op.index for op in matmul_ops(facts)}
     # A matmul the cost model made no params for stays on the generic path: correct,
     # lowered to loops.
-    sites = [s for s in mm.find_matmuls(module.ir) if s.source in order]
-    if sites:
-        schedule_ir = mm.build_matmul_schedule(_site_params(params, facts, sites), sites)
-        applied.append(schedule_ir.operation.get_asm(assume_verified=True))
-        mm.apply_schedule(module.ir, schedule_ir)
+    labelled = [(i, s) for i, s in enumerate(mm.find_matmuls(module.ir)) if s.source in order]
+    if labelled:
+        sites = [s for _, s in labelled]
+        mm.schedule_matmuls(module.ir, labelled, _site_params(params, facts, sites), applied)
         mm.scalarize_broadcast_reads(module.ir)
     mm.strip_labels(module.ir)
 

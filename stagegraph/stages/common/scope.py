@@ -1,0 +1,187 @@
+"""Transform a few ops of a large function at a cost proportional to those ops.
+
+Several upstream transform ops cost time proportional to the whole payload on every call:
+``transform.structured.fuse_into_containing_op`` builds a remark that prints the producer,
+which numbers every value of the payload module; ``transform.apply_patterns`` on a function
+walks all of it. A schedule that makes such calls per matmul of a model with hundreds of
+matmuls (an unrolled recurrent network) is then quadratic in the model's size.
+
+:func:`outline` moves a group of ops (say a matmul, its fill and its elementwise epilogue)
+into a function of a scratch module, so that a schedule applied there sees only them;
+:meth:`Outlined.inline` moves the result back where the ops were. Values the ops read from
+outside become arguments of the scratch function, except ops that are free to recompute and
+that a schedule may want to rewrite along with them (``tensor.empty``, constants, fills):
+those are cloned in (the duplicates are merged again by CSE afterwards). Results used
+outside are returned; until :meth:`Outlined.inline`, their outside users read a
+placeholder (an operand-less ``builtin.unrealized_conversion_cast``), so no use crosses
+modules while the schedule runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from stagegraph.mlir.bindings import func, ir
+
+# Ops without side effects that are cheap to recompute: cloned into the scratch function
+# (with their operands, recursively) rather than passed in.
+CLONABLE = frozenset({"tensor.empty", "arith.constant", "linalg.fill"})
+
+
+def _defining_op(value: Any) -> Any:
+    """The op that defines ``value``: its owner, or the op owning its block."""
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        owner = owner.owner
+    return owner.operation
+
+
+def _inside(op: Any, group: set[Any]) -> bool:
+    """Whether ``op`` is one of ``group`` or nested in one."""
+    while op is not None:
+        if op in group:
+            return True
+        parent = op.parent
+        op = parent.operation if parent is not None else None
+    return False
+
+
+def _nested(op: Any) -> list[Any]:
+    found: list[Any] = []
+
+    def visit(inner: Any) -> Any:
+        found.append(inner)
+        return ir.WalkResult.ADVANCE
+
+    op.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+@dataclass
+class Outlined:
+    """Ops moved into ``module`` (a scratch module holding one function) by :func:`outline`."""
+
+    module: Any
+    function: Any
+    arguments: list[Any]  # the outside value each function argument stands for
+    placeholders: list[Any]  # one per returned value, where the outside users read it
+
+    def inline(self) -> None:
+        """Move the function's ops back before the placeholders and rewire the uses."""
+        block = self.function.regions[0].blocks[0]
+        for arg, value in zip(block.arguments, self.arguments, strict=True):
+            arg.replace_all_uses_with(value)
+        ops = [op.operation for op in block.operations]
+        ret, body = ops[-1], ops[:-1]
+        anchor = self.placeholders[0]
+        for op in body:
+            op.move_before(anchor)
+        for placeholder, value in zip(self.placeholders, ret.operands, strict=True):
+            placeholder.results[0].replace_all_uses_with(value)
+            placeholder.erase()
+        ret.erase()
+
+
+def outline(ops: Sequence[Any]) -> Outlined | None:
+    """Move ``ops`` (in program order, all in one block) into a scratch module's function.
+
+    Returns None, changing nothing, when the group cannot be moved out and back intact:
+    ops in different blocks, or a result used outside the group before its last op (the
+    results come back at the last op's position).
+    """
+    ops = [op.operation for op in ops]
+    if not ops:
+        return None
+    block = ops[0].block
+    if any(op.block != block for op in ops):
+        return None
+    group = set(ops)
+    last = ops[-1]
+    # Results read outside the group, and by whom (all after the last op).
+    escaping: list[tuple[Any, list[tuple[Any, int]]]] = []
+    for op in ops:
+        for result in op.results:
+            outside = [
+                (use.owner.operation, use.operand_number)
+                for use in result.uses
+                if not _inside(use.owner.operation, group)
+            ]
+            if not outside:
+                continue
+            for user, _ in outside:
+                top = user
+                while top is not None and top.block != block:
+                    top = top.parent.operation if top.parent is not None else None
+                if top is None or top.is_before_in_block(last):
+                    return None
+            escaping.append((result, outside))
+    if not escaping:
+        return None  # nothing to put the ops back in front of (and nothing reads them)
+    # Operands read from outside the group, by every op nested in it.
+    reads: list[tuple[Any, int, Any]] = []
+    for op in ops:
+        for inner in _nested(op):
+            for k, value in enumerate(inner.operands):
+                if not _inside(_defining_op(value), group):
+                    reads.append((inner, k, value))
+
+    context = last.context
+    with context, last.location:
+        placeholders = []
+        with ir.InsertionPoint(last):
+            for result, _ in escaping:
+                placeholders.append(
+                    ir.Operation.create(
+                        "builtin.unrealized_conversion_cast", results=[result.type], operands=[]
+                    )
+                )
+        for (_, outside), placeholder in zip(escaping, placeholders, strict=True):
+            for user, number in outside:
+                user.operands[number] = placeholder.results[0]
+
+        module = ir.Module.create()
+        arguments: list[Any] = []
+        cloned: list[Any] = []  # outside clonable ops to clone, operands first
+
+        def plan(value: Any, seen: dict[Any, Any]) -> None:
+            if value in seen:
+                return
+            owner = value.owner
+            if not isinstance(owner, ir.Block) and owner.operation.name in CLONABLE:
+                for operand in owner.operation.operands:
+                    plan(operand, seen)
+                seen[value] = ("clone", owner.operation)
+                if owner.operation not in cloned:
+                    cloned.append(owner.operation)
+            else:
+                seen[value] = ("arg", len(arguments))
+                arguments.append(value)
+
+        planned: dict[Any, Any] = {}
+        for _, _, value in reads:
+            plan(value, planned)
+        types = [value.type for value in arguments]
+        results = [result.type for result, _ in escaping]
+        with ir.InsertionPoint(module.body):
+            function = func.FuncOp("scope", (types, results))
+        entry = function.add_entry_block()
+        mapping: dict[Any, Any] = {}
+        for value, arg in zip(arguments, entry.arguments, strict=True):
+            mapping[value] = arg
+        with ir.InsertionPoint(entry):
+            for original in cloned:
+                copy = original.clone()
+                for k, operand in enumerate(original.operands):
+                    copy.operands[k] = mapping[operand]
+                for old, new in zip(original.results, copy.results, strict=True):
+                    mapping[old] = new
+        for inner, k, value in reads:
+            inner.operands[k] = mapping[value]
+        for op in ops:
+            op.detach_from_parent()
+            ir.InsertionPoint(entry).insert(op)
+        with ir.InsertionPoint(entry):
+            func.ReturnOp([result for result, _ in escaping])
+    return Outlined(module, function, arguments, placeholders)

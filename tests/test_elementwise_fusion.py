@@ -1,0 +1,220 @@
+"""Elementwise chains merged before the generic schedule (``prepare.fuse_elementwise_chains``):
+which producers merge (single use, no broadcast, elementwise consumer), that the result
+still verifies and computes the same, and that the schedule's work stays linear in the
+chain length (one sub-sequence per chain, no producer left to fuse into tile loops)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from stagegraph.mlir.diagnostics import parse_payload
+from stagegraph.stages.analysis import analyze
+
+_UNARY = ("math.exp", "arith.negf", "math.tanh")
+
+
+def chain_payload(n: int, rows: int = 6, cols: int = 40) -> str:
+    """``n`` elementwise generics in one chain: unary ops alternating with adds of ``%b``."""
+    t = f"tensor<{rows}x{cols}xf32>"
+    lines = [
+        "#id = affine_map<(d0, d1) -> (d0, d1)>",
+        f"func.func @main(%a: {t}, %b: {t}) -> {t} {{",
+        f"  %e = tensor.empty() : {t}",
+    ]
+    value = "%a"
+    for i in range(n):
+        if i % 2:
+            ins, types, args = f"{value}, %b", f"{t}, {t}", "%x: f32, %y: f32, %o: f32"
+            body = "%r = arith.addf %x, %y : f32"
+            maps = "[#id, #id, #id]"
+        else:
+            op = _UNARY[(i // 2) % len(_UNARY)]
+            ins, types, args = value, t, "%x: f32, %o: f32"
+            body = f"%r = {op} %x : f32"
+            maps = "[#id, #id]"
+        lines += [
+            f'  %v{i} = linalg.generic {{indexing_maps = {maps}, iterator_types = ["parallel", '
+            f'"parallel"]}} ins({ins} : {types}) outs(%e : {t}) {{',
+            f"  ^bb0({args}):",
+            f"    {body}",
+            "    linalg.yield %r : f32",
+            f"  }} -> {t}",
+        ]
+        value = f"%v{i}"
+    lines += [f"  return {value} : {t}", "}"]
+    return "\n".join(lines)
+
+
+def chain_reference(n: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    ufuncs = {"math.exp": np.exp, "arith.negf": np.negative, "math.tanh": np.tanh}
+    value = a
+    for i in range(n):
+        value = value + b if i % 2 else ufuncs[_UNARY[(i // 2) % len(_UNARY)]](value)
+    return value
+
+
+# What must not merge: %t has two users; %bc is read with a broadcast (the row vector
+# %c would be recomputed per row); %s feeds a reduction; %p feeds a matmul.
+GUARDED = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d1)>
+func.func @main(%a: tensor<8x16xf32>, %c: tensor<16xf32>, %w: tensor<16x4xf32>)
+    -> (tensor<8x16xf32>, tensor<8xf32>, tensor<8x4xf32>) {
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<8x16xf32>
+  %e1 = tensor.empty() : tensor<16xf32>
+  %t = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%a : tensor<8x16xf32>) outs(%e : tensor<8x16xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %r = math.exp %x : f32
+    linalg.yield %r : f32
+  } -> tensor<8x16xf32>
+  %bc = linalg.generic {indexing_maps = [affine_map<(d0) -> (d0)>, affine_map<(d0) -> (d0)>],
+                        iterator_types = ["parallel"]}
+      ins(%c : tensor<16xf32>) outs(%e1 : tensor<16xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %r = math.tanh %x : f32
+    linalg.yield %r : f32
+  } -> tensor<16xf32>
+  %u = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%t, %bc : tensor<8x16xf32>, tensor<16xf32>) outs(%e : tensor<8x16xf32>) {
+  ^bb0(%x: f32, %y: f32, %o: f32):
+    %r = arith.addf %x, %y : f32
+    linalg.yield %r : f32
+  } -> tensor<8x16xf32>
+  %s = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%t, %u : tensor<8x16xf32>, tensor<8x16xf32>) outs(%e : tensor<8x16xf32>) {
+  ^bb0(%x: f32, %y: f32, %o: f32):
+    %r = arith.mulf %x, %y : f32
+    linalg.yield %r : f32
+  } -> tensor<8x16xf32>
+  %e8 = tensor.empty() : tensor<8xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%e8 : tensor<8xf32>) -> tensor<8xf32>
+  %sum = linalg.generic {indexing_maps = [#id, affine_map<(d0, d1) -> (d0)>],
+                         iterator_types = ["parallel", "reduction"]}
+      ins(%s : tensor<8x16xf32>) outs(%acc : tensor<8xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %r = arith.addf %x, %o : f32
+    linalg.yield %r : f32
+  } -> tensor<8xf32>
+  %p = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%a : tensor<8x16xf32>) outs(%e : tensor<8x16xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %r = arith.negf %x : f32
+    linalg.yield %r : f32
+  } -> tensor<8x16xf32>
+  %q = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%p : tensor<8x16xf32>) outs(%e : tensor<8x16xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %r = math.exp %x : f32
+    linalg.yield %r : f32
+  } -> tensor<8x16xf32>
+  %e4 = tensor.empty() : tensor<8x4xf32>
+  %acc4 = linalg.fill ins(%zero : f32) outs(%e4 : tensor<8x4xf32>) -> tensor<8x4xf32>
+  %m = linalg.matmul ins(%q, %w : tensor<8x16xf32>, tensor<16x4xf32>)
+                     outs(%acc4 : tensor<8x4xf32>) -> tensor<8x4xf32>
+  return %u, %sum, %m : tensor<8x16xf32>, tensor<8xf32>, tensor<8x4xf32>
+}
+"""
+
+
+def _prepare(text: str):
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import entry_function
+    from stagegraph.stages.x86.prepare import fuse_elementwise_chains
+
+    module = parse_payload(text)
+    with module.context, ir.Location.unknown():
+        merged = fuse_elementwise_chains(entry_function(module, "main"))
+        assert module.operation.verify()
+    return module, merged
+
+
+def _generics(module) -> int:
+    from stagegraph.mlir.walk import collect
+
+    return len(collect(module.operation, "linalg.generic"))
+
+
+@pytest.mark.parametrize("n", [1, 2, 7, 40])
+def test_chain_becomes_one_generic(n):
+    module, merged = _prepare(chain_payload(n))
+    assert merged == n - 1
+    assert _generics(module) == 1
+    (op,) = analyze(module).ops
+    assert op.op_class == "elementwise" and len(op.inputs) == 1 + n // 2
+
+
+def test_only_single_use_unbroadcast_elementwise_producers_merge():
+    module, merged = _prepare(GUARDED)
+    assert merged == 0
+    assert _generics(module) == 7
+
+
+def test_merged_chain_computes_the_same():
+    from stagegraph.runtime.jit import JitBinary
+    from stagegraph.stages.x86.generic_params import GenericParams
+    from stagegraph.stages.x86.generic_schedule import lower_generic
+
+    n = 9
+    rng = np.random.default_rng(0)
+    a, b = (rng.standard_normal((6, 40), dtype=np.float32) for _ in range(2))
+    module = parse_payload(chain_payload(n))
+    lower_generic(module, GenericParams(lanes=8, inner_tile=16))
+    (out,) = JitBinary(module, opt_level=2).call("main", [a, b])
+    np.testing.assert_allclose(out, chain_reference(n, a, b), rtol=1e-5, atol=1e-5)
+
+
+def test_guarded_payload_still_runs():
+    from stagegraph.runtime.jit import JitBinary
+    from stagegraph.stages.x86.generic_params import GenericParams
+    from stagegraph.stages.x86.generic_schedule import lower_generic
+
+    rng = np.random.default_rng(1)
+    a = rng.standard_normal((8, 16), dtype=np.float32)
+    c = rng.standard_normal(16, dtype=np.float32)
+    module = parse_payload(GUARDED)
+    lower_generic(module, GenericParams(lanes=8, inner_tile=16))
+    outs = JitBinary(module, opt_level=2).call("main", [a, c, np.eye(16, 4, dtype=np.float32)])
+    t = np.exp(a)
+    u = t + np.tanh(c)
+    np.testing.assert_allclose(outs[0], u, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(outs[1], (t * u).sum(axis=1), rtol=1e-4, atol=1e-4)
+
+
+def _schedule_size(n: int) -> tuple[int, int, int]:
+    """(transform ops in the rebuilt schedule, producers labelled for fusion, sub-sequences)
+    for the generic schedule of an ``n``-op chain."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import entry_function
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.x86.generic_params import GenericParams
+    from stagegraph.stages.x86.generic_schedule import (
+        FUSE_ATTR,
+        annotate_generic_ops,
+        build_generic_schedule,
+    )
+    from stagegraph.stages.x86.prepare import prepare
+
+    module = parse_payload(chain_payload(n))
+    with module.context, ir.Location.unknown():
+        prepare(module, entry_function(module, "main"))
+        facts = analyze(module)
+        fused = annotate_generic_ops(module, facts)
+        schedule = build_generic_schedule(
+            facts, GenericParams(lanes=8, inner_tile=16), fused_roots=set(fused.values())
+        )
+        labelled = len(collect(module.operation, lambda op: FUSE_ATTR in op.attributes))
+        assert labelled == len(fused)
+        ops = collect(schedule.operation)
+        sequences = [op for op in ops if op.name == "transform.sequence"]
+        fusions = [op for op in ops if op.name == "transform.structured.fuse_into_containing_op"]
+        assert not fusions
+    return len(ops), labelled, len(sequences)
+
+
+def test_schedule_work_does_not_grow_with_the_chain():
+    small, large = _schedule_size(8), _schedule_size(32)
+    assert small == large  # one merged op: the same schedule whatever the chain length
+    assert small[1] == 0 and small[2] == 1
