@@ -210,6 +210,11 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
             executor.close()
         except KeyboardInterrupt:
             interrupted = True
+        if interrupted:  # workers record as they finish: results we had not collected yet
+            for result in db.results(problem.key):
+                if result.params_hash not in history and result.params_hash in seen:
+                    history[result.params_hash] = result
+                    counts["measured" if result.status == "ok" else "failed"] += 1
         tuned_ops = _record_tuned_sites(db, problem, history)
         db.close()
     report = _report(options, problem, history, counts, exhausted, time.perf_counter() - start)
