@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
+from stagegraph.app.bench_options import BenchOptions
 from stagegraph.app.host import BlasInfo, HostInfo
 from stagegraph.core.engine import Engine, RunResult
 from stagegraph.core.graph import Graph
@@ -20,19 +21,6 @@ from stagegraph.errors import StagegraphError
 from stagegraph.stages.target import effective_threads
 
 WRAPPER_STAGE = "bench"
-
-
-class BenchOptions(Schema):
-    """How long and how precisely to measure."""
-
-    warmup: int = 3
-    repeat: int = 10  # minimum number of samples
-    min_time_s: float = 0.0
-    budget_s: float = 10.0
-    rel_halfwidth: float = 0.02
-    # Pause before each switch between multi-threaded variants: OpenBLAS and OpenMP workers
-    # spin for ~0.1-0.2 s after a call and would steal the cores the other variant needs.
-    settle_s: float = 0.3
 
 
 class BenchReport(Schema):

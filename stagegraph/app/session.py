@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import Field
 
-from stagegraph.app.bench import BenchOptions
+from stagegraph.app.bench_options import BenchOptions
 from stagegraph.core.engine import Engine, Hook, RunResult
 from stagegraph.core.graph import Graph
 from stagegraph.core.plugins import load_plugins, loaded_plugins

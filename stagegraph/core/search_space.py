@@ -262,7 +262,7 @@ class SearchSpace:
             out[name] = int(site_values(params, var.site)[var.field])
         return out
 
-    def describe(self, cap: int = 1000, seconds: float = 0.1) -> dict[str, Any]:
+    def describe(self, cap: int = 1000, seconds: float = 0.03) -> dict[str, Any]:
         """What ``tune --explain`` prints: variables, domains, constraints and the size (z3
         counts solutions for at most ``seconds``: an explanation answers at once)."""
         count, exact = self.count(cap, seconds)

@@ -24,6 +24,7 @@ from stagegraph.mlir.bindings import arith, dialect, ir, linalg, loop, structure
 from stagegraph.stages.analysis import OpFacts, declared_iterator_types
 from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
 from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step
+from stagegraph.stages.x86.matmul_sites import canonicalizable, matmul_like_ops  # noqa: F401
 
 _tvec = dialect("transform.vector")
 _ttensor = dialect("transform.tensor")
@@ -37,21 +38,6 @@ SOURCE_ATTR = "stagegraph.matmul_source"
 _WIDEN_ATTR = "stagegraph.widen"
 _WIDEN_LANES = 64  # elements per vector step of a widening copy the packing does not absorb
 _LABEL_ATTR = "stagegraph.matmul_like"  # ops to canonicalize, during canonicalize_contractions
-# Matmul-like ops rewritten into linalg.matmul (per batch element) before scheduling.
-_CANONICALIZABLE = frozenset(
-    f"linalg.{name}"
-    for name in (
-        "matmul",
-        "matmul_transpose_a",
-        "matmul_transpose_b",
-        "batch_matmul",
-        "batch_matmul_transpose_a",
-        "batch_matmul_transpose_b",
-        "contract",
-        "generic",
-    )
-)
-_FLOATS = frozenset({"f32", "f64", "f16", "bf16"})
 
 
 class MatmulSite(Facts):
@@ -138,34 +124,6 @@ def _matmul_layout(op: ir.Operation) -> tuple[bool, bool] | None:
     return a == [2, 0], b == [1, 2]
 
 
-def canonicalizable(op: OpFacts) -> bool:
-    """Whether :func:`canonicalize_contractions` turns this op into ``linalg.matmul``s: a
-    float contraction with one m, one n and one k loop, any batch loops and no broadcast
-    operand (each operand indexes all of its loops); with batch loops, m, n and k > 1."""
-    c = op.contraction
-    if op.op_class != "matmul" or c is None or op.name not in _CANONICALIZABLE:
-        return False
-    if len(op.inputs) != 2 or len(op.outputs) != 1:
-        return False
-    if not (len(c.m_dims) == len(c.n_dims) == len(c.k_dims) == 1) or c.is_matvec:
-        return False  # a matvec runs as a vectorized reduction (generic_schedule)
-    values = (*op.inputs, *op.outputs)
-    if any(v.kind != "tensor" or v.dtype not in _FLOATS for v in values):
-        return False
-    if len({v.dtype for v in op.inputs}) != 1 or _bits(op.inputs[0].dtype) > _bits(
-        op.outputs[0].dtype
-    ):
-        return False
-    if c.batch_dims and c.k == 1:
-        return False  # dropping the unit batch dim would drop this unit dim too (no matmul)
-    rank = len(c.batch_dims) + 2
-    return len(op.loop_ranges) == rank + 1 and all(len(v.shape) == rank for v in values)
-
-
-def _bits(dtype: str) -> int:
-    return int(dtype.removeprefix("bf").removeprefix("f"))
-
-
 def widen_inputs(payload: ir.Module) -> int:
     """Give every canonicalized matmul whose inputs are narrower than its accumulator (e.g.
     bf16 -> f32) a ``linalg.copy`` that widens each such input, so that it is scheduled as
@@ -214,12 +172,6 @@ def widen_inputs(payload: ir.Module) -> int:
 def _widening_copy(value: ir.Value) -> bool:
     owner = _defining_op(value)
     return owner is not None and _WIDEN_ATTR in owner.attributes
-
-
-def matmul_like_ops(facts) -> list[OpFacts]:
-    """The entry's ops that the matmul schedule handles, in walk order: one
-    ``linalg.matmul`` site per op (per batch element, in a loop over the batch)."""
-    return [op for op in facts.ops if canonicalizable(op)]
 
 
 class Candidate(Facts):

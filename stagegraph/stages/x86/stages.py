@@ -90,7 +90,7 @@ def generic_op_kind(op: Any) -> str:
 def matmul_ops(facts: PayloadFacts) -> list[Any]:
     """The entry's matmul-like ops in walk order: what the matmul schedule handles (each as
     one ``linalg.matmul`` per batch element, see ``x86_schedule.canonicalize_contractions``)."""
-    from stagegraph.stages.x86.matmul_schedule import matmul_like_ops
+    from stagegraph.stages.x86.matmul_sites import matmul_like_ops
 
     return matmul_like_ops(facts)
 

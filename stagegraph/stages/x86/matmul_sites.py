@@ -1,0 +1,56 @@
+"""Which ops the x86 matmul schedule takes: pure facts, no MLIR, so a cost model can ask
+without loading the transform dialects (:mod:`stagegraph.stages.x86.matmul_schedule`)."""
+
+from __future__ import annotations
+
+from stagegraph.stages.analysis import OpFacts
+
+# Matmul-like ops rewritten into linalg.matmul (per batch element) before scheduling.
+_CANONICALIZABLE = frozenset(
+    f"linalg.{name}"
+    for name in (
+        "matmul",
+        "matmul_transpose_a",
+        "matmul_transpose_b",
+        "batch_matmul",
+        "batch_matmul_transpose_a",
+        "batch_matmul_transpose_b",
+        "contract",
+        "generic",
+    )
+)
+_FLOATS = frozenset({"f32", "f64", "f16", "bf16"})
+
+
+def canonicalizable(op: OpFacts) -> bool:
+    """Whether :func:`canonicalize_contractions` turns this op into ``linalg.matmul``s: a
+    float contraction with one m, one n and one k loop, any batch loops and no broadcast
+    operand (each operand indexes all of its loops); with batch loops, m, n and k > 1."""
+    c = op.contraction
+    if op.op_class != "matmul" or c is None or op.name not in _CANONICALIZABLE:
+        return False
+    if len(op.inputs) != 2 or len(op.outputs) != 1:
+        return False
+    if not (len(c.m_dims) == len(c.n_dims) == len(c.k_dims) == 1) or c.is_matvec:
+        return False  # a matvec runs as a vectorized reduction (generic_schedule)
+    values = (*op.inputs, *op.outputs)
+    if any(v.kind != "tensor" or v.dtype not in _FLOATS for v in values):
+        return False
+    if len({v.dtype for v in op.inputs}) != 1 or _bits(op.inputs[0].dtype) > _bits(
+        op.outputs[0].dtype
+    ):
+        return False
+    if c.batch_dims and c.k == 1:
+        return False  # dropping the unit batch dim would drop this unit dim too (no matmul)
+    rank = len(c.batch_dims) + 2
+    return len(op.loop_ranges) == rank + 1 and all(len(v.shape) == rank for v in values)
+
+
+def _bits(dtype: str) -> int:
+    return int(dtype.removeprefix("bf").removeprefix("f"))
+
+
+def matmul_like_ops(facts) -> list[OpFacts]:
+    """The entry's ops that the matmul schedule handles, in walk order: one
+    ``linalg.matmul`` site per op (per batch element, in a loop over the batch)."""
+    return [op for op in facts.ops if canonicalizable(op)]
