@@ -655,6 +655,14 @@ def test_failure_propagation_is_a_schedule_option_not_a_global():
     assert ScheduleConfig().propagate_failures is False
 
 
+def _window_sums(x: np.ndarray, shape: tuple[int, ...], window: int) -> np.ndarray:
+    """The sum pooling of NCHW ``x`` over ``window x window`` windows (stride 1)."""
+    return sum(
+        x[:, :, a : a + shape[2], b : b + shape[3]]
+        for a, b in itertools.product(range(window), range(window))
+    )
+
+
 @pytest.mark.parametrize(("batch_tile", "channels"), [(1, 1), (4, 4), (3, 2)])
 def test_pooling_channels_tile_by_pool_batch_tile(batch_tile, channels):
     """``pool_batch_tile`` tiles the innermost batch dim of a pooling (NCHW: its channels)
@@ -687,11 +695,7 @@ def test_pooling_channels_tile_by_pool_batch_tile(batch_tile, channels):
     assert tiles == {str(channels)}
     x = np.random.default_rng(7).standard_normal((2, 16, 9, 40)).astype(np.float32)
     (out,) = _jit(text, params).call("main", [x])
-    expected = sum(
-        x[:, :, a : a + out.shape[2], b : b + out.shape[3]]
-        for a, b in itertools.product(range(3), range(3))
-    )
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, _window_sums(x, out.shape, 3), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("drop", [False, True])
@@ -719,11 +723,7 @@ def test_pooling_vectors_drop_unit_dims_by_conv_drop_unit_dims(drop):
     assert bool(unit) != drop
     x = np.random.default_rng(8).standard_normal((2, 16, 9, 40)).astype(np.float32)
     (out,) = _jit(text, params).call("main", [x])
-    expected = sum(
-        x[:, :, a : a + out.shape[2], b : b + out.shape[3]]
-        for a, b in itertools.product(range(3), range(3))
-    )
-    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, _window_sums(x, out.shape, 3), rtol=1e-5, atol=1e-5)
 
 
 def test_per_op_params_reach_only_their_op():

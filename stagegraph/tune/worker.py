@@ -22,6 +22,7 @@ from typing import Any
 from pydantic import Field
 
 from stagegraph.app.session import Inspection, SessionRequest
+from stagegraph.core.engine import Hook
 from stagegraph.core.ports import Schema
 from stagegraph.stages.common.tuning_db import CandidateResult, TuneKey
 
@@ -190,7 +191,7 @@ class Measuring:
         return candidate
 
 
-class _Phases:
+class _Phases(Hook):
     """Engine hook: the compile alarm until the graph's ``measure`` stage, then the run
     alarm (and, in tests, the injected fault); marks the phase for the parent to blame."""
 
@@ -213,15 +214,6 @@ class _Phases:
         fault = fault_for(self.task.faults, self.phash)
         if fault and fault != "wrong":
             _inject(fault)
-
-    def after_stage(self, event: Any) -> None:
-        return None
-
-    def on_failure(self, event: Any, error: BaseException) -> str | None:
-        return None
-
-    def on_warning(self, message: str) -> None:
-        return None
 
 
 def run_batch(task: BatchTask, work: str) -> int:
@@ -259,7 +251,7 @@ def run_batch(task: BatchTask, work: str) -> int:
     return len(task.candidates)
 
 
-class CandidateInspection:
+class CandidateInspection(Hook):
     """``--dump-ir``/``--print-ir-after`` in a tuning worker: the same hooks as ``run`` and
     ``bench``, writing into one folder per candidate (``DIR/<params hash>``)."""
 
@@ -298,9 +290,6 @@ class CandidateInspection:
     def after_stage(self, event: Any) -> None:
         if self.dump is not None:
             self.dump.after_stage(event)
-
-    def on_failure(self, event: Any, error: BaseException) -> str | None:
-        return None
 
 
 def _evaluate(

@@ -47,14 +47,14 @@ def approximate_tanh(module: Any) -> int:
             if not isinstance(element, ir.F32Type):
                 continue
             with ir.InsertionPoint(op), op.location:
-                approximation = _tanh(op.operands[0], value_type)
+                approximation = _tanh(op.operands[0], value_type, element)
             op.results[0].replace_all_uses_with(approximation)
             op.erase()
             count += 1
     return count
 
 
-def _tanh(x: Any, value_type: Any) -> Any:
+def _tanh(x: Any, value_type: Any, element: Any) -> Any:
     """tanh(x) = x * P(x^2) / Q(x^2) on x clamped to +-_CLAMP; x itself where |x| < _TINY."""
     from stagegraph.mlir.bindings import arith, dialect, ir
 
@@ -62,7 +62,6 @@ def _tanh(x: Any, value_type: Any) -> Any:
     contract = ir.Attribute.parse("#arith.fastmath<contract>")  # let LLVM fuse into FMAs
 
     def const(value: float) -> Any:
-        element = value_type.element_type if isinstance(value_type, ir.VectorType) else value_type
         attr = ir.FloatAttr.get(element, value)
         if isinstance(value_type, ir.VectorType):
             attr = ir.DenseElementsAttr.get_splat(value_type, attr)

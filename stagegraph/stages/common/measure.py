@@ -102,9 +102,8 @@ def measuring_graph(graph: Graph, timer: Any = None, samples: int | None = None)
         PortTypeError: the timer's ports do not fit (named by the graph check).
     """
     emit = next(
-        (n for n in reversed(graph.order())
-         if n in graph.stages and any(p.type is Binary or issubclass(p.type, Binary)
-                                      for p in graph.stages[n].outputs.values())),
+        (n for n in reversed(graph.order()) if n in graph.stages
+         and any(issubclass(p.type, Binary) for p in graph.stages[n].outputs.values())),
         None,
     )  # fmt: skip
     if emit is None:

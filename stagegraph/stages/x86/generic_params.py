@@ -194,22 +194,27 @@ def _reduction_rules(p: object, op: object, target: Target, logic: object) -> di
     return {"reduction_rows_within_chunk": p.reduction_rows <= p.reduction_chunk}
 
 
-def _pooling_rules(p: object, op: object, target: Target, logic: object) -> dict[str, object]:
-    """As for convolutions, with the pooling's own batch tile."""
+def _output_tile_rule(p: object, op: object, target: Target) -> dict[str, object]:
+    """An output tile's accumulators (width x channels) stay within four register files, so
+    the unrolled vector code stays small enough to compile in seconds."""
     budget = 4 * _REGISTERS * _op_lanes(op, target)
+    return {f"conv_output_tile_within_{budget}": p.conv_width_tile * p.conv_channel_tile <= budget}
+
+
+def _pooling_rules(p: object, op: object, target: Target, logic: object) -> dict[str, object]:
+    """The output tile's budget, and a batch (channel) tile times the width tile of at most
+    64 windows."""
     return {
-        f"conv_output_tile_within_{budget}": p.conv_width_tile * p.conv_channel_tile <= budget,
+        **_output_tile_rule(p, op, target),
         "pool_batch_times_width_within_64": p.pool_batch_tile * p.conv_width_tile <= 64,
     }
 
 
 def _convolution_rules(p: object, op: object, target: Target, logic: object) -> dict[str, object]:
-    """An output tile's accumulators (width x channels) stay within four register files, so
-    the unrolled vector code stays small enough to compile in seconds; a batch tile times
-    the width tile stays at most 16 (beyond it the unrolled tile spills: 0.6-0.7x)."""
-    budget = 4 * _REGISTERS * _op_lanes(op, target)
+    """The output tile's budget, and a batch tile times the width tile of at most 16 (beyond
+    it the unrolled tile spills: 0.6-0.7x)."""
     return {
-        f"conv_output_tile_within_{budget}": p.conv_width_tile * p.conv_channel_tile <= budget,
+        **_output_tile_rule(p, op, target),
         "conv_batch_times_width_within_16": p.conv_batch_tile * p.conv_width_tile <= 16,
     }
 
