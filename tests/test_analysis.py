@@ -447,3 +447,49 @@ def test_analyze_stage_runs_in_a_graph_node() -> None:
     outputs = node.run({"module": Module["tensor"](parse_payload(MATMUL))})
     assert outputs["facts"].primary_class == "matmul"
     assert node.kind == "analysis"
+
+
+# A generic whose declared loop kinds differ from what its maps imply (the output indexes
+# both loops, yet the second is declared a reduction): the declaration wins.
+DECLARED_REDUCTION = """
+#id = affine_map<(i, j) -> (i, j)>
+func.func @main(%a: tensor<4x8xf32>, %c: tensor<4x8xf32>) -> tensor<4x8xf32> {
+  %0 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "reduction"]}
+      ins(%a : tensor<4x8xf32>) outs(%c : tensor<4x8xf32>) {
+  ^bb0(%x: f32, %z: f32):
+    %s = arith.addf %z, %x : f32
+    linalg.yield %s : f32
+  } -> tensor<4x8xf32>
+  return %0 : tensor<4x8xf32>
+}
+"""
+
+
+def test_declared_iterator_types_win_over_those_the_maps_imply() -> None:
+    (op,) = facts_of(DECLARED_REDUCTION).ops
+    assert op.iterator_types == ("parallel", "reduction")
+    assert op.op_class == "reduction"
+
+
+def test_analysis_and_explain_do_not_import_the_linalg_python_module() -> None:
+    """The bindings' ``linalg`` module defines every named op through OpDSL when imported (a
+    tenth of a second): analysing a payload, building the matmul workload and explaining a
+    tuning space must not need it (how ``tune --explain`` answers in well under a second)."""
+    import subprocess
+    import sys
+
+    softmax = KERNELBENCH / "l1_023_Softmax.mlir"
+    payloads = ["matmul:m=64,n=32,k=16"] + ([str(softmax)] if softmax.exists() else [])
+    script = (
+        "import sys, io, contextlib\n"
+        "from stagegraph.cli.main import main\n"
+        "for payload in sys.argv[1:]:\n"
+        "    with contextlib.redirect_stdout(io.StringIO()):\n"
+        "        assert main(['tune', 'x86', payload, '--explain']) == 0\n"
+        "print(sorted(m for m in sys.modules if m.endswith('dialects.linalg')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, *payloads], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -47,12 +47,13 @@ def tensor_type(spec: TensorSpec) -> ir.RankedTensorType:
 
 def zero_filled_matmul(a: ir.Value, b: ir.Value, shape: list[int], acc: ir.Type) -> ir.Value:
     """``linalg.matmul(a, b)`` into ``fill(0, tensor.empty(shape))`` of element type ``acc``."""
-    from stagegraph.mlir.bindings import arith, linalg, tensor
+    from stagegraph.mlir.bindings import arith, tensor
+    from stagegraph.mlir.build import named_structured_op
 
-    empty = tensor.EmptyOp(shape, acc)
-    zero = arith.ConstantOp(acc, 0.0)
-    filled = linalg.fill(zero, outs=[empty])
-    return linalg.matmul(a, b, outs=[filled])
+    empty = tensor.EmptyOp(shape, acc).result
+    zero = arith.ConstantOp(acc, 0.0).result
+    filled = named_structured_op("linalg.fill", [zero], [empty])
+    return named_structured_op("linalg.matmul", [a, b], [filled])
 
 
 def build_module(arg_specs: list[TensorSpec], body: Callable[..., Any]) -> ir.Module:

@@ -72,12 +72,14 @@ def parse_assignments(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any
     Raises:
         ConfigError: an item without ``=`` or without a key.
     """
+    if isinstance(items, Mapping):
+        return dict(items)
+    if not items:
+        return {}
     import yaml
 
     from stagegraph.errors import ConfigError
 
-    if isinstance(items, Mapping):
-        return dict(items)
     result: dict[str, Any] = {}
     for item in items:
         key, sep, raw = item.partition("=")

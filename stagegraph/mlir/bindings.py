@@ -34,8 +34,6 @@ def _load(name: str) -> ModuleType:
 
 ir = _load("ir")
 passmanager = _load("passmanager")
-execution_engine = _load("execution_engine")
-runtime = _load("runtime")
 
 
 def dialect(name: str) -> ModuleType:
@@ -43,9 +41,18 @@ def dialect(name: str) -> ModuleType:
     return _load(f"dialects.{name}")
 
 
-#: Dialect modules by attribute name, imported on first use (module ``__getattr__``):
-#: importing all of them costs ~0.3 s, which a command that only parses and analyses a
-#: payload (``tune --explain``) need not pay.
+#: Modules by attribute name, imported on first use (module ``__getattr__``): importing
+#: all of them costs ~0.5 s, which a command that only parses and analyses a payload
+#: (``tune --explain``) need not pay. ``linalg`` in particular builds hundreds of OpDSL op
+#: definitions on import; ``linalg_native`` (the C++ queries: indexing maps, contraction and
+#: convolution inference, ``fill_builtin_region``) and ``linalg_enums`` (``IteratorType``)
+#: are what analysing and building named ops need, at a fraction of the cost.
+_LAZY = {
+    "execution_engine": "execution_engine",
+    "runtime": "runtime",
+    "linalg_native": "_mlir_libs._mlirDialectsLinalg",
+    "linalg_enums": "dialects._linalg_enum_gen",
+}
 _DIALECTS = {
     "arith": "arith",
     "bufferization": "bufferization",
@@ -64,14 +71,20 @@ _DIALECTS = {
 
 
 def __getattr__(name: str) -> ModuleType:
-    if name not in _DIALECTS:
+    if name in _LAZY:
+        module = _load(_LAZY[name])
+    elif name in _DIALECTS:
+        module = dialect(_DIALECTS[name])
+    else:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = dialect(_DIALECTS[name])
     globals()[name] = module
     return module
 
 
 if TYPE_CHECKING:
+    from torch_mlir import execution_engine, runtime  # noqa: F401
+    from torch_mlir._mlir_libs import _mlirDialectsLinalg as linalg_native  # noqa: F401
+    from torch_mlir.dialects import _linalg_enum_gen as linalg_enums  # noqa: F401
     from torch_mlir.dialects import (  # noqa: F401  (for type checkers; loaded lazily)
         arith,
         bufferization,

@@ -76,4 +76,58 @@ def strip_attributes(root: Any, *names: str) -> int:
 def top_level_ops(fn: Any) -> list[Any]:
     """The ops directly in a function's body (its entry block), in order: what a payload
     rewrite that works op by op, not nested, visits."""
-    return [op.operation for op in fn.regions[0].blocks[0].operations]
+    return children(fn)
+
+
+def children(root: Any) -> list[Any]:
+    """The ops directly in ``root``'s regions (not nested deeper), in order.
+
+    A walk hands out plain ``ir.Operation`` objects, where iterating a block builds each op's
+    Python class and so imports its dialect's module (for ``linalg``, over a tenth of a
+    second of OpDSL definitions): analysing a payload should not pay for that."""
+    from stagegraph.mlir.bindings import ir
+
+    top = getattr(root, "operation", root)
+    found: list[Any] = []
+
+    def visit(op: Any) -> Any:
+        if op == top:
+            return ir.WalkResult.ADVANCE
+        found.append(op)
+        return ir.WalkResult.SKIP
+
+    top.walk(visit, ir.WalkOrder.PRE_ORDER)
+    return found
+
+
+class DefUse:
+    """Which op defines each value and which ops use it, inside ``root``, from one walk.
+
+    ``value.owner`` and ``use.owner`` build the op's Python class, which imports its
+    dialect's module (``linalg``'s costs over a tenth of a second); a walk hands out plain
+    ``ir.Operation`` objects, so an analysis that asks these questions here pays nothing of
+    the kind. Values outside ``root`` (its arguments, say) have no owner here."""
+
+    def __init__(self, root: Any) -> None:
+        from stagegraph.mlir.bindings import ir
+
+        self._owner: dict[Any, Any] = {}
+        self._users: dict[Any, list[Any]] = {}
+        top = getattr(root, "operation", root)
+
+        def visit(op: Any) -> Any:
+            for result in op.results:
+                self._owner[result] = op
+            for operand in op.operands:
+                self._users.setdefault(operand, []).append(op)
+            return ir.WalkResult.ADVANCE
+
+        top.walk(visit, ir.WalkOrder.PRE_ORDER)
+
+    def owner(self, value: Any) -> Any | None:
+        """The op in ``root`` that defines ``value``, else ``None``."""
+        return self._owner.get(value)
+
+    def users(self, value: Any) -> list[Any]:
+        """The ops in ``root`` that read ``value`` (once per operand), in walk order."""
+        return self._users.get(value, [])

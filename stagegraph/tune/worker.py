@@ -80,8 +80,8 @@ def _inject(kind: str) -> None:
             pass
     elif kind == "oom":
         hoard = []
-        while True:
-            hoard.append(bytearray(256 * 2**20))
+        while True:  # bytes(n) maps zero pages untouched: hits RLIMIT_AS at once, even on a
+            hoard.append(bytes(256 * 2**20))  # loaded machine (no run-time limit first)
 
 
 def _mark(work: Path, phash: str, phase: str) -> None:

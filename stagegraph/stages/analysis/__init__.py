@@ -18,6 +18,7 @@ from stagegraph.core.stage import stage
 from stagegraph.errors import UnsupportedPayloadError
 from stagegraph.mlir.diagnostics import parse_payload
 from stagegraph.mlir.functions import function_name, payload_functions, select_entry
+from stagegraph.mlir.walk import DefUse
 from stagegraph.stages.analysis.facts import (
     CLASS_PRIORITY,
     SUPPORTED_DTYPES,
@@ -88,8 +89,9 @@ def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
             raise UnsupportedPayloadError(f"payload function @{name} is a declaration, no body")
         fn_facts = tuple(function_facts(f, strict=f == fn) for f in functions)
         ops = linalg_ops(fn)
-        facts = [op_facts(op, i, f"payload function @{name}") for i, op in enumerate(ops)]
-        layers = layers_of(ops, facts)
+        def_use = DefUse(fn)
+        facts = [op_facts(op, i, f"payload function @{name}", def_use) for i, op in enumerate(ops)]
+        layers = layers_of(ops, facts, def_use)
     entry_facts = fn_facts[functions.index(fn)]
     classes = frozenset(f.op_class for f in facts)
     values = entry_facts.arguments + entry_facts.results

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from stagegraph.errors import UnsupportedPayloadError
 from stagegraph.mlir.functions import function_name, visibility
+from stagegraph.mlir.walk import DefUse, children
 from stagegraph.stages.analysis.facts import (
     SUPPORTED_DTYPES,
     ContractionFacts,
@@ -144,9 +145,9 @@ def _operands(op: Any) -> tuple[list[Any], list[Any]]:
 
 
 def _maps(op: Any) -> list[Any]:
-    from stagegraph.mlir.bindings import ir, linalg
+    from stagegraph.mlir.bindings import ir, linalg_native
 
-    attr = linalg.get_indexing_maps(op)
+    attr = linalg_native.get_indexing_maps(op)
     return [] if attr is None else [ir.AffineMapAttr(a).value for a in attr]
 
 
@@ -181,18 +182,38 @@ def _iterator_types(op: Any, maps: list[Any], n_outputs: int) -> tuple[IteratorT
 
     if not maps:
         return ()
-    if "iterator_types" in op.attributes:
-        return declared_iterator_types(op)
     in_outputs = {p for amap in maps[len(maps) - n_outputs :] for p in _dim_positions(amap)}
-    return tuple("parallel" if d in in_outputs else "reduction" for d in range(maps[0].n_dims))
+    implied = tuple("parallel" if d in in_outputs else "reduction" for d in range(maps[0].n_dims))
+    if "iterator_types" not in op.attributes:
+        return implied
+    # The declared kinds are almost always the implied ones: compare the whole attribute (no
+    # element is read, see declared_iterator_types) and read it element-wise only if not.
+    if op.attributes["iterator_types"] == _iterator_types_attr(implied, op.context):
+        return implied
+    return declared_iterator_types(op)
+
+
+def _iterator_types_attr(kinds: Sequence[IteratorType], context: Any) -> Any:
+    """The ``iterator_types`` attribute a ``linalg.generic`` with these loop kinds carries.
+
+    Built from its syntax, as the bindings' own ``IteratorTypeEnum`` builder does, but as one
+    builtin array: building the elements one by one would import the ``linalg`` module."""
+    from stagegraph.mlir.bindings import ir
+
+    kinds_text = ", ".join(f"#linalg.iterator_type<{kind}>" for kind in kinds)
+    return ir.Attribute.parse(f"[{kinds_text}]", context=context)
 
 
 def declared_iterator_types(op: Any) -> tuple[IteratorType, ...]:
-    """The ``iterator_types`` attribute of a ``linalg.generic``, read through the bindings."""
-    from stagegraph.mlir.bindings import ir, linalg
+    """The ``iterator_types`` attribute of a ``linalg.generic``, read through the bindings.
+
+    Reading an element of the attribute makes the bindings import the ``linalg`` dialect's
+    Python module to find its attribute class (a tenth of a second of OpDSL definitions), so
+    the analysis calls this only when comparing the whole attribute is not enough."""
+    from stagegraph.mlir.bindings import ir, linalg_enums
 
     parallel = ir.AttrBuilder.get("linalg.IteratorTypeEnum")(
-        linalg.IteratorType.parallel, op.context
+        linalg_enums.IteratorType.parallel, op.context
     )
     return tuple(
         "parallel" if attr == parallel else "reduction" for attr in op.attributes["iterator_types"]
@@ -202,24 +223,25 @@ def declared_iterator_types(op: Any) -> tuple[IteratorType, ...]:
 def _body(op: Any) -> list[Any]:
     if not op.regions or not op.regions[0].blocks:
         return []
-    return [o.operation for o in op.regions[0].blocks[0].operations]
+    return children(op)
 
 
-def _producer(value: Any) -> str:
+def _producer(value: Any, def_use: DefUse | None) -> str:
     from stagegraph.mlir.bindings import ir
 
     if isinstance(value, ir.BlockArgument):
         return f"%arg{value.arg_number}"
-    return value.owner.operation.name
+    owner = def_use.owner(value) if def_use is not None else None
+    return (owner if owner is not None else value.owner.operation).name
 
 
 def _contraction(op: Any, maps: list[Any], ranges: tuple[int, ...]) -> ContractionFacts | None:
     """batch/m/n/k of a contraction, from the maps of A, B and the accumulator."""
-    from stagegraph.mlir.bindings import linalg
+    from stagegraph.mlir.bindings import linalg_native
 
     if len(maps) < 3:
         return None
-    dims = linalg.infer_contraction_dimensions_from_maps([maps[0], maps[1], maps[-1]])
+    dims = linalg_native.infer_contraction_dimensions_from_maps([maps[0], maps[1], maps[-1]])
     if dims is None or not list(dims.k):
         return None
     groups = {g: tuple(getattr(dims, g)) for g in ("batch", "m", "n", "k")}
@@ -243,9 +265,9 @@ def _contraction(op: Any, maps: list[Any], ranges: tuple[int, ...]) -> Contracti
 
 
 def _convolution(op: Any) -> ConvolutionFacts | None:
-    from stagegraph.mlir.bindings import linalg
+    from stagegraph.mlir.bindings import linalg_native
 
-    dims = linalg.infer_convolution_dimensions(op)
+    dims = linalg_native.infer_convolution_dimensions(op)
     if dims is None:
         return None
     return ConvolutionFacts(**{f: tuple(getattr(dims, f)) for f in ConvolutionFacts.model_fields})
@@ -264,9 +286,9 @@ def _ignores_an_input(op: Any, n_inputs: int) -> bool:
 def _is_contraction(op: Any) -> bool:
     """A named matmul-like op, or any op (``linalg.generic``) that the contraction interface
     recognises: two inputs, projected-permutation maps, a reduction loop, a mul-add body."""
-    from stagegraph.mlir.bindings import linalg
+    from stagegraph.mlir.bindings import linalg_native
 
-    return op.name in _CONTRACTIONS or bool(linalg.isa_contraction_op(op))
+    return op.name in _CONTRACTIONS or bool(linalg_native.isa_contraction_op(op))
 
 
 def classify(
@@ -277,7 +299,7 @@ def classify(
     has_maps: bool = True,
 ) -> OpClass:
     """The class of a linalg op, from its name, interfaces, maps and body."""
-    from stagegraph.mlir.bindings import linalg
+    from stagegraph.mlir.bindings import linalg_native
 
     name = op.name
     if _is_contraction(op):
@@ -289,7 +311,7 @@ def classify(
         return "pooling"
     if name.startswith(("linalg.conv_", "linalg.depthwise_conv_")):
         return "convolution"
-    if linalg.isa_convolution_op(op):
+    if linalg_native.isa_convolution_op(op):
         return "pooling" if _ignores_an_input(op, n_inputs) else "convolution"
     if name == "linalg.softmax" or "reduction" in iterators:
         return "reduction"
@@ -309,8 +331,9 @@ def _flops(op_class: OpClass, ranges: tuple[int, ...] | None, body_ops: Iterable
     return points * sum(1 for name in body_ops if name not in _NOT_FLOPS)
 
 
-def op_facts(op: Any, index: int, where: str) -> OpFacts:
-    """Facts of one linalg op (``where`` names its function, for errors)."""
+def op_facts(op: Any, index: int, where: str, def_use: DefUse | None = None) -> OpFacts:
+    """Facts of one linalg op (``where`` names its function, for errors; ``def_use`` of that
+    function, when the caller has it, names producers without building op classes)."""
     inputs, outputs = _operands(op)
     where = f"{where} op {op.name} (#{index})"
     in_facts = tuple(value_facts(v.type, f"{where} input {i}") for i, v in enumerate(inputs))
@@ -328,7 +351,7 @@ def op_facts(op: Any, index: int, where: str) -> OpFacts:
         op_class=op_class,
         inputs=in_facts,
         outputs=out_facts,
-        producers=tuple(_producer(v) for v in inputs + outputs),
+        producers=tuple(_producer(v, def_use) for v in inputs + outputs),
         indexing_maps=tuple(str(m) for m in maps),
         iterator_types=iterators,
         loop_ranges=ranges,
@@ -342,8 +365,9 @@ def op_facts(op: Any, index: int, where: str) -> OpFacts:
 # --------------------------------------------------------------------------- layers
 
 
-def layers_of(ops: list[Any], facts: list[OpFacts]) -> list[LayerFacts]:
-    """Each matmul-like op with its single-use chain of same-shape elementwise consumers."""
+def layers_of(ops: list[Any], facts: list[OpFacts], def_use: DefUse) -> list[LayerFacts]:
+    """Each matmul-like op with its single-use chain of same-shape elementwise consumers
+    (``def_use``: of the function holding ``ops``)."""
     position = {op: i for i, op in enumerate(ops)}  # ir.Operation hashes by identity
     layers = []
     for op, fact in zip(ops, facts, strict=True):
@@ -352,10 +376,10 @@ def layers_of(ops: list[Any], facts: list[OpFacts]) -> list[LayerFacts]:
         epilogue: list[int] = []
         current = op
         while len(current.results) == 1:
-            uses = list(current.results[0].uses)
-            if len(uses) != 1:
+            users = def_use.users(current.results[0])
+            if len(users) != 1:
                 break
-            user = uses[0].owner.operation
+            user = users[0]
             index = position.get(user)
             if index is None or facts[index].op_class != "elementwise":
                 break

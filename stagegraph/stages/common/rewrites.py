@@ -195,13 +195,14 @@ def decompose_aggregated_ops(module: Any) -> int:
     ``linalg.generic`` ops it stands for, with the transform dialect's
     ``decompose_interface``; returns how many were decomposed. Without it the op survives to
     LLVM translation, which fails far from the cause."""
-    from stagegraph.mlir.bindings import ir, structured, transform
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
 
     count = len(collect(module, AGGREGATED_OPS))
     if not count:
         return 0
+    from stagegraph.mlir.bindings import ir, structured, transform
+    from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
+
     with module.context, ir.Location.unknown():
         schedule, sequence = new_schedule()
         with ir.InsertionPoint(sequence.body):

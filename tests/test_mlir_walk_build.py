@@ -1,0 +1,71 @@
+"""IR helpers below the stages: one-walk def-use, direct children, named-op building."""
+
+from __future__ import annotations
+
+from stagegraph.mlir.bindings import func, ir, new_context, tensor
+from stagegraph.mlir.build import named_structured_op
+from stagegraph.mlir.walk import DefUse, children, collect
+from stagegraph.stages.analysis import analyze
+
+TWO_USERS = """
+func.func @main(%a: tensor<4xf32>) -> (tensor<4xf32>, tensor<4xf32>) {
+  %e = tensor.empty() : tensor<4xf32>
+  %n = math.exp %a : tensor<4xf32>
+  %x = arith.addf %n, %n : tensor<4xf32>
+  %y = arith.mulf %a, %x : tensor<4xf32>
+  return %x, %y : tensor<4xf32>, tensor<4xf32>
+}
+"""
+
+
+def test_def_use_names_owners_and_users() -> None:
+    with new_context() as ctx:
+        module = ir.Module.parse(TWO_USERS, ctx)
+        (fn,) = collect(module.operation, "func.func")
+        def_use = DefUse(fn)
+        exp, add, mul = (collect(fn, name)[0] for name in ("math.exp", "arith.addf", "arith.mulf"))
+        assert def_use.owner(add.results[0]) == add
+        assert def_use.owner(fn.regions[0].blocks[0].arguments[0]) is None
+        assert def_use.users(exp.results[0]) == [add, add]  # once per operand
+        assert [u.name for u in def_use.users(add.results[0])] == ["arith.mulf", "func.return"]
+        assert def_use.users(mul.results[0])[0].name == "func.return"
+
+
+def test_children_are_the_direct_ops_only() -> None:
+    with new_context() as ctx:
+        module = ir.Module.parse(TWO_USERS, ctx)
+        assert [op.name for op in children(module.operation)] == ["func.func"]
+        (fn,) = children(module.operation)
+        assert [op.name for op in children(fn)] == [
+            "tensor.empty",
+            "math.exp",
+            "arith.addf",
+            "arith.mulf",
+            "func.return",
+        ]
+
+
+def test_named_structured_op_has_the_named_ops_body() -> None:
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.create()
+        f32 = ir.F32Type.get()
+        a_type = ir.RankedTensorType.get([4, 3], f32)
+        b_type = ir.RankedTensorType.get([3, 5], f32)
+        with ir.InsertionPoint(module.body):
+
+            @func.FuncOp.from_py_func(a_type, b_type, name="main")
+            def main(a, b):
+                from stagegraph.mlir.bindings import arith
+
+                empty = tensor.EmptyOp([4, 5], f32).result
+                zero = arith.ConstantOp(f32, 0.0).result
+                filled = named_structured_op("linalg.fill", [zero], [empty])
+                return named_structured_op("linalg.matmul", [a, b], [filled])
+
+        assert module.operation.verify()
+        (matmul,) = collect(module.operation, "linalg.matmul")
+        assert [op.name for op in children(matmul)] == ["arith.mulf", "arith.addf", "linalg.yield"]
+        facts = analyze(module)
+        assert [op.op_class for op in facts.ops] == ["elementwise", "matmul"]
+        assert facts.ops[1].contraction.m == 4 and facts.ops[1].contraction.n == 5
+        assert facts.ops[1].producers == ("%arg0", "%arg1", "linalg.fill")
