@@ -69,3 +69,30 @@ def test_named_structured_op_has_the_named_ops_body() -> None:
         assert [op.op_class for op in facts.ops] == ["elementwise", "matmul"]
         assert facts.ops[1].contraction.m == 4 and facts.ops[1].contraction.n == 5
         assert facts.ops[1].producers == ("%arg0", "%arg1", "linalg.fill")
+
+
+def test_generic_builds_maps_kinds_and_body() -> None:
+    from stagegraph.mlir.bindings import arith
+    from stagegraph.mlir.build import generic
+
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.create()
+        f32 = ir.F32Type.get()
+        x_type = ir.RankedTensorType.get([4, 6], f32)
+        row_type = ir.RankedTensorType.get([4], f32)
+        identity = ir.AffineMap.get_identity(2)
+        rows = ir.AffineMap.get(2, 0, [ir.AffineDimExpr.get(0)])
+        with ir.InsertionPoint(module.body):
+
+            @func.FuncOp.from_py_func(x_type, row_type, name="main")
+            def main(x, init):
+                return generic(
+                    [x], [init], [identity, rows], ["parallel", "reduction"],
+                    lambda v, acc: arith.addf(v, acc),
+                )  # fmt: skip
+
+        assert module.operation.verify()
+        (op,) = analyze(module).ops
+        assert op.op_class == "reduction"
+        assert op.iterator_types == ("parallel", "reduction")
+        assert op.loop_ranges == (4, 6) and op.body_ops == ("arith.addf",)

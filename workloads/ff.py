@@ -26,19 +26,19 @@ SIGMOID_FLOPS = 4  # neg, exp, add, div
 
 def sigmoid(x: ir.Value, shape: list[int]) -> ir.Value:
     """Elementwise ``1 / (1 + exp(-x))`` into a fresh tensor."""
-    from stagegraph.mlir.bindings import arith, dialect, ir, linalg, tensor
+    from stagegraph.mlir.bindings import arith, dialect, ir, tensor
+    from stagegraph.mlir.build import generic
 
     math = dialect("math")
     f32 = ir.F32Type.get()
     identity = ir.AffineMap.get_identity(len(shape))
-    parallel = [linalg.IteratorType.parallel] * len(shape)
 
-    @linalg.generic([x], [tensor.EmptyOp(shape, f32).result], [identity, identity], parallel)
-    def result(value: ir.Value, _out: ir.Value) -> ir.Value:
+    def body(value: ir.Value, _out: ir.Value) -> ir.Value:
         one = arith.ConstantOp(f32, 1.0)
         return arith.divf(one, arith.addf(one, math.exp(arith.negf(value))))
 
-    return result
+    empty = tensor.EmptyOp(shape, f32).result
+    return generic([x], [empty], [identity, identity], ["parallel"] * len(shape), body)
 
 
 class FfParams(WorkloadParams):

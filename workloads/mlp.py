@@ -33,20 +33,18 @@ if typing.TYPE_CHECKING:
 
 def bias_relu(x: ir.Value, bias: ir.Value, shape: list[int]) -> ir.Value:
     """``max(x[i, j] + bias[j], 0)`` as one ``linalg.generic`` into a fresh tensor."""
-    from stagegraph.mlir.bindings import arith, ir, linalg, tensor
+    from stagegraph.mlir.bindings import arith, ir, tensor
+    from stagegraph.mlir.build import generic
 
     f32 = ir.F32Type.get()
     identity = ir.AffineMap.get_identity(2)
     columns = ir.AffineMap.get(2, 0, [ir.AffineDimExpr.get(1)])
-    parallel = [linalg.IteratorType.parallel] * 2
 
-    @linalg.generic(
-        [x, bias], [tensor.EmptyOp(shape, f32).result], [identity, columns, identity], parallel
-    )
-    def result(value: ir.Value, b: ir.Value, _out: ir.Value) -> ir.Value:
+    def body(value: ir.Value, b: ir.Value, _out: ir.Value) -> ir.Value:
         return arith.maximumf(arith.addf(value, b), arith.ConstantOp(f32, 0.0))
 
-    return result
+    empty = tensor.EmptyOp(shape, f32).result
+    return generic([x, bias], [empty], [identity, columns, identity], ["parallel"] * 2, body)
 
 
 class MlpParams(WorkloadParams):

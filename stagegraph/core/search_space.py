@@ -143,6 +143,9 @@ class SearchSpace:
                 f"{', '.join(s.label for s in self.sites) or 'none'})",
                 ["no tunable fields"],
             )
+        if self.contains(self.values_of(self.base)):
+            return  # the baseline is a solution: fast, where a free check of a space with
+            # products of variables (several matmul sites) can take z3 a second
         conflicts = self.conflicts()
         if conflicts:
             raise EmptySearchSpaceError(
@@ -150,25 +153,38 @@ class SearchSpace:
                 conflicts,
             )
 
-    def stream(self, seed: int = 0) -> Iterator[dict[str, int]]:
-        """Distinct solutions, lazily: each check finds one, a blocking clause excludes it."""
+    def stream(self, seed: int = 0, deadline: float | None = None) -> Iterator[dict[str, int]]:
+        """Distinct solutions, lazily: each check finds one, a blocking clause excludes it.
+        With a ``deadline`` (``time.monotonic()``), each check is limited to the time left and
+        the stream ends when it runs out."""
         z3 = self._z3
         rng = random.Random(seed)
         solver, zvars = self._solver(seed)
         names = list(zvars)
         if not names:
             return
+
+        def check() -> Any:
+            if deadline is not None:
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0:
+                    return z3.unknown
+                solver.set("timeout", left_ms)
+            return solver.check()
+
         while True:
             solver.push()
             name = rng.choice(names)
             pivot = _pivot(self.variables[name].domain, rng)
             var = zvars[name]
             solver.add(var <= pivot if rng.random() < 0.5 else var >= pivot)
-            found = solver.check() == z3.sat
-            model = solver.model() if found else None
+            verdict = check()
+            model = solver.model() if verdict == z3.sat else None
             solver.pop()
-            if not found:
-                if solver.check() != z3.sat:
+            if verdict == z3.unknown:
+                return
+            if model is None:
+                if check() != z3.sat:
                     return
                 model = solver.model()
             solution = {n: model.eval(v, model_completion=True).as_long() for n, v in zvars.items()}
@@ -224,12 +240,14 @@ class SearchSpace:
 
     def count(self, cap: int = 1000, seconds: float | None = None) -> tuple[int, bool]:
         """Number of solutions, counted up to ``cap`` (for at most ``seconds``); (n, exact)."""
-        deadline = time.monotonic() + seconds if seconds is not None else float("inf")
+        deadline = time.monotonic() + seconds if seconds is not None else None
         seen = 0
-        for _ in self.stream(0):
+        for _ in self.stream(0, deadline):
             seen += 1
-            if seen >= cap or time.monotonic() > deadline:
+            if seen >= cap:
                 return seen, False
+        if deadline is not None and time.monotonic() >= deadline:
+            return seen, False
         return seen, True
 
     def product_size(self) -> int:
@@ -269,6 +287,8 @@ class SearchSpace:
         """What ``tune --explain`` prints: variables, domains, constraints and the size (z3
         counts solutions for at most ``seconds``: an explanation answers at once)."""
         count, exact = self.count(cap, seconds)
+        if not exact and count == 0 and self.contains(self.values_of(self.base)):
+            count = 1  # no solution found in time, but the baseline is one
         fixed = {}
         for site in self.sites:
             varied = {v.field for v in self.variables.values() if v.site is site}

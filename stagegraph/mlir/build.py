@@ -1,4 +1,4 @@
-"""Build named linalg ops (``linalg.fill``, ``linalg.matmul``, ...) from the bindings' core.
+"""Build linalg ops (``linalg.fill``, ``linalg.matmul``, ``linalg.generic``) from core bindings.
 
 The ``linalg`` dialect module of the Python bindings defines every named op through OpDSL on
 import, which costs more than a tenth of a second; a workload that only needs a fill and a
@@ -9,7 +9,7 @@ dialect's C++ region builder knows how to fill, so it can be created generically
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 
@@ -30,3 +30,57 @@ def named_structured_op(name: str, inputs: Sequence[Any], outputs: Sequence[Any]
     )
     linalg_native.fill_builtin_region(op)
     return op.results[0] if len(op.results) == 1 else op
+
+
+def iterator_types_attr(kinds: Sequence[str], context: Any = None) -> Any:
+    """The ``iterator_types`` attribute of a ``linalg.generic`` with these loop kinds
+    (``"parallel"``/``"reduction"``).
+
+    Built from its syntax, as the bindings' own ``IteratorTypeEnum`` builder does, but as one
+    builtin array: building each element as a Python object makes the bindings import the
+    ``linalg`` module to find its attribute class."""
+    from stagegraph.mlir.bindings import ir
+
+    kinds_text = ", ".join(f"#linalg.iterator_type<{kind}>" for kind in kinds)
+    return ir.Attribute.parse(f"[{kinds_text}]", context=context)
+
+
+def generic(
+    inputs: Sequence[Any],
+    outputs: Sequence[Any],
+    maps: Sequence[Any],
+    kinds: Sequence[str],
+    body: Callable[..., Any],
+) -> Any:
+    """A ``linalg.generic`` over ``inputs`` into ``outputs`` (``ir.AffineMap`` per operand,
+    loop kinds as in :func:`iterator_types_attr`), whose body is ``body(*scalars)`` (one
+    block argument per operand, returning the yielded value or values); returns its single
+    result (on tensors) or the op."""
+    from stagegraph.mlir.bindings import ir
+
+    result_types = [v.type for v in outputs if isinstance(v.type, ir.RankedTensorType)]
+    op = ir.Operation.create(
+        "linalg.generic",
+        results=result_types,
+        operands=[*inputs, *outputs],
+        attributes={
+            "indexing_maps": ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+            "iterator_types": iterator_types_attr(kinds),
+            "operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(inputs), len(outputs)]),
+        },
+        regions=1,
+    )
+    scalars = [ir.ShapedType(v.type).element_type for v in [*inputs, *outputs]]
+    block = op.regions[0].blocks.append(*scalars)
+    with ir.InsertionPoint(block):
+        yielded = body(*block.arguments)
+        values = list(yielded) if isinstance(yielded, (list, tuple)) else [yielded]
+        ir.Operation.create("linalg.yield", operands=[_value(v) for v in values])
+    return op.results[0] if len(op.results) == 1 else op
+
+
+def _value(value: Any) -> Any:
+    """An ``ir.Value`` from a value or a single-result op (what dialect builders return)."""
+    from stagegraph.mlir.bindings import ir
+
+    return value if isinstance(value, ir.Value) else value.result

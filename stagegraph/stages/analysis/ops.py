@@ -9,6 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from stagegraph.errors import UnsupportedPayloadError
+from stagegraph.mlir.build import iterator_types_attr
 from stagegraph.mlir.functions import function_name, visibility
 from stagegraph.mlir.walk import DefUse, children
 from stagegraph.stages.analysis.facts import (
@@ -188,20 +189,9 @@ def _iterator_types(op: Any, maps: list[Any], n_outputs: int) -> tuple[IteratorT
         return implied
     # The declared kinds are almost always the implied ones: compare the whole attribute (no
     # element is read, see declared_iterator_types) and read it element-wise only if not.
-    if op.attributes["iterator_types"] == _iterator_types_attr(implied, op.context):
+    if op.attributes["iterator_types"] == iterator_types_attr(implied, op.context):
         return implied
     return declared_iterator_types(op)
-
-
-def _iterator_types_attr(kinds: Sequence[IteratorType], context: Any) -> Any:
-    """The ``iterator_types`` attribute a ``linalg.generic`` with these loop kinds carries.
-
-    Built from its syntax, as the bindings' own ``IteratorTypeEnum`` builder does, but as one
-    builtin array: building the elements one by one would import the ``linalg`` module."""
-    from stagegraph.mlir.bindings import ir
-
-    kinds_text = ", ".join(f"#linalg.iterator_type<{kind}>" for kind in kinds)
-    return ir.Attribute.parse(f"[{kinds_text}]", context=context)
 
 
 def declared_iterator_types(op: Any) -> tuple[IteratorType, ...]:
