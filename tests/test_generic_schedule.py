@@ -748,3 +748,61 @@ def test_per_op_params_reach_only_their_op():
     assert tile_sizes({}) != tile_sizes({reduction.signature(): GenericParams(reduction_chunk=64)})
     other = {facts.ops[0].signature(): GenericParams(reduction_chunk=64)}  # the fill's entry
     assert tile_sizes(other) == tile_sizes({})
+
+
+# x / sqrt(mean(x^2 over axis 1) + eps): the sqrt chain is read broadcast over axis 1.
+NORMALIZE = """
+#x = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
+#r = affine_map<(d0, d1, d2) -> (d0, 0, d2)>
+func.func @main(%a: tensor<3x8x16xf32>) -> tensor<3x8x16xf32> {
+  %zero = arith.constant 0.0 : f32
+  %n = arith.constant 8.0 : f32
+  %eps = arith.constant 1.0e-5 : f32
+  %e = tensor.empty() : tensor<3x8x16xf32>
+  %er = tensor.empty() : tensor<3x1x16xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%er : tensor<3x1x16xf32>) -> tensor<3x1x16xf32>
+  %sum = linalg.generic {indexing_maps = [#x, #r],
+                        iterator_types = ["parallel", "reduction", "parallel"]}
+      ins(%a : tensor<3x8x16xf32>) outs(%acc : tensor<3x1x16xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %sq = arith.mulf %v, %v : f32
+    %s = arith.addf %sq, %o : f32
+    linalg.yield %s : f32
+  } -> tensor<3x1x16xf32>
+  %rms = linalg.generic {indexing_maps = [#x, #x],
+                        iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%sum : tensor<3x1x16xf32>) outs(%er : tensor<3x1x16xf32>) {
+  ^bb0(%v: f32, %o: f32):
+    %m = arith.divf %v, %n : f32
+    %p = arith.addf %m, %eps : f32
+    %r = math.sqrt %p : f32
+    linalg.yield %r : f32
+  } -> tensor<3x1x16xf32>
+  %out = linalg.generic {indexing_maps = [#x, #r, #x],
+                        iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%a, %rms : tensor<3x8x16xf32>, tensor<3x1x16xf32>) outs(%e : tensor<3x8x16xf32>) {
+  ^bb0(%v: f32, %d: f32, %o: f32):
+    %q = arith.divf %v, %d : f32
+    linalg.yield %q : f32
+  } -> tensor<3x8x16xf32>
+  return %out : tensor<3x8x16xf32>
+}
+"""
+
+
+def test_producer_read_broadcast_is_not_fused_into_its_consumer():
+    """Fused, the sqrt chain would run once per element of the normalized axis (8x here);
+    it gets its own loop nest instead, and the result is unchanged."""
+    from stagegraph.stages.x86.generic_schedule import annotate_generic_ops
+
+    module = parse_payload(NORMALIZE)
+    facts = analyze(module)
+    with module.context:
+        fused = annotate_generic_ops(module, facts)
+    kinds = [f.op_class for f in facts.ops]
+    rms = kinds.index("reduction") + 1
+    assert rms not in fused
+    a = np.random.default_rng(0).standard_normal((3, 8, 16), dtype=np.float32)
+    (out,) = _jit(NORMALIZE).call("main", [a])
+    want = a / np.sqrt((a.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-5)
+    np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-7)

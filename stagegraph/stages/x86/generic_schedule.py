@@ -18,6 +18,7 @@ labels. After it, run :data:`PIPELINE` (bufferize, leftovers to loops, LLVM).
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -74,6 +75,25 @@ def _users(op: Any) -> list[Any]:
     return [use.owner.operation for result in op.results for use in result.uses]
 
 
+def _recomputations(producer: Any, consumer: Any, consumer_facts: OpFacts) -> int:
+    """How many times a producer fused into ``consumer``'s tiles computes each element: the
+    trip count of the consumer loops its indexing map for the producer's result leaves out
+    (an RMSNorm's ``sqrt(mean + eps)``, read broadcast over the normalized axis, would be
+    recomputed for every element of that axis)."""
+    from stagegraph.mlir.bindings import ir, linalg_native
+
+    maps = [ir.AffineMapAttr(a).value for a in linalg_native.get_indexing_maps(consumer)]
+    results = set(producer.results)
+    worst = 1
+    for operand, amap in zip(consumer.operands, maps, strict=False):
+        if operand not in results:
+            continue
+        used = {e.position for e in amap.results if isinstance(e, ir.AffineDimExpr)}
+        left_out = [r for d, r in enumerate(consumer_facts.loop_ranges) if d not in used]
+        worst = max(worst, math.prod(left_out))
+    return worst
+
+
 def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
     """Label the ops this schedule may touch; returns {fused producer: root consumer}.
 
@@ -105,6 +125,8 @@ def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
             continue
         if users[0].parent != ops[i].parent:
             continue
+        if _recomputations(ops[i], users[0], facts.ops[j]) > 1:
+            continue  # fused, the producer would run once per broadcast copy of each element
         fused[i] = fused.get(j, j)
     i64 = ir.IntegerType.get_signless(64, module.context)
     for i in mine:
