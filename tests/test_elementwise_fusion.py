@@ -218,3 +218,83 @@ def test_schedule_work_does_not_grow_with_the_chain():
     small, large = _schedule_size(8), _schedule_size(32)
     assert small == large  # one merged op: the same schedule whatever the chain length
     assert small[1] == 0 and small[2] == 1
+
+
+# PyTorch's variance: x widened to f64 once, read by the mean's sum and by x - mean, whose
+# square reads x - mean twice.
+VARIANCE = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+#vec = affine_map<(d0) -> (d0)>
+func.func @main(%a: tensor<4x32xf32>) -> tensor<4xf64> {
+  %zero = arith.constant 0.0 : f64
+  %n = arith.constant 32.0 : f64
+  %e = tensor.empty() : tensor<4x32xf64>
+  %er = tensor.empty() : tensor<4xf64>
+  %acc = linalg.fill ins(%zero : f64) outs(%er : tensor<4xf64>) -> tensor<4xf64>
+  %w = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%a : tensor<4x32xf32>) outs(%e : tensor<4x32xf64>) {
+  ^bb0(%x: f32, %o: f64):
+    %r = arith.extf %x : f32 to f64
+    linalg.yield %r : f64
+  } -> tensor<4x32xf64>
+  %sum = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}
+      ins(%w : tensor<4x32xf64>) outs(%acc : tensor<4xf64>) {
+  ^bb0(%x: f64, %o: f64):
+    %r = arith.addf %x, %o : f64
+    linalg.yield %r : f64
+  } -> tensor<4xf64>
+  %mean = linalg.generic {indexing_maps = [#vec, #vec], iterator_types = ["parallel"]}
+      ins(%sum : tensor<4xf64>) outs(%er : tensor<4xf64>) {
+  ^bb0(%x: f64, %o: f64):
+    %r = arith.divf %x, %n : f64
+    linalg.yield %r : f64
+  } -> tensor<4xf64>
+  %d = linalg.generic {indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%w, %mean : tensor<4x32xf64>, tensor<4xf64>) outs(%e : tensor<4x32xf64>) {
+  ^bb0(%x: f64, %m: f64, %o: f64):
+    %r = arith.subf %x, %m : f64
+    linalg.yield %r : f64
+  } -> tensor<4x32xf64>
+  %sq = linalg.generic {indexing_maps = [#id, #id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%d, %d : tensor<4x32xf64>, tensor<4x32xf64>) outs(%e : tensor<4x32xf64>) {
+  ^bb0(%x: f64, %y: f64, %o: f64):
+    %r = arith.mulf %x, %y : f64
+    linalg.yield %r : f64
+  } -> tensor<4x32xf64>
+  %ss = linalg.generic {indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}
+      ins(%sq : tensor<4x32xf64>) outs(%acc : tensor<4xf64>) {
+  ^bb0(%x: f64, %o: f64):
+    %r = arith.addf %x, %o : f64
+    linalg.yield %r : f64
+  } -> tensor<4xf64>
+  return %ss : tensor<4xf64>
+}
+"""
+
+
+def test_cheap_producer_is_copied_per_reader_and_double_reads_merge():
+    """The widening is copied for the second reader (not for the broadcast-free reduction's
+    sake alone: each copy then fuses), and ``(x - m) * (x - m)`` merges with ``x - m``
+    although it reads it twice: no f64 copy of x is stored, and the variance is right."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import entry_function
+    from stagegraph.runtime.jit import JitBinary
+    from stagegraph.stages.x86.generic_schedule import lower_generic
+    from stagegraph.stages.x86.prepare import duplicate_cheap_producers, fuse_elementwise_chains
+
+    module = parse_payload(VARIANCE)
+    with module.context, ir.Location.unknown():
+        fn = entry_function(module, "main")
+        assert duplicate_cheap_producers(fn) == 1
+        assert fuse_elementwise_chains(fn) == 2  # extf into x - m, x - m into the square
+        assert module.operation.verify()
+    bodies = [op.body_ops for op in analyze(module).ops if op.op_class == "elementwise"]
+    assert ("arith.extf", "arith.subf", "arith.mulf") in bodies
+    assert ("arith.extf",) in bodies  # the copy the first reduction's tiles will fuse
+    a = np.random.default_rng(2).standard_normal((4, 32), dtype=np.float32)
+    module = parse_payload(VARIANCE)
+    lower_generic(module)
+    (out,) = JitBinary(module, opt_level=2).call("main", [a])
+    x = a.astype(np.float64)
+    np.testing.assert_allclose(out, ((x - x.mean(axis=1, keepdims=True)) ** 2).sum(axis=1))

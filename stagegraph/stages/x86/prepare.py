@@ -20,6 +20,8 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
   groups around a plain 2-D convolution.
 * :func:`depthwise_to_channels_last`: an NCHW depthwise convolution becomes transposes
   around the NHWC one, which decomposes to 1-D and vectorizes along the channels.
+* :func:`duplicate_cheap_producers`: a cheap elementwise generic (a cast) read by several
+  generics is copied per reader, so each copy fuses into its reader's loops.
 * :func:`fuse_elementwise_chains`: an elementwise generic used only by an elementwise
   generic (read without broadcast) is merged into it, so a chain is one op: the schedule
   then needs no per-producer fusion, whose cost grows with the whole function.
@@ -402,9 +404,9 @@ def _fusable_operand(consumer: Any) -> int | None:
         producer = _owner_op(consumer.operands[k])
         if producer is None or producer.parent != consumer.parent:
             continue
-        if not _plain_elementwise(producer) or len(list(producer.results[0].uses)) != 1:
+        if not _plain_elementwise(producer) or not maps[k].is_permutation:
             continue
-        if not maps[k].is_permutation:
+        if _reading_slots(consumer, producer) is None:
             continue
         if not _maps(producer)[-1].is_permutation:
             continue
@@ -412,10 +414,31 @@ def _fusable_operand(consumer: Any) -> int | None:
     return None
 
 
+def _reading_slots(consumer: Any, producer: Any) -> list[int] | None:
+    """The inputs of ``consumer`` that read ``producer``'s result, if ``consumer`` is its only
+    reader and reads it through one map (``(x - m) * (x - m)`` reads ``x - m`` twice); else
+    None."""
+    slots = []
+    for use in producer.results[0].uses:
+        if use.owner.operation != consumer or use.operand_number >= _n_inputs(consumer):
+            return None
+        slots.append(use.operand_number)
+    maps = _maps(consumer)
+    return slots if all(maps[j] == maps[slots[0]] for j in slots) else None
+
+
 def _fuse_producer(consumer: Any, k: int) -> Any:
     """Replace ``consumer`` and the producer of its input ``k`` by one generic computing
     both bodies per element; returns the new op."""
     producer = _owner_op(consumer.operands[k])
+    # Other inputs reading the same result through the same map read the same element: they
+    # become uses of input k's block argument, and are dropped.
+    c_in = _n_inputs(consumer)
+    c_args = list(_body(consumer).arguments)
+    duplicates = [j for j in _reading_slots(consumer, producer) or [k] if j != k]
+    for j in duplicates:
+        c_args[j].replace_all_uses_with(c_args[k])
+    keep = [j for j in range(len(c_args)) if j not in duplicates]
     c_maps, p_maps = _maps(consumer), _maps(producer)
     n_loops = c_maps[0].n_dims
     # Producer loop p_out.results[i] runs along the consumer's c_maps[k].results[i].
@@ -424,9 +447,11 @@ def _fuse_producer(consumer: Any, k: int) -> Any:
         to_consumer[ir.AffineDimExpr(p_expr).position] = c_expr
     remap = ir.AffineMap.get(n_loops, 0, to_consumer)
     p_in = _n_inputs(producer)
-    c_in = _n_inputs(consumer)
     p_inputs = list(producer.operands)[:p_in]
-    c_operands = list(consumer.operands)
+    c_operands = [consumer.operands[j] for j in keep]
+    c_maps = [c_maps[j] for j in keep]
+    c_args = [c_args[j] for j in keep]
+    k, c_in = keep.index(k), c_in - len(duplicates)
     inputs = c_operands[:k] + p_inputs + c_operands[k + 1 : c_in]
     inits = c_operands[c_in:]
     p_in_maps = [
@@ -448,7 +473,6 @@ def _fuse_producer(consumer: Any, k: int) -> Any:
     for old, new in zip(list(p_block.arguments)[:p_in], new_args[k : k + p_in], strict=True):
         old.replace_all_uses_with(new)
     p_yield = _yield(producer)
-    c_args = list(c_block.arguments)
     c_args[k].replace_all_uses_with(p_yield.operands[0])
     kept = c_args[:k] + c_args[k + 1 :]
     for old, new in zip(kept, new_args[:k] + new_args[k + p_in :], strict=True):
@@ -465,6 +489,53 @@ def _fuse_producer(consumer: Any, k: int) -> Any:
     consumer.erase()
     producer.erase()
     return fused.operation
+
+
+#: Body ops (besides the yield) of an elementwise generic cheap enough to recompute for
+#: each consumer rather than store once and read back per consumer.
+CHEAP_BODY_OPS = 2
+
+
+def _cheap(op: Any) -> bool:
+    body = [inner.operation.name for inner in _body(op).operations][:-1]
+    return len(body) <= CHEAP_BODY_OPS and not any(n.startswith("math.") for n in body)
+
+
+def duplicate_cheap_producers(fn: Any) -> int:
+    """Give each consumer of a cheap elementwise generic (a cast, a negation, a scaling) its
+    own copy; returns the number of copies made.
+
+    PyTorch's decompositions widen an input once (``extf`` to f64 for a variance) and read
+    it in two reductions: stored, the widened copy is written and read twice at twice the
+    width; copied per consumer, each copy fuses into its consumer's loops. A consumer that
+    reads the producer broadcast (it would recompute each element per copy), a matmul-like
+    or other named op, and the function's return keep the original."""
+    count = 0
+    for op in top_level_ops(fn):
+        if not _plain_elementwise(op) or not _cheap(op) or _feeds_named_linalg(op):
+            continue
+        reads: dict[Any, list[int]] = {}  # user -> operand numbers (a user may read it twice)
+        for use in op.results[0].uses:
+            reads.setdefault(use.owner.operation, []).append(use.operand_number)
+        readers = [user for user, ks in reads.items() if _reads_elementwise(user, op, ks)]
+        if len(reads) < 2 or not readers:
+            continue
+        for user in readers[1:] if len(readers) == len(reads) else readers:
+            with ir.InsertionPoint(user):
+                copy = op.clone()
+            for k in reads[user]:
+                user.operands[k] = copy.results[0]
+            count += 1
+    return count
+
+
+def _reads_elementwise(user: Any, producer: Any, operands: list[int]) -> bool:
+    """Whether ``user`` is a generic beside ``producer`` reading it only as inputs, each
+    element once (a permutation map: no broadcast)."""
+    if user.name != "linalg.generic" or user.parent != producer.parent:
+        return False
+    maps = _maps(user)
+    return all(k < _n_inputs(user) and maps[k].is_permutation for k in operands)
 
 
 def fuse_elementwise_chains(fn: Any) -> int:
@@ -533,5 +604,6 @@ def prepare(module: Any, fn: Any, fuse_elementwise: bool = True) -> bool:
     changed += grouped_conv_to_group_loops(fn)
     changed += depthwise_to_channels_last(fn)
     if fuse_elementwise:
+        changed += duplicate_cheap_producers(fn)
         changed += fuse_elementwise_chains(fn)
     return bool(changed)
