@@ -824,3 +824,32 @@ func.func @main(%x: tensor<1x4x6x10xf32>, %w: tensor<8x4x3x3xf32>) -> tensor<1x8
         4,
         4,
     )
+
+
+def test_a_short_innermost_dim_grows_the_tile_outwards():
+    """``[batch, groups, channels, 1]`` (a GroupNorm view): the unit innermost dim is taken
+    whole and the tile grows outwards by static divisors, not one element per tile; the
+    result is unchanged."""
+    shape = (6, 12, 4, 1)
+    t32, t64 = (f"tensor<{'x'.join(map(str, shape))}x{t}>" for t in ("f32", "f64"))
+    text = f"""
+#id = affine_map<(a, b, c, d) -> (a, b, c, d)>
+func.func @main(%x: {t32}) -> {t64} {{
+  %e = tensor.empty() : {t64}
+  %r = linalg.generic {{indexing_maps = [#id, #id],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}}
+      ins(%x : {t32}) outs(%e : {t64}) {{
+  ^bb0(%v: f32, %o: f64):
+    %d = arith.extf %v : f32 to f64
+    %s = arith.mulf %d, %d : f64
+    linalg.yield %s : f64
+  }} -> {t64}
+  return %r : {t64}
+}}
+"""
+    (op,) = analyze(parse_payload(text)).ops
+    assert tile_sizes_for(op, GenericParams(inner_tile=16)) == [1, 4, 4, 1]
+    assert tile_sizes_for(op, GenericParams(inner_tile=64)) == [1, 12, 4, 1]
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    (out,) = _jit(text, GenericParams(inner_tile=16)).call("main", [x])
+    np.testing.assert_allclose(out, x.astype(np.float64) ** 2, rtol=1e-12)

@@ -162,14 +162,23 @@ def _fill(ranges: tuple[int, ...], dims: list[int], budget: int, partial: bool =
 
 
 def tile_sizes_for(op: OpFacts, params: GenericParams) -> list[int]:
-    """Tile sizes of an elementwise op: 1 on every dim but the innermost, which takes at
-    most ``inner_tile`` (:func:`tile_size`; one 1-D vector per tile).
+    """Tile sizes of an elementwise op: the innermost dim takes at most ``inner_tile``
+    (:func:`tile_size`); when that is all of a short innermost dim, the outer dims take
+    static divisors up to the rest of ``inner_tile``; every other dim takes 1.
     """
     ranges = op.loop_ranges
     # Named ops (fills, copies) keep static divisors: masked stores of a fill's partial
     # tiles made one payload's convolution run minutes instead of milliseconds.
     partial = op.name == "linalg.generic"
-    return _fill(ranges, [len(ranges) - 1], params.inner_tile, partial)
+    sizes = _fill(ranges, [len(ranges) - 1], params.inner_tile, partial)
+    if len(ranges) > 1 and sizes[-1] == ranges[-1] < params.inner_tile:
+        # A short innermost dim (GroupNorm's [batch, groups, channels, 1] view) taken
+        # whole: the tile grows outwards by static divisors, so one tile is not a handful
+        # of elements (l2_037's f64 GroupNorm ran in 65536 tiles of one element).
+        budget = params.inner_tile // sizes[-1]
+        outer = _fill(ranges[:-1], list(reversed(range(len(ranges) - 1))), budget, False)
+        sizes = [*outer, sizes[-1]]
+    return sizes
 
 
 def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int], list[int]]:
