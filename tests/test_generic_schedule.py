@@ -806,3 +806,108 @@ def test_producer_read_broadcast_is_not_fused_into_its_consumer():
     (out,) = _jit(NORMALIZE).call("main", [a])
     want = a / np.sqrt((a.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-5)
     np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-7)
+
+
+def test_static_tile_size_prefers_a_divisor_near_the_cap():
+    from stagegraph.stages.x86.generic_params import static_tile_size
+
+    assert static_tile_size(30, 8) == 6  # at least half the cap: kept
+    assert static_tile_size(22, 8) == 11  # 2 would be the largest divisor <= 8
+    assert static_tile_size(13, 8) == 13
+    assert static_tile_size(17, 8) == 17  # a prime up to three times the cap: whole
+    assert static_tile_size(62, 8) == 2  # nothing near the cap: the small divisor
+    assert static_tile_size(5, 8) == 5
+
+
+def test_convolution_width_tile_is_a_divisor_near_the_lanes():
+    """An output width of 22 is tiled by 11 (independent accumulators), not by 2; the
+    convolution stays vectorized and correct."""
+    from stagegraph.stages.x86.generic_plan import convolution_plan
+
+    x_shape, w_shape, o_shape = (2, 3, 6, 24), (8, 3, 3, 3), (2, 8, 4, 22)
+    tx, tw, to = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in (x_shape, w_shape, o_shape))
+    text = f"""
+func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {to}
+  %f = linalg.fill ins(%z : f32) outs(%e : {to}) -> {to}
+  %r = linalg.conv_2d_nchw_fchw {{dilations = dense<1> : vector<2xi64>,
+      strides = dense<1> : vector<2xi64>}} ins(%x, %w : {tx}, {tw}) outs(%f : {to}) -> {to}
+  return %r : {to}
+}}
+"""
+    facts = analyze(parse_payload(text))
+    (conv,) = [op for op in facts.ops if op.op_class == "convolution"]
+    params = heuristic_generic_params(facts, Target(vector_bits=256))
+    sizes, _ = convolution_plan(conv, params)
+    assert sizes[conv.convolution.output_image[-1]] == 11
+    names = _scheduled_op_names(text)
+    assert "linalg.conv_2d_nchw_fchw" not in names and "vector.fma" in names
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    (out,) = _jit(text, params).call("main", [x, w])
+    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
+    expected = np.einsum("nchwij,fcij->nfhw", windows, w)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_convolution_tiles_take_the_lanes_of_their_own_element_type():
+    """An f64 op elsewhere (PyTorch's normalizations compute in f64) halves the lanes of
+    the elementwise tiles, not those of an f32 convolution."""
+    text = """
+func.func @main(%x: tensor<1x4x6x10xf32>, %w: tensor<8x4x3x3xf32>) -> tensor<1x8x4x8xf64> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x8x4x8xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x8x4x8xf32>) -> tensor<1x8x4x8xf32>
+  %c = linalg.conv_2d_nchw_fchw {dilations = dense<1> : vector<2xi64>,
+      strides = dense<1> : vector<2xi64>} ins(%x, %w : tensor<1x4x6x10xf32>, tensor<8x4x3x3xf32>)
+      outs(%f : tensor<1x8x4x8xf32>) -> tensor<1x8x4x8xf32>
+  %e64 = tensor.empty() : tensor<1x8x4x8xf64>
+  %r = linalg.generic {indexing_maps = [affine_map<(a, b, c, d) -> (a, b, c, d)>,
+      affine_map<(a, b, c, d) -> (a, b, c, d)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%c : tensor<1x8x4x8xf32>) outs(%e64 : tensor<1x8x4x8xf64>) {
+  ^bb0(%v: f32, %o: f64):
+    %d = arith.extf %v : f32 to f64
+    linalg.yield %d : f64
+  } -> tensor<1x8x4x8xf64>
+  return %r : tensor<1x8x4x8xf64>
+}
+"""
+    params = heuristic_generic_params(analyze(parse_payload(text)), Target(vector_bits=256))
+    assert params.lanes == 4
+    assert (params.conv_width_tile, params.conv_channel_tile, params.conv_reduction_tile) == (
+        8,
+        4,
+        4,
+    )
+
+
+def test_a_short_innermost_dim_grows_the_tile_outwards():
+    """``[batch, groups, channels, 1]`` (a GroupNorm view): the unit innermost dim is taken
+    whole and the tile grows outwards by static divisors, not one element per tile; the
+    result is unchanged."""
+    shape = (6, 12, 4, 1)
+    t32, t64 = (f"tensor<{'x'.join(map(str, shape))}x{t}>" for t in ("f32", "f64"))
+    text = f"""
+#id = affine_map<(a, b, c, d) -> (a, b, c, d)>
+func.func @main(%x: {t32}) -> {t64} {{
+  %e = tensor.empty() : {t64}
+  %r = linalg.generic {{indexing_maps = [#id, #id],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}}
+      ins(%x : {t32}) outs(%e : {t64}) {{
+  ^bb0(%v: f32, %o: f64):
+    %d = arith.extf %v : f32 to f64
+    %s = arith.mulf %d, %d : f64
+    linalg.yield %s : f64
+  }} -> {t64}
+  return %r : {t64}
+}}
+"""
+    (op,) = analyze(parse_payload(text)).ops
+    assert tile_sizes_for(op, GenericParams(inner_tile=16)) == [1, 4, 4, 1]
+    assert tile_sizes_for(op, GenericParams(inner_tile=64)) == [1, 12, 4, 1]
+    x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
+    (out,) = _jit(text, GenericParams(inner_tile=16)).call("main", [x])
+    np.testing.assert_allclose(out, x.astype(np.float64) ** 2, rtol=1e-12)

@@ -732,3 +732,71 @@ def test_two_layers_sharing_a_fill_with_a_returned_epilogue_and_partial_tiles(m,
     want_h = np.tanh(x.astype(np.float64) @ w1 + b1)
     np.testing.assert_allclose(h, want_h, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out, want_h @ w2, rtol=1e-4, atol=1e-3)
+
+
+# --- nn.Linear: x @ W.T + bias, activation ------------------------------------------------
+
+
+def _linear(m: int, n: int, k: int) -> str:
+    """PyTorch's ``relu(x @ W.T + b)`` as torch-mlir lowers it: a ``linalg.transpose`` of
+    the weights feeds a plain ``linalg.matmul``, a broadcast bias add and a ReLU follow."""
+    x, w, c = f"tensor<{m}x{k}xf32>", f"tensor<{n}x{k}xf32>", f"tensor<{m}x{n}xf32>"
+    wt, bias = f"tensor<{k}x{n}xf32>", f"tensor<{n}xf32>"
+    ident = "affine_map<(i, j) -> (i, j)>"
+    return f"""
+func.func @mm(%x: {x}, %w: {w}, %b: {bias}) -> {c} {{
+  %c0 = arith.constant 0.0 : f32
+  %et = tensor.empty() : {wt}
+  %t = linalg.transpose ins(%w : {w}) outs(%et : {wt}) permutation = [1, 0]
+  %e = tensor.empty() : {c}
+  %f = linalg.fill ins(%c0 : f32) outs(%e : {c}) -> {c}
+  %mm = linalg.matmul ins(%x, %t : {x}, {wt}) outs(%f : {c}) -> {c}
+  %r = linalg.generic {{indexing_maps = [{ident}, affine_map<(i, j) -> (j)>, {ident}],
+      iterator_types = ["parallel", "parallel"]}} ins(%mm, %b : {c}, {bias}) outs(%e : {c}) {{
+  ^bb0(%v: f32, %bv: f32, %o: f32):
+    %s = arith.addf %v, %bv : f32
+    %y = arith.maximumf %s, %c0 : f32
+    linalg.yield %y : f32
+  }} -> {c}
+  return %r : {c}
+}}
+"""
+
+
+def test_fold_transposed_operands_reads_the_weights_through_the_maps():
+    """The transpose becomes the matmul's B map: the site is ``transpose_b`` on W itself
+    and no transposed copy is left to materialise."""
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.stages.x86.matmul_operands import fold_transposed_operands
+    from stagegraph.stages.x86.matmul_schedule import SOURCE_ATTR, find_matmuls
+
+    with new_context(), ir.Location.unknown():
+        payload = ir.Module.parse(_linear(23, 40, 13))
+        (mm,) = [op for op in _walk(payload.body.operations[0].operation)
+                 if op.name == "linalg.matmul"]  # fmt: skip
+        mm.attributes[SOURCE_ATTR] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0)
+        assert fold_transposed_operands(payload) == 1
+        names = [op.name for op in _walk(payload.body.operations[0].operation)]
+        assert "linalg.transpose" not in names
+        (site,) = find_matmuls(payload)
+    assert (site.m, site.n, site.k, site.transpose_a, site.transpose_b) == (23, 40, 13, False, True)
+    assert site.consumers == 1  # the bias + ReLU epilogue is still fused into the blocks
+
+
+@pytest.mark.parametrize("shape", [(37, 45, 19), (128, 64, 32)])
+def test_linear_epilogue_is_fused_and_correct(shape):
+    """``relu(x @ W.T + b)``: no transpose materialised, the epilogue vectorized with the
+    matmul's register tiles (no linalg op left), results as numpy's."""
+    m, n, k = shape
+    rng = np.random.default_rng(m + n + k)
+    x = rng.standard_normal((m, k), np.float32)
+    w = rng.standard_normal((n, k), np.float32)
+    b = rng.standard_normal(n, np.float32)
+    out = np.full((m, n), np.nan, np.float32)
+    engine, sites, names = _schedule_stage(_linear(m, n, k))
+    assert sites == 1
+    assert not [name for name in names if name.startswith("linalg.")]
+    assert "vector.fma" in names and "arith.maximumf" in names
+    _call(engine, "mm", [x, w, b, out])
+    ref = np.maximum(x @ w.T + b, 0)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))

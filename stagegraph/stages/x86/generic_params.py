@@ -53,15 +53,19 @@ class GenericParams(Params):
     )
 
 
-def _element_bytes(facts: PayloadFacts) -> int:
-    """Bytes of the widest element type the non-matmul ops touch (f32 when unknown)."""
+def _element_bytes(facts: PayloadFacts, classes: frozenset[str] | None = None) -> int:
+    """Bytes of the widest element type the non-matmul ops (of ``classes``, default all)
+    touch; 0 when there is none, and f32 when unknown and no classes were asked for."""
     sizes = [
         byte_size(v.dtype, default=0)
         for op in facts.ops
-        if op.op_class != "matmul"
+        if op.op_class != "matmul" and (classes is None or op.op_class in classes)
         for v in op.inputs + op.outputs
     ]
-    return max(sizes, default=0) or 4
+    return max(sizes, default=0) or (0 if classes else 4)
+
+
+_WINDOWED = frozenset({"convolution", "pooling"})
 
 
 #: Pooling windows (of as many channels) per tile: independent work for the vector unit to
@@ -84,6 +88,9 @@ def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericPara
     """
     elem = _element_bytes(facts)
     lanes = max(1, target.vector_bits // (8 * elem))
+    # Convolution tiles by the lanes of their own element type: an i64 argmax or an f64
+    # normalization elsewhere in the payload must not halve an f32 convolution's tiles.
+    conv_lanes = max(1, target.vector_bits // (8 * (_element_bytes(facts, _WINDOWED) or elem)))
     l1_elements = target.l1d_bytes // (2 * 3 * elem)  # half of L1, three operands
     register_elements = _REGISTERS * lanes * 4
     tile_elements = max(lanes, min(l1_elements, register_elements))
@@ -93,9 +100,9 @@ def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericPara
         tile_elements=tile_elements,
         reduction_rows=4 * lanes,
         reduction_chunk=max(lanes, min(l1_elements, _REGISTERS * lanes * 4)),
-        conv_width_tile=lanes,
-        conv_channel_tile=max(1, lanes // 2),
-        conv_reduction_tile=max(1, lanes // 2),
+        conv_width_tile=conv_lanes,
+        conv_channel_tile=max(1, conv_lanes // 2),
+        conv_reduction_tile=max(1, conv_lanes // 2),
         pool_batch_tile=POOL_BATCH_TILE,
     )
 
@@ -110,6 +117,25 @@ def largest_divisor_at_most(n: int, cap: int) -> int:
         if n % d == 0:
             return d
     return 1
+
+
+def static_tile_size(extent: int, cap: int) -> int:
+    """A divisor of ``extent`` near ``cap`` (static tiles, no masks): the largest one
+    ``<= cap`` unless it is under half of ``min(extent, cap)``; then the smallest one up to
+    ``2 * cap``, else the whole extent if it is at most ``3 * cap`` (a prime such as 17).
+
+    A convolution's width tile is its count of independent accumulators: a width of 22
+    tiled by 2, or 17 by 1, leaves the FMA pipes idle. On AVX2 (Zen 1), 11 ran l2_065's
+    3x3 convolution 1.6x faster than 2, and 17 ran l2_091's 2.5x faster than 1.
+    """
+    cap = max(1, cap)
+    best = largest_divisor_at_most(extent, cap)
+    if 2 * best >= min(extent, cap):
+        return best
+    larger = [d for d in range(cap + 1, 2 * cap + 1) if extent % d == 0]
+    if larger:
+        return larger[0]
+    return extent if extent <= 3 * cap else best
 
 
 def tile_size(extent: int, cap: int, partial: bool = True) -> int:
@@ -136,14 +162,23 @@ def _fill(ranges: tuple[int, ...], dims: list[int], budget: int, partial: bool =
 
 
 def tile_sizes_for(op: OpFacts, params: GenericParams) -> list[int]:
-    """Tile sizes of an elementwise op: 1 on every dim but the innermost, which takes at
-    most ``inner_tile`` (:func:`tile_size`; one 1-D vector per tile).
+    """Tile sizes of an elementwise op: the innermost dim takes at most ``inner_tile``
+    (:func:`tile_size`); when that is all of a short innermost dim, the outer dims take
+    static divisors up to the rest of ``inner_tile``; every other dim takes 1.
     """
     ranges = op.loop_ranges
     # Named ops (fills, copies) keep static divisors: masked stores of a fill's partial
     # tiles made one payload's convolution run minutes instead of milliseconds.
     partial = op.name == "linalg.generic"
-    return _fill(ranges, [len(ranges) - 1], params.inner_tile, partial)
+    sizes = _fill(ranges, [len(ranges) - 1], params.inner_tile, partial)
+    if len(ranges) > 1 and sizes[-1] == ranges[-1] < params.inner_tile:
+        # A short innermost dim (GroupNorm's [batch, groups, channels, 1] view) taken
+        # whole: the tile grows outwards by static divisors, so one tile is not a handful
+        # of elements (l2_037's f64 GroupNorm ran in 65536 tiles of one element).
+        budget = params.inner_tile // sizes[-1]
+        outer = _fill(ranges[:-1], list(reversed(range(len(ranges) - 1))), budget, False)
+        sizes = [*outer, sizes[-1]]
+    return sizes
 
 
 def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int], list[int]]:

@@ -9,6 +9,7 @@ from stagegraph.stages.analysis import OpFacts, PayloadFacts
 from stagegraph.stages.x86.generic_params import (
     GenericParams,
     largest_divisor_at_most,
+    static_tile_size,
 )
 
 # Named convolutions that ``transform.structured.decompose`` rewrites to a 1-D op once the
@@ -105,7 +106,11 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
     sizes = [1] * len(ranges)  # batch, depth, outer image and filter dims: one at a time
     image, filters = list(conv.output_image), list(conv.filter_loop)
     if image:
-        sizes[image[-1]] = largest_divisor_at_most(ranges[image[-1]], params.conv_width_tile)
+        width = ranges[image[-1]]
+        if op.op_class == "convolution":  # measured there; poolings keep their tiles
+            sizes[image[-1]] = static_tile_size(width, params.conv_width_tile)
+        else:
+            sizes[image[-1]] = largest_divisor_at_most(width, params.conv_width_tile)
     if filters:
         sizes[filters[-1]] = 0  # the innermost filter window stays whole
     for d in conv.output_channel:

@@ -162,6 +162,7 @@ def _apply_schedules(
         apply_generic_schedule,
         build_generic_schedule,
     )
+    from stagegraph.stages.x86.matmul_operands import fold_transposed_operands
 
     applied = [] if applied is None else applied
     candidates = mm.label_contractions(module.ir, facts)
@@ -171,6 +172,7 @@ def _apply_schedules(
     applied.append(generic.operation.get_asm(assume_verified=True))
     apply_generic_schedule(module.ir, generic, facts)
     mm.canonicalize_contractions(module.ir, candidates)
+    fold_transposed_operands(module.ir)
     mm.widen_inputs(module.ir)
     order = {op.index for op in matmul_ops(facts)}
     # A matmul the cost model made no params for stays on the generic path: correct,
