@@ -252,7 +252,7 @@ def _local_params(
     chosen = []
     for op in matmul_ops(local):
         attrs = ops[op.index].attributes
-        origin = attrs[ORIGIN_ATTR] if ORIGIN_ATTR in attrs else None
+        origin = attrs[ORIGIN_ATTR] if ORIGIN_ATTR in attrs else None  # noqa: SIM401 (no .get)
         index = ir.IntegerAttr(origin).value if origin is not None else None
         if index not in order or len(params.matmul) != len(order):
             raise ConfigError(
