@@ -170,7 +170,7 @@ def _unique_symbol(module: Any, base: str, taken: set[str]) -> str:
     return f"{base}{k}"
 
 
-def _call_instead(scope: Outlined, symbol: str) -> None:
+def call_instead(scope: Outlined, symbol: str) -> None:
     """Replace the outlined ops' placeholders by one call of ``symbol`` on the arguments."""
     anchor = scope.placeholders[0]
     types = [p.results[0].type for p in scope.placeholders]
@@ -237,7 +237,7 @@ def outline_repeated(
                 declaration = func.FuncOp(symbol, scope.function.type, visibility="private")
             distinct.declaration = declaration.operation
         distinct.sites += 1
-        _call_instead(scope, distinct.symbol)
+        call_instead(scope, distinct.symbol)
     return result
 
 
