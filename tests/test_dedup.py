@@ -44,21 +44,24 @@ func.func @main(%h0: tensor<8x16xf32>, %w: tensor<16x16xf32>, %u: tensor<16x32xf
 )
 
 
-def _scheduled(text: str):
+def _scheduled(text: str, threads: int = 1):
+    """``text`` parsed and through the x86 schedule stage, repeated groups deduplicated
+    however small the payload."""
     from stagegraph.core.ports import Module
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
     from stagegraph.stages.target import detect_target
-    from stagegraph.stages.x86.stages import heuristic, schedule
+    from stagegraph.stages.x86.stages import ScheduleConfig, heuristic, schedule
 
     payload = parse_payload(text)
     with payload.context, ir.Location.unknown():
         facts = analyze(payload)
-        params = heuristic.fn(facts, detect_target(), CostModelConfig(threads=1))
-        schedule.fn(Module["tensor"](payload), facts, params)
+        params = heuristic.fn(facts, detect_target(), CostModelConfig(threads=threads))
+        config = ScheduleConfig(deduplicate_above=0)
+        schedule.fn(Module["tensor"](payload), facts, params, config)
         assert payload.operation.verify()
-    return payload
+    return payload, params
 
 
 def _functions(payload) -> dict[str, object]:
@@ -74,7 +77,7 @@ def _functions(payload) -> dict[str, object]:
 def test_identical_sites_share_one_scheduled_function():
     from stagegraph.mlir.walk import collect
 
-    payload = _scheduled(PAYLOAD)
+    payload, _ = _scheduled(PAYLOAD)
     functions = _functions(payload)
     main = functions.pop("main")
     # One function per repeated shape; the single 16 -> 32 step stays in main.
@@ -90,7 +93,7 @@ def test_identical_sites_share_one_scheduled_function():
 
 
 def test_payload_without_repetition_keeps_one_function():
-    payload = _scheduled(
+    payload, _ = _scheduled(
         f"""{_ID}
 func.func @main(%h0: tensor<8x16xf32>, %w: tensor<16x16xf32>) -> tensor<8x16xf32> {{
   %zero = arith.constant 0.0 : f32{_step(0, 8, 16, 16, "w")}
@@ -101,21 +104,29 @@ func.func @main(%h0: tensor<8x16xf32>, %w: tensor<16x16xf32>) -> tensor<8x16xf32
     assert list(_functions(payload)) == ["main"]
 
 
-def test_deduplicated_payload_computes_the_same(tmp_path):
-    from stagegraph.core.catalog import load_graph
-    from stagegraph.core.engine import Engine
-    from stagegraph.workload import parse_workload
+def test_deduplicated_payload_computes_the_same():
+    from stagegraph.core.ports import Module
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.runtime.jit import JitBinary
+    from stagegraph.stages.common.emit import runtime_libraries
+    from stagegraph.stages.common.passes import BufferizeConfig, bufferize
+    from stagegraph.stages.target import detect_target
+    from stagegraph.stages.x86.stages import LowerConfig, lower
 
-    path = tmp_path / "layers.mlir"
-    path.write_text(PAYLOAD)
+    payload, params = _scheduled(PAYLOAD)
+    with payload.context, ir.Location.unknown():
+        bufferize.fn(Module["tensor"](payload), BufferizeConfig())
+        lower.fn(Module["buffer"](payload), params, detect_target(), LowerConfig())
+        calls = [op for op in payload.body.operations if op.operation.name == "llvm.func"]
+        assert sum("no_inline" in op.operation.attributes for op in calls) == 2
+        binary = JitBinary(payload, shared_libs=runtime_libraries(payload))
     rng = np.random.default_rng(0)
     h0 = rng.standard_normal((8, 16), dtype=np.float32)
     w, u, v = (
         (rng.standard_normal(shape, dtype=np.float32) / 4).astype(np.float32)
         for shape in ((16, 16), (16, 32), (32, 32))
     )
-    result = Engine().run(load_graph("x86"), parse_workload(str(path)))
-    (out,) = result.binary.call("main", [h0, w, u, v])
+    (out,) = binary.call("main", [h0, w, u, v])
     expected = h0
     for _ in range(SMALL):
         expected = np.tanh(expected @ w)
@@ -123,6 +134,22 @@ def test_deduplicated_payload_computes_the_same(tmp_path):
     for _ in range(WIDE):
         expected = np.tanh(expected @ v)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_small_payloads_are_not_deduplicated_by_default():
+    from stagegraph.core.ports import Module
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.analysis import analyze
+    from stagegraph.stages.common.costmodel import CostModelConfig
+    from stagegraph.stages.target import detect_target
+    from stagegraph.stages.x86.stages import heuristic, schedule
+
+    payload = parse_payload(PAYLOAD)
+    with payload.context, ir.Location.unknown():
+        facts = analyze(payload)
+        params = heuristic.fn(facts, detect_target(), CostModelConfig(threads=1))
+        schedule.fn(Module["tensor"](payload), facts, params)
+    assert list(_functions(payload)) == ["main"]
 
 
 def test_structure_key_tells_shapes_and_weights_apart():

@@ -131,9 +131,13 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
 
 class ScheduleConfig(Config):
     """``propagate_failures`` (debugging): a generic op whose transform sub-sequence fails
-    raises, saying why, instead of falling back to loops."""
+    raises, saying why, instead of falling back to loops. ``deduplicate_above``: payloads
+    whose entry has more linalg ops than this compile each repeated group of ops once
+    (:mod:`stagegraph.stages.common.dedup`); smaller ones compile fast anyway and keep
+    every op inline (no call or strided-argument overhead)."""
 
     propagate_failures: bool = False
+    deduplicate_above: int = Field(300, ge=0)
 
 
 @stage("schedule", name="x86.schedule")
@@ -144,7 +148,10 @@ def schedule(
     config: ScheduleConfig = ScheduleConfig(),  # noqa: B008  (frozen, safe to share)
 ) -> TensorModule:
     """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels."""
-    _apply_schedules(module, facts, params, propagate_failures=config.propagate_failures)
+    _apply_schedules(
+        module, facts, params, propagate_failures=config.propagate_failures,
+        deduplicate=len(facts.ops) > config.deduplicate_above,
+    )  # fmt: skip
     return module
 
 
@@ -154,6 +161,7 @@ def _apply_schedules(
     params: X86Params,
     applied: list[str] | None = None,
     propagate_failures: bool = False,
+    deduplicate: bool = False,
 ) -> None:
     """What :func:`schedule` does; each transform module applied is appended to ``applied``
     (as text: applying may change it).
@@ -170,7 +178,10 @@ def _apply_schedules(
     applied = [] if applied is None else applied
     payload = module.ir
     with payload.context, ir_location(payload):
-        shared = _outline_repeated(payload, facts, params)
+        shared = _outline_repeated(payload, facts, params) if deduplicate else None
+        if shared is None:
+            _schedule_payload(payload, facts, params, applied, propagate_failures)
+            return
         if not shared.distinct and not shared.put_back:
             _schedule_payload(payload, facts, params, applied, propagate_failures)
             strip_attributes(payload, ORIGIN_ATTR)
@@ -309,7 +320,8 @@ def describe_schedule(inputs: dict[str, Any], config: Config) -> str:
     with contextlib.suppress(Exception), context, ir.Location.unknown():
         copy = TensorModule(parse_module(module if isinstance(module, str) else module.text(),
                                          context, "x86.schedule input"))  # fmt: skip
-        _apply_schedules(copy, inputs["facts"], inputs["params"], applied)
+        deduplicate = len(inputs["facts"].ops) > getattr(config, "deduplicate_above", 300)
+        _apply_schedules(copy, inputs["facts"], inputs["params"], applied, deduplicate=deduplicate)
     parts = [f"// transform module {i + 1} of {len(applied)}\n{m}" for i, m in enumerate(applied)]
     return "\n".join(parts)
 
