@@ -19,7 +19,7 @@ modules while the schedule runs.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,8 +84,16 @@ class Outlined:
         ret.erase()
 
 
-def outline(ops: Sequence[Any]) -> Outlined | None:
+def clonable_op(op: Any) -> bool:
+    """The default of :func:`outline`'s ``clonable``: an op named in :data:`CLONABLE`."""
+    return op.name in CLONABLE
+
+
+def outline(ops: Sequence[Any], clonable: Callable[[Any], bool] = clonable_op) -> Outlined | None:
     """Move ``ops`` (in program order, all in one block) into a scratch module's function.
+
+    Values read from outside that ``clonable`` accepts the defining op of are cloned in
+    (with their operands, recursively); the others become arguments.
 
     Returns None, changing nothing, when the group cannot be moved out and back intact:
     ops in different blocks, or a result used outside the group before its last op (the
@@ -149,7 +157,7 @@ def outline(ops: Sequence[Any]) -> Outlined | None:
             if value in seen:
                 return
             owner = value.owner
-            if not isinstance(owner, ir.Block) and owner.operation.name in CLONABLE:
+            if not isinstance(owner, ir.Block) and clonable(owner.operation):
                 for operand in owner.operation.operands:
                     plan(operand, seen)
                 seen[value] = ("clone", owner.operation)

@@ -131,9 +131,13 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
 
 class ScheduleConfig(Config):
     """``propagate_failures`` (debugging): a generic op whose transform sub-sequence fails
-    raises, saying why, instead of falling back to loops."""
+    raises, saying why, instead of falling back to loops. ``deduplicate_above``: payloads
+    whose entry has more linalg ops than this compile each repeated group of ops once
+    (:mod:`stagegraph.stages.common.dedup`); smaller ones compile fast anyway and keep
+    every op inline (no call or strided-argument overhead)."""
 
     propagate_failures: bool = False
+    deduplicate_above: int = Field(300, ge=0)
 
 
 @stage("schedule", name="x86.schedule")
@@ -144,7 +148,10 @@ def schedule(
     config: ScheduleConfig = ScheduleConfig(),  # noqa: B008  (frozen, safe to share)
 ) -> TensorModule:
     """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels."""
-    _apply_schedules(module, facts, params, propagate_failures=config.propagate_failures)
+    _apply_schedules(
+        module, facts, params, propagate_failures=config.propagate_failures,
+        deduplicate=len(facts.ops) > config.deduplicate_above,
+    )  # fmt: skip
     return module
 
 
@@ -154,9 +161,127 @@ def _apply_schedules(
     params: X86Params,
     applied: list[str] | None = None,
     propagate_failures: bool = False,
+    deduplicate: bool = False,
 ) -> None:
     """What :func:`schedule` does; each transform module applied is appended to ``applied``
-    (as text: applying may change it)."""
+    (as text: applying may change it).
+
+    Groups of ops that repeat (the steps of an unrolled recurrent network) are first
+    moved into one private function per distinct group (:mod:`stagegraph.stages.common.
+    dedup`), each scheduled once in a module of its own; the entry, calling them, is
+    scheduled last. Compile time then follows the distinct groups, not the op count.
+    """
+    from stagegraph.mlir.walk import strip_attributes
+    from stagegraph.stages.analysis import analyze
+    from stagegraph.stages.common import dedup
+
+    applied = [] if applied is None else applied
+    payload = module.ir
+    with payload.context, ir_location(payload):
+        shared = _outline_repeated(payload, facts, params) if deduplicate else None
+        if shared is None:
+            _schedule_payload(payload, facts, params, applied, propagate_failures)
+            return
+        if not shared.distinct and not shared.put_back:
+            _schedule_payload(payload, facts, params, applied, propagate_failures)
+            strip_attributes(payload, ORIGIN_ATTR)
+            return
+        for distinct in shared.distinct:
+            scratch = distinct.scope.module
+            local = analyze(scratch, distinct.symbol)
+            _schedule_payload(
+                scratch, local, _local_params(params, facts, local, scratch), applied,
+                propagate_failures,
+            )  # fmt: skip
+        local = analyze(payload, facts.entry)
+        _schedule_payload(
+            payload, local, _local_params(params, facts, local, payload), applied,
+            propagate_failures,
+        )  # fmt: skip
+        dedup.install(payload, shared)
+        strip_attributes(payload, ORIGIN_ATTR)
+
+
+#: Set on each linalg op of the entry while repeated groups are outlined: its index in
+#: the original ``PayloadFacts.ops``, by which its params are found again.
+ORIGIN_ATTR = "stagegraph.origin"
+
+
+def ir_location(payload: Any) -> Any:
+    from stagegraph.mlir.bindings import ir
+
+    return ir.Location.unknown(payload.context)
+
+
+def _outline_repeated(payload: Any, facts: PayloadFacts, params: X86Params) -> Any:
+    """Label the entry's linalg ops with their facts index, then outline repeated groups
+    (a group's matmul params are part of its key: differently tuned sites stay apart)."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import entry_function
+    from stagegraph.stages.analysis import linalg_ops
+    from stagegraph.stages.common import dedup
+
+    fn = entry_function(payload, facts.entry)
+    ops = linalg_ops(fn)
+    if [op.name for op in ops] != [f.name for f in facts.ops]:
+        return dedup.Deduplicated()  # facts of another module: no outlining
+    i64 = ir.IntegerType.get_signless(64)
+    by_op = {}
+    for op, fact in zip(ops, facts.ops, strict=True):
+        op.attributes[ORIGIN_ATTR] = ir.IntegerAttr.get(i64, fact.index)
+        by_op[op] = fact
+    order = {op.index: i for i, op in enumerate(matmul_ops(facts))}
+    matmul_params = params.matmul if len(params.matmul) == len(order) else ()
+
+    def seed(op: Any) -> bool:
+        return op in by_op and op.name != "linalg.fill"
+
+    def heavy(op: Any) -> bool:
+        return by_op[op].op_class in ("matmul", "convolution")
+
+    def extra_key(group: Any) -> Any:
+        chosen = [order[by_op[op].index] for op in group if by_op[op].index in order]
+        if not matmul_params:
+            return tuple(chosen)  # no params to compare: only the same sites share
+        return tuple(matmul_params[i].model_dump_json() for i in chosen)
+
+    found = dedup.groups(fn, seed, heavy)
+    return dedup.outline_repeated(payload, fn, found, extra_key)
+
+
+def _local_params(
+    params: X86Params, facts: PayloadFacts, local: PayloadFacts, payload: Any
+) -> X86Params:
+    """``params`` for a function made of some of the ops ``facts`` describes: each of its
+    matmuls takes the params of the op it was (read from ``ORIGIN_ATTR``)."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import entry_function
+    from stagegraph.stages.analysis import linalg_ops
+
+    order = {op.index: i for i, op in enumerate(matmul_ops(facts))}
+    ops = linalg_ops(entry_function(payload, local.entry))
+    chosen = []
+    for op in matmul_ops(local):
+        attrs = ops[op.index].attributes
+        origin = attrs[ORIGIN_ATTR] if ORIGIN_ATTR in attrs else None  # noqa: SIM401 (no .get)
+        index = ir.IntegerAttr(origin).value if origin is not None else None
+        if index not in order or len(params.matmul) != len(order):
+            raise ConfigError(
+                f"no matmul params for op {op.index} of @{local.entry}: params must come "
+                "from this payload's facts"
+            )
+        chosen.append(params.matmul[order[index]])
+    return params.model_copy(update={"matmul": tuple(chosen)})
+
+
+def _schedule_payload(
+    payload: Any,
+    facts: PayloadFacts,
+    params: X86Params,
+    applied: list[str],
+    propagate_failures: bool,
+) -> None:
+    """The generic schedule, then the matmul schedule, on ``facts.entry`` of ``payload``."""
     from stagegraph.stages.x86 import matmul_schedule as mm
     from stagegraph.stages.x86.generic_schedule import (
         apply_generic_schedule,
@@ -164,25 +289,24 @@ def _apply_schedules(
     )
     from stagegraph.stages.x86.matmul_operands import fold_transposed_operands
 
-    applied = [] if applied is None else applied
-    candidates = mm.label_contractions(module.ir, facts)
+    candidates = mm.label_contractions(payload, facts)
     generic = build_generic_schedule(
         facts, params.generic, per_op=params.op_params, propagate_failures=propagate_failures
     )
     applied.append(generic.operation.get_asm(assume_verified=True))
-    apply_generic_schedule(module.ir, generic, facts)
-    mm.canonicalize_contractions(module.ir, candidates)
-    fold_transposed_operands(module.ir)
-    mm.widen_inputs(module.ir)
+    apply_generic_schedule(payload, generic, facts)
+    mm.canonicalize_contractions(payload, candidates)
+    fold_transposed_operands(payload)
+    mm.widen_inputs(payload)
     order = {op.index for op in matmul_ops(facts)}
     # A matmul the cost model made no params for stays on the generic path: correct,
     # lowered to loops.
-    labelled = [(i, s) for i, s in enumerate(mm.find_matmuls(module.ir)) if s.source in order]
+    labelled = [(i, s) for i, s in enumerate(mm.find_matmuls(payload)) if s.source in order]
     if labelled:
         sites = [s for _, s in labelled]
-        mm.schedule_matmuls(module.ir, labelled, _site_params(params, facts, sites), applied)
-        mm.scalarize_broadcast_reads(module.ir)
-    mm.strip_labels(module.ir)
+        mm.schedule_matmuls(payload, labelled, _site_params(params, facts, sites), applied)
+        mm.scalarize_broadcast_reads(payload)
+    mm.strip_labels(payload)
 
 
 def describe_schedule(inputs: dict[str, Any], config: Config) -> str:
@@ -198,7 +322,8 @@ def describe_schedule(inputs: dict[str, Any], config: Config) -> str:
     with contextlib.suppress(Exception), context, ir.Location.unknown():
         copy = TensorModule(parse_module(module if isinstance(module, str) else module.text(),
                                          context, "x86.schedule input"))  # fmt: skip
-        _apply_schedules(copy, inputs["facts"], inputs["params"], applied)
+        deduplicate = len(inputs["facts"].ops) > getattr(config, "deduplicate_above", 300)
+        _apply_schedules(copy, inputs["facts"], inputs["params"], applied, deduplicate=deduplicate)
     parts = [f"// transform module {i + 1} of {len(applied)}\n{m}" for i, m in enumerate(applied)]
     return "\n".join(parts)
 
@@ -240,6 +365,7 @@ def lower(
     loops become dynamically scheduled OpenMP loops when the params ask for more than one
     thread."""
     from stagegraph.stages.common import lowering
+    from stagegraph.stages.common.dedup import forbid_inlining
     from stagegraph.stages.common.math_approx import approximate_tanh
     from stagegraph.stages.common.passes import run_pipeline
     from stagegraph.stages.common.rewrites import (
@@ -269,6 +395,7 @@ def lower(
         run_pipeline(module, lowering.TO_OPENMP)
         lowering.schedule_dynamic(module.ir)
         run_pipeline(module, lowering.OPENMP_TO_LLVM)
+    forbid_inlining(module.ir)
     lowering.require_llvm_level(module.ir, "this lowering stage")
     lowering.pin_codegen_target(module.ir, target)
     return module
