@@ -800,3 +800,35 @@ def test_linear_epilogue_is_fused_and_correct(shape):
     _call(engine, "mm", [x, w, b, out])
     ref = np.maximum(x @ w.T + b, 0)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
+def _chain_of_matmuls(steps: int, m: int, n: int) -> str:
+    """``steps`` dependent ``m x n x n`` matmuls, as an unrolled recurrent layer has."""
+    t = f"tensor<{m}x{n}xf32>"
+    lines = [f"func.func @main(%h: {t}, %w: tensor<{n}x{n}xf32>) -> {t} {{",
+             "  %zero = arith.constant 0.0 : f32", f"  %e = tensor.empty() : {t}",
+             f"  %z = linalg.fill ins(%zero : f32) outs(%e : {t}) -> {t}"]  # fmt: skip
+    value = "%h"
+    for i in range(steps):
+        lines.append(
+            f"  %s{i} = linalg.matmul ins({value}, %w : {t}, tensor<{n}x{n}xf32>) "
+            f"outs(%z : {t}) -> {t}"
+        )
+        value = f"%s{i}"
+    return "\n".join([*lines, f"  return {value} : {t}", "}"])
+
+
+def test_threads_follow_the_largest_matmul_not_the_sum():
+    """Each matmul forks and joins by itself: 40 small steps (1 MFLOP each, 40 in all) stay
+    on one thread, one large matmul uses the cores."""
+    from stagegraph.mlir.diagnostics import parse_payload
+    from stagegraph.stages.analysis import analyze
+    from stagegraph.stages.common.costmodel import CostModelConfig
+    from stagegraph.stages.x86.stages import heuristic
+
+    small = analyze(parse_payload(_chain_of_matmuls(40, 32, 128)))
+    assert sum(op.flops for op in small.ops) > 8 * 2**20  # the old rule gave it 8 threads
+    params = heuristic.fn(small, AVX2, CostModelConfig())
+    assert {p.threads for p in params.matmul} == {1}
+    large = analyze(parse_payload(_chain_of_matmuls(1, 256, 256)))
+    assert heuristic.fn(large, AVX2, CostModelConfig()).matmul[0].threads == AVX2.cores

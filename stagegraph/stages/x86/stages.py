@@ -17,7 +17,7 @@ from stagegraph.core.ports import BufferModule, Config, LLVMModule, Params, Tens
 from stagegraph.core.stage import stage
 from stagegraph.core.tunable import TuningSite
 from stagegraph.errors import ConfigError
-from stagegraph.stages.analysis import PayloadFacts
+from stagegraph.stages.analysis import OpFacts, PayloadFacts
 from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.generic_params import GenericParams, heuristic_generic_params
@@ -107,8 +107,16 @@ MIN_FLOPS_PER_THREAD = 4 << 20
 
 
 def _threads_for(flops: int, cores: int) -> int:
-    """Threads for the matmul work of a payload when the config does not say."""
+    """Threads for a matmul of ``flops`` when the config does not say."""
     return max(1, min(cores, flops // MIN_FLOPS_PER_THREAD))
+
+
+def _payload_threads(ops: list[OpFacts], cores: int) -> int:
+    """Threads for the payload: what its largest matmul is worth. Every matmul forks and
+    joins on its own, so an unrolled recurrent network's hundreds of small matmuls gain
+    nothing from threads however much work they add up to (and OpenMP lowering of so many
+    parallel loops makes LLVM's compile several times slower)."""
+    return _threads_for(max((op.flops for op in ops), default=0), cores)
 
 
 @stage("params", name="x86.heuristic")
@@ -116,7 +124,7 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
     """Tiles from the vector width, register file and cache sizes; threads from the target
     (fewer when the matmul work is small, see ``MIN_FLOPS_PER_THREAD``)."""
     ops = matmul_ops(facts)
-    threads = config.threads or _threads_for(sum(op.flops for op in ops), target.cores)
+    threads = config.threads or _payload_threads(ops, target.cores)
     sites = []
     for op in ops:
         c = op.contraction
