@@ -505,6 +505,78 @@ func.func @main(%x: {tx}, %k: {tk}) -> {to} {{
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
 
 
+def _conv2d_nchw(
+    n: int,
+    c: int,
+    f: int,
+    hw: tuple[int, int],
+    kernel: tuple[int, int],
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+) -> tuple[str, tuple]:
+    """A ``conv_2d_nchw_fchw`` payload and its (input, filter, output) shapes."""  # fmt: skip
+    x_shape, w_shape = (n, c, *hw), (f, c, *kernel)
+    ref = _conv3d_reference(np.zeros((n, c, 1, *hw)), np.zeros((f, c, 1, *kernel)),
+                            (1, *strides), (1, *dilations))  # fmt: skip
+    o_shape = (n, f, *ref.shape[3:])
+    tx, tw, to = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in (x_shape, w_shape, o_shape))
+    text = f"""
+func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {to}
+  %f = linalg.fill ins(%z : f32) outs(%e : {to}) -> {to}
+  %r = linalg.conv_2d_nchw_fchw {{dilations = dense<{list(dilations)}> : vector<2xi64>,
+      strides = dense<{list(strides)}> : vector<2xi64>}}
+      ins(%x, %w : {tx}, {tw}) outs(%f : {to}) -> {to}
+  return %r : {to}
+}}
+"""
+    return text, (x_shape, w_shape, o_shape)
+
+
+@pytest.mark.parametrize(
+    ("f", "kernel", "strides", "dilations"),
+    [(8, (3, 5), (1, 1), (1, 1)), (16, (2, 3), (2, 1), (1, 2)), (6, (3, 3), (1, 1), (1, 1))],
+    ids=["asymmetric", "strided-dilated", "partial-vectors"],
+)
+def test_conv2d_nchw_runs_channels_last_when_the_channels_fill_vectors(
+    f: int, kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int]
+) -> None:
+    """An NCHW convolution whose output channels fill whole vectors becomes transposes
+    around an NHWC one (its channels contiguous: no per-element gathers of accumulators
+    and filter taps); others stay NCHW. Either way the result matches the definition, and
+    ``conv_channels_last=False`` keeps the NCHW form."""
+    text, (x_shape, w_shape, _) = _conv2d_nchw(2, 5, f, (9, 21), kernel, strides, dilations)
+    names = _op_names(_prepared(text)) if f % 8 == 0 else []
+    if f % 8 == 0:
+        assert "linalg.conv_2d_nhwc_hwcf" in names and "linalg.conv_2d_nchw_fchw" not in names
+        assert names.count("linalg.transpose") == 4
+    assert "vector.fma" in _scheduled_op_names(text)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    expected = _conv3d_reference(x[:, :, None], w[:, :, None], (1, *strides), (1, *dilations))
+    for params in (None, GenericParams(conv_channels_last=False)):
+        (out,) = _jit(text, params).call("main", [x, w])
+        np.testing.assert_allclose(out, expected[:, :, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_channels_last_is_skipped_for_partial_vectors_and_when_disabled() -> None:
+    """Six output channels would be partial vectors: no rewrite; and the param turns the
+    rewrite off."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import entry_function
+    from stagegraph.stages.x86.prepare import prepare
+
+    for f, enabled in ((6, True), (8, False)):
+        text, _ = _conv2d_nchw(1, 3, f, (6, 12), (3, 3), (1, 1), (1, 1))
+        module = parse_payload(text)
+        with module.context, ir.Location.unknown():
+            prepare(module, entry_function(module, "main"), conv_channels_last=enabled)
+        names = _op_names(module)
+        assert "linalg.conv_2d_nchw_fchw" in names and "linalg.conv_2d_nhwc_hwcf" not in names
+
+
 POWERS = """
 #id = affine_map<(d0, d1) -> (d0, d1)>
 func.func @main(%a: tensor<8x40xf32>) -> tensor<8x40xf32> {

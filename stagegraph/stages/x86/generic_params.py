@@ -51,6 +51,9 @@ class GenericParams(Params):
     conv_drop_unit_dims: bool = Field(
         False, description="drop unit dims of a convolution tile's vectors before lowering"
     )
+    conv_channels_last: bool = Field(
+        True, description="rewrite NCHW 2-D convolutions channels-last (contiguous vectors)"
+    )
 
 
 def _element_bytes(facts: PayloadFacts, classes: frozenset[str] | None = None) -> int:

