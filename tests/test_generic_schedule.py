@@ -439,14 +439,16 @@ def _conv3d_reference(x, w, strides, dilations):
 
 
 @pytest.mark.parametrize(
-    ("strides", "dilations"),
-    [((1, 1, 1), (1, 1, 1)), ((2, 1, 2), (1, 2, 1))],
-    ids=["unit", "strided"],
+    ("strides", "dilations", "filters"),
+    [((1, 1, 1), (1, 1, 1), 4), ((2, 1, 2), (1, 2, 1), 4), ((2, 1, 2), (1, 2, 1), 8)],
+    ids=["unit", "strided", "strided-channels-last"],
 )
-def test_conv3d_runs_as_loops_of_vectorized_conv2d(strides, dilations):
+def test_conv3d_runs_as_loops_of_vectorized_conv2d(strides, dilations, filters):
     """A 3-D convolution is rewritten into depth loops around 2-D convolutions, which the
-    convolution path decomposes and vectorizes; the result matches the definition."""
-    x_shape, w_shape = (2, 3, 7, 6, 20), (4, 3, 2, 3, 3)
+    convolution path decomposes and vectorizes (channels-last first when its 8 output
+    channels fill vectors: transposed once, then NDHWC depth loops); the result matches
+    the definition."""
+    x_shape, w_shape = (2, 3, 7, 6, 20), (filters, 3, 2, 3, 3)
     ref = _conv3d_reference(np.zeros(x_shape), np.zeros(w_shape), strides, dilations)
     o_shape = ref.shape
     tx, tw, to = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in (x_shape, w_shape, o_shape))
@@ -461,6 +463,9 @@ func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
   return %r : {to}
 }}
 """
+    if filters % 8 == 0:
+        prepared = _op_names(_prepared(text))
+        assert "linalg.conv_2d_nhwc_hwcf" in prepared and prepared.count("linalg.transpose") == 4
     names = _scheduled_op_names(text)
     assert "linalg.conv_3d_ncdhw_fcdhw" not in names and "scf.for" in names
     assert "linalg.conv_2d_nchw_fchw" not in names and "vector.fma" in names

@@ -20,7 +20,7 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
   groups around a plain 2-D convolution.
 * :func:`depthwise_to_channels_last`: an NCHW depthwise convolution becomes transposes
   around the NHWC one, which decomposes to 1-D and vectorizes along the channels.
-* :func:`conv_to_channels_last`: likewise an NCHW 2-D convolution whose output channels
+* :func:`conv_to_channels_last`: likewise an NCHW (NCDHW) convolution whose output channels
   fill whole vectors (``GenericParams.conv_channels_last``): its NCW tiles gather and
   scatter their channel vectors element by element.
 * :func:`duplicate_cheap_producers`: a cheap elementwise generic (a cast) read by several
@@ -606,11 +606,11 @@ def prepare(
     changed += unit_transposes_to_reshapes(fn)
     changed += widen_bool_tensors(fn)
     changed += squares_to_multiplies(fn)
+    if conv_channels_last:  # before the 3-D loops, so a 3-D convolution is transposed once
+        changed += conv_to_channels_last(fn)
     changed += conv3d_to_conv2d_loops(fn)
     changed += grouped_conv_to_group_loops(fn)
     changed += depthwise_to_channels_last(fn)
-    if conv_channels_last:
-        changed += conv_to_channels_last(fn)
     if fuse_elementwise:
         changed += duplicate_cheap_producers(fn)
         changed += fuse_elementwise_chains(fn)
