@@ -988,3 +988,54 @@ func.func @main(%x: {t32}) -> {t64} {{
     x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
     (out,) = _jit(text, GenericParams(inner_tile=16)).call("main", [x])
     np.testing.assert_allclose(out, x.astype(np.float64) ** 2, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("filters", "width", "vector_bits", "expected"),
+    [
+        (16, 20, 256, (16, 4)),
+        (8, 24, 256, (8, 8)),
+        (16, 22, 256, (8, 11)),
+        (16, 17, 256, (8, 17)),
+        (16, 24, 512, (16, 8)),
+    ],
+    ids=["two-vectors", "one-vector-wider", "22-wide", "prime-width", "avx512-one-vector"],
+)
+def test_channels_last_convolution_is_register_blocked(
+    filters: int, width: int, vector_bits: int, expected: tuple[int, int]
+) -> None:
+    """A channels-last convolution tiles two vectors of output channels times a width whose
+    accumulators fill half the register file (16 f32 channels x 4 on AVX2); fewer channels
+    (or wider vectors) give the freed accumulators to the width, a static divisor near it.
+    The result matches the definition."""
+    from stagegraph.stages.x86.generic_plan import convolution_plan
+
+    x_shape = (2, 5, width + 2, 4)  # N H W C
+    w_shape = (3, 3, 4, filters)  # KH KW C F
+    o_shape = (2, 3, width, filters)
+    tx, tw, to = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in (x_shape, w_shape, o_shape))
+    text = f"""
+func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {to}
+  %f = linalg.fill ins(%z : f32) outs(%e : {to}) -> {to}
+  %r = linalg.conv_2d_nhwc_hwcf {{dilations = dense<1> : vector<2xi64>,
+      strides = dense<1> : vector<2xi64>}} ins(%x, %w : {tx}, {tw}) outs(%f : {to}) -> {to}
+  return %r : {to}
+}}
+"""
+    facts = analyze(parse_payload(text))
+    (conv,) = facts.ops_of("convolution")
+    params = heuristic_generic_params(facts, Target(vector_bits=vector_bits))
+    sizes, decompose = convolution_plan(conv, params)
+    roles = conv.convolution
+    assert decompose
+    assert (sizes[roles.output_channel[-1]], sizes[roles.output_image[-1]]) == expected
+    if vector_bits == 256:  # runs on the host's AVX2 (the test machines have it)
+        rng = np.random.default_rng(6)
+        x = rng.standard_normal(x_shape).astype(np.float32)
+        w = rng.standard_normal(w_shape).astype(np.float32)
+        (out,) = _jit(text, params).call("main", [x, w])
+        windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(1, 2))
+        expected_out = np.einsum("nhwcij,ijcf->nhwf", windows, w)
+        np.testing.assert_allclose(out, expected_out, rtol=1e-4, atol=1e-4)
