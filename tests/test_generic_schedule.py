@@ -439,14 +439,16 @@ def _conv3d_reference(x, w, strides, dilations):
 
 
 @pytest.mark.parametrize(
-    ("strides", "dilations"),
-    [((1, 1, 1), (1, 1, 1)), ((2, 1, 2), (1, 2, 1))],
-    ids=["unit", "strided"],
+    ("strides", "dilations", "filters"),
+    [((1, 1, 1), (1, 1, 1), 4), ((2, 1, 2), (1, 2, 1), 4), ((2, 1, 2), (1, 2, 1), 8)],
+    ids=["unit", "strided", "strided-channels-last"],
 )
-def test_conv3d_runs_as_loops_of_vectorized_conv2d(strides, dilations):
+def test_conv3d_runs_as_loops_of_vectorized_conv2d(strides, dilations, filters):
     """A 3-D convolution is rewritten into depth loops around 2-D convolutions, which the
-    convolution path decomposes and vectorizes; the result matches the definition."""
-    x_shape, w_shape = (2, 3, 7, 6, 20), (4, 3, 2, 3, 3)
+    convolution path decomposes and vectorizes (channels-last first when its 8 output
+    channels fill vectors: transposed once, then NDHWC depth loops); the result matches
+    the definition."""
+    x_shape, w_shape = (2, 3, 7, 6, 20), (filters, 3, 2, 3, 3)
     ref = _conv3d_reference(np.zeros(x_shape), np.zeros(w_shape), strides, dilations)
     o_shape = ref.shape
     tx, tw, to = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in (x_shape, w_shape, o_shape))
@@ -461,6 +463,9 @@ func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
   return %r : {to}
 }}
 """
+    if filters % 8 == 0:
+        prepared = _op_names(_prepared(text))
+        assert "linalg.conv_2d_nhwc_hwcf" in prepared and prepared.count("linalg.transpose") == 4
     names = _scheduled_op_names(text)
     assert "linalg.conv_3d_ncdhw_fcdhw" not in names and "scf.for" in names
     assert "linalg.conv_2d_nchw_fchw" not in names and "vector.fma" in names
@@ -503,6 +508,78 @@ func.func @main(%x: {tx}, %k: {tk}) -> {to} {{
         window = x[:, :, a : a + strides[0] * oh : strides[0], b : b + strides[1] * ow : strides[1]]
         expected += window * k[None, :, a, b, None, None]
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def _conv2d_nchw(
+    n: int,
+    c: int,
+    f: int,
+    hw: tuple[int, int],
+    kernel: tuple[int, int],
+    strides: tuple[int, int],
+    dilations: tuple[int, int],
+) -> tuple[str, tuple]:
+    """A ``conv_2d_nchw_fchw`` payload and its (input, filter, output) shapes."""  # fmt: skip
+    x_shape, w_shape = (n, c, *hw), (f, c, *kernel)
+    ref = _conv3d_reference(np.zeros((n, c, 1, *hw)), np.zeros((f, c, 1, *kernel)),
+                            (1, *strides), (1, *dilations))  # fmt: skip
+    o_shape = (n, f, *ref.shape[3:])
+    tx, tw, to = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in (x_shape, w_shape, o_shape))
+    text = f"""
+func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {to}
+  %f = linalg.fill ins(%z : f32) outs(%e : {to}) -> {to}
+  %r = linalg.conv_2d_nchw_fchw {{dilations = dense<{list(dilations)}> : vector<2xi64>,
+      strides = dense<{list(strides)}> : vector<2xi64>}}
+      ins(%x, %w : {tx}, {tw}) outs(%f : {to}) -> {to}
+  return %r : {to}
+}}
+"""
+    return text, (x_shape, w_shape, o_shape)
+
+
+@pytest.mark.parametrize(
+    ("f", "kernel", "strides", "dilations"),
+    [(8, (3, 5), (1, 1), (1, 1)), (16, (2, 3), (2, 1), (1, 2)), (6, (3, 3), (1, 1), (1, 1))],
+    ids=["asymmetric", "strided-dilated", "partial-vectors"],
+)
+def test_conv2d_nchw_runs_channels_last_when_the_channels_fill_vectors(
+    f: int, kernel: tuple[int, int], strides: tuple[int, int], dilations: tuple[int, int]
+) -> None:
+    """An NCHW convolution whose output channels fill whole vectors becomes transposes
+    around an NHWC one (its channels contiguous: no per-element gathers of accumulators
+    and filter taps); others stay NCHW. Either way the result matches the definition, and
+    ``conv_channels_last=False`` keeps the NCHW form."""
+    text, (x_shape, w_shape, _) = _conv2d_nchw(2, 5, f, (9, 21), kernel, strides, dilations)
+    names = _op_names(_prepared(text)) if f % 8 == 0 else []
+    if f % 8 == 0:
+        assert "linalg.conv_2d_nhwc_hwcf" in names and "linalg.conv_2d_nchw_fchw" not in names
+        assert names.count("linalg.transpose") == 4
+    assert "vector.fma" in _scheduled_op_names(text)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal(x_shape).astype(np.float32)
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    expected = _conv3d_reference(x[:, :, None], w[:, :, None], (1, *strides), (1, *dilations))
+    for params in (None, GenericParams(conv_channels_last=False)):
+        (out,) = _jit(text, params).call("main", [x, w])
+        np.testing.assert_allclose(out, expected[:, :, 0], rtol=1e-4, atol=1e-4)
+
+
+def test_conv2d_channels_last_is_skipped_for_partial_vectors_and_when_disabled() -> None:
+    """Six output channels would be partial vectors: no rewrite; and the param turns the
+    rewrite off."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import entry_function
+    from stagegraph.stages.x86.prepare import prepare
+
+    for f, enabled in ((6, True), (8, False)):
+        text, _ = _conv2d_nchw(1, 3, f, (6, 12), (3, 3), (1, 1), (1, 1))
+        module = parse_payload(text)
+        with module.context, ir.Location.unknown():
+            prepare(module, entry_function(module, "main"), conv_channels_last=enabled)
+        names = _op_names(module)
+        assert "linalg.conv_2d_nchw_fchw" in names and "linalg.conv_2d_nhwc_hwcf" not in names
 
 
 POWERS = """
@@ -911,3 +988,54 @@ func.func @main(%x: {t32}) -> {t64} {{
     x = np.random.default_rng(2).standard_normal(shape).astype(np.float32)
     (out,) = _jit(text, GenericParams(inner_tile=16)).call("main", [x])
     np.testing.assert_allclose(out, x.astype(np.float64) ** 2, rtol=1e-12)
+
+
+@pytest.mark.parametrize(
+    ("filters", "width", "vector_bits", "expected"),
+    [
+        (16, 20, 256, (16, 4)),
+        (8, 24, 256, (8, 8)),
+        (16, 22, 256, (8, 11)),
+        (16, 17, 256, (8, 17)),
+        (16, 24, 512, (16, 8)),
+    ],
+    ids=["two-vectors", "one-vector-wider", "22-wide", "prime-width", "avx512-one-vector"],
+)
+def test_channels_last_convolution_is_register_blocked(
+    filters: int, width: int, vector_bits: int, expected: tuple[int, int]
+) -> None:
+    """A channels-last convolution tiles two vectors of output channels times a width whose
+    accumulators fill half the register file (16 f32 channels x 4 on AVX2); fewer channels
+    (or wider vectors) give the freed accumulators to the width, a static divisor near it.
+    The result matches the definition."""
+    from stagegraph.stages.x86.generic_plan import convolution_plan
+
+    x_shape = (2, 5, width + 2, 4)  # N H W C
+    w_shape = (3, 3, 4, filters)  # KH KW C F
+    o_shape = (2, 3, width, filters)
+    tx, tw, to = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in (x_shape, w_shape, o_shape))
+    text = f"""
+func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {to}
+  %f = linalg.fill ins(%z : f32) outs(%e : {to}) -> {to}
+  %r = linalg.conv_2d_nhwc_hwcf {{dilations = dense<1> : vector<2xi64>,
+      strides = dense<1> : vector<2xi64>}} ins(%x, %w : {tx}, {tw}) outs(%f : {to}) -> {to}
+  return %r : {to}
+}}
+"""
+    facts = analyze(parse_payload(text))
+    (conv,) = facts.ops_of("convolution")
+    params = heuristic_generic_params(facts, Target(vector_bits=vector_bits))
+    sizes, decompose = convolution_plan(conv, params)
+    roles = conv.convolution
+    assert decompose
+    assert (sizes[roles.output_channel[-1]], sizes[roles.output_image[-1]]) == expected
+    if vector_bits == 256:  # runs on the host's AVX2 (the test machines have it)
+        rng = np.random.default_rng(6)
+        x = rng.standard_normal(x_shape).astype(np.float32)
+        w = rng.standard_normal(w_shape).astype(np.float32)
+        (out,) = _jit(text, params).call("main", [x, w])
+        windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(1, 2))
+        expected_out = np.einsum("nhwcij,ijcf->nhwf", windows, w)
+        np.testing.assert_allclose(out, expected_out, rtol=1e-4, atol=1e-4)

@@ -431,7 +431,9 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
             recorded = json.loads(ir.StringAttr(attrs[PER_OP_ATTR]).value)
             per_op = {sig: GenericParams.model_validate(p) for sig, p in recorded.items()}
         fn = entry_function(module, facts.entry)
-        if params is not None and prepare(module, fn, params.fuse_elementwise):
+        if params is not None and prepare(
+            module, fn, params.fuse_elementwise, params.conv_channels_last
+        ):
             facts = analyze(module, facts.entry)
         fused = annotate_generic_ops(module, facts)
         if params is not None:

@@ -20,6 +20,9 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
   groups around a plain 2-D convolution.
 * :func:`depthwise_to_channels_last`: an NCHW depthwise convolution becomes transposes
   around the NHWC one, which decomposes to 1-D and vectorizes along the channels.
+* :func:`conv_to_channels_last`: likewise an NCHW (NCDHW) convolution whose output channels
+  fill whole vectors (``GenericParams.conv_channels_last``): its NCW tiles gather and
+  scatter their channel vectors element by element.
 * :func:`duplicate_cheap_producers`: a cheap elementwise generic (a cast) read by several
   generics is copied per reader, so each copy fuses into its reader's loops.
 * :func:`fuse_elementwise_chains`: an elementwise generic used only by an elementwise
@@ -37,6 +40,7 @@ from stagegraph.mlir.bindings import arith, dialect, ir, linalg
 from stagegraph.mlir.walk import top_level_ops
 from stagegraph.stages.x86.prepare_convolutions import (
     conv3d_to_conv2d_loops,
+    conv_to_channels_last,
     depthwise_to_channels_last,
     grouped_conv_to_group_loops,
 )
@@ -589,7 +593,9 @@ def squares_to_multiplies(fn: Any) -> int:
     return len(squares)
 
 
-def prepare(module: Any, fn: Any, fuse_elementwise: bool = True) -> bool:
+def prepare(
+    module: Any, fn: Any, fuse_elementwise: bool = True, conv_channels_last: bool = True
+) -> bool:
     """All rewrites on the function ``fn`` of ``module``; whether anything changed.
 
     ``fuse_elementwise`` (the params' choice to fuse elementwise producers) also merges
@@ -600,6 +606,8 @@ def prepare(module: Any, fn: Any, fuse_elementwise: bool = True) -> bool:
     changed += unit_transposes_to_reshapes(fn)
     changed += widen_bool_tensors(fn)
     changed += squares_to_multiplies(fn)
+    if conv_channels_last:  # before the 3-D loops, so a 3-D convolution is transposed once
+        changed += conv_to_channels_last(fn)
     changed += conv3d_to_conv2d_loops(fn)
     changed += grouped_conv_to_group_loops(fn)
     changed += depthwise_to_channels_last(fn)
