@@ -286,7 +286,10 @@ class SearchSpace:
     def describe(self, cap: int = 1000, seconds: float = 0.03) -> dict[str, Any]:
         """What ``tune --explain`` prints: variables, domains, constraints and the size (z3
         counts solutions for at most ``seconds``: an explanation answers at once)."""
-        count, exact = self.count(cap, seconds)
+        # A space of a few dozen points is counted exactly whatever the time (a loaded
+        # machine must not turn 3 into ">= 2"); larger ones for at most ``seconds``.
+        small = self.product_size() <= EXACT_COUNT_BELOW
+        count, exact = self.count(cap, None if small else seconds)
         if not exact and count == 0 and self.contains(self.values_of(self.base)):
             count = 1  # no solution found in time, but the baseline is one
         fixed = {}
@@ -305,6 +308,10 @@ class SearchSpace:
             "size_exact": exact,
             "size_cap": cap,
         }
+
+
+#: Spaces with at most this many points (product of the domains) are counted exactly.
+EXACT_COUNT_BELOW = 64
 
 
 class _Namespace:
