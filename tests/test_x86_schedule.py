@@ -832,3 +832,36 @@ def test_threads_follow_the_largest_matmul_not_the_sum():
     assert {p.threads for p in params.matmul} == {1}
     large = analyze(parse_payload(_chain_of_matmuls(1, 256, 256)))
     assert heuristic.fn(large, AVX2, CostModelConfig()).matmul[0].threads == AVX2.cores
+
+
+def _one_large_and_small_steps(steps: int) -> str:
+    """A 256^3 matmul (an input projection) beside ``steps`` dependent 32x128x128 ones."""
+    big, t, u = "tensor<256x256xf32>", "tensor<32x128xf32>", "tensor<128x128xf32>"
+    lines = [f"func.func @main(%x: {big}, %w: {big}, %h: {t}, %u: {u}) -> ({big}, {t}) {{",
+             "  %zero = arith.constant 0.0 : f32",
+             f"  %eb = tensor.empty() : {big}", f"  %e = tensor.empty() : {t}",
+             f"  %zb = linalg.fill ins(%zero : f32) outs(%eb : {big}) -> {big}",
+             f"  %z = linalg.fill ins(%zero : f32) outs(%e : {t}) -> {t}",
+             f"  %p = linalg.matmul ins(%x, %w : {big}, {big})",
+             f"      outs(%zb : {big}) -> {big}"]  # fmt: skip
+    value = "%h"
+    for i in range(steps):
+        lines.append(f"  %s{i} = linalg.matmul ins({value}, %u : {t}, {u}) outs(%z : {t}) -> {t}")
+        value = f"%s{i}"
+    return "\n".join([*lines, f"  return %p, {value} : {big}, {t}", "}"])
+
+
+@pytest.mark.parametrize(("steps", "threaded"), [(150, False), (20, True)])
+def test_threads_pay_only_when_the_split_work_outweighs_the_forks(steps, threaded):
+    """A recurrent layer's input projection (one large matmul) beside its small steps: with
+    many steps, the forks and joins of every loop (once threaded, each one forks) cost more
+    than splitting the large matmul saves, so the payload stays on one thread; with a few,
+    it is threaded."""
+    from stagegraph.mlir.diagnostics import parse_payload
+    from stagegraph.stages.analysis import analyze
+    from stagegraph.stages.common.costmodel import CostModelConfig
+    from stagegraph.stages.x86.stages import heuristic
+
+    facts = analyze(parse_payload(_one_large_and_small_steps(steps)))
+    threads = {p.threads for p in heuristic.fn(facts, AVX2, CostModelConfig()).matmul}
+    assert threads == ({AVX2.cores} if threaded else {1})

@@ -17,7 +17,7 @@ from stagegraph.core.ports import BufferModule, Config, LLVMModule, Params, Tens
 from stagegraph.core.stage import stage
 from stagegraph.core.tunable import TuningSite
 from stagegraph.errors import ConfigError
-from stagegraph.stages.analysis import OpFacts, PayloadFacts
+from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.generic_params import GenericParams, heuristic_generic_params
@@ -111,12 +111,27 @@ def _threads_for(flops: int, cores: int) -> int:
     return max(1, min(cores, flops // MIN_FLOPS_PER_THREAD))
 
 
-def _payload_threads(ops: list[OpFacts], cores: int) -> int:
-    """Threads for the payload: what its largest matmul is worth. Every matmul forks and
-    joins on its own, so an unrolled recurrent network's hundreds of small matmuls gain
-    nothing from threads however much work they add up to (and OpenMP lowering of so many
-    parallel loops makes LLVM's compile several times slower)."""
-    return _threads_for(max((op.flops for op in ops), default=0), cores)
+#: What forking and joining one parallel loop costs, in flops of one core's work (a few
+#: microseconds; far more when another process holds a core the join waits for).
+FORK_JOIN_FLOPS = MIN_FLOPS_PER_THREAD // 16
+
+
+def _payload_threads(facts: PayloadFacts, cores: int) -> int:
+    """Threads for the payload: what its largest matmul is worth, if the work the matmuls
+    worth splitting save outweighs a fork and a join for every loop of the payload (once a
+    payload is threaded, every parallel loop of it is); else one.
+
+    An unrolled recurrent network's hundreds of small steps gain nothing from threads
+    however much work they add up to, and pay a fork and a join each (a GRU ran 10 ms on
+    one thread and 38 ms on two; the OpenMP lowering of its ~1,200 loops also made LLVM's
+    compile 3-4x slower)."""
+    ops = matmul_ops(facts)
+    threads = _threads_for(max((op.flops for op in ops), default=0), cores)
+    if threads <= 1:
+        return 1
+    splittable = sum(op.flops for op in ops if _threads_for(op.flops, cores) > 1)
+    saved = splittable - splittable // threads
+    return threads if saved > len(facts.ops) * FORK_JOIN_FLOPS else 1
 
 
 @stage("params", name="x86.heuristic")
@@ -124,7 +139,7 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
     """Tiles from the vector width, register file and cache sizes; threads from the target
     (fewer when the matmul work is small, see ``MIN_FLOPS_PER_THREAD``)."""
     ops = matmul_ops(facts)
-    threads = config.threads or _payload_threads(ops, target.cores)
+    threads = config.threads or _payload_threads(facts, target.cores)
     sites = []
     for op in ops:
         c = op.contraction
