@@ -146,6 +146,25 @@ def _transposed(value: Any, permutation: list[int]) -> Any:
     return linalg.transpose(value, outs=[empty], permutation=permutation).results[0]
 
 
+def _replace_by_transposed(
+    op: Any, build: Any, to_last: list[int], filter_to_last: list[int], to_first: list[int]
+) -> None:
+    """Replace the convolution ``op`` (image, filter, init) by ``build`` (its channels-last
+    form, same strides and dilations) on transposed operands, transposed back."""
+    image, kernel, init = op.operands
+    with ir.InsertionPoint(op), op.location:
+        summed = build(
+            _transposed(image, to_last),
+            _transposed(kernel, filter_to_last),
+            outs=[_transposed(init, to_last)],
+            strides=_ints(op.attributes["strides"]),
+            dilations=_ints(op.attributes["dilations"]),
+        )
+        result = _transposed(summed, to_first)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+
+
 def depthwise_to_channels_last(fn: Any) -> int:
     """Rewrite each static ``depthwise_conv_2d_nchw_chw`` as transposes around
     ``depthwise_conv_2d_nhwc_hwc``, which decomposes to a 1-D depthwise convolution that
@@ -156,23 +175,15 @@ def depthwise_to_channels_last(fn: Any) -> int:
             continue
         if not all(ir.RankedTensorType(v.type).has_static_shape for v in op.operands):
             continue
-        image, kernel, init = op.operands
+        kernel = op.operands[1]
         channels, *_, width = ir.RankedTensorType(kernel.type).shape
         if width == 1:
             continue  # a one-wide window: the loops run along the contiguous width already
         if channels % _CHANNEL_GROUP:
             continue  # vectors along the channels would be partial ones
-        with ir.InsertionPoint(op), op.location:
-            summed = linalg.depthwise_conv_2d_nhwc_hwc(
-                _transposed(image, _NCHW_TO_NHWC),
-                _transposed(kernel, _CHW_TO_HWC),
-                outs=[_transposed(init, _NCHW_TO_NHWC)],
-                strides=_ints(op.attributes["strides"]),
-                dilations=_ints(op.attributes["dilations"]),
-            )
-            result = _transposed(summed, _NHWC_TO_NCHW)
-        op.results[0].replace_all_uses_with(result)
-        op.erase()
+        _replace_by_transposed(
+            op, linalg.depthwise_conv_2d_nhwc_hwc, _NCHW_TO_NHWC, _CHW_TO_HWC, _NHWC_TO_NCHW
+        )
         count += 1
     return count
 
@@ -213,21 +224,11 @@ def conv_to_channels_last(fn: Any) -> int:
         if not all(ir.RankedTensorType(v.type).has_static_shape for v in op.operands):
             continue
         name, to_last, filter_to_last, to_first = plan
-        image, kernel, init = op.operands
+        kernel = op.operands[1]
         filters, *_, width = ir.RankedTensorType(kernel.type).shape
         if width == 1 or filters % _CHANNEL_GROUP:
             continue  # a pointwise row, or partial vectors along the channels
-        with ir.InsertionPoint(op), op.location:
-            summed = getattr(linalg, name)(
-                _transposed(image, to_last),
-                _transposed(kernel, filter_to_last),
-                outs=[_transposed(init, to_last)],
-                strides=_ints(op.attributes["strides"]),
-                dilations=_ints(op.attributes["dilations"]),
-            )
-            result = _transposed(summed, to_first)
-        op.results[0].replace_all_uses_with(result)
-        op.erase()
+        _replace_by_transposed(op, getattr(linalg, name), to_last, filter_to_last, to_first)
         count += 1
     return count
 
