@@ -10,7 +10,7 @@ from stagegraph.stages.analysis import analyze_stage
 from stagegraph.stages.common.emit import jit
 from stagegraph.stages.common.passes import bufferize, verify
 from stagegraph.stages.target import target
-from stagegraph.stages.x86.stages import heuristic, lower, schedule
+from stagegraph.stages.x86.stages import heuristic, lower, normalize, schedule
 
 
 def build() -> Graph:
@@ -18,6 +18,7 @@ def build() -> Graph:
         "x86",
         [
             verify("load"),
+            normalize("normalize"),
             analyze_stage("analyze"),
             target("target"),
             heuristic("select"),
@@ -28,10 +29,11 @@ def build() -> Graph:
         ],
         [
             "payload -> load.module",
-            "load.module -> analyze.module",
+            "load.module -> normalize.module",
+            "normalize.module -> analyze.module",
             "analyze.facts -> select.facts",
             "target.facts -> select.target",
-            "load.module -> schedule.module",
+            "normalize.module -> schedule.module",
             "analyze.facts -> schedule.facts",
             "select.params -> schedule.params",
             "schedule.module -> bufferize.module",

@@ -84,3 +84,14 @@ def _value(value: Any) -> Any:
     from stagegraph.mlir.bindings import ir
 
     return value if isinstance(value, ir.Value) else value.result
+
+
+def reassociation_attr(groups: Sequence[Sequence[int]]) -> Any:
+    """The ``reassociation`` attribute of a ``tensor.collapse_shape``/``expand_shape``: which
+    dims of the wider shape each dim of the narrower one joins (``[[0, 1], [2]]``)."""
+    from stagegraph.mlir.bindings import ir
+
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get(
+        [ir.ArrayAttr.get([ir.IntegerAttr.get(i64, d) for d in group]) for group in groups]
+    )

@@ -457,7 +457,8 @@ def _packed_kernel(
     unpack = _match(func, "linalg.unpack")
     kernel = _producer(unpack, 0)
     pack_a, pack_b = _producer(kernel, 0), _producer(kernel, 1)
-    zero = _producer(kernel, 2) if site.has_fill else None
+    # The packed C starts as zeros (a fused fill) or as the packed init (C += A B).
+    zero = _producer(kernel, 2)
     # Kernel dims: (mo, no, k, mi, ni); loops: no, mo, k.
     tk = p.tile_k if p.tile_k and p.tile_k < site.k else 0
     if tk:
@@ -494,9 +495,10 @@ def _packed_kernel(
     kernel = structured.TileUsingForOp(
         kernel, sizes=[1, 1, p.k_unroll, 0, 0], interchange=[1, 0, 2, 3, 4]
     ).tiled_linalg_op
-    if zero is not None:
-        # The packed C is zeroed tile by tile with vector stores (it stays in L2).
-        zero = structured.TileUsingForOp(zero, sizes=[1, 1, 0, 0]).tiled_linalg_op
+    # The packed C is zeroed (or the init packed) tile by tile with vector stores.
+    zero = structured.TileUsingForOp(
+        zero, sizes=[1, 1, 0, 0] if site.has_fill else [1, 1]
+    ).tiled_linalg_op
     # Pack steps must tile the K block evenly, or every step gets a k mask.
     kp = pack_k_step(tk or site.k)
     # A widened input is converted per packing step, into the panel being packed.
@@ -557,8 +559,10 @@ def _packed_kernel(
         structured.VectorizeOp(step, panel)
     structured.VectorizeOp(pack_a, [1, kp, p.reg_m])
     structured.VectorizeOp(pack_b, [1, kp, p.reg_n])
-    if zero is not None:
+    if site.has_fill:
         structured.VectorizeOp(zero)
+    else:
+        structured.VectorizeOp(zero, [1, 1, p.reg_m, p.reg_n])
     for piece_unpack in unpacks:
         if site.consumers:
             # The tile unpack becomes a slice of the packed tile, read by the (masked)

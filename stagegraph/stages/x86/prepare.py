@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagegraph.mlir.bindings import arith, dialect, ir, linalg
+from stagegraph.mlir.build import reassociation_attr
 from stagegraph.mlir.walk import top_level_ops
 from stagegraph.stages.x86.prepare_convolutions import (
     conv3d_to_conv2d_loops,
@@ -169,13 +170,6 @@ def _groups(shape: list[int]) -> list[list[int]] | None:
     return groups
 
 
-def _reassociation(groups: list[list[int]]) -> Any:
-    i64 = ir.IntegerType.get_signless(64)
-    return ir.ArrayAttr.get(
-        [ir.ArrayAttr.get([ir.IntegerAttr.get(i64, d) for d in g]) for g in groups]
-    )
-
-
 def unit_transposes_to_reshapes(fn: Any) -> int:
     """Replace each ``linalg.transpose`` that keeps its non-unit dims in order by reshapes."""
     tensor = dialect("tensor")
@@ -203,10 +197,10 @@ def unit_transposes_to_reshapes(fn: Any) -> int:
                 continue  # all unit: nothing worth doing
             if len(src_groups) != len(src_shape):
                 flat_t = ir.RankedTensorType.get(flat, src_t.element_type)
-                value = tensor.CollapseShapeOp(flat_t, value, _reassociation(src_groups)).result
+                value = tensor.CollapseShapeOp(flat_t, value, reassociation_attr(src_groups)).result
             if len(out_groups) != len(out_shape):
                 value = tensor.ExpandShapeOp(
-                    out_t, value, _reassociation(out_groups), [], out_shape
+                    out_t, value, reassociation_attr(out_groups), [], out_shape
                 ).result
         op.results[0].replace_all_uses_with(value)
         op.erase()

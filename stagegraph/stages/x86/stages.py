@@ -163,6 +163,18 @@ class ScheduleConfig(Config):
     deduplicate_above: int = Field(300, ge=0)
 
 
+@stage("passes", name="x86.normalize")
+def normalize(module: TensorModule) -> TensorModule:
+    """Rewrites that decide which schedule an op takes, run before the analysis so the cost
+    model sees the ops the schedule will: pointwise convolutions become matmuls
+    (:mod:`stagegraph.stages.x86.pointwise`)."""
+    from stagegraph.stages.x86.pointwise import pointwise_convolutions_to_matmuls
+
+    with module.ir.context, ir_location(module.ir):
+        pointwise_convolutions_to_matmuls(module.ir)
+    return module
+
+
 @stage("schedule", name="x86.schedule")
 def schedule(
     module: TensorModule,
