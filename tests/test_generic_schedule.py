@@ -1039,3 +1039,53 @@ func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
         windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(1, 2))
         expected_out = np.einsum("nhwcij,ijcf->nhwf", windows, w)
         np.testing.assert_allclose(out, expected_out, rtol=1e-4, atol=1e-4)
+
+
+# A batched matmul between elementwise ops: scale -> bmm -> exp. The matmul schedule runs
+# one matmul per batch element and fuses neither, so both are this schedule's.
+BATCHED = """
+func.func @main(%a: tensor<2x8x16xf32>, %b: tensor<2x16x24xf32>) -> tensor<2x8x24xf32> {
+  %zero = arith.constant 0.0 : f32
+  %half = arith.constant 0.5 : f32
+  %ea = tensor.empty() : tensor<2x8x16xf32>
+  %scaled = linalg.generic {indexing_maps = [affine_map<(i, j, k) -> (i, j, k)>,
+      affine_map<(i, j, k) -> (i, j, k)>],
+      iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%a : tensor<2x8x16xf32>) outs(%ea : tensor<2x8x16xf32>) {
+    ^bb0(%x: f32, %o: f32):
+      %y = arith.mulf %x, %half : f32
+      linalg.yield %y : f32
+  } -> tensor<2x8x16xf32>
+  %e = tensor.empty() : tensor<2x8x24xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<2x8x24xf32>) -> tensor<2x8x24xf32>
+  %mm = linalg.batch_matmul ins(%scaled, %b : tensor<2x8x16xf32>, tensor<2x16x24xf32>)
+      outs(%f : tensor<2x8x24xf32>) -> tensor<2x8x24xf32>
+  %exp = linalg.generic {indexing_maps = [affine_map<(i, j, k) -> (i, j, k)>,
+      affine_map<(i, j, k) -> (i, j, k)>],
+      iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%mm : tensor<2x8x24xf32>) outs(%e : tensor<2x8x24xf32>) {
+    ^bb0(%x: f32, %o: f32):
+      %y = math.exp %x : f32
+      linalg.yield %y : f32
+  } -> tensor<2x8x24xf32>
+  return %exp : tensor<2x8x24xf32>
+}
+"""
+
+
+def test_batched_matmul_neighbours_are_vectorized_and_its_fill_is_left_to_it():
+    names = _scheduled_op_names(BATCHED)
+    assert names.count("linalg.generic") == 0  # the scale and the exp are tiled + vectorized
+    assert names.count("linalg.batch_matmul") == 1 and names.count("linalg.fill") == 1
+    assert names.count("scf.forall") == 2 and "vector.transfer_read" in names
+
+
+def test_batched_matmul_between_elementwise_ops_matches_numpy(tmp_path):
+    import stagegraph as sg
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((2, 8, 16), dtype=np.float32)
+    b = rng.standard_normal((2, 16, 24), dtype=np.float32)
+    (tmp_path / "bmm.mlir").write_text(BATCHED)
+    np.savez(tmp_path / "bmm.npz", in0=a, in1=b, out0=np.exp(np.matmul(a * 0.5, b)))
+    assert sg.run("x86", str(tmp_path / "bmm.mlir"), threads=1).verified is True

@@ -11,6 +11,7 @@ from stagegraph.stages.x86.generic_params import (
     largest_divisor_at_most,
     static_tile_size,
 )
+from stagegraph.stages.x86.matmul_sites import canonicalizable
 
 # Named convolutions that ``transform.structured.decompose`` rewrites to a 1-D op once the
 # outer image/filter dims are tiled to 1, and 1-D ones the vectorizer handles directly.
@@ -57,7 +58,16 @@ _COMBINERS = frozenset(
 
 
 def _epilogue_ops(facts: PayloadFacts) -> set[int]:
-    return {i for layer in facts.layers for i in layer.epilogue}
+    """The elementwise ops the matmul schedule fuses into its register tiles: the epilogues
+    of unbatched matmuls it takes. A batched matmul runs one matmul per batch element in a
+    loop its epilogue stays outside of, and a matrix-vector product runs here: their
+    epilogues are this schedule's to vectorize."""
+    fused = set()
+    for layer in facts.layers:
+        op = facts.ops[layer.contraction]
+        if canonicalizable(op) and op.contraction is not None and not op.contraction.batch_dims:
+            fused.update(layer.epilogue)
+    return fused
 
 
 def schedulable(op: OpFacts, facts: PayloadFacts) -> bool:

@@ -94,6 +94,13 @@ def _recomputations(producer: Any, consumer: Any, consumer_facts: OpFacts) -> in
     return worst
 
 
+def _absorbed_by_matmuls(fact: OpFacts) -> bool:
+    """A producer of a matmul that the matmul schedule takes into the matmul itself."""
+    return fact.name == "linalg.fill" or (
+        fact.name == "linalg.transpose" and len(fact.loop_ranges) == 2
+    )
+
+
 def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
     """Label the ops this schedule may touch; returns {fused producer: root consumer}.
 
@@ -110,8 +117,13 @@ def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
     matmuls = {i for i, f in enumerate(facts.ops) if f.op_class == "matmul"}
     mine: set[int] = set()
     for i, (op, fact) in enumerate(zip(ops, facts.ops, strict=True)):
+        # A matmul's zero fill and a transposed operand are the matmul schedule's: it fuses
+        # the fill into its tiles and reads a 2-D transpose through its maps. Any other
+        # producer runs here (left alone, it would become scalar loops).
         feeds_matmul = any(position.get(u) in matmuls for u in _users(op))
-        if schedulable(fact, facts) and not feeds_matmul:
+        if feeds_matmul and _absorbed_by_matmuls(fact):
+            continue
+        if schedulable(fact, facts):
             mine.add(i)
     fused: dict[int, int] = {}
     for i in sorted(mine, reverse=True):  # consumers first: chains resolve to their root
