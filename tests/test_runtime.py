@@ -294,3 +294,29 @@ def test_openmp_binary_leaves_the_callers_cpu_affinity_alone():
     assert measurement.verdict.ok
     measurement.measure(3)
     assert os.sched_getaffinity(0) == before
+
+
+def test_openmp_workers_sleep_when_idle_unless_the_user_says_otherwise():
+    """Idle workers must not spin between calls (they would take the cores a loaded machine's
+    other threads need); a KMP_BLOCKTIME the user set is kept. Checked in children: the
+    runtime reads the variable once, when it starts."""
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import os\n"
+        "from stagegraph.runtime import openmp\n"
+        "openmp.library_path.cache_clear()\n"
+        "try:\n"
+        "    openmp.library_path()\n"
+        "except Exception:\n"
+        "    pass\n"
+        "print(os.environ.get('KMP_BLOCKTIME'))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KMP_BLOCKTIME"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "0", out.stderr
+    env["KMP_BLOCKTIME"] = "50"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert out.stdout.strip() == "50", out.stderr
