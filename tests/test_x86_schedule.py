@@ -159,8 +159,19 @@ def test_heuristic_respects_constraints(target, shape, threads):
 
 def test_heuristic_uses_the_register_file():
     assert heuristic_matmul_params(1024, 1024, 1024, "f32", AVX512).accumulator_registers == 16
-    avx2 = heuristic_matmul_params(1024, 1024, 1024, "f32", AVX2)
+    avx2 = heuristic_matmul_params(768, 1024, 1024, "f32", AVX2)
     assert (avx2.reg_m, avx2.reg_n, avx2.vector_registers) == (6, 16, 16)
+
+
+@pytest.mark.parametrize(
+    ("m", "reg_m"), [(1024, 4), (1000, 5), (768, 6), (1021, 6), (3, 3), (13, 6)]
+)
+def test_heuristic_register_rows_divide_m_when_enough_chains_remain(m, reg_m):
+    """Rows dividing m leave no partial panel (no padding, masked packing or edge tiles);
+    below 4 rows (8 accumulators with two 8-lane vectors) the FMA chains fall short, so a
+    prime m keeps the full 6 rows."""
+    assert heuristic_matmul_params(m, 1024, 512, "f32", AVX2).reg_m == reg_m
+    assert heuristic_matmul_params(m, 1024, 512, "f32", AVX512).reg_m in (reg_m, 8, 7, m)
 
 
 def test_heuristic_gives_every_thread_a_block():
@@ -200,7 +211,7 @@ def test_heuristic_gives_each_thread_several_blocks(shape):
 def test_heuristic_keeps_the_k_loop_within_the_register_file():
     # 6x16 on 16 ymm: 12 accumulators + 2 B vectors + 1 broadcast leave no room for a
     # second k step (LLVM would load ahead and spill accumulators); 8x32 on 32 zmm does.
-    assert heuristic_matmul_params(1024, 1024, 1024, "f32", AVX2).k_unroll == 1
+    assert heuristic_matmul_params(768, 1024, 1024, "f32", AVX2).k_unroll == 1
     assert heuristic_matmul_params(1024, 1024, 1024, "f32", AVX512).k_unroll == 4
 
 
@@ -233,7 +244,16 @@ def test_matmul_row_blocks_inside_a_block(threads):
     if threads > 1:
         pytest.importorskip("stagegraph.runtime.openmp").library_path()
     _run_matmul(
-        100, 70, 60, threads=threads, tile_m=16, block_m=48, tile_n=32, tile_k=20, k_unroll=1
+        100,
+        70,
+        60,
+        threads=threads,
+        reg_m=8,
+        tile_m=16,
+        block_m=48,
+        tile_n=32,
+        tile_k=20,
+        k_unroll=1,
     )
 
 
@@ -320,7 +340,7 @@ def test_benchmark_wrapper_calls_the_scheduled_function():
 @pytest.mark.parametrize("pack", [True, False], ids=["pack", "nopack"])
 def test_matmul_two_threads(pack):
     pytest.importorskip("stagegraph.runtime.openmp").library_path()
-    _run_matmul(100, 70, 53, threads=2, tile_m=32, tile_n=32, pack=pack)
+    _run_matmul(100, 70, 53, threads=2, reg_m=8, tile_m=32, tile_n=32, pack=pack)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -336,7 +356,7 @@ def test_heuristic_params_odd_shapes(shape, threads):
 def test_matmul_k_blocks_with_threads(threads):
     if threads > 1:
         pytest.importorskip("stagegraph.runtime.openmp").library_path()
-    _run_matmul(100, 70, 60, threads=threads, tile_m=32, tile_n=32, tile_k=20, k_unroll=4)
+    _run_matmul(100, 70, 60, threads=threads, reg_m=8, tile_m=32, tile_n=32, tile_k=20, k_unroll=4)
 
 
 def test_parallel_block_loop_is_dynamic():
