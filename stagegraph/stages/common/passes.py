@@ -126,7 +126,43 @@ def bufferize(module: TensorModule, config: BufferizeConfig) -> BufferModule:
     """
     record_public_signatures(module)
     split_shared_empties(module.ir)
+    inputs_read_only(module.ir)
     return run_pipeline(module, config.pipeline)
+
+
+WRITABLE_ATTR = "bufferization.writable"
+
+
+def inputs_read_only(module) -> int:
+    """Mark every tensor argument of the module's public functions not writable; returns
+    how many were marked.
+
+    A tensor argument is a value: a payload whose op accumulates into it (``linalg.matmul
+    outs(%c)`` with ``%c`` an argument) must not write the caller's array. Left writable,
+    one-shot bufferization computes in place in the argument's buffer and copies the result
+    out: every call then changed its own input (the reference run's and the checked run's
+    results differed). Marked, it copies the argument first.
+    """
+    from stagegraph.mlir.bindings import ir
+
+    marked = 0
+    for op in module.body.operations:
+        if op.operation.name != "func.func" or not op.regions[0].blocks:
+            continue
+        attrs = op.operation.attributes
+        if "sym_visibility" in attrs and ir.StringAttr(attrs["sym_visibility"]).value == "private":
+            continue
+        arguments = op.regions[0].blocks[0].arguments
+        old = list(ir.ArrayAttr(attrs["arg_attrs"])) if "arg_attrs" in attrs else []
+        new = []
+        for i, argument in enumerate(arguments):
+            entries = {n.name: n.attr for n in ir.DictAttr(old[i])} if i < len(old) else {}
+            if isinstance(argument.type, ir.RankedTensorType) and WRITABLE_ATTR not in entries:
+                entries[WRITABLE_ATTR] = ir.BoolAttr.get(False)
+                marked += 1
+            new.append(ir.DictAttr.get(entries))
+        attrs["arg_attrs"] = ir.ArrayAttr.get(new)
+    return marked
 
 
 def record_public_signatures(module: Module) -> None:
