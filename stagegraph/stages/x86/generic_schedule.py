@@ -460,7 +460,7 @@ def lower_generic(module: Any, params: GenericParams | None = None) -> PayloadFa
     from stagegraph.core.ports import Module
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.common.passes import record_public_signatures, run_pipeline
-    from stagegraph.stages.common.rewrites import copies_to_linalg
+    from stagegraph.stages.common.rewrites import copies_to_linalg, write_results_in_place
     from stagegraph.stages.target import detect_target
     from stagegraph.stages.x86.generic_params import heuristic_generic_params
 
@@ -471,6 +471,7 @@ def lower_generic(module: Any, params: GenericParams | None = None) -> PayloadFa
         apply_generic_schedule(port.ir, build_generic_schedule(facts, params), facts)
         record_public_signatures(port)
         run_pipeline(port, PIPELINE)
+        write_results_in_place(port.ir)  # as the bufferize stage does
         if copies_to_linalg(port.ir):
             run_pipeline(port, lowering.LINALG_TO_LOOPS)
         run_pipeline(port, lowering.LOWER_TO_LLVM)
