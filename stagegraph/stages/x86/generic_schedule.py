@@ -36,6 +36,7 @@ from stagegraph.stages.x86.generic_plan import (  # noqa: F401  (DECOMPOSABLE re
     convolution_plan,
     has_bool_operands,
     partial_tiles,
+    pools_along_width,
     reduction_like,
     schedulable,
     vectorize_enabled,
@@ -351,7 +352,7 @@ class _Builder:
                 structured.VectorizeOp(compute)
                 loops = list(tiled.results[1:])
                 if loops:
-                    if self.params.conv_drop_unit_dims:
+                    if self.params.conv_drop_unit_dims or pools_along_width(op, self.params):
                         self.drop_unit_dims(loops[0])
                     self.lower_vectors(loops[0])
                 transform.YieldOp([])

@@ -3,7 +3,8 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
 
 * :func:`drop_dead_results`: a ``linalg.generic`` result nobody uses is removed with the body
   ops that only compute it (e.g. the argmax a max reduction computes next to the max, whose
-  ``linalg.index`` keeps the op from vectorizing as a reduction).
+  ``linalg.index`` keeps the op from vectorizing as a reduction), and so is the fill of its
+  init (:func:`erase_unused_tensor_ops`).
 * :func:`unit_transposes_to_reshapes`: a ``linalg.transpose`` that only moves unit dims is a
   reshape (the element order does not change): collapse + expand, no copy.
 * :func:`widen_bool_tensors`: ``i1`` tensors passed between linalg ops become ``i8`` tensors
@@ -144,11 +145,33 @@ def _drop_dead(op: Any) -> bool:
 
 
 def drop_dead_results(fn: Any) -> int:
-    """Remove unused results of the function's multi-result ``linalg.generic`` ops."""
+    """Remove unused results of the function's multi-result ``linalg.generic`` ops, then
+    the tensor ops nothing reads any more (the fill of a dropped argmax's init)."""
     count = 0
     for op in top_level_ops(fn):
         if op.name == "linalg.generic" and len(op.results) > 1 and not _is_contraction(op):
             count += _drop_dead(op)
+    if count:
+        count += erase_unused_tensor_ops(fn)
+    return count
+
+
+_PURE_ON_TENSORS = frozenset({"tensor.empty", "linalg.fill", "linalg.generic"})
+
+
+def erase_unused_tensor_ops(fn: Any) -> int:
+    """Erase the function's top-level ``tensor.empty``, ``linalg.fill`` and
+    ``linalg.generic`` ops whose tensor results nobody uses (on tensors they have no other
+    effect); returns the count. Left in place they would be bufferized and run: with
+    their producers fused into consumers' tiles by the schedule, a transform's dead-code
+    sweep used to erase them, but merged producers need no fusion step."""
+    count = 0
+    for op in reversed(top_level_ops(fn)):
+        if op.name not in _PURE_ON_TENSORS or not list(op.results):
+            continue
+        if all(isinstance(r.type, ir.RankedTensorType) and not list(r.uses) for r in op.results):
+            op.erase()
+            count += 1
     return count
 
 
