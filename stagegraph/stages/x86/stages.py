@@ -370,6 +370,9 @@ def _site_params(params: X86Params, facts: PayloadFacts, sites: list[Any]) -> li
 
 X86_FINISH = "func.func(lower-vector-multi-reduction),convert-linalg-to-loops"
 
+#: f32 vectors of a copy's row moved at once (``generic_schedule.vectorize_copies``).
+COPY_ROW_VECTORS = 8
+
 
 class LowerConfig(Config):
     """``vector_math``: call glibc's libmvec for vector math ops the target's ISA covers
@@ -397,9 +400,12 @@ def lower(
         expand_bf16_truncation,
         reassociate_reductions,
     )
+    from stagegraph.stages.x86.generic_schedule import vectorize_copies
     from stagegraph.stages.x86.vector_math import call_vector_math
 
-    copies_to_linalg(module.ir)
+    if copies_to_linalg(module.ir):
+        lanes = max(1, target.vector_bits // 32)  # f32 lanes: the rows' unit of measure
+        vectorize_copies(module.ir, COPY_ROW_VECTORS * lanes, lanes)
     if config.approximate_math:
         approximate_tanh(module.ir)
     if config.vector_math:
