@@ -387,9 +387,9 @@ class LowerConfig(Config):
 def lower(
     module: BufferModule, params: X86Params, target: Target, config: LowerConfig
 ) -> LLVMModule:
-    """Leftover vector reductions and linalg ops to loops, then to LLVM; parallel block
-    loops become dynamically scheduled OpenMP loops when the params ask for more than one
-    thread."""
+    """Copies bufferization left vectorized by rows (``vectorize_copies``), leftover vector
+    reductions and linalg ops to loops, then to LLVM; parallel block loops become
+    dynamically scheduled OpenMP loops when the params ask for more than one thread."""
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.dedup import forbid_inlining
     from stagegraph.stages.common.math_approx import approximate_tanh
