@@ -1,7 +1,8 @@
 """Elementwise chains merged before the generic schedule (``prepare.fuse_elementwise_chains``):
-which producers merge (single use, no broadcast, elementwise consumer), that the result
-still verifies and computes the same, and that the schedule's work stays linear in the
-chain length (one sub-sequence per chain, no producer left to fuse into tile loops)."""
+which producers merge (single use, no broadcast, elementwise or reduction consumer, no
+product of two inputs into a sum), that the result still verifies and computes the same,
+and that the schedule's work stays linear in the chain length (one sub-sequence per chain,
+no producer left to fuse into tile loops)."""
 
 from __future__ import annotations
 
@@ -274,9 +275,9 @@ func.func @main(%a: tensor<4x32xf32>) -> tensor<4xf64> {
 
 
 def test_cheap_producer_is_copied_per_reader_and_double_reads_merge():
-    """The widening is copied for the second reader (not for the broadcast-free reduction's
-    sake alone: each copy then fuses), and ``(x - m) * (x - m)`` merges with ``x - m``
-    although it reads it twice: no f64 copy of x is stored, and the variance is right."""
+    """The widening is copied for the second reader, ``(x - m) * (x - m)`` merges with
+    ``x - m`` although it reads it twice, and both chains merge into their sums: no f64
+    copy of x is stored or computed outside a reduction, and the variance is right."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import entry_function
     from stagegraph.runtime.jit import JitBinary
@@ -287,14 +288,81 @@ def test_cheap_producer_is_copied_per_reader_and_double_reads_merge():
     with module.context, ir.Location.unknown():
         fn = entry_function(module, "main")
         assert duplicate_cheap_producers(fn) == 1
-        assert fuse_elementwise_chains(fn) == 2  # extf into x - m, x - m into the square
+        # extf into the first sum; extf into x - m, x - m into the square, that into its sum
+        assert fuse_elementwise_chains(fn) == 4
         assert module.operation.verify()
-    bodies = [op.body_ops for op in analyze(module).ops if op.op_class == "elementwise"]
-    assert ("arith.extf", "arith.subf", "arith.mulf") in bodies
-    assert ("arith.extf",) in bodies  # the copy the first reduction's tiles will fuse
+    ops = analyze(module).ops
+    reductions = [op.body_ops for op in ops if op.op_class == "reduction"]
+    assert ("arith.extf", "arith.addf") in reductions
+    assert ("arith.extf", "arith.subf", "arith.mulf", "arith.addf") in reductions
+    assert all(op.outputs[0].shape == (4,) for op in ops if op.op_class != "reduction")
     a = np.random.default_rng(2).standard_normal((4, 32), dtype=np.float32)
     module = parse_payload(VARIANCE)
     lower_generic(module)
     (out,) = JitBinary(module, opt_level=2).call("main", [a])
     x = a.astype(np.float64)
     np.testing.assert_allclose(out, ((x - x.mean(axis=1, keepdims=True)) ** 2).sum(axis=1))
+
+
+# RMSNorm's sum of squares over the channels (an outer dim), and a sum of products of two
+# inputs: inlined, that product would make the sum a contraction (a batched dot product),
+# which the generic schedule leaves to loops.
+SQUARES_AND_PRODUCTS = """
+#id = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
+#out = affine_map<(d0, d1, d2) -> (d0, d2)>
+func.func @main(%a: tensor<2x8x16xf32>, %b: tensor<2x8x16xf32>)
+    -> (tensor<2x16xf32>, tensor<2x16xf32>) {
+  %zero = arith.constant 0.0 : f32
+  %two = arith.constant 2 : i64
+  %e = tensor.empty() : tensor<2x8x16xf32>
+  %er = tensor.empty() : tensor<2x16xf32>
+  %acc = linalg.fill ins(%zero : f32) outs(%er : tensor<2x16xf32>) -> tensor<2x16xf32>
+  %sq = linalg.generic {indexing_maps = [#id, #id],
+                        iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%a : tensor<2x8x16xf32>) outs(%e : tensor<2x8x16xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %r = math.fpowi %x, %two : f32, i64
+    linalg.yield %r : f32
+  } -> tensor<2x8x16xf32>
+  %ss = linalg.generic {indexing_maps = [#id, #out],
+                        iterator_types = ["parallel", "reduction", "parallel"]}
+      ins(%sq : tensor<2x8x16xf32>) outs(%acc : tensor<2x16xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %r = arith.addf %x, %o : f32
+    linalg.yield %r : f32
+  } -> tensor<2x16xf32>
+  %p = linalg.generic {indexing_maps = [#id, #id, #id],
+                       iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%a, %b : tensor<2x8x16xf32>, tensor<2x8x16xf32>) outs(%e : tensor<2x8x16xf32>) {
+  ^bb0(%x: f32, %y: f32, %o: f32):
+    %r = arith.mulf %x, %y : f32
+    linalg.yield %r : f32
+  } -> tensor<2x8x16xf32>
+  %dot = linalg.generic {indexing_maps = [#id, #out],
+                         iterator_types = ["parallel", "reduction", "parallel"]}
+      ins(%p : tensor<2x8x16xf32>) outs(%acc : tensor<2x16xf32>) {
+  ^bb0(%x: f32, %o: f32):
+    %r = arith.addf %x, %o : f32
+    linalg.yield %r : f32
+  } -> tensor<2x16xf32>
+  return %ss, %dot : tensor<2x16xf32>, tensor<2x16xf32>
+}
+"""
+
+
+def test_square_merges_into_its_sum_but_a_product_of_inputs_does_not():
+    from stagegraph.runtime.jit import JitBinary
+    from stagegraph.stages.x86.generic_schedule import lower_generic
+
+    module, merged = _prepare(SQUARES_AND_PRODUCTS)
+    assert merged == 1
+    bodies = {op.body_ops: op.op_class for op in analyze(module).ops}
+    assert bodies[("math.fpowi", "arith.addf")] == "reduction"
+    assert bodies[("arith.mulf",)] == "elementwise"  # the product stays apart
+    rng = np.random.default_rng(3)
+    a, b = (rng.standard_normal((2, 8, 16), dtype=np.float32) for _ in range(2))
+    module = parse_payload(SQUARES_AND_PRODUCTS)
+    lower_generic(module)
+    ss, dot = JitBinary(module, opt_level=2).call("main", [a, b])
+    np.testing.assert_allclose(ss, (a * a).sum(axis=1), rtol=1e-5)
+    np.testing.assert_allclose(dot, (a * b).sum(axis=1), rtol=1e-5, atol=1e-5)

@@ -338,6 +338,8 @@ def test_dead_argmax_result_is_dropped_and_reduction_vectorizes():
     facts = analyze(module)
     (reduction,) = facts.ops_of("reduction")
     assert len(reduction.outputs) == 1 and "linalg.index" not in reduction.body_ops
+    # The argmax's init (an i64 fill of an empty tensor) went with it: nothing computes it.
+    assert [op.outputs[0].dtype for op in facts.ops] == ["f32", "f32"]
     a = np.random.default_rng(2).standard_normal((16, 32), dtype=np.float32)
     binary = _jit(MAX_WITH_DEAD_ARGMAX, GenericParams())
     (out,) = binary.call("main", [a])
@@ -745,7 +747,9 @@ def test_pooling_channels_tile_by_pool_batch_tile(batch_tile, channels):
     """``pool_batch_tile`` tiles the innermost batch dim of a pooling (NCHW: its channels)
     to its largest divisor at most the knob, so each decomposed 1-D tile holds that many
     channels (the heuristic takes :data:`POOL_BATCH_TILE`); a convolution's batch tile
-    (``conv_batch_tile``) does not apply to it; the result stays correct."""
+    (``conv_batch_tile``) does not apply to it; the result stays correct. (Vectorized
+    along its width instead, see :func:`test_unit_stride_pooling_vectorizes_along_width`,
+    a pooling takes one channel per tile.)"""
     import re
 
     from stagegraph.mlir.bindings import ir
@@ -761,7 +765,9 @@ def test_pooling_channels_tile_by_pool_batch_tile(batch_tile, channels):
     (pool,) = [op for op in facts.ops if op.op_class == "pooling"]
     heuristic = heuristic_generic_params(facts, AVX512)
     assert heuristic.conv_batch_tile == 1 and heuristic.pool_batch_tile == 4
-    params = heuristic.model_copy(update={"pool_batch_tile": batch_tile, "conv_batch_tile": 8})
+    params = heuristic.model_copy(
+        update={"pool_batch_tile": batch_tile, "conv_batch_tile": 8, "pool_width_vectors": False}
+    )
     sizes, decompose = convolution_plan(pool, params)
     assert decompose and sizes[pool.convolution.batch[-1]] == channels
     assert sizes[pool.convolution.batch[0]] == 1
@@ -793,7 +799,9 @@ def test_pooling_vectors_drop_unit_dims_by_conv_drop_unit_dims(drop):
     facts = analyze(module)
     heuristic = heuristic_generic_params(facts, AVX512)
     assert not heuristic.conv_drop_unit_dims
-    params = heuristic.model_copy(update={"conv_drop_unit_dims": drop, "pool_batch_tile": 1})
+    params = heuristic.model_copy(
+        update={"conv_drop_unit_dims": drop, "pool_batch_tile": 1, "pool_width_vectors": False}
+    )
     with module.context, ir.Location.unknown():
         apply_generic_schedule(module, build_generic_schedule(facts, params), facts)
     unit = re.findall(r"vector<\d+x1xf32>", str(module))
@@ -801,6 +809,71 @@ def test_pooling_vectors_drop_unit_dims_by_conv_drop_unit_dims(drop):
     x = np.random.default_rng(8).standard_normal((2, 16, 9, 40)).astype(np.float32)
     (out,) = _jit(text, params).call("main", [x])
     np.testing.assert_allclose(out, _window_sums(x, out.shape, 3), rtol=1e-5, atol=1e-5)
+
+
+def _strided_pooling(stride: int) -> str:
+    """A 3x3 max pooling of a 2x16x9x40 NCHW image with ``stride``."""
+    oh, ow = (9 - 3) // stride + 1, (40 - 3) // stride + 1
+    out = f"tensor<2x16x{oh}x{ow}xf32>"
+    return f"""
+func.func @main(%x: tensor<2x16x9x40xf32>) -> {out} {{
+  %z = arith.constant 0xFF800000 : f32
+  %w = tensor.empty() : tensor<3x3xf32>
+  %e = tensor.empty() : {out}
+  %f = linalg.fill ins(%z : f32) outs(%e : {out}) -> {out}
+  %r = linalg.pooling_nchw_max {{dilations = dense<1> : vector<2xi64>,
+      strides = dense<{stride}> : vector<2xi64>}}
+      ins(%x, %w : tensor<2x16x9x40xf32>, tensor<3x3xf32>) outs(%f : {out}) -> {out}
+  return %r : {out}
+}}
+"""
+
+
+@pytest.mark.parametrize(("stride", "lanes", "along_width"), [(1, 16, True), (2, 16, False),
+                                                             (1, 64, False)],
+                         ids=["unit-stride", "strided", "narrower-than-a-vector"])  # fmt: skip
+def test_unit_stride_pooling_vectorizes_along_width(stride, lanes, along_width):
+    """A unit-stride NCHW pooling at least a vector wide takes one channel and a row of its
+    output width per tile (``WIDTH_VECTORS`` vectors at most), unit dims dropped: every
+    window offset is a contiguous ``vector<W>``. Strided or narrow ones keep their channel
+    tiles (``pool_batch_tile``). All stay correct."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.x86.generic_plan import convolution_plan, pools_along_width
+    from stagegraph.stages.x86.generic_schedule import (
+        apply_generic_schedule,
+        build_generic_schedule,
+    )
+
+    text = _strided_pooling(stride)
+    module = parse_payload(text)
+    facts = analyze(module)
+    (pool,) = [op for op in facts.ops if op.op_class == "pooling"]
+    params = heuristic_generic_params(facts, AVX512).model_copy(update={"lanes": lanes})
+    assert pools_along_width(pool, params) == along_width
+    sizes, _ = convolution_plan(pool, params)
+    conv = pool.convolution
+    width = pool.loop_ranges[conv.output_image[-1]]
+    if along_width:
+        assert sizes[conv.batch[-1]] == 1 and sizes[conv.output_image[-1]] == width == 38
+    else:
+        assert sizes[conv.batch[-1]] == params.pool_batch_tile
+    with module.context, ir.Location.unknown():
+        apply_generic_schedule(module, build_generic_schedule(facts, params), facts)
+    maxima = collect(module.operation, "arith.maximumf")
+    rows = [op for op in maxima if ir.VectorType(op.results[0].type).shape == [width]]
+    assert maxima and bool(rows) == along_width  # whole rows, not channels, in each vector
+    x = np.random.default_rng(9).standard_normal((2, 16, 9, 40)).astype(np.float32)
+    (out,) = _jit(text, params).call("main", [x])
+    oh, ow = out.shape[2:]
+    expected = np.max(
+        [
+            x[:, :, a : a + stride * (oh - 1) + 1 : stride, b : b + stride * (ow - 1) + 1 : stride]
+            for a, b in itertools.product(range(3), range(3))
+        ],
+        axis=0,
+    )
+    np.testing.assert_array_equal(out, expected)
 
 
 def test_per_op_params_reach_only_their_op():

@@ -17,6 +17,7 @@ from stagegraph.stages.common.rewrites import (
     define_bf16_builtins,
     expand_bf16_truncation,
     split_shared_empties,
+    write_results_in_place,
 )
 
 
@@ -122,12 +123,17 @@ def bufferize(module: TensorModule, config: BufferizeConfig) -> BufferModule:
     Before that, every public function records its calling convention (which arguments
     are outputs), so runners can call the binary without the tensor-level IR; and no
     ``tensor.empty`` keeps more than a few users (:func:`split_shared_empties`: bufferizing
-    stays linear in the number of ops).
+    stays linear in the number of ops); tensor arguments are read-only
+    (:func:`inputs_read_only`). After it, results returned through reshapes are
+    written straight into their out-parameters (:func:`write_results_in_place`), not
+    copied there.
     """
     record_public_signatures(module)
     split_shared_empties(module.ir)
     inputs_read_only(module.ir)
-    return run_pipeline(module, config.pipeline)
+    module = run_pipeline(module, config.pipeline)
+    write_results_in_place(module.ir)
+    return module
 
 
 WRITABLE_ATTR = "bufferization.writable"

@@ -11,6 +11,11 @@ plain loops instead.
 
 A ``tensor.empty`` shared by very many ops makes one-shot bufferization quadratic:
 :func:`split_shared_empties` bounds its users.
+
+A result returned through reshapes (PyTorch's norms view ``NCHW`` as ``1 x NC x H x W``
+and back) is not the allocation itself, so ``buffer-results-to-out-params`` copies it into
+the out-parameter: one more pass over the output. :func:`write_results_in_place` makes the
+allocation a view of the out-parameter instead.
 """
 
 from __future__ import annotations
@@ -29,6 +34,95 @@ def copies_to_linalg(module: Any) -> int:
             linalg.copy(op.operands[0], outs=[op.operands[1]])
         op.erase()
     return len(copies)
+
+
+_RESHAPES = ("memref.expand_shape", "memref.collapse_shape")
+
+
+def _reshape_chain(value: Any) -> tuple[Any, list[Any]] | None:
+    """(``memref.alloc``, reshapes from it to ``value`` in order) when ``value`` is an
+    allocation seen through expand/collapse reshapes only; else None."""
+    from stagegraph.mlir.bindings import ir
+
+    chain: list[Any] = []
+    while True:
+        owner = value.owner
+        if not isinstance(owner, ir.Operation | ir.OpView):
+            return None  # a block argument
+        op = owner.operation
+        if op.name == "memref.alloc" and not list(op.operands):
+            return op, chain[::-1]
+        if op.name not in _RESHAPES:
+            return None
+        chain.append(op)
+        value = op.operands[0]
+
+
+def _inverse_reshapes(value: Any, chain: list[Any]) -> Any:
+    """``value`` (the chain's result type) seen back through ``chain``, innermost last: an
+    expand undone by a collapse of the same reassociation and vice versa."""
+    from stagegraph.mlir.bindings import dialect, ir
+
+    memref = dialect("memref")
+    for op in reversed(chain):
+        source_type = op.operands[0].type
+        reassociation = op.attributes["reassociation"]
+        if op.name == "memref.expand_shape":
+            value = memref.CollapseShapeOp(source_type, value, reassociation).result
+        else:
+            shape = list(ir.MemRefType(source_type).shape)
+            value = memref.ExpandShapeOp(source_type, value, reassociation, [], shape).result
+    return value
+
+
+def write_results_in_place(module: Any) -> int:
+    """Write each result that a function copies into its out-parameter from an allocation
+    seen through reshapes straight into the out-parameter; returns the count.
+
+    ``memref.copy %view, %out`` qualifies when ``%out`` is an argument of the function the
+    copy is directly in, used by nothing else; ``%view`` is reshapes (expand/collapse,
+    which keep the element order) of a static ``memref.alloc`` of the same block; and
+    after the copy the block only copies and returns (so nothing writes the allocation
+    once its contents were taken). The allocation becomes the out-parameter reshaped back
+    to its type (the same bytes: reshapes of contiguous buffers are views), and the copy
+    goes.
+    """
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+
+    count = 0
+    for fn in collect(module, "func.func"):
+        if not fn.regions[0].blocks:
+            continue
+        block = fn.regions[0].blocks[0]
+        ops = [op.operation for op in block.operations]
+        arguments = list(block.arguments)
+        for position, copy in enumerate(ops):
+            if copy.name != "memref.copy" or copy.operands[1] not in arguments:
+                continue
+            out = copy.operands[1]
+            if len(list(out.uses)) != 1:
+                continue
+            if any(op.name not in ("memref.copy", "func.return") for op in ops[position + 1 :]):
+                continue
+            found = _reshape_chain(copy.operands[0])
+            if found is None or out.type != copy.operands[0].type:
+                continue
+            alloc, chain = found
+            if alloc not in ops or any(
+                u.owner.name == "memref.dealloc" for u in alloc.results[0].uses
+            ):
+                continue
+            with ir.InsertionPoint(alloc), alloc.location:
+                view = _inverse_reshapes(out, chain)
+            copy.erase()
+            for op in reversed(chain):
+                if not list(op.results[0].uses):
+                    op.erase()
+            alloc.results[0].replace_all_uses_with(view)
+            alloc.erase()
+            count += 1
+    return count
 
 
 # Users one ``tensor.empty`` may keep (see split_shared_empties).

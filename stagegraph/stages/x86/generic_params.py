@@ -48,6 +48,9 @@ class GenericParams(Params):
     pool_batch_tile: int = Field(
         1, ge=1, description="innermost batch-dim tile of poolings (NCHW: the channels)"
     )
+    pool_width_vectors: bool = Field(
+        True, description="vectorize unit-stride NCHW poolings along the output width"
+    )
     conv_drop_unit_dims: bool = Field(
         False, description="drop unit dims of a convolution tile's vectors before lowering"
     )
@@ -351,6 +354,7 @@ declare_space(
         "conv_width_tile": _tiles_of("output_image"),
         "conv_channel_tile": _tiles_of("output_channel", 16),
         "pool_batch_tile": Choice((1, 2, 4, 8)),
+        "pool_width_vectors": Choice((0, 1)),
         "conv_drop_unit_dims": Choice((0, 1)),
     },
     _pooling_rules,

@@ -123,9 +123,12 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
         channel_tile, width_tile = register_blocking(
             ranges[conv.output_channel[-1]], ranges[image[-1]], params
         )
+    along_width = pools_along_width(op, params)
     if image:
         width = ranges[image[-1]]
-        if op.op_class == "convolution":  # measured there; poolings keep their tiles
+        if along_width:
+            sizes[image[-1]] = static_tile_size(width, WIDTH_VECTORS * params.lanes)
+        elif op.op_class == "convolution":  # measured there; poolings keep their tiles
             sizes[image[-1]] = static_tile_size(width, width_tile)
         else:
             sizes[image[-1]] = largest_divisor_at_most(width, width_tile)
@@ -139,8 +142,34 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
         # A pooling's batch dims hold its channels too (NCHW): independent windows, so
         # taking several per tile pays; a convolution's batch tile only adds spills.
         batch_tile = params.pool_batch_tile if op.op_class == "pooling" else params.conv_batch_tile
+        if along_width:
+            batch_tile = 1  # the width is the vector: one channel (image row) per tile
         sizes[conv.batch[-1]] = largest_divisor_at_most(ranges[conv.batch[-1]], batch_tile)
     return sizes, decompose
+
+
+#: Vectors of output width per tile of a pooling vectorized along its width: its windows
+#: are independent, so a longer row only adds parallel work (a 28-wide row in one tile
+#: ran 1.2x faster than two of 14 on AVX2, Zen 1).
+WIDTH_VECTORS = 4
+
+
+def pools_along_width(op: OpFacts, params: GenericParams) -> bool:
+    """Whether a pooling is vectorized along its output width (``pool_width_vectors``):
+    the width is its innermost loop of the output (NCHW: contiguous rows), read with a
+    unit stride, and at least a vector long. Its tiles then take one channel and a row of
+    the width, whose unit dims are dropped, so each window offset is a contiguous
+    ``vector<W>`` (on AVX2, Zen 1: 1.3-3.7x faster than vectors across channels, which
+    the decomposed op gathers and scatters lane by lane).
+    """
+    conv = op.convolution
+    if op.op_class != "pooling" or conv is None or not params.pool_width_vectors:
+        return False
+    if not conv.output_image or not conv.strides or conv.strides[-1] != 1:
+        return False
+    width = conv.output_image[-1]
+    others = conv.batch + conv.output_channel + conv.depth + conv.output_image[:-1]
+    return all(d < width for d in others) and op.loop_ranges[width] >= params.lanes
 
 
 def register_blocking(channels: int, width: int, params: GenericParams) -> tuple[int, int]:

@@ -27,6 +27,7 @@ from stagegraph.stages.analysis import OpFacts, PayloadFacts, analyze, linalg_op
 from stagegraph.stages.common import lowering
 from stagegraph.stages.x86.generic_params import (
     GenericParams,
+    largest_divisor_at_most,
     reduction_tile_sizes,
     tile_sizes_for,
 )
@@ -36,6 +37,7 @@ from stagegraph.stages.x86.generic_plan import (  # noqa: F401  (DECOMPOSABLE re
     convolution_plan,
     has_bool_operands,
     partial_tiles,
+    pools_along_width,
     reduction_like,
     schedulable,
     vectorize_enabled,
@@ -363,7 +365,7 @@ class _Builder:
                 structured.VectorizeOp(compute)
                 loops = list(tiled.results[1:])
                 if loops:
-                    if self.params.conv_drop_unit_dims:
+                    if self.params.conv_drop_unit_dims or pools_along_width(op, self.params):
                         self.drop_unit_dims(loops[0])
                     self.lower_vectors(loops[0])
                 transform.YieldOp([])
@@ -472,7 +474,7 @@ def lower_generic(module: Any, params: GenericParams | None = None) -> PayloadFa
     from stagegraph.core.ports import Module
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.common.passes import record_public_signatures, run_pipeline
-    from stagegraph.stages.common.rewrites import copies_to_linalg
+    from stagegraph.stages.common.rewrites import copies_to_linalg, write_results_in_place
     from stagegraph.stages.target import detect_target
     from stagegraph.stages.x86.generic_params import heuristic_generic_params
 
@@ -483,7 +485,76 @@ def lower_generic(module: Any, params: GenericParams | None = None) -> PayloadFa
         apply_generic_schedule(port.ir, build_generic_schedule(facts, params), facts)
         record_public_signatures(port)
         run_pipeline(port, PIPELINE)
+        write_results_in_place(port.ir)  # as the bufferize stage does
         if copies_to_linalg(port.ir):
             run_pipeline(port, lowering.LINALG_TO_LOOPS)
         run_pipeline(port, lowering.LOWER_TO_LLVM)
     return facts
+
+
+# ----------------------------------------------------------------------------- copies
+
+COPY_ATTR = "stagegraph.vector_copy"
+
+
+def _row_copy_tiles(op: Any, max_row: int, lanes: int) -> list[int] | None:
+    """Tile sizes that make a ``linalg.copy`` on memrefs a loop of whole-row copies (every
+    dim 1 but the innermost, which is whole or a static divisor of at most ``max_row``);
+    None when a shape is dynamic, a row is shorter than ``lanes`` or an operand is not
+    contiguous along its innermost dim (its rows would be gathered element by element)."""
+    from stagegraph.mlir.bindings import ir
+
+    types = [v.type for v in op.operands]
+    if not all(isinstance(t, ir.MemRefType) for t in types):
+        return None
+    shape = list(ir.MemRefType(types[0]).shape)
+    if not shape or any(ir.ShapedType.is_dynamic_size(s) for s in shape):
+        return None
+    if any(ir.MemRefType(t).get_strides_and_offset()[0][-1] != 1 for t in types):
+        return None
+    row = shape[-1]
+    if row < lanes:
+        return None  # rows shorter than a vector: scalar loops move them as fast
+    inner = 0 if row <= max_row else largest_divisor_at_most(row, max_row)
+    return [1] * (len(shape) - 1) + [inner]
+
+
+def vectorize_copies(module: Any, max_row: int, lanes: int) -> int:
+    """Vectorize the ``linalg.copy`` ops of a bufferized ``module`` row by row (rows of
+    ``lanes`` to ``max_row`` elements, contiguous operands); returns how many were.
+
+    Copies are what bufferization leaves for a ``tensor.pad`` (the image copied into the
+    padded buffer) or a concatenation; as loops they move one scalar at a time: LLVM does
+    not vectorize them, as the buffers' aligned pointers hide that they do not alias (a
+    max pooling's padding copy took a fifth of its time).
+    """
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect, strip_attributes
+    from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
+
+    module = getattr(module, "ir", module)
+    plans = []
+    i64 = ir.IntegerType.get_signless(64)
+    for op in collect(module.operation, "linalg.copy"):
+        sizes = _row_copy_tiles(op, max_row, lanes)
+        if sizes is not None:
+            op.attributes[COPY_ATTR] = ir.IntegerAttr.get(i64, len(plans))
+            plans.append(sizes)
+    if not plans:
+        return 0
+    builder = _Builder(GenericParams())
+    schedule, main = new_schedule()
+    with ir.InsertionPoint(main.body):
+        for index, sizes in enumerate(plans):
+            seq, root = builder.suppressed(main.bodyTarget)
+            with ir.InsertionPoint(seq.body):
+                target = builder.match(root, COPY_ATTR, index)
+                if len(sizes) > 1 or sizes[-1]:
+                    tiled = builder.structured.TileUsingForOp(target, sizes=sizes)
+                    target = tiled.results[0]
+                builder.structured.VectorizeOp(target)
+                builder.transform.YieldOp([])
+        builder.transform.YieldOp([])
+    apply_schedule_module(module, schedule)
+    strip_attributes(module, COPY_ATTR)
+    return len(plans)

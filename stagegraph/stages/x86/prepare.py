@@ -3,7 +3,8 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
 
 * :func:`drop_dead_results`: a ``linalg.generic`` result nobody uses is removed with the body
   ops that only compute it (e.g. the argmax a max reduction computes next to the max, whose
-  ``linalg.index`` keeps the op from vectorizing as a reduction).
+  ``linalg.index`` keeps the op from vectorizing as a reduction), and so is the fill of its
+  init (:func:`erase_unused_tensor_ops`).
 * :func:`unit_transposes_to_reshapes`: a ``linalg.transpose`` that only moves unit dims is a
   reshape (the element order does not change): collapse + expand, no copy.
 * :func:`widen_bool_tensors`: ``i1`` tensors passed between linalg ops become ``i8`` tensors
@@ -26,8 +27,9 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
 * :func:`duplicate_cheap_producers`: a cheap elementwise generic (a cast) read by several
   generics is copied per reader, so each copy fuses into its reader's loops.
 * :func:`fuse_elementwise_chains`: an elementwise generic used only by an elementwise
-  generic (read without broadcast) is merged into it, so a chain is one op: the schedule
-  then needs no per-producer fusion, whose cost grows with the whole function.
+  generic or a reduction (read without broadcast) is merged into it, so a chain is one op:
+  the schedule then needs no per-producer fusion, whose cost grows with the whole function,
+  and a reduction computes its inputs in registers (no temporary buffer per tile).
 
 Ops are found by walking the entry function; matmul-like ops are never changed.
 """
@@ -144,11 +146,33 @@ def _drop_dead(op: Any) -> bool:
 
 
 def drop_dead_results(fn: Any) -> int:
-    """Remove unused results of the function's multi-result ``linalg.generic`` ops."""
+    """Remove unused results of the function's multi-result ``linalg.generic`` ops, then
+    the tensor ops nothing reads any more (the fill of a dropped argmax's init)."""
     count = 0
     for op in top_level_ops(fn):
         if op.name == "linalg.generic" and len(op.results) > 1 and not _is_contraction(op):
             count += _drop_dead(op)
+    if count:
+        count += erase_unused_tensor_ops(fn)
+    return count
+
+
+_PURE_ON_TENSORS = frozenset({"tensor.empty", "linalg.fill", "linalg.generic"})
+
+
+def erase_unused_tensor_ops(fn: Any) -> int:
+    """Erase the function's top-level ``tensor.empty``, ``linalg.fill`` and
+    ``linalg.generic`` ops whose tensor results nobody uses (on tensors they have no other
+    effect); returns the count. Left in place they would be bufferized and run: with
+    their producers fused into consumers' tiles by the schedule, a transform's dead-code
+    sweep used to erase them, but merged producers need no fusion step."""
+    count = 0
+    for op in reversed(top_level_ops(fn)):
+        if op.name not in _PURE_ON_TENSORS or not list(op.results):
+            continue
+        if all(isinstance(r.type, ir.RankedTensorType) and not list(r.uses) for r in op.results):
+            op.erase()
+            count += 1
     return count
 
 
@@ -394,15 +418,51 @@ def _feeds_named_linalg(op: Any) -> bool:
     return False
 
 
+def _plain_reduction(op: Any) -> bool:
+    """A single-result ``linalg.generic`` on ranked tensors with a reduction loop, whose body
+    reads no ``linalg.index``, and not a contraction: a consumer whose elementwise producers
+    can be inlined into its body like an elementwise consumer's."""
+    if op.name != "linalg.generic" or len(op.results) != 1 or _is_contraction(op):
+        return False
+    if not isinstance(op.results[0].type, ir.RankedTensorType) or _all_parallel(op):
+        return False
+    if _is_bool_tensor(op.results[0].type):
+        return False
+    return all(inner.operation.name != "linalg.index" for inner in _body(op).operations)
+
+
+_MULTIPLIES = frozenset({"arith.mulf", "arith.muli"})
+
+
+def _multiplies_inputs(producer: Any) -> bool:
+    """Whether ``producer`` yields the product of two of its inputs (through casts at most):
+    inlined into a sum, that is a contraction, which the generic schedule does not take."""
+    value = _yield(producer).operands[0]
+    owner = _owner_op(value)
+    if owner is None or owner.name not in _MULTIPLIES:
+        return False
+    sources = []
+    for operand in owner.operands:
+        while (inner := _owner_op(operand)) is not None and len(inner.operands) == 1:
+            operand = inner.operands[0]  # a cast or another unary op
+        sources.append(operand)
+    arguments = list(_body(producer).arguments)
+    return all(v in arguments for v in sources) and sources[0] != sources[1]
+
+
 def _fusable_operand(consumer: Any) -> int | None:
     """The first input of ``consumer`` made by an elementwise generic that only it uses, read
-    without broadcast or reduction (each producer element computed once), else None."""
+    without broadcast or reduction (each producer element computed once), else None. A
+    product of two inputs is not inlined into a reduction (it would make a contraction)."""
     maps = _maps(consumer)
+    reduction = not _all_parallel(consumer)
     for k in range(_n_inputs(consumer)):
         producer = _owner_op(consumer.operands[k])
         if producer is None or producer.parent != consumer.parent:
             continue
         if not _plain_elementwise(producer) or not maps[k].is_permutation:
+            continue
+        if reduction and _multiplies_inputs(producer):
             continue
         if _reading_slots(consumer, producer) is None:
             continue
@@ -538,18 +598,22 @@ def _reads_elementwise(user: Any, producer: Any, operands: list[int]) -> bool:
 
 def fuse_elementwise_chains(fn: Any) -> int:
     """Merge each elementwise ``linalg.generic`` into its only consumer when that consumer is
-    an elementwise generic reading it without broadcast; returns the number of merges.
+    an elementwise generic or a reduction reading it without broadcast; returns the number
+    of merges.
 
     A recurrent model unrolls into thousands of tiny elementwise ops in chains; one generic
     per chain gives the schedule one sub-sequence per chain, with no producer to fuse into
     tile loops (``transform.structured.fuse_into_containing_op`` costs time proportional to
-    the whole function per producer: quadratic overall). Consumers feeding a matmul-like or
-    other named linalg op are left alone (their schedule decides about producers), and so
-    are reductions (their producers are fused into their row tiles by the schedule).
+    the whole function per producer: quadratic overall). A reduction's producers (a
+    widening to f64, a square) inlined into its body are computed in the registers the
+    sum reads them from; fused into its row tiles instead, each tile's producer was
+    vectorized on its own and stored to a temporary buffer, read back by the sum.
+    Consumers feeding a matmul-like or other named linalg op are left alone (their
+    schedule decides about producers).
     """
     count = 0
     for op in top_level_ops(fn):
-        if not _plain_elementwise(op) or _feeds_named_linalg(op):
+        if not (_plain_elementwise(op) or _plain_reduction(op)) or _feeds_named_linalg(op):
             continue
         while (k := _fusable_operand(op)) is not None:
             op = _fuse_producer(op, k)

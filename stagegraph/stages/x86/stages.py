@@ -382,6 +382,9 @@ def _site_params(params: X86Params, facts: PayloadFacts, sites: list[Any]) -> li
 
 X86_FINISH = "func.func(lower-vector-multi-reduction),convert-linalg-to-loops"
 
+#: f32 vectors of a copy's row moved at once (``generic_schedule.vectorize_copies``).
+COPY_ROW_VECTORS = 8
+
 
 class LowerConfig(Config):
     """``vector_math``: call glibc's libmvec for vector math ops the target's ISA covers
@@ -396,9 +399,9 @@ class LowerConfig(Config):
 def lower(
     module: BufferModule, params: X86Params, target: Target, config: LowerConfig
 ) -> LLVMModule:
-    """Leftover vector reductions and linalg ops to loops, then to LLVM; parallel block
-    loops become dynamically scheduled OpenMP loops when the params ask for more than one
-    thread."""
+    """Copies bufferization left vectorized by rows (``vectorize_copies``), leftover vector
+    reductions and linalg ops to loops, then to LLVM; parallel block loops become
+    dynamically scheduled OpenMP loops when the params ask for more than one thread."""
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.dedup import forbid_inlining
     from stagegraph.stages.common.math_approx import approximate_tanh
@@ -409,9 +412,12 @@ def lower(
         expand_bf16_truncation,
         reassociate_reductions,
     )
+    from stagegraph.stages.x86.generic_schedule import vectorize_copies
     from stagegraph.stages.x86.vector_math import call_vector_math
 
-    copies_to_linalg(module.ir)
+    if copies_to_linalg(module.ir):
+        lanes = max(1, target.vector_bits // 32)  # f32 lanes: the rows' unit of measure
+        vectorize_copies(module.ir, COPY_ROW_VECTORS * lanes, lanes)
     if config.approximate_math:
         approximate_tanh(module.ir)
     if config.vector_math:
