@@ -142,3 +142,34 @@ func.func @main(%a: tensor<13x9xf32>, %b: tensor<9x20xf32>, %bias: tensor<20xf32
     np.savez(tmp_path / "acc.npz", in0=a, in1=bm, in2=bias, out0=a @ bm + bias)
     report = sg.run("x86", str(path), threads=1)
     assert report.verified is True, report
+
+
+GROUPED = """
+func.func @main(%x: tensor<2x3x4x5x5xf32>, %w: tensor<3x6x4x1x1xf32>)
+    -> tensor<2x3x6x{o}x{o}xf32> {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<2x3x6x{o}x{o}xf32>
+  %i = linalg.fill ins(%z : f32) outs(%e : tensor<2x3x6x{o}x{o}xf32>) -> tensor<2x3x6x{o}x{o}xf32>
+  %r = linalg.conv_2d_ngchw_gfchw
+    {{dilations = dense<1> : vector<2xi64>, strides = dense<{s}> : vector<2xi64>}}
+    ins(%x, %w : tensor<2x3x4x5x5xf32>, tensor<3x6x4x1x1xf32>)
+    outs(%i : tensor<2x3x6x{o}x{o}xf32>) -> tensor<2x3x6x{o}x{o}xf32>
+  return %r : tensor<2x3x6x{o}x{o}xf32>
+}}
+"""
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_grouped_pointwise_convolution_is_a_batch_matmul_per_image_and_group(tmp_path, stride):
+    out = (5 - 1) // stride + 1
+    text = GROUPED.format(o=out, s=stride)
+    count, names = _normalized(text)
+    assert count == 1 and "linalg.batch_matmul" in names
+    assert not any("conv" in name for name in names)
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 3, 4, 5, 5), dtype=np.float32)
+    w = rng.standard_normal((3, 6, 4, 1, 1), dtype=np.float32)
+    expected = np.einsum("gfc,ngchw->ngfhw", w[:, :, :, 0, 0], x[:, :, :, ::stride, ::stride])
+    (tmp_path / "g.mlir").write_text(text)
+    np.savez(tmp_path / "g.npz", in0=x, in1=w, out0=expected)
+    assert sg.run("x86", str(tmp_path / "g.mlir"), threads=1).verified is True

@@ -20,14 +20,18 @@ from stagegraph.mlir.build import generic, named_structured_op, reassociation_at
 from stagegraph.mlir.walk import top_level_ops
 
 # Layout of each pointwise-capable convolution: where the channels sit in the image.
-_LAYOUTS = {"linalg.conv_2d_nchw_fchw": "nchw", "linalg.conv_2d_nhwc_hwcf": "nhwc"}
+_LAYOUTS = {
+    "linalg.conv_2d_nchw_fchw": "nchw",
+    "linalg.conv_2d_nhwc_hwcf": "nhwc",
+    "linalg.conv_2d_ngchw_gfchw": "ngchw",
+}
 _FLOATS = ("f16", "bf16", "f32", "f64")
 
 
 def pointwise_convolutions_to_matmuls(module: Any) -> int:
-    """Rewrite every static pointwise 2-D convolution of ``module``'s functions (NCHW/FCHW or
-    NHWC/HWCF, one element type throughout) into a matmul between reshapes; returns the
-    count. Other convolutions are left as they are."""
+    """Rewrite every static pointwise 2-D convolution of ``module``'s functions (NCHW/FCHW,
+    NHWC/HWCF or grouped NGCHW/GFCHW, one element type throughout) into a matmul between
+    reshapes; returns the count. Other convolutions are left as they are."""
     found = [
         op
         for fn in top_level_ops(module.operation)
@@ -57,7 +61,10 @@ def _pointwise(op: Any) -> bool:
         _FLOATS
     ):
         return False
-    window = shaped[1].shape[2:] if _LAYOUTS[op.name] == "nchw" else shaped[1].shape[:2]
+    layout = _LAYOUTS[op.name]
+    window = {"nchw": shaped[1].shape[2:], "nhwc": shaped[1].shape[:2]}.get(
+        layout, shaped[1].shape[3:]
+    )
     return all(size == 1 for size in window)
 
 
@@ -69,8 +76,11 @@ def _rewrite(op: Any) -> None:
     element = ir.RankedTensorType(init.type).element_type
     strides = [int(s) for s in ir.DenseIntElementsAttr(op.attributes["strides"])]
     with ir.InsertionPoint(op), op.location:
-        if _LAYOUTS[op.name] == "nchw":
+        layout = _LAYOUTS[op.name]
+        if layout == "nchw":
             result = _nchw(_visited(image, out_shape, (2, 3), strides), kernel, init, element)
+        elif layout == "ngchw":
+            result = _ngchw(_visited(image, out_shape, (3, 4), strides), kernel, init, element)
         else:
             result = _nhwc(_visited(image, out_shape, (1, 2), strides), kernel, init)
     op.results[0].replace_all_uses_with(result)
@@ -122,6 +132,31 @@ def _nchw(image: Any, kernel: Any, init: Any, element: Any) -> Any:
     acc = _init(init, [[0], [1], [2, 3]], [n, filters, pixels])
     made = named_structured_op("linalg.batch_matmul", [broadcast, pixels_of], [acc])
     return _expand(made, [[0], [1], [2, 3]], [n, filters, height, width])
+
+
+def _ngchw(image: Any, kernel: Any, init: Any, element: Any) -> Any:
+    """Grouped: out[(n, g), f, p] = sum_c W[g, f, c] * X[(n, g), c, p], one matmul per
+    image and group (the filters of a group once per image)."""
+    from stagegraph.mlir.bindings import ir
+
+    n, groups, channels, height, width = ir.RankedTensorType(image.type).shape
+    filters = ir.RankedTensorType(kernel.type).shape[1]
+    batch, pixels = n * groups, height * width
+    weights = _collapse(kernel, [[0], [1], [2, 3, 4]], [groups, filters, channels])
+    per_image = _empty([n, groups, filters, channels], element)
+    d = [ir.AffineDimExpr.get(i) for i in range(4)]
+    broadcast = generic(
+        [weights],
+        [per_image],
+        [ir.AffineMap.get(4, 0, [d[1], d[2], d[3]]), ir.AffineMap.get_identity(4)],
+        ["parallel"] * 4,
+        lambda value, _out: value,
+    )
+    filters_of = _collapse(broadcast, [[0, 1], [2], [3]], [batch, filters, channels])
+    pixels_of = _collapse(image, [[0, 1], [2], [3, 4]], [batch, channels, pixels])
+    acc = _init(init, [[0, 1], [2], [3, 4]], [batch, filters, pixels])
+    made = named_structured_op("linalg.batch_matmul", [filters_of, pixels_of], [acc])
+    return _expand(made, [[0, 1], [2], [3, 4]], [n, groups, filters, height, width])
 
 
 def _nhwc(image: Any, kernel: Any, init: Any) -> Any:
