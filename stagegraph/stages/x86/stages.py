@@ -118,8 +118,10 @@ FORK_JOIN_FLOPS = MIN_FLOPS_PER_THREAD // 16
 
 def _payload_threads(facts: PayloadFacts, cores: int) -> int:
     """Threads for the payload: what its largest matmul is worth, if the work the matmuls
-    worth splitting save outweighs a fork and a join for every loop of the payload (once a
-    payload is threaded, every parallel loop of it is); else one.
+    worth splitting save outweighs a fork and a join for every loop of the payload; else
+    one. (Once a payload is threaded, ``x86.lower`` keeps its loops too small to gain
+    serial, see :mod:`stagegraph.stages.common.serial_loops`; this bound stays the
+    conservative one.)
 
     An unrolled recurrent network's hundreds of small steps gain nothing from threads
     however much work they add up to, and pay a fork and a join each (a GRU ran 10 ms on
@@ -412,6 +414,7 @@ def lower(
         expand_bf16_truncation,
         reassociate_reductions,
     )
+    from stagegraph.stages.common.serial_loops import serialize_small_parallel_loops
     from stagegraph.stages.x86.generic_schedule import vectorize_copies
     from stagegraph.stages.x86.vector_math import call_vector_math
 
@@ -429,6 +432,9 @@ def lower(
         expand_bf16_truncation(module.ir)
         define_bf16_builtins(module.ir)
     threads = max((p.threads for p in params.matmul), default=1)
+    if threads > 1:
+        # A loop whose work saves less than a fork and a join stays serial.
+        serialize_small_parallel_loops(module.ir, threads * FORK_JOIN_FLOPS // (threads - 1))
     if threads <= 1:
         run_pipeline(module, lowering.LOWER_TO_LLVM)
     else:
