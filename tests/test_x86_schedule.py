@@ -273,6 +273,29 @@ def test_bad_overrides_are_rejected(bad):
         MatmulParams(**{**MatmulParams().model_dump(), **bad})
 
 
+def test_register_tiles_are_a_power_of_two_vectors_wide():
+    """Three 8-lane vectors (reg_n=24) lower to vectors that split into no whole registers
+    (10x slower, measured): rejected by the params and absent from the tuner's space."""
+    import z3
+
+    from stagegraph.stages.x86.matmul_params import tuning_constraints
+
+    base = {**MatmulParams().model_dump(), "vector_width": 8, "vector_registers": 16}
+    with pytest.raises(ValidationError, match="power-of-two number of vectors"):
+        MatmulParams(**{**base, "reg_m": 4, "reg_n": 24, "tile_m": 96, "tile_n": 96})
+    assert MatmulParams(**{**base, "reg_m": 2, "reg_n": 32, "tile_m": 96, "tile_n": 96})
+
+    class Fields:
+        reg_n, vector_width, vector_registers = z3.Int("reg_n"), 8, 16
+        reg_m, tile_m, tile_n, tile_k, k_unroll = 4, 96, 96, 0, 1
+
+    rule = tuning_constraints(Fields, z3)["reg_n_power_of_two_vectors"]
+    allowed = [n for n in range(8, 136, 8) if z3.is_true(z3.simplify(z3.substitute(
+        rule, (Fields.reg_n, z3.IntVal(n))
+    )))]  # fmt: skip
+    assert allowed == [8, 16, 32, 64, 128]
+
+
 # --- schedule structure ---------------------------------------------------------------------
 
 

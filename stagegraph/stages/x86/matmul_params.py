@@ -46,6 +46,13 @@ class MatmulParams(Params):
             raise ValueError(
                 f"reg_n={self.reg_n} must be a multiple of vector_width={self.vector_width}"
             )
+        vectors = self.reg_n // self.vector_width
+        if vectors & (vectors - 1):
+            raise ValueError(
+                f"reg_n={self.reg_n} must be a power-of-two number of vectors "
+                f"({vectors} of {self.vector_width} lanes lower to vectors that split into "
+                "no whole registers: measured 10x slower)"
+            )
         if self.tile_m % self.reg_m or self.tile_n % self.reg_n:
             raise ValueError(
                 f"cache tile {self.tile_m}x{self.tile_n} must be a multiple of the "
@@ -273,6 +280,10 @@ def _round_down(x: int, to: int) -> int:
 TUNABLE_FIELDS = ("tile_m", "tile_n", "tile_k", "reg_m", "reg_n", "k_unroll", "pack")
 
 
+# Register tiles are at most 2**this vectors wide (16 x 16 lanes: beyond any register file).
+_MAX_VECTORS_LOG2 = 4
+
+
 def tuning_constraints(p: object, logic: object) -> dict[str, object]:
     """The validator's rules as named expressions over ``p``'s fields.
 
@@ -282,6 +293,9 @@ def tuning_constraints(p: object, logic: object) -> dict[str, object]:
     """
     return {
         "reg_n_multiple_of_vector_width": p.reg_n % p.vector_width == 0,
+        "reg_n_power_of_two_vectors": logic.Or(
+            *(p.reg_n == p.vector_width * (1 << j) for j in range(_MAX_VECTORS_LOG2 + 1))
+        ),
         "tile_m_multiple_of_reg_m": p.tile_m % p.reg_m == 0,
         "tile_n_multiple_of_reg_n": p.tile_n % p.reg_n == 0,
         "tile_k_multiple_of_k_unroll": logic.Or(p.tile_k == 0, p.tile_k % p.k_unroll == 0),
