@@ -173,3 +173,30 @@ def test_grouped_pointwise_convolution_is_a_batch_matmul_per_image_and_group(tmp
     (tmp_path / "g.mlir").write_text(text)
     np.savez(tmp_path / "g.npz", in0=x, in1=w, out0=expected)
     assert sg.run("x86", str(tmp_path / "g.mlir"), threads=1).verified is True
+
+
+@pytest.mark.parametrize("kernel", [1, 3])
+def test_convolution_without_strides_or_dilations_attributes_runs(tmp_path, kernel):
+    """Named convolutions may omit ``strides``/``dilations`` (all 1)."""
+    out = 5 - kernel + 1
+    text = f"""
+func.func @main(%x: tensor<2x4x5x5xf32>, %w: tensor<8x4x{kernel}x{kernel}xf32>)
+    -> tensor<2x8x{out}x{out}xf32> {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<2x8x{out}x{out}xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<2x8x{out}x{out}xf32>)
+    -> tensor<2x8x{out}x{out}xf32>
+  %r = linalg.conv_2d_nchw_fchw ins(%x, %w : tensor<2x4x5x5xf32>,
+    tensor<8x4x{kernel}x{kernel}xf32>) outs(%f : tensor<2x8x{out}x{out}xf32>)
+    -> tensor<2x8x{out}x{out}xf32>
+  return %r : tensor<2x8x{out}x{out}xf32>
+}}
+"""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 4, 5, 5), dtype=np.float32)
+    w = rng.standard_normal((8, 4, kernel, kernel), dtype=np.float32)
+    windows = np.lib.stride_tricks.sliding_window_view(x, (kernel, kernel), axis=(2, 3))
+    expected = np.einsum("nchwij,fcij->nfhw", windows, w)
+    (tmp_path / "c.mlir").write_text(text)
+    np.savez(tmp_path / "c.npz", in0=x, in1=w, out0=expected)
+    assert sg.run("x86", str(tmp_path / "c.mlir"), threads=1).verified is True

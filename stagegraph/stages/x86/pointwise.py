@@ -46,6 +46,20 @@ def pointwise_convolutions_to_matmuls(module: Any) -> int:
     return len(found)
 
 
+def window_attr(op: Any, name: str) -> list[int]:
+    """A convolution's or pooling's ``strides`` or ``dilations``; a named op may omit them
+    (then 1 per spatial dim: ``conv_2d_*`` has two; a pooling, its image's rank less batch
+    and channels)."""
+    from stagegraph.mlir.bindings import ir
+
+    if name in op.attributes:
+        return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])]
+    for spatial in (1, 2, 3):
+        if f"_{spatial}d_" in op.name:
+            return [1] * spatial
+    return [1] * (ir.RankedTensorType(op.operands[0].type).rank - 2)
+
+
 def _pointwise(op: Any) -> bool:
     from stagegraph.mlir.bindings import ir
 
@@ -74,7 +88,7 @@ def _rewrite(op: Any) -> None:
     image, kernel, init = op.operands
     out_shape = list(ir.RankedTensorType(init.type).shape)
     element = ir.RankedTensorType(init.type).element_type
-    strides = [int(s) for s in ir.DenseIntElementsAttr(op.attributes["strides"])]
+    strides = window_attr(op, "strides")
     with ir.InsertionPoint(op), op.location:
         layout = _LAYOUTS[op.name]
         if layout == "nchw":

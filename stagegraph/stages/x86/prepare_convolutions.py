@@ -8,6 +8,7 @@ from typing import Any
 
 from stagegraph.mlir.bindings import arith, ir, linalg, scf, tensor
 from stagegraph.mlir.walk import top_level_ops
+from stagegraph.stages.x86.pointwise import window_attr
 
 # 3-D convolution -> the 2-D one of a depth slice, and the depth dim of (input, filter,
 # output) in its layout.
@@ -62,7 +63,7 @@ def conv3d_to_conv2d_loops(fn: Any) -> int:
         if not all(ir.RankedTensorType(v.type).has_static_shape for v in op.operands):
             continue
         name, (image_dim, kernel_dim, out_dim) = plan
-        strides, dilations = _ints(op.attributes["strides"]), _ints(op.attributes["dilations"])
+        strides, dilations = window_attr(op, "strides"), window_attr(op, "dilations")
         depth = ir.RankedTensorType(init.type).shape[out_dim]
         kernel_depth = ir.RankedTensorType(kernel.type).shape[kernel_dim]
         with ir.InsertionPoint(op), op.location:
@@ -121,8 +122,8 @@ def grouped_conv_to_group_loops(fn: Any) -> int:
                     _slice(image, image_dim, g),
                     _slice(kernel, kernel_dim, g),
                     outs=[_slice(acc, out_dim, g)],
-                    strides=_ints(op.attributes["strides"]),
-                    dilations=_ints(op.attributes["dilations"]),
+                    strides=window_attr(op, "strides"),
+                    dilations=window_attr(op, "dilations"),
                 )
                 scf.YieldOp([_insert_slice(summed, acc, out_dim, g)])
         op.results[0].replace_all_uses_with(over_groups.results[0])
@@ -157,8 +158,8 @@ def _replace_by_transposed(
             _transposed(image, to_last),
             _transposed(kernel, filter_to_last),
             outs=[_transposed(init, to_last)],
-            strides=_ints(op.attributes["strides"]),
-            dilations=_ints(op.attributes["dilations"]),
+            strides=window_attr(op, "strides"),
+            dilations=window_attr(op, "dilations"),
         )
         result = _transposed(summed, to_first)
     op.results[0].replace_all_uses_with(result)
