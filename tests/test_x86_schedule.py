@@ -908,3 +908,15 @@ def test_threads_pay_only_when_the_split_work_outweighs_the_forks(steps, threade
     facts = analyze(parse_payload(_one_large_and_small_steps(steps)))
     threads = {p.threads for p in heuristic.fn(facts, AVX2, CostModelConfig()).matmul}
     assert threads == ({AVX2.cores} if threaded else {1})
+
+
+@pytest.mark.parametrize(
+    ("shape", "pack"),
+    [((10, 256, 64), False), ((12, 128, 128), False), ((10, 256, 256), False),
+     ((10, 1024, 256), True), ((10, 200, 100), True), ((64, 256, 64), True)],
+)  # fmt: skip
+def test_a_few_rows_against_a_cached_b_are_not_packed(shape, pack):
+    """Packing pays back over many row panels, or when B is too big to read in place; a
+    few rows against a B within a quarter of L2 that tiles evenly run unpacked."""
+    m, n, k = shape
+    assert heuristic_matmul_params(m, n, k, "f32", AVX2).pack is pack

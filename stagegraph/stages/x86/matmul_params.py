@@ -167,9 +167,21 @@ def heuristic_matmul_params(
         vector_width=lanes,
         vector_registers=registers,
         block_m=block_m if block_m > tile_m else 0,
-        pack=True,
+        pack=_worth_packing(m, n, k, elem, reg_m, reg_n, target),
         threads=threads,
     )
+
+
+def _worth_packing(
+    m: int, n: int, k: int, elem: int, reg_m: int, reg_n: int, target: Target
+) -> bool:
+    """Whether packing A and B into panels pays: not for a few rows against a B that stays
+    in cache and tiles evenly (an RNN step, a small attention head), where packing B costs
+    about what the register tiles then save. Zen 1, one thread: 6x512x64 1.56x, 12x128x128
+    1.33x and 10x256x64 1.15x faster unpacked; 10x256x256 (B a quarter of L2 too big) 0.84x
+    and 10x200x100 (partial column tiles, masked) 0.15x."""
+    few_rows = m <= 2 * reg_m and m % reg_m == 0
+    return not (few_rows and n % reg_n == 0 and k * n * elem <= target.l2_bytes // 4)
 
 
 # Independent FMA chains a register tile needs to keep the FMA units busy: latency (4-5
