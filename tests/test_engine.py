@@ -269,3 +269,23 @@ def test_memo_hashes_modules_without_printing_them(monkeypatch):
     assert again.trace.executed() == [] and fresh.trace.executed() == ["load", "tile"]
     assert again.module.text() == expected and again.module.ir is not first.ir
     assert again.module.content_hash() == first.content_hash()
+
+
+def test_in_process_memo_does_not_hash_the_stages_code(monkeypatch):
+    """Code versions key only the disk cache: the in-process memo replays stages without
+    parsing their sources (a factory's code cannot change within the process)."""
+    from stagegraph.core.stage import StageFactory
+
+    def refuse(self):
+        raise AssertionError("hashed a stage's code")
+
+    monkeypatch.setattr(StageFactory, "code_version", property(refuse))
+    engine = Engine()
+    graph = linear_graph()
+    assert engine.run(graph, MATMUL_MLIR).trace.executed() == [
+        "load", "tile", "bufferize", "loops", "lower",
+    ]  # fmt: skip
+    changed = graph.with_config("tile", text=tile_schedule(8))
+    assert engine.run(changed, MATMUL_MLIR).trace.executed() == [
+        "tile", "bufferize", "loops", "lower",
+    ]  # fmt: skip

@@ -304,10 +304,13 @@ class Engine:
             hook.before_stage(event)
         cacheable = self.cache_enabled and stage.factory.cacheable
         key = ""
-        if cacheable:  # hashing the stage's code costs ~0.2 s: only for a cache
+        if cacheable:
+            # Code and package versions key only what outlives this process (the disk cache):
+            # hashing the stages' code parses every module they import.
+            persistent = self.disk is not None
             key_data = (
-                self.versions
-                + stage.spec_hash()
+                (self.versions if persistent else "")
+                + stage.spec_hash(code=persistent)
                 + "".join(f"|{p}={h}" for p, h in sorted(input_hashes.items()))
             )
             key = hashlib.sha256(key_data.encode()).hexdigest()
