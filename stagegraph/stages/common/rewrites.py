@@ -214,3 +214,63 @@ def decompose_aggregated_ops(module: Any) -> int:
             transform.YieldOp([])
         apply_schedule_module(module, schedule)
     return count
+
+
+# --------------------------------------------------------------------------- deallocation
+
+
+def split_fresh_deallocations(module: Any) -> int:
+    """Split each ``bufferization.dealloc`` that frees only distinct fresh allocations (and
+    retains nothing) into one dealloc per buffer; returns how many were split.
+
+    Ownership-based deallocation frees the buffers allocated in a block with one dealloc at
+    the block's end. ``buffer-deallocation-simplification`` then asks, for every pair of
+    its buffers, whether they may alias: quadratic in the buffers of one block, and an
+    outlined recurrent network's entry holds thousands (an LSTM's 1,561 made it the
+    slowest pass of the lowering). Buffers that are the results of distinct
+    ``memref.alloc`` ops never alias, so freeing each under its own condition is the same
+    (a multi-buffer dealloc only avoids freeing one buffer twice); the simplification then
+    has nothing left to compare. A dealloc with any buffer of unknown origin is left whole.
+    """
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import DefUse, collect
+
+    deallocs = [
+        op for op in collect(module, "bufferization.dealloc") if not len(op.results)
+    ]  # no results: nothing retained
+    if not deallocs:
+        return 0
+    def_use = DefUse(module)
+    split = 0
+    for op in deallocs:
+        operands = list(op.operands)
+        count = len(operands) // 2
+        if count < 2:
+            continue
+        buffers, conditions = operands[:count], operands[count:]
+        origins = [_fresh_allocation(buffer, def_use) for buffer in buffers]
+        if any(o is None for o in origins) or len(set(origins)) != count:
+            continue
+        segments = ir.DenseI32ArrayAttr.get([1, 1, 0], op.context)
+        with ir.InsertionPoint(op), op.location:
+            for buffer, condition in zip(buffers, conditions, strict=True):
+                ir.Operation.create(
+                    "bufferization.dealloc",
+                    operands=[buffer, condition],
+                    attributes={"operandSegmentSizes": segments},
+                )
+        op.erase()
+        split += 1
+    return split
+
+
+def _fresh_allocation(buffer: Any, def_use: Any) -> Any:
+    """The ``memref.alloc`` op ``buffer`` is the result of, directly or as the base buffer
+    ``memref.extract_strided_metadata`` gives of it (what ownership-based deallocation
+    frees); None for any other origin."""
+    owner = def_use.owner(buffer)
+    if owner is not None and owner.name == "memref.extract_strided_metadata":
+        if buffer != owner.results[0]:
+            return None
+        owner = def_use.owner(owner.operands[0])
+    return owner if owner is not None and owner.name == "memref.alloc" else None

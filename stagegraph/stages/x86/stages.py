@@ -390,7 +390,7 @@ def lower(
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.dedup import forbid_inlining
     from stagegraph.stages.common.math_approx import approximate_tanh
-    from stagegraph.stages.common.passes import run_pipeline
+    from stagegraph.stages.common.passes import run_lowering, run_pipeline
     from stagegraph.stages.common.rewrites import (
         copies_to_linalg,
         define_bf16_builtins,
@@ -412,10 +412,10 @@ def lower(
         define_bf16_builtins(module.ir)
     threads = max((p.threads for p in params.matmul), default=1)
     if threads <= 1:
-        run_pipeline(module, lowering.LOWER_TO_LLVM)
+        run_lowering(module, lowering.LOWER_TO_LLVM)
     else:
         # Threads take the parallel loop's blocks dynamically (see lowering.schedule_dynamic).
-        run_pipeline(module, lowering.TO_OPENMP)
+        run_lowering(module, lowering.TO_OPENMP)
         lowering.schedule_dynamic(module.ir)
         run_pipeline(module, lowering.OPENMP_TO_LLVM)
     forbid_inlining(module.ir)
