@@ -151,12 +151,22 @@ TRUNC_BF16_BUILTIN = "__truncsfbf2"
 
 
 def uses_bf16(module: Any) -> bool:
-    """Whether any op of ``module`` takes or makes a bf16 value (scalar, vector or buffer)."""
+    """Whether any op of ``module`` takes or makes a bf16 value (scalar, vector or buffer).
+
+    Only results and function arguments are looked at: every operand is one of those or a
+    block argument of a nested region, which carries the type of a value that is (a loop's
+    iteration arguments, a linalg body's elements). Half the values of a walk that visits
+    every op of a large module."""
+    from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import contains
 
-    return contains(
-        module, lambda op: any(_element(v.type) == "bf16" for v in [*op.operands, *op.results])
-    )
+    def bf16(op: Any) -> bool:
+        if op.name == "func.func":
+            kind = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+            return any(_element(t) == "bf16" for t in [*kind.inputs, *kind.results])
+        return any(_element(r.type) == "bf16" for r in op.results)
+
+    return contains(module, bf16)
 
 
 def define_bf16_builtins(module: Any) -> bool:
