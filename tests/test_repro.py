@@ -214,3 +214,24 @@ def test_reproducer_keeps_the_input_as_it_was_without_printing_every_stage(tmp_p
     module.ir.body.operations[0].erase()  # the stage mutates its input, then fails
     folder = hook.on_failure(event, RuntimeError("boom"))
     assert (tmp_path / folder / "input.mlir").read_text() == original
+
+
+def test_verify_each_makes_pass_pipelines_verify_after_every_pass():
+    """Pipelines verify their result once; under --verify-each (the VerifyEach hook) their
+    pass managers verify after every pass, so a pass that breaks the IR is named."""
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.instrument.ir_hooks import VerifyEach
+    from stagegraph.stages.common.passes import VERIFY_PASSES
+
+    graph = load_graph("x86")
+    event = type("Event", (), {"graph": graph, "stage": graph.stages["bufferize"],
+                               "inputs": {}, "outputs": {}})()  # fmt: skip
+    hook = VerifyEach()
+    assert VERIFY_PASSES.get() is False
+    hook.before_stage(event)
+    assert VERIFY_PASSES.get() is True
+    hook.after_stage(event)
+    assert VERIFY_PASSES.get() is False
+    hook.before_stage(event)
+    hook.on_failure(event, RuntimeError("boom"))
+    assert VERIFY_PASSES.get() is False

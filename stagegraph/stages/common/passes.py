@@ -6,6 +6,7 @@ they expect and produce, so the graph type-checks where in the flow they can go.
 
 from __future__ import annotations
 
+import contextvars
 from typing import Literal
 
 from stagegraph.core.ports import AnyModule, BufferModule, Config, LLVMModule, Module, TensorModule
@@ -79,14 +80,22 @@ def anchored(pipeline: str) -> str:
     return f"builtin.module({text})"
 
 
+#: Whether pass managers verify the IR after every pass (``--verify-each`` turns it on, see
+#: :class:`~stagegraph.instrument.ir_hooks.VerifyEach`: a pass that breaks the IR is then
+#: named); off, each pipeline's result is verified once.
+VERIFY_PASSES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "stagegraph_verify_passes", default=False
+)
+
+
 def run_pipeline(module: Module, pipeline: str) -> Module:
     """Run ``pipeline`` on the module in place, then verify the result (an empty pipeline
     only verifies).
 
-    The pass manager's own verifier is off: it verifies the whole module after every pass,
-    which on a large module cost as much as the passes themselves (an unrolled LSTM's
-    lowering to LLVM: 4.3 s with it, 2.1 s without). The result is verified once instead;
-    ``--verify-each`` still checks every stage's output.
+    The pass manager's own verifier is off (unless :data:`VERIFY_PASSES`): it verifies the
+    whole module after every pass, which on a large module cost as much as the passes
+    themselves (an unrolled LSTM's lowering to LLVM: 4.3 s with it, 2.1 s without). The
+    result is verified once instead.
 
     Raises:
         ir.MLIRError: the pipeline's result does not verify (with the verifier's diagnostics).
@@ -95,7 +104,7 @@ def run_pipeline(module: Module, pipeline: str) -> Module:
 
     if pipeline.strip():
         manager = passmanager.PassManager.parse(anchored(pipeline), context=module.ir.context)
-        manager.enable_verifier(False)
+        manager.enable_verifier(VERIFY_PASSES.get())
         manager.run(module.ir.operation)
     if not module.ir.operation.verify():  # these bindings raise ir.MLIRError, with its diagnostics
         raise ValueError(f"the module does not verify after {pipeline or 'nothing'!r}")
