@@ -182,3 +182,26 @@ def test_deallocation_of_fresh_buffers_is_split_per_buffer():
         lowered = Module(parse_payload(BUFFER_STEPS), "buffer")
         run_lowering(lowered, "buffer-deallocation-pipeline,canonicalize")
         assert [op.name for op in collect(lowered.ir, lambda op: "dealloc" in op.name)] == expected
+
+
+def test_copies_become_linalg_copies_built_without_opdsl():
+    """Every memref.copy becomes a linalg.copy of the same buffers, built generically (the
+    OpDSL builder, a millisecond per op, also stamps a default ``cast`` attribute)."""
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.common.rewrites import copies_to_linalg
+
+    module = parse_payload(
+        "func.func @f(%a: memref<4x8xf32, strided<[16, 1], offset: ?>>, %b: memref<4x8xf32>) {\n"
+        "  memref.copy %a, %b : memref<4x8xf32, strided<[16, 1], offset: ?>> to memref<4x8xf32>\n"
+        "  memref.copy %a, %b : memref<4x8xf32, strided<[16, 1], offset: ?>> to memref<4x8xf32>\n"
+        "  return\n}\n"
+    )
+    with module.context:
+        assert copies_to_linalg(module) == 2
+        copies = collect(module, "linalg.copy")
+        assert len(copies) == 2 and not collect(module, "memref.copy")
+        fn = module.body.operations[0]
+        arguments = list(fn.regions[0].blocks[0].arguments)
+        assert all(list(op.operands) == arguments for op in copies)
+        assert all("cast" not in op.attributes for op in copies)
+        assert module.operation.verify()
