@@ -221,7 +221,7 @@ def test_verify_each_makes_pass_pipelines_verify_after_every_pass():
     pass managers verify after every pass, so a pass that breaks the IR is named."""
     from stagegraph.core.catalog import load_graph
     from stagegraph.instrument.ir_hooks import VerifyEach
-    from stagegraph.stages.common.passes import VERIFY_PASSES
+    from stagegraph.mlir.diagnostics import VERIFY_PASSES
 
     graph = load_graph("x86")
     event = type("Event", (), {"graph": graph, "stage": graph.stages["bufferize"],

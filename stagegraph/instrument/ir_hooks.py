@@ -89,19 +89,19 @@ class PrintIR(Hook):
 
 class VerifyEach(Hook):
     """Run the MLIR verifier on every module a stage produces, and have the stage's pass
-    pipelines verify after every pass (see ``passes.VERIFY_PASSES``); fail at the culprit."""
+    pipelines verify after every pass (see ``diagnostics.VERIFY_PASSES``); fail at the culprit."""
 
     def __init__(self) -> None:
         self._token: Any = None
 
     def before_stage(self, event: StageEvent) -> None:
-        from stagegraph.stages.common.passes import VERIFY_PASSES
+        from stagegraph.mlir.diagnostics import VERIFY_PASSES
 
         self._token = VERIFY_PASSES.set(True)
 
     def _restore(self) -> None:
         if self._token is not None:
-            from stagegraph.stages.common.passes import VERIFY_PASSES
+            from stagegraph.mlir.diagnostics import VERIFY_PASSES
 
             VERIFY_PASSES.reset(self._token)
             self._token = None

@@ -4,11 +4,20 @@ unregistered ops are named, captured diagnostics, op counts (one place for each)
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from stagegraph.errors import PayloadError, UnregisteredOpError, UnsupportedPayloadError
+
+#: Whether pass managers verify the IR after every pass (``--verify-each`` turns it on, see
+#: :class:`~stagegraph.instrument.ir_hooks.VerifyEach`: a pass that breaks the IR is then
+#: named); off, each pipeline's result is verified once
+#: (:func:`~stagegraph.stages.common.passes.run_pipeline`).
+VERIFY_PASSES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "stagegraph_verify_passes", default=False
+)
 
 
 def count_ops(module: Any) -> int:

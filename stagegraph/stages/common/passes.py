@@ -6,11 +6,11 @@ they expect and produce, so the graph type-checks where in the flow they can go.
 
 from __future__ import annotations
 
-import contextvars
 from typing import Literal
 
 from stagegraph.core.ports import AnyModule, BufferModule, Config, LLVMModule, Module, TensorModule
 from stagegraph.core.stage import stage
+from stagegraph.mlir.diagnostics import VERIFY_PASSES
 from stagegraph.stages.common import lowering
 from stagegraph.stages.common.rewrites import (
     copies_to_linalg,
@@ -78,14 +78,6 @@ def anchored(pipeline: str) -> str:
                     return text  # one anchor around the whole pipeline
                 break
     return f"builtin.module({text})"
-
-
-#: Whether pass managers verify the IR after every pass (``--verify-each`` turns it on, see
-#: :class:`~stagegraph.instrument.ir_hooks.VerifyEach`: a pass that breaks the IR is then
-#: named); off, each pipeline's result is verified once.
-VERIFY_PASSES: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "stagegraph_verify_passes", default=False
-)
 
 
 def run_pipeline(module: Module, pipeline: str) -> Module:
