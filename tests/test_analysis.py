@@ -493,3 +493,13 @@ def test_analysis_and_explain_do_not_import_the_linalg_python_module() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_operands_of_one_type_share_their_facts() -> None:
+    """Facts of a type are built once and shared by every operand of that type (an
+    unrolled network has thousands of operands and a handful of types)."""
+    facts = facts_of(MATMUL)
+    fill, matmul = facts.ops
+    assert matmul.outputs[0] is fill.outputs[0] and matmul.outputs[0].shape == (16, 12)
+    assert facts_of(MATMUL).ops[1].inputs[0] is matmul.inputs[0]
+    assert matmul.inputs[0].shape == (16, 8) and matmul.inputs[1].shape == (8, 12)

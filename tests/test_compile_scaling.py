@@ -116,3 +116,92 @@ def test_shared_empty_is_split_to_bounded_users():
         assert all(len(list(e.results[0].uses)) <= 4 for e in empties)
         assert sum(len(list(e.results[0].uses)) for e in empties) == users
         assert module.operation.verify()
+
+
+BUFFER_STEPS = """
+func.func private @step(memref<4xf32>, memref<4xf32>)
+func.func private @make() -> memref<4xf32>
+func.func @main(%x: memref<4xf32>, %out: memref<4xf32>) {
+  %a = memref.alloc() : memref<4xf32>
+  func.call @step(%x, %a) : (memref<4xf32>, memref<4xf32>) -> ()
+  %b = memref.alloc() : memref<4xf32>
+  func.call @step(%a, %b) : (memref<4xf32>, memref<4xf32>) -> ()
+  %c = memref.alloc() : memref<4xf32>
+  func.call @step(%b, %c) : (memref<4xf32>, memref<4xf32>) -> ()
+  memref.copy %c, %out : memref<4xf32> to memref<4xf32>
+  return
+}
+func.func @other(%x: memref<4xf32>, %out: memref<4xf32>) {
+  %a = memref.alloc() : memref<4xf32>
+  func.call @step(%x, %a) : (memref<4xf32>, memref<4xf32>) -> ()
+  %m = func.call @make() : () -> memref<4xf32>
+  func.call @step(%a, %m) : (memref<4xf32>, memref<4xf32>) -> ()
+  memref.copy %m, %out : memref<4xf32> to memref<4xf32>
+  return
+}
+"""
+
+
+def _deallocs(module, name: str) -> list[int]:
+    """Buffers freed by each ``bufferization.dealloc`` of function ``name``."""
+    from stagegraph.mlir.walk import collect
+
+    fn = next(f for f in module.body.operations if f.attributes["sym_name"].value == name)
+    return [len(op.operands) // 2 for op in collect(fn, "bufferization.dealloc")]
+
+
+def test_deallocation_of_fresh_buffers_is_split_per_buffer():
+    """A block's one dealloc of several fresh allocations becomes one per buffer (nothing for
+    the simplification to compare pairwise); with a buffer of another origin (a call's
+    result may alias anything) it stays whole. The lowering frees the same buffers as
+    ``buffer-deallocation-pipeline``."""
+    from stagegraph.core.ports import Module
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.common.passes import (
+        LOWER_DEALLOCATIONS,
+        PLACE_DEALLOCATIONS,
+        run_lowering,
+        run_pipeline,
+    )
+    from stagegraph.stages.common.rewrites import split_fresh_deallocations
+
+    module = Module(parse_payload(BUFFER_STEPS), "buffer")
+    with module.ir.context:
+        run_pipeline(module, PLACE_DEALLOCATIONS)
+        assert _deallocs(module.ir, "main") == [3] and _deallocs(module.ir, "other") == [2]
+        assert split_fresh_deallocations(module.ir) == 1
+        assert _deallocs(module.ir, "main") == [1, 1, 1] and _deallocs(module.ir, "other") == [2]
+        run_pipeline(module, LOWER_DEALLOCATIONS)
+        split = [op.name for op in collect(module.ir, lambda op: "dealloc" in op.name)]
+
+        reference = Module(parse_payload(BUFFER_STEPS), "buffer")
+        run_pipeline(reference, "buffer-deallocation-pipeline")
+        expected = [op.name for op in collect(reference.ir, lambda op: "dealloc" in op.name)]
+        assert split == expected and split.count("memref.dealloc") >= 3
+
+        lowered = Module(parse_payload(BUFFER_STEPS), "buffer")
+        run_lowering(lowered, "buffer-deallocation-pipeline,canonicalize")
+        assert [op.name for op in collect(lowered.ir, lambda op: "dealloc" in op.name)] == expected
+
+
+def test_copies_become_linalg_copies_built_without_opdsl():
+    """Every memref.copy becomes a linalg.copy of the same buffers, built generically (the
+    OpDSL builder, a millisecond per op, also stamps a default ``cast`` attribute)."""
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.common.rewrites import copies_to_linalg
+
+    module = parse_payload(
+        "func.func @f(%a: memref<4x8xf32, strided<[16, 1], offset: ?>>, %b: memref<4x8xf32>) {\n"
+        "  memref.copy %a, %b : memref<4x8xf32, strided<[16, 1], offset: ?>> to memref<4x8xf32>\n"
+        "  memref.copy %a, %b : memref<4x8xf32, strided<[16, 1], offset: ?>> to memref<4x8xf32>\n"
+        "  return\n}\n"
+    )
+    with module.context:
+        assert copies_to_linalg(module) == 2
+        copies = collect(module, "linalg.copy")
+        assert len(copies) == 2 and not collect(module, "memref.copy")
+        fn = module.body.operations[0]
+        arguments = list(fn.regions[0].blocks[0].arguments)
+        assert all(list(op.operands) == arguments for op in copies)
+        assert all("cast" not in op.attributes for op in copies)
+        assert module.operation.verify()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from stagegraph.core.engine import Engine
@@ -214,3 +216,76 @@ def test_listing_and_validating_do_not_load_mlir():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_each_module_is_counted_once_per_run(monkeypatch):
+    """A stage's op count in is the count its producer recorded out: the engine walks each
+    module once (counting walks every op of what can be a very large module)."""
+    from stagegraph.mlir import diagnostics
+
+    counted: list[int] = []
+    real = diagnostics.count_ops
+
+    def counting(module):
+        counted.append(real(module))
+        return counted[-1]
+
+    monkeypatch.setattr(diagnostics, "count_ops", counting)
+    result = Engine(cache=False).run(linear_graph(), MATMUL_MLIR)
+    records = result.trace.records
+    assert len(counted) == len(records) + 1  # the payload, then each stage's output
+    for before, after in itertools.pairwise(records):
+        assert after.ops_in == before.ops_out
+    assert records[-1].ops_out == len(op_names(result.module)) - 1  # the module op aside
+
+
+def test_an_engine_without_memo_neither_prints_nor_hashes_modules(monkeypatch):
+    """Hashes only key the memo: a one-shot engine never serializes a module for them."""
+
+    def refuse(self):
+        raise AssertionError("serialized a module")
+
+    monkeypatch.setattr(Module, "text", refuse)
+    monkeypatch.setattr(Module, "bytecode", refuse)
+    result = Engine(cache=False).run(linear_graph(), MATMUL_MLIR)
+    assert result.module.level == "llvm"
+
+
+def test_memo_hashes_modules_without_printing_them(monkeypatch):
+    """The memo keys modules by their bytecode (printing assembly is several times slower);
+    a replayed stage still gives an equal, independent module."""
+    engine = Engine()
+    graph = linear_graph()
+    first = engine.run(graph, MATMUL_MLIR, until="scheduled").module
+    expected = first.text()
+
+    def refuse(self):
+        raise AssertionError("printed a module")
+
+    monkeypatch.setattr(Module, "text", refuse)
+    fresh = Engine().run(graph, MATMUL_MLIR, until="scheduled")
+    again = engine.run(graph, MATMUL_MLIR, until="scheduled")
+    monkeypatch.undo()
+    assert again.trace.executed() == [] and fresh.trace.executed() == ["load", "tile"]
+    assert again.module.text() == expected and again.module.ir is not first.ir
+    assert again.module.content_hash() == first.content_hash()
+
+
+def test_in_process_memo_does_not_hash_the_stages_code(monkeypatch):
+    """Code versions key only the disk cache: the in-process memo replays stages without
+    parsing their sources (a factory's code cannot change within the process)."""
+    from stagegraph.core.stage import StageFactory
+
+    def refuse(self):
+        raise AssertionError("hashed a stage's code")
+
+    monkeypatch.setattr(StageFactory, "code_version", property(refuse))
+    engine = Engine()
+    graph = linear_graph()
+    assert engine.run(graph, MATMUL_MLIR).trace.executed() == [
+        "load", "tile", "bufferize", "loops", "lower",
+    ]  # fmt: skip
+    changed = graph.with_config("tile", text=tile_schedule(8))
+    assert engine.run(changed, MATMUL_MLIR).trace.executed() == [
+        "tile", "bufferize", "loops", "lower",
+    ]  # fmt: skip

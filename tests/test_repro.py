@@ -182,3 +182,56 @@ def test_x86_schedule_reproducer_holds_the_transform_schedules(tmp_path):
     # The generic schedule, then one per matmul (each applied to its own site).
     assert text.count("transform.named_sequence @__transform_main") == 3
     assert "transform.structured.pack" in text
+
+
+def test_reproducer_keeps_the_input_as_it_was_without_printing_every_stage(tmp_path, monkeypatch):
+    """The hook snapshots each stage's input module before the stage runs, without printing
+    it (a failing stage is rare; printing a large module before every stage is slow); the
+    reproducer still holds the input's text from before the stage changed it."""
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.core.engine import Engine
+    from stagegraph.core.ports import Module
+    from stagegraph.instrument.repro import ReproducerHook
+    from stagegraph.workload import parse_workload
+
+    graph = load_graph("x86")
+    result = Engine().run(graph, parse_workload("mlp:batch=4,widths=8-16-8"), until="select")
+    module = result.value("load", "module")
+    original = module.text()
+    inputs = {"module": module, "facts": result.value("analyze", "facts"),
+              "params": result.params}  # fmt: skip
+    event = type("Event", (), {"graph": graph, "stage": graph.stages["schedule"],
+                               "inputs": inputs})()  # fmt: skip
+    hook = ReproducerHook(tmp_path)
+    text = Module.text
+
+    def refuse(self):
+        raise AssertionError("printed a module before the stage")
+
+    monkeypatch.setattr(Module, "text", refuse)
+    hook.before_stage(event)
+    monkeypatch.setattr(Module, "text", text)
+    module.ir.body.operations[0].erase()  # the stage mutates its input, then fails
+    folder = hook.on_failure(event, RuntimeError("boom"))
+    assert (tmp_path / folder / "input.mlir").read_text() == original
+
+
+def test_verify_each_makes_pass_pipelines_verify_after_every_pass():
+    """Pipelines verify their result once; under --verify-each (the VerifyEach hook) their
+    pass managers verify after every pass, so a pass that breaks the IR is named."""
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.instrument.ir_hooks import VerifyEach
+    from stagegraph.mlir.diagnostics import VERIFY_PASSES
+
+    graph = load_graph("x86")
+    event = type("Event", (), {"graph": graph, "stage": graph.stages["bufferize"],
+                               "inputs": {}, "outputs": {}})()  # fmt: skip
+    hook = VerifyEach()
+    assert VERIFY_PASSES.get() is False
+    hook.before_stage(event)
+    assert VERIFY_PASSES.get() is True
+    hook.after_stage(event)
+    assert VERIFY_PASSES.get() is False
+    hook.before_stage(event)
+    hook.on_failure(event, RuntimeError("boom"))
+    assert VERIFY_PASSES.get() is False

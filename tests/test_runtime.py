@@ -320,3 +320,34 @@ def test_openmp_workers_sleep_when_idle_unless_the_user_says_otherwise():
     env["KMP_BLOCKTIME"] = "50"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert out.stdout.strip() == "50", out.stderr
+
+
+def test_one_walk_tells_what_is_not_lowered_and_whether_openmp_is_needed():
+    """The emit stage's checks of the largest module of a compile share one walk: the ops
+    LLVM translation cannot take (casts last) and whether any ``omp`` op is left."""
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.stages.common.lowering import survey_llvm_level
+    from stagegraph.stages.common.rewrites import uses_bf16
+
+    context = new_context()
+    with context:
+        lowered = ir.Module.parse(
+            "llvm.func @f(%a: i32) -> i32 {\n  %b = llvm.add %a, %a : i32\n"
+            "  llvm.return %b : i32\n}"
+        )
+        assert survey_llvm_level(lowered) == ([], False)
+        partial = ir.Module.parse(
+            "llvm.func @f(%a: i32) -> i32 {\n"
+            "  %c = builtin.unrealized_conversion_cast %a : i32 to index\n"
+            "  %b = arith.addi %a, %a : i32\n  omp.barrier\n  llvm.return %b : i32\n}"
+        )
+        left, omp = survey_llvm_level(partial)
+        assert [op.name for op in left] == ["arith.addi", "builtin.unrealized_conversion_cast"]
+        assert omp
+        # bf16 seen as a function argument or as a result, not only as an operand.
+        assert uses_bf16(ir.Module.parse("func.func @g(%a: bf16) {\n  return\n}"))
+        assert uses_bf16(ir.Module.parse(
+            "func.func @g(%a: f32) -> f32 {\n  %b = arith.truncf %a : f32 to bf16\n"
+            "  %c = arith.extf %b : bf16 to f32\n  return %c : f32\n}"
+        ))  # fmt: skip
+        assert not uses_bf16(lowered)

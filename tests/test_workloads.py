@@ -275,6 +275,28 @@ def test_mlir_file_with_npz(tiny: Path) -> None:
     assert not w.verify([x]).ok
 
 
+def test_mlir_file_analyses_its_payload_only_when_costs_are_asked(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Opening a payload file reads its signature only: flops and the reduction length (for
+    timing and tolerances) are analysed on first use, so a compile, whose own analysis
+    stage walks the ops, does not analyse them twice."""
+    from stagegraph.stages import analysis
+
+    real = analysis.analyze
+    calls: list[str] = []
+
+    def counting(module, entry=None):
+        calls.append(entry)
+        return real(module, entry)
+
+    monkeypatch.setattr(analysis, "analyze", counting)
+    w = parse_workload(str(tiny))
+    assert [s.shape for s in w.input_specs()] == [(3, 4), (4,)] and calls == []
+    assert w.complexity.flops == 12 and w.reduction_length == 1
+    assert w.complexity.flops == 12 and calls == ["scale"]  # analysed once
+
+
 def test_mlir_file_without_npz_uses_reference_runner(
     tiny: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

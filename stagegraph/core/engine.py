@@ -254,6 +254,7 @@ class Engine:
                 consumers.setdefault((e.src, e.src_port), []).append(e.dst)
         values: dict[Key, Value] = {}
         hashes: dict[Key, str] = {}
+        counts: dict[Key, int | None] = {}  # ops of each module output, counted once
         records: list[StageRecord] = []
         for node in order:
             if node in graph.inputs:
@@ -262,41 +263,60 @@ class Engine:
                     raise StagegraphError(f"graph {graph.name!r}: no value for input {node!r}")
                 value = self._bind_input(graph, spec, provided[node])
                 values[(node, "value")] = value
-                hashes[(node, "value")] = content_hash(value)
+                hashes[(node, "value")] = content_hash(value) if self.cache_enabled else ""
                 continue
             stage = graph.stages[node]
             inputs, input_hashes = {}, {}
+            ops_in = None
             for e in graph.in_edges(node):
                 value = values[(e.src, e.src_port)]
+                if isinstance(value, Module) and ops_in is None:
+                    ops_in = counts.get((e.src, e.src_port))
                 shared = len(consumers.get((e.src, e.src_port), [])) > 1
                 if isinstance(value, Module) and stage.factory.mutates and shared:
                     value = value.clone()
                 inputs[e.dst_port] = value
                 input_hashes[e.dst_port] = hashes[(e.src, e.src_port)]
-            outputs, out_hashes, record = self._run_stage(graph, stage, inputs, input_hashes)
+            outputs, out_hashes, record = self._run_stage(
+                graph, stage, inputs, input_hashes, ops_in
+            )
             records.append(record)
             for port, value in outputs.items():
                 values[(node, port)] = value
                 hashes[(node, port)] = out_hashes[port]
+                if isinstance(value, Module):
+                    counts[(node, port)] = record.ops_out
         return RunResult(graph, values, Trace(graph=graph.name, records=tuple(records)), last)
 
     def _run_stage(
-        self, graph: Graph, stage: Stage, inputs: dict[str, Value], input_hashes: dict[str, str]
+        self,
+        graph: Graph,
+        stage: Stage,
+        inputs: dict[str, Value],
+        input_hashes: dict[str, str],
+        ops_in: int | None = None,
     ) -> tuple[dict[str, Value], dict[str, str], StageRecord]:
+        """Run (or replay from the memo) one stage. ``ops_in``: the op count of its module
+        input when the stage that made it counted it already (counting walks every op: for
+        a large LLVM-dialect module, a good part of a second)."""
         event = StageEvent(graph, stage, inputs)
         for hook in self.hooks:
             hook.before_stage(event)
         cacheable = self.cache_enabled and stage.factory.cacheable
         key = ""
-        if cacheable:  # hashing the stage's code costs ~0.2 s: only for a cache
+        if cacheable:
+            # Code and package versions key only what outlives this process (the disk cache):
+            # hashing the stages' code parses every module they import.
+            persistent = self.disk is not None
             key_data = (
-                self.versions
-                + stage.spec_hash()
+                (self.versions if persistent else "")
+                + stage.spec_hash(code=persistent)
                 + "".join(f"|{p}={h}" for p, h in sorted(input_hashes.items()))
             )
             key = hashlib.sha256(key_data.encode()).hexdigest()
         module_in = next((v for v in inputs.values() if isinstance(v, Module)), None)
-        ops_in = _ops(module_in)
+        if ops_in is None:
+            ops_in = _ops(module_in)
         level_in = module_in.level if module_in else None
         start = time.perf_counter()
         # A stage without inputs reads its environment (the target stage reads the host):
@@ -311,15 +331,21 @@ class Engine:
         cached = cacheable and key in self._cache
         if cached:
             stored, out_hashes = self._cache[key]
-            outputs = {p: v.clone() if isinstance(v, Module) else v for p, v in stored.items()}
+            outputs = {p: _thaw(v) for p, v in stored.items()}
         else:
             outputs = self._call(graph, stage, event)
-            out_hashes = {p: content_hash(v) for p, v in outputs.items()}
+            if not self.cache_enabled:  # hashes only make memo keys: none without a memo
+                out_hashes = dict.fromkeys(outputs, "")
+            else:
+                stored = {p: _freeze(v) for p, v in outputs.items()}
+                out_hashes = {
+                    p: v.content_hash() if isinstance(v, _FrozenModule) else content_hash(v)
+                    for p, v in stored.items()
+                }
             if cacheable:
-                stored = {p: v.clone() if isinstance(v, Module) else v for p, v in outputs.items()}
                 self._cache[key] = (stored, out_hashes)
                 if disk is not None:
-                    disk.store(key, stage.name, stored, out_hashes)
+                    disk.store(key, stage.name, outputs, out_hashes)
         seconds = time.perf_counter() - start
         module_out = next((v for v in outputs.values() if isinstance(v, Module)), None)
         record = StageRecord(
@@ -361,6 +387,43 @@ class Engine:
             for hook in self.hooks:
                 reproducer = hook.on_failure(event, exc) or reproducer
             raise StageFailed(graph.name, stage.name, reason, found, reproducer) from exc
+
+
+class _FrozenModule:
+    """A module output as the memo keeps it: its bytecode, written once for both its
+    content hash and the copy a later run is served (the next stage mutates the module
+    itself). Parsing it back is left to a run that hits the memo: a one-shot compile
+    never pays for it."""
+
+    __slots__ = ("context", "data", "kind", "level")
+
+    def __init__(self, module: Module) -> None:
+        self.kind = type(module)
+        self.level = module.level
+        self.context = module.ir.context
+        self.data = module.bytecode()
+
+    def content_hash(self) -> str:
+        """The same hash as :meth:`Module.content_hash` of the module it was made from."""
+        return hashlib.sha256(self.data).hexdigest()
+
+    def thaw(self) -> Module:
+        """A fresh module, equal to the frozen one, in the context it came from."""
+        from stagegraph.mlir.bindings import ir
+
+        return self.kind(ir.Module.parse(self.data, self.context), self.level)
+
+
+def _freeze(value: Value) -> Value:
+    return _FrozenModule(value) if isinstance(value, Module) else value
+
+
+def _thaw(value: Value) -> Value:
+    """A memo entry's value as a stage output: modules parsed (or, from the disk cache,
+    cloned) afresh, so the stage that consumes it cannot change the entry."""
+    if isinstance(value, _FrozenModule):
+        return value.thaw()
+    return value.clone() if isinstance(value, Module) else value
 
 
 def _ops(module: Module | None) -> int | None:

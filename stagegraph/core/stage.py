@@ -209,9 +209,14 @@ class Stage:
     def with_tags(self, *tags: str) -> Stage:
         return Stage(self.name, self.factory, self.config, self.tags | frozenset(tags))
 
-    def spec_hash(self) -> str:
-        """Identity of what this stage computes: factory, its code version and config."""
-        data = f"{self.factory.name}:{self.factory.code_version}:{self.config.content_hash()}"
+    def spec_hash(self, code: bool = True) -> str:
+        """Identity of what this stage computes: factory, its code version and config.
+
+        Without ``code`` the code version is left out: within one process a factory's code
+        cannot change, and hashing it parses every module the stage imports (over half a
+        second per process); only keys that outlive the process need it."""
+        version = self.factory.code_version if code else ""
+        data = f"{self.factory.name}:{version}:{self.config.content_hash()}"
         return hashlib.sha256(data.encode()).hexdigest()
 
     def run(self, inputs: Mapping[str, Any]) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from stagegraph.core.engine import Hook, StageEvent
 from stagegraph.core.graph import Graph
@@ -87,9 +88,30 @@ class PrintIR(Hook):
 
 
 class VerifyEach(Hook):
-    """Run the MLIR verifier on every module a stage produces; fail at the culprit."""
+    """Run the MLIR verifier on every module a stage produces, and have the stage's pass
+    pipelines verify after every pass (see ``diagnostics.VERIFY_PASSES``); fail at the culprit."""
+
+    def __init__(self) -> None:
+        self._token: Any = None
+
+    def before_stage(self, event: StageEvent) -> None:
+        from stagegraph.mlir.diagnostics import VERIFY_PASSES
+
+        self._token = VERIFY_PASSES.set(True)
+
+    def _restore(self) -> None:
+        if self._token is not None:
+            from stagegraph.mlir.diagnostics import VERIFY_PASSES
+
+            VERIFY_PASSES.reset(self._token)
+            self._token = None
+
+    def on_failure(self, event: StageEvent, error: BaseException) -> str | None:
+        self._restore()
+        return None
 
     def after_stage(self, event: StageEvent) -> None:
+        self._restore()
         module = output_module(event)
         if module is not None:
             from stagegraph.errors import StageFailed

@@ -48,8 +48,10 @@ class ReproducerHook(Hook):
         self._pending: dict[str, Any] = {}
 
     def before_stage(self, event: StageEvent) -> None:
+        # Bytecode, not text: every stage pays for this snapshot, only a failing one needs
+        # the text (printing a large module before each stage cost seconds).
         self._pending = {
-            port: value.text() if isinstance(value, Module) else value
+            port: _Snapshot(value.bytecode()) if isinstance(value, Module) else value
             for port, value in event.inputs.items()
         }
 
@@ -59,10 +61,29 @@ class ReproducerHook(Hook):
         target = self.directory / f"{event.graph.name}-{stage.name}-{stamp}"
         try:
             target.mkdir(parents=True, exist_ok=True)
-            write_reproducer(target, event.graph.name, stage, self._pending, str(error))
+            inputs = {
+                port: value.text() if isinstance(value, _Snapshot) else value
+                for port, value in self._pending.items()
+            }
+            write_reproducer(target, event.graph.name, stage, inputs, str(error))
         except OSError:
             return None  # never hide the stage's own error behind a reproducer problem
         return str(target)
+
+
+class _Snapshot:
+    """A module as it was before a stage ran, kept as bytecode until a reproducer needs
+    its text."""
+
+    def __init__(self, bytecode: bytes) -> None:
+        self.bytecode = bytecode
+
+    def text(self) -> str:
+        """The module as MLIR assembly (parsed back in a context of its own)."""
+        from stagegraph.mlir.bindings import ir, new_context
+
+        context = new_context()
+        return str(ir.Module.parse(self.bytecode, context))
 
 
 def _import_path(factory: StageFactory) -> str:

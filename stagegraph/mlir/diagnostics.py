@@ -4,18 +4,39 @@ unregistered ops are named, captured diagnostics, op counts (one place for each)
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 from stagegraph.errors import PayloadError, UnregisteredOpError, UnsupportedPayloadError
 
+#: Whether pass managers verify the IR after every pass (``--verify-each`` turns it on, see
+#: :class:`~stagegraph.instrument.ir_hooks.VerifyEach`: a pass that breaks the IR is then
+#: named); off, each pipeline's result is verified once
+#: (:func:`~stagegraph.stages.common.passes.run_pipeline`).
+VERIFY_PASSES: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "stagegraph_verify_passes", default=False
+)
+
 
 def count_ops(module: Any) -> int:
-    """Number of operations nested in ``module`` (the module op itself excluded)."""
-    from stagegraph.mlir.walk import collect
+    """Number of operations nested in ``module`` (the module op itself excluded).
 
-    return len(collect(module))
+    A bare counting walk: the engine counts every stage's output, and collecting the ops
+    into a list with a predicate costs several times as much on a large module."""
+    from stagegraph.mlir.bindings import ir
+
+    count = 0
+    advance = ir.WalkResult.ADVANCE
+
+    def visit(_op: Any) -> Any:
+        nonlocal count
+        count += 1
+        return advance
+
+    getattr(module, "operation", module).walk(visit, ir.WalkOrder.PRE_ORDER)
+    return count - 1  # the module op itself
 
 
 def format_diagnostic(diag: Any, source: str = "-") -> str:

@@ -30,8 +30,11 @@ _PACKED = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 
 
 def build_key(module: Any, *options: object) -> str:
-    """Content hash of a module (as text) and the build options."""
-    digest = hashlib.sha256(str(module).encode())
+    """Content hash of a module (as bytecode: printing a large LLVM-dialect module as text
+    costs over a second) and the build options."""
+    buffer = io.BytesIO()
+    getattr(module, "operation", module).write_bytecode(buffer)
+    digest = hashlib.sha256(buffer.getvalue())
     for option in options:
         digest.update(repr(option).encode())
     return digest.hexdigest()

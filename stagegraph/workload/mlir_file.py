@@ -36,14 +36,14 @@ class _Summary:
     entry: str
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
-    flops: int
-    reduction: int
     arguments: dict[int, tuple[int, ...]]  # dynamic argument -> the static shape it got
     results: dict[int, tuple[int, ...]]
 
 
 class MlirFileWorkload(Workload):
-    """The payload of a ``.mlir`` file; construction parses it and reports problems early.
+    """The payload of a ``.mlir`` file; construction parses it and reports problems early
+    (an op the analysis cannot take is reported by the graph's analysis stage, or when
+    flops or tolerances are first asked for).
 
     Raises:
         PayloadError: parse error (``file:line:column: message``), an op of an unregistered
@@ -156,13 +156,34 @@ class MlirFileWorkload(Workload):
 
     @property
     def reduction_length(self) -> int:
-        return self._summary.reduction
+        return self._costs[1]
 
     @property
     def complexity(self) -> Complexity:
         """Flops estimated from the linalg ops' loop ranges; bytes = arguments + results."""
         moved = sum(s.nbytes for s in self.input_specs() + self.output_specs())
-        return Complexity(flops=self._summary.flops, bytes_moved=moved)
+        return Complexity(flops=self._costs[0], bytes_moved=moved)
+
+    @functools.cached_property
+    def _costs(self) -> tuple[int, int]:
+        """(flops, longest reduction) of the entry, from the analysis the graphs' cost
+        models use, on first use: only verifying and timing need them, and analysing an
+        unrolled network of 20,000 ops is seconds a compile need not pay twice (its own
+        analysis stage does the same walk).
+
+        Raises:
+            PayloadError: an op the analysis does not support (a dynamic shape inside).
+        """
+        from stagegraph.errors import UnsupportedPayloadError
+        from stagegraph.stages.analysis import analyze
+
+        module = self.payload()
+        with module.context:
+            try:
+                facts = analyze(module, self.entry)
+            except UnsupportedPayloadError as exc:
+                raise PayloadError(f"{self.path}: {exc}") from None
+        return facts.flops, facts.reduction_length
 
 
 # ---------------------------------------------------------------- parsing
@@ -179,13 +200,12 @@ def _parse(path: Path, text: str, context: ir.Context) -> ir.Module:
 
 
 def _summarize(path: Path, text: str, entry: str | None) -> _Summary:
-    """Signature, flops and longest reduction of the file's entry, from the same analysis
-    (and the same entry rule) the graphs' cost models use; dynamic sizes specialized to the
-    arrays of the ``.npz`` beside the file when it has them."""
+    """Signature of the file's entry (by the entry rule the graphs' cost models use);
+    dynamic sizes specialized to the arrays of the ``.npz`` beside the file when it has
+    them. Flops and the longest reduction come later, when asked for (``_costs``)."""
     from stagegraph.errors import UnsupportedPayloadError
     from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.mlir.functions import entry_function, function_name
-    from stagegraph.stages.analysis import analyze
 
     context = new_context()
     module = _parse(path, text, context)
@@ -201,11 +221,7 @@ def _summarize(path: Path, text: str, entry: str | None) -> _Summary:
         kind = ir.TypeAttr(function.attributes["function_type"]).value
         inputs = [_spec(path, name, i, t) for i, t in enumerate(kind.inputs)]
         outputs = [_spec(path, name, i, t, result=True) for i, t in enumerate(kind.results)]
-        try:
-            facts = analyze(module, name)
-        except UnsupportedPayloadError as exc:
-            raise PayloadError(f"{path}: {exc}") from None
-    return _Summary(name, inputs, outputs, facts.flops, facts.reduction_length, arguments, results)
+    return _Summary(name, inputs, outputs, arguments, results)
 
 
 def _npz_shapes(path: Path) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]]]:

@@ -57,6 +57,12 @@ _NOT_FLOPS = frozenset(
 # --------------------------------------------------------------------------- types
 
 
+#: Facts of the types seen so far, by printed type and strictness: an unrolled network's
+#: 20,000 operands have a handful of types, and building the facts (a validated model)
+#: was a quarter of the analysis. Facts are frozen, so sharing them is safe.
+_VALUE_FACTS: dict[tuple[str, bool], ValueFacts] = {}
+
+
 def value_facts(t: Any, where: str, strict: bool = True) -> ValueFacts:
     """Facts of a type; with ``strict``, dynamic shapes and unsupported dtypes raise.
 
@@ -64,6 +70,16 @@ def value_facts(t: Any, where: str, strict: bool = True) -> ValueFacts:
         UnsupportedPayloadError: ``where`` (e.g. "payload function @main argument 0") has a
             dynamic or unranked shape or an unsupported element type.
     """
+    key = (str(t), strict)
+    found = _VALUE_FACTS.get(key)
+    if found is None:
+        found = _value_facts(t, where, strict)  # raises before anything is remembered
+        if len(_VALUE_FACTS) < 4096:
+            _VALUE_FACTS[key] = found
+    return found
+
+
+def _value_facts(t: Any, where: str, strict: bool) -> ValueFacts:
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.types import element_name
 

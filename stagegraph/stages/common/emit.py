@@ -12,7 +12,10 @@ from pydantic import Field
 
 from stagegraph.core.ports import Binary, Config, LLVMModule
 from stagegraph.core.stage import stage
-from stagegraph.stages.common.lowering import require_llvm_level
+from stagegraph.stages.common.lowering import (
+    raise_not_lowered,
+    survey_llvm_level,
+)
 
 
 class JitConfig(Config):
@@ -25,9 +28,10 @@ def jit(module: LLVMModule, config: JitConfig) -> Binary:
     """Compile in-process; the fastest way from IR to a callable."""
     from stagegraph.runtime.jit import JitBinary
 
-    require_llvm_level(module.ir, "the stage that produced emit's input")
+    left, omp = survey_llvm_level(module.ir)  # one walk for both questions
+    raise_not_lowered(left, "the stage that produced emit's input")
     check_runnable(module.ir)
-    libs = [*config.shared_libs, *runtime_libraries(module.ir)]
+    libs = [*config.shared_libs, *runtime_libraries(module.ir, omp)]
     check_external_symbols(module.ir, libs)
     return JitBinary(module.ir, opt_level=config.opt_level, shared_libs=libs)
 
@@ -83,15 +87,18 @@ def check_runnable(module: Any) -> None:
         )
 
 
-def runtime_libraries(module: Any) -> list[str]:
+def runtime_libraries(module: Any, omp: bool | None = None) -> list[str]:
     """Shared libraries the module needs at run time: an OpenMP runtime for ``omp`` ops
     (translated to ``__kmpc_*`` calls only when the engine is created) and glibc's libmvec
-    for the vector math functions the lowering called."""
+    for the vector math functions the lowering called. ``omp``: whether the module holds
+    ``omp`` ops, when the caller walked it already (else it is walked here)."""
     from stagegraph.mlir.walk import contains
     from stagegraph.stages.x86.vector_math import declared_vector_functions, libmvec_path
 
     libraries = [libmvec_path()] if declared_vector_functions(module) else []
-    if not contains(module, lambda op: op.name.startswith("omp.")):
+    if omp is None:
+        omp = contains(module, lambda op: op.name.startswith("omp."))
+    if not omp:
         return libraries
     from stagegraph.runtime.openmp import library_path
 

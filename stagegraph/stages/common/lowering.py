@@ -140,15 +140,35 @@ def not_lowered(module) -> list:
     """Ops of an LLVM-level ``module`` that LLVM translation cannot take: anything outside
     the llvm/omp dialects (the module op itself aside). Casts the conversions left
     (``builtin.unrealized_conversion_cast``) come last: the op they stand for is the cause."""
-    from stagegraph.mlir.walk import collect
+    return survey_llvm_level(module)[0]
 
-    left = collect(
-        module,
-        lambda op: (
-            op.name != "builtin.module" and op.name.partition(".")[0] not in LLVM_LEVEL_DIALECTS
-        ),
-    )
-    return sorted(left, key=lambda op: op.name == "builtin.unrealized_conversion_cast")
+
+def survey_llvm_level(module) -> tuple[list, bool]:
+    """One walk of an LLVM-level ``module``: the ops :func:`not_lowered` reports, and
+    whether any ``omp`` op is left (the JIT then needs an OpenMP runtime).
+
+    The walk visits every op of what is the largest module of a compile (an outlined LSTM's
+    LLVM dialect holds 150,000): the emit stage asks both questions of this one walk."""
+    from stagegraph.mlir.bindings import ir
+
+    top = getattr(module, "operation", module)
+    left: list = []
+    omp = False
+    lowered = tuple(f"{d}." for d in LLVM_LEVEL_DIALECTS)
+    advance = ir.WalkResult.ADVANCE
+
+    def visit(op) -> object:
+        nonlocal omp
+        name = op.name
+        if name.startswith(lowered):
+            omp = omp or name.startswith("omp.")
+        elif name != "builtin.module":
+            left.append(op)
+        return advance
+
+    top.walk(visit, ir.WalkOrder.PRE_ORDER)
+    left.sort(key=lambda op: op.name == "builtin.unrealized_conversion_cast")
+    return left, omp
 
 
 def require_llvm_level(module, who: str) -> None:
@@ -158,9 +178,15 @@ def require_llvm_level(module, who: str) -> None:
     Raises:
         LoweringIncompleteError: with the op's name, location and the count.
     """
-    from stagegraph.errors import LoweringIncompleteError
 
     left = not_lowered(module)
+    raise_not_lowered(left, who)
+
+
+def raise_not_lowered(left: list, who: str) -> None:
+    """:func:`require_llvm_level` on the ops :func:`survey_llvm_level` found not lowered."""
+    from stagegraph.errors import LoweringIncompleteError
+
     if not left:
         return
     first = left[0]

@@ -24,14 +24,19 @@ from typing import Any
 
 
 def copies_to_linalg(module: Any) -> int:
-    """Replace every ``memref.copy`` in ``module`` by ``linalg.copy``; returns the count."""
-    from stagegraph.mlir.bindings import ir, linalg
+    """Replace every ``memref.copy`` in ``module`` by ``linalg.copy``; returns the count.
+
+    Built generically (:func:`~stagegraph.mlir.build.named_structured_op`): the OpDSL
+    builder of the bindings' ``linalg`` module takes a millisecond per op, and an outlined
+    recurrent network's entry holds hundreds of copies."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.build import named_structured_op
     from stagegraph.mlir.walk import collect
 
     copies = collect(module, "memref.copy")
     for op in copies:
         with ir.InsertionPoint(op), op.location:
-            linalg.copy(op.operands[0], outs=[op.operands[1]])
+            named_structured_op("linalg.copy", [op.operands[0]], [op.operands[1]])
         op.erase()
     return len(copies)
 
@@ -245,12 +250,22 @@ TRUNC_BF16_BUILTIN = "__truncsfbf2"
 
 
 def uses_bf16(module: Any) -> bool:
-    """Whether any op of ``module`` takes or makes a bf16 value (scalar, vector or buffer)."""
+    """Whether any op of ``module`` takes or makes a bf16 value (scalar, vector or buffer).
+
+    Only results and function arguments are looked at: every operand is one of those or a
+    block argument of a nested region, which carries the type of a value that is (a loop's
+    iteration arguments, a linalg body's elements). Half the values of a walk that visits
+    every op of a large module."""
+    from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import contains
 
-    return contains(
-        module, lambda op: any(_element(v.type) == "bf16" for v in [*op.operands, *op.results])
-    )
+    def bf16(op: Any) -> bool:
+        if op.name == "func.func":
+            kind = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+            return any(_element(t) == "bf16" for t in [*kind.inputs, *kind.results])
+        return any(_element(r.type) == "bf16" for r in op.results)
+
+    return contains(module, bf16)
 
 
 def define_bf16_builtins(module: Any) -> bool:
@@ -308,3 +323,63 @@ def decompose_aggregated_ops(module: Any) -> int:
             transform.YieldOp([])
         apply_schedule_module(module, schedule)
     return count
+
+
+# --------------------------------------------------------------------------- deallocation
+
+
+def split_fresh_deallocations(module: Any) -> int:
+    """Split each ``bufferization.dealloc`` that frees only distinct fresh allocations (and
+    retains nothing) into one dealloc per buffer; returns how many were split.
+
+    Ownership-based deallocation frees the buffers allocated in a block with one dealloc at
+    the block's end. ``buffer-deallocation-simplification`` then asks, for every pair of
+    its buffers, whether they may alias: quadratic in the buffers of one block, and an
+    outlined recurrent network's entry holds thousands (an LSTM's 1,561 made it the
+    slowest pass of the lowering). Buffers that are the results of distinct
+    ``memref.alloc`` ops never alias, so freeing each under its own condition is the same
+    (a multi-buffer dealloc only avoids freeing one buffer twice); the simplification then
+    has nothing left to compare. A dealloc with any buffer of unknown origin is left whole.
+    """
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import DefUse, collect
+
+    deallocs = [
+        op for op in collect(module, "bufferization.dealloc") if not len(op.results)
+    ]  # no results: nothing retained
+    if not deallocs:
+        return 0
+    def_use = DefUse(module)
+    split = 0
+    for op in deallocs:
+        operands = list(op.operands)
+        count = len(operands) // 2
+        if count < 2:
+            continue
+        buffers, conditions = operands[:count], operands[count:]
+        origins = [_fresh_allocation(buffer, def_use) for buffer in buffers]
+        if any(o is None for o in origins) or len(set(origins)) != count:
+            continue
+        segments = ir.DenseI32ArrayAttr.get([1, 1, 0], op.context)
+        with ir.InsertionPoint(op), op.location:
+            for buffer, condition in zip(buffers, conditions, strict=True):
+                ir.Operation.create(
+                    "bufferization.dealloc",
+                    operands=[buffer, condition],
+                    attributes={"operandSegmentSizes": segments},
+                )
+        op.erase()
+        split += 1
+    return split
+
+
+def _fresh_allocation(buffer: Any, def_use: Any) -> Any:
+    """The ``memref.alloc`` op ``buffer`` is the result of, directly or as the base buffer
+    ``memref.extract_strided_metadata`` gives of it (what ownership-based deallocation
+    frees); None for any other origin."""
+    owner = def_use.owner(buffer)
+    if owner is not None and owner.name == "memref.extract_strided_metadata":
+        if buffer != owner.results[0]:
+            return None
+        owner = def_use.owner(owner.operands[0])
+    return owner if owner is not None and owner.name == "memref.alloc" else None

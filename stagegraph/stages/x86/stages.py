@@ -407,7 +407,7 @@ def lower(
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.dedup import forbid_inlining
     from stagegraph.stages.common.math_approx import approximate_exp, approximate_tanh
-    from stagegraph.stages.common.passes import run_pipeline
+    from stagegraph.stages.common.passes import run_lowering, run_pipeline
     from stagegraph.stages.common.rewrites import (
         copies_to_linalg,
         define_bf16_builtins,
@@ -437,10 +437,10 @@ def lower(
         # A loop whose work saves less than a fork and a join stays serial.
         serialize_small_parallel_loops(module.ir, threads * FORK_JOIN_FLOPS // (threads - 1))
     if threads <= 1:
-        run_pipeline(module, lowering.LOWER_TO_LLVM)
+        run_lowering(module, lowering.LOWER_TO_LLVM)
     else:
         # Threads take the parallel loop's blocks dynamically (see lowering.schedule_dynamic).
-        run_pipeline(module, lowering.TO_OPENMP)
+        run_lowering(module, lowering.TO_OPENMP)
         lowering.schedule_dynamic(module.ir)
         run_pipeline(module, lowering.OPENMP_TO_LLVM)
     forbid_inlining(module.ir)
