@@ -170,8 +170,8 @@ def test_x86_schedule_reproducer_holds_the_transform_schedules(tmp_path):
     from stagegraph.workload import parse_workload
 
     graph = load_graph("x86")
-    result = Engine().run(graph, parse_workload("mlp:batch=4,widths=8-16-8"), until="select")
-    inputs = {"module": result.value("load", "module").text(),
+    result = Engine().run(graph, parse_workload("mlp:batch=64,widths=8-16-8"), until="select")
+    inputs = {"module": result.value("normalize", "module").text(),
               "facts": result.value("analyze", "facts"), "params": result.params}  # fmt: skip
     hook = ReproducerHook(tmp_path)
     event = type("Event", (), {"graph": graph, "stage": graph.stages["schedule"],
@@ -179,7 +179,7 @@ def test_x86_schedule_reproducer_holds_the_transform_schedules(tmp_path):
     hook._pending = inputs
     folder = hook.on_failure(event, RuntimeError("boom"))
     text = (tmp_path / folder / "schedule.mlir").read_text()
-    # The generic schedule, then one per matmul (each applied to its own site).
+    # The generic schedule, then one per matmul (each applied to its own site; 64 rows: packed).
     assert text.count("transform.named_sequence @__transform_main") == 3
     assert "transform.structured.pack" in text
 
