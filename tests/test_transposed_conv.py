@@ -262,3 +262,83 @@ def test_left_alone_at_unit_strides():
     text = _payload(1, 2, 3, (4, 4), (1, 1), (3, 3), (1, 1), (2, 2), (0, 0), "bias")
     count, names, _ = _rewritten(text)
     assert count == 0 and names.count("linalg.conv_2d_nchw_fchw") == 1
+
+
+def _grouped_payload(n, g, c, f, image, stride, kernel, dilation, pad, high, init):
+    """@main(x, w, b): the grouped 2-D form (``linalg.conv_2d_ngchw_gfchw``): the stuffed
+    tensor's channels split into ``g`` groups by a ``tensor.expand_shape``, as PyTorch's
+    grouped ConvTranspose2d is imported; ``w`` is ``g x f x c x kh x kw``, ``b`` ``g*f``."""
+    stuffed, out = _sizes(image, stride, kernel, dilation, pad, high)
+    x, z = _shape([n, g * c, *image]), _shape([n, g * c, *stuffed])
+    zg, w = _shape([n, g, c, *stuffed]), _shape([g, f, c, *kernel])
+    y, yg = _shape([n, g * f, *out]), _shape([n, g, f, *out])
+    if init == "zero":
+        start = f"%i = linalg.fill ins(%v : f32) outs(%eg : tensor<{yg}xf32>) -> tensor<{yg}xf32>"
+    else:
+        start = (
+            f"%bg = tensor.expand_shape %b [[0, 1]] output_shape [{g}, {f}]"
+            f" : tensor<{g * f}xf32> into tensor<{g}x{f}xf32>\n"
+            f"  %i = linalg.broadcast ins(%bg : tensor<{g}x{f}xf32>)"
+            f" outs(%eg : tensor<{yg}xf32>) dimensions = [0, 3, 4]"
+        )
+    offsets = ", ".join(str(v) for v in [0, 0, *pad])
+    sizes = ", ".join(str(v) for v in [n, g * c, *image])
+    steps = ", ".join(str(v) for v in [1, 1, *stride])
+    dil = ", ".join(str(v) for v in dilation)
+    return f"""
+func.func @main(%x: tensor<{x}xf32>, %w: tensor<{w}xf32>, %b: tensor<{g * f}xf32>)
+    -> tensor<{y}xf32> {{
+  %v = arith.constant 0.0 : f32
+  %ez = tensor.empty() : tensor<{z}xf32>
+  %zeros = linalg.fill ins(%v : f32) outs(%ez : tensor<{z}xf32>) -> tensor<{z}xf32>
+  %s = tensor.insert_slice %x into %zeros[{offsets}] [{sizes}] [{steps}]
+    : tensor<{x}xf32> into tensor<{z}xf32>
+  %sg = tensor.expand_shape %s [[0], [1, 2], [3], [4]]
+    output_shape [{n}, {g}, {c}, {stuffed[0]}, {stuffed[1]}] : tensor<{z}xf32> into tensor<{zg}xf32>
+  %e = tensor.empty() : tensor<{y}xf32>
+  %eg = tensor.expand_shape %e [[0], [1, 2], [3], [4]]
+    output_shape [{n}, {g}, {f}, {out[0]}, {out[1]}] : tensor<{y}xf32> into tensor<{yg}xf32>
+  {start}
+  %r = linalg.conv_2d_ngchw_gfchw
+    {{dilations = dense<[{dil}]> : vector<2xi64>, strides = dense<1> : vector<2xi64>}}
+    ins(%sg, %w : tensor<{zg}xf32>, tensor<{w}xf32>) outs(%i : tensor<{yg}xf32>)
+    -> tensor<{yg}xf32>
+  %c = tensor.collapse_shape %r [[0], [1, 2], [3], [4]] : tensor<{yg}xf32> into tensor<{y}xf32>
+  return %c : tensor<{y}xf32>
+}}
+"""
+
+
+@pytest.mark.parametrize(
+    ("case", "init"),
+    [("2d_asymmetric", "zero"), ("2d_s2_d2_half_empty", "bias"), ("2d_s3_k2_empty_phase", "bias")],
+)
+def test_grouped_phases_match_per_group_transposed_convolutions(tmp_path, case, init):
+    """Grouped: the phases read the original input with its channels split the same way;
+    checked against one direct transposed convolution per group."""
+    image, stride, kernel, dilation, pad, high = _CASES[case]
+    n, g, c, f = 2, 3, 2, 3
+    _, out = _sizes(image, stride, kernel, dilation, pad, high)
+    text = _grouped_payload(n, g, c, f, image, stride, kernel, dilation, pad, high, init)
+    count, names, _ = _rewritten(text)
+    phases = _phases_with_taps(image, stride, kernel, dilation, pad, out)
+    assert count == 1 and names.count("linalg.conv_2d_ngchw_gfchw") == phases
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((n, g * c, *image), dtype=np.float32)
+    w = rng.standard_normal((g, f, c, *kernel), dtype=np.float32)
+    b = rng.standard_normal(g * f, dtype=np.float32)
+    expected = np.concatenate(
+        [
+            _reference(
+                x[:, i * c : (i + 1) * c], w[i], b[i * f : (i + 1) * f],
+                stride, kernel, dilation, pad, out, init,
+            )
+            for i in range(g)
+        ],
+        axis=1,
+    )  # fmt: skip
+    path = tmp_path / "tcg.mlir"
+    path.write_text(text)
+    np.savez(tmp_path / "tcg.npz", in0=x, in1=w, in2=b, out0=expected)
+    report = sg.run("x86", str(path), threads=1)
+    assert report.verified is True, report

@@ -16,6 +16,10 @@ of the output's init (a fresh fill or bias broadcast of the phase's shape when t
 one, so it stays a cheap producer the schedule fuses). Phases without taps keep the init.
 Only the multiply-adds that meet real inputs remain.
 
+Grouped ones (``linalg.conv_2d_ngchw_gfchw``) read the stuffed tensor through a
+``tensor.expand_shape`` that splits its channels into groups; the phases read the original
+input split the same way.
+
 Runs in ``x86.normalize``, before the analysis, so the cost model sees the phase
 convolutions the schedule will run.
 """
@@ -30,11 +34,14 @@ from typing import Any
 from stagegraph.mlir.build import named_structured_op
 from stagegraph.mlir.walk import DefUse, top_level_ops
 
-# Convolutions whose layout is (batch, channels, spatial...) x (filters, channels,
-# spatial...): the spatial dims are 2.. in all three operands.
-_CONVOLUTIONS = frozenset(
-    {"linalg.conv_1d_ncw_fcw", "linalg.conv_2d_nchw_fchw", "linalg.conv_3d_ncdhw_fcdhw"}
-)
+# Convolutions whose spatial dims come last in all three operands (image, filter, output),
+# after the batch/group/channel dims: how many spatial dims each has.
+_CONVOLUTIONS = {
+    "linalg.conv_1d_ncw_fcw": 1,
+    "linalg.conv_2d_nchw_fchw": 2,
+    "linalg.conv_3d_ncdhw_fcdhw": 3,
+    "linalg.conv_2d_ngchw_gfchw": 2,
+}
 _FLOATS = ("f16", "bf16", "f32", "f64")
 
 
@@ -61,6 +68,7 @@ class _Match:
 
     conv: Any
     stuffed: Any  # the tensor.insert_slice op
+    expand: Any | None  # a tensor.expand_shape splitting the channels into groups, if any
     zeros: Any  # the linalg.fill or arith.constant op making the zero tensor
     strides: list[int]  # per spatial dim
     phases: list[list[_Phase]]  # per spatial dim
@@ -145,19 +153,25 @@ def _match(op: Any, uses: DefUse) -> _Match | None:
         return None
     if str(out_t.element_type) not in _FLOATS:
         return None
-    rank = image_t.rank - 2
+    rank = _CONVOLUTIONS[op.name]
     conv_strides, dilations = _ints(op, "strides", rank), _ints(op, "dilations", rank)
     if conv_strides is None or dilations is None or any(s != 1 for s in conv_strides):
         return None
-    stuffed = uses.owner(op.operands[0])
+    if op.operands[2] == op.operands[0] or not _only_reader(op.operands[0], op, uses):
+        return None  # something else reads the stuffed tensor: it stays anyway
+    stuffed, expand = uses.owner(op.operands[0]), None
+    if stuffed is not None and stuffed.name == "tensor.expand_shape":
+        expand, stuffed = stuffed, uses.owner(stuffed.operands[0])
+        if not _splits_leading_dims(expand, rank) or not _only_reader(
+            expand.operands[0], expand, uses
+        ):
+            return None
     if stuffed is None or stuffed.name != "tensor.insert_slice" or len(stuffed.operands) != 2:
         return None  # dynamic offsets/sizes/strides are operands
-    users = uses.users(op.operands[0])
-    if len(users) != 1 or users[0] != op or op.operands[2] == op.operands[0]:
-        return None  # something else reads the stuffed tensor: it stays anyway
     source_t = ir.RankedTensorType(stuffed.operands[0].type)
-    if source_t.rank != image_t.rank or not source_t.has_static_shape:
+    if not source_t.has_static_shape:
         return None
+    lead = source_t.rank - rank
     zeros = _zero_tensor(stuffed.operands[1], uses)
     if zeros is None:
         return None
@@ -165,21 +179,39 @@ def _match(op: Any, uses: DefUse) -> _Match | None:
     steps = _array(stuffed, "static_strides")
     if sizes != list(source_t.shape):
         return None
-    for dim in (0, 1):  # batch and channels: whole, unstrided
-        if offsets[dim] != 0 or steps[dim] != 1 or sizes[dim] != image_t.shape[dim]:
+    dest = ir.RankedTensorType(stuffed.operands[1].type).shape
+    for dim in range(lead):  # batch and channels: whole, unstrided
+        if offsets[dim] != 0 or steps[dim] != 1 or sizes[dim] != dest[dim]:
             return None
-    strides = steps[2:]
+    strides = steps[lead:]
     if any(s < 1 for s in strides) or all(s == 1 for s in strides):
         return None  # stride 1: only a zero border, no inserted zeros to skip
-    kernel_sizes, out_sizes = kernel_t.shape[2:], out_t.shape[2:]
+    kernel_sizes, out_sizes = kernel_t.shape[-rank:], out_t.shape[-rank:]
     phases = [
         _dim_phases(size, pad, stride, kernel, dilation, out)
         for size, pad, stride, kernel, dilation, out in zip(
-            source_t.shape[2:], offsets[2:], strides, kernel_sizes, dilations, out_sizes,
+            source_t.shape[lead:], offsets[lead:], strides, kernel_sizes, dilations, out_sizes,
             strict=True,
         )
     ]  # fmt: skip
-    return _Match(op, stuffed, zeros, strides, phases)
+    return _Match(op, stuffed, expand, zeros, strides, phases)
+
+
+def _only_reader(value: Any, op: Any, uses: DefUse) -> bool:
+    users = uses.users(value)
+    return len(users) == 1 and users[0] == op
+
+
+def _splits_leading_dims(expand: Any, rank: int) -> bool:
+    """Whether the ``tensor.expand_shape`` ``expand`` (static) keeps its last ``rank`` dims
+    (the spatial ones) as they are: it only splits the channels into groups."""
+    from stagegraph.mlir.bindings import ir
+
+    if len(expand.operands) != 1:
+        return False
+    groups = [[ir.IntegerAttr(d).value for d in g] for g in expand.attributes["reassociation"]]
+    width = ir.RankedTensorType(expand.results[0].type).rank
+    return len(groups) > rank and groups[-rank:] == [[d] for d in range(width - rank, width)]
 
 
 def _dim_phases(size: int, pad: int, s: int, kernel: int, d: int, out: int) -> list[_Phase]:
@@ -218,15 +250,17 @@ def _rewrite(match: _Match, uses: DefUse) -> None:
     conv = match.conv
     image = match.stuffed.operands[0]
     kernel, init = conv.operands[1], conv.operands[2]
-    image_t, kernel_t = ir.RankedTensorType(image.type), ir.RankedTensorType(kernel.type)
-    out_t = ir.RankedTensorType(init.type)
+    kernel_t, out_t = ir.RankedTensorType(kernel.type), ir.RankedTensorType(init.type)
     element = out_t.element_type
-    n, channels = image_t.shape[:2]
-    filters = kernel_t.shape[0]
+    rank = len(match.phases)
     combos = list(itertools.product(*match.phases))
     live = [c for c in combos if all(p.taps for p in c)]
     with ir.InsertionPoint(conv), conv.location:
         padded, low = _padded(image, match, element, uses)
+        if match.expand is not None:  # the same channel groups, of the padded image
+            padded = _grouped(padded, match.expand, rank)
+        image_t = ir.RankedTensorType(padded.type)
+        lead, kernel_lead, out_lead = (t.rank - rank for t in (image_t, kernel_t, out_t))
         # Every output in some phase with taps: the phases write it all, the init is unread.
         acc = (
             tensor.EmptyOp(list(out_t.shape), element).result if len(live) == len(combos)
@@ -235,20 +269,20 @@ def _rewrite(match: _Match, uses: DefUse) -> None:
         for combo in live:
             window = _slice(
                 padded,
-                [0, 0, *(p.start - lo for p, lo in zip(combo, low, strict=True))],
-                [n, channels, *(p.length for p in combo)],
+                [0] * lead + [p.start - lo for p, lo in zip(combo, low, strict=True)],
+                [*image_t.shape[:lead], *(p.length for p in combo)],
                 [1] * image_t.rank,
             )
             taps = _slice(
                 kernel,
-                [0, 0, *(p.first for p in combo)],
-                [filters, channels, *(p.taps for p in combo)],
-                [1, 1, *(p.step for p in combo)],
+                [0] * kernel_lead + [p.first for p in combo],
+                [*kernel_t.shape[:kernel_lead], *(p.taps for p in combo)],
+                [1] * kernel_lead + [p.step for p in combo],
             )
-            offsets = [0, 0, *(p.r for p in combo)]
-            sizes = [n, filters, *(p.count for p in combo)]
-            steps = [1, 1, *match.strides]
-            start = _phase_init(init, offsets, sizes, steps, uses)
+            offsets = [0] * out_lead + [p.r for p in combo]
+            sizes = [*out_t.shape[:out_lead], *(p.count for p in combo)]
+            steps = [1] * out_lead + match.strides
+            start = _phase_init(init, offsets, sizes, steps, rank, uses)
             attributes = {
                 "dilations": _vector([p.dilation for p in combo]),
                 "strides": _vector([1] * len(combo)),
@@ -257,7 +291,21 @@ def _rewrite(match: _Match, uses: DefUse) -> None:
             acc = tensor.InsertSliceOp(made, acc, [], [], [], offsets, sizes, steps).result
     conv.results[0].replace_all_uses_with(acc)
     conv.erase()
-    _erase_if_unused([match.stuffed, match.zeros], uses)
+    stuffed = [match.stuffed, match.zeros]
+    _erase_if_unused([match.expand, *stuffed] if match.expand else stuffed, uses)
+
+
+def _grouped(image: Any, like: Any, rank: int) -> Any:
+    """``image`` with its channels split into groups as the ``tensor.expand_shape``
+    ``like`` splits the stuffed tensor's (its spatial dims: ``image``'s own)."""
+    from stagegraph.mlir.bindings import dialect, ir
+
+    image_t = ir.RankedTensorType(image.type)
+    shape = ir.RankedTensorType(like.results[0].type).shape
+    shape = [*shape[:-rank], *image_t.shape[-rank:]]
+    result = ir.RankedTensorType.get(shape, image_t.element_type)
+    reassociation = like.attributes["reassociation"]
+    return dialect("tensor").ExpandShapeOp(result, image, reassociation, [], shape).result
 
 
 def _vector(values: list[int]) -> Any:
@@ -277,19 +325,20 @@ def _padded(image: Any, match: _Match, element: Any, uses: DefUse) -> tuple[Any,
 
     image_t = ir.RankedTensorType(image.type)
     shape = list(image_t.shape)
+    lead = len(shape) - len(match.phases)
     low, high = [], []
-    for size, phases in zip(shape[2:], match.phases, strict=True):
+    for size, phases in zip(shape[lead:], match.phases, strict=True):
         live = [p for p in phases if p.taps]
         low.append(min([0, *(p.start for p in live)]))
         high.append(max([size, *(p.start + p.length for p in live)]))
-    if all(lo == 0 for lo in low) and high == shape[2:]:
+    if all(lo == 0 for lo in low) and high == shape[lead:]:
         return image, low
     tensor = dialect("tensor")
-    padded_shape = [*shape[:2], *(hi - lo for lo, hi in zip(low, high, strict=True))]
+    padded_shape = [*shape[:lead], *(hi - lo for lo, hi in zip(low, high, strict=True))]
     empty = tensor.EmptyOp(padded_shape, element).result
     zero = _zero_scalar(match, element, uses)
     zeros = named_structured_op("linalg.fill", [zero], [empty])
-    inner = [0, 0, *(-lo for lo in low)]
+    inner = [0] * lead + [-lo for lo in low]
     placed = tensor.InsertSliceOp(image, zeros, [], [], [], inner, shape, [1] * len(shape))
     return placed.result, low
 
@@ -315,7 +364,7 @@ def _slice(value: Any, offsets: list[int], sizes: list[int], steps: list[int]) -
 
 
 def _phase_init(
-    init: Any, offsets: list[int], sizes: list[int], steps: list[int], uses: DefUse
+    init: Any, offsets: list[int], sizes: list[int], steps: list[int], rank: int, uses: DefUse
 ) -> Any:
     """The init of one phase's outputs: a new fill (of the same value) or bias broadcast
     (of the same input) of the phase's shape when ``init`` is one, so it stays a producer
@@ -329,7 +378,7 @@ def _phase_init(
         return named_structured_op("linalg.fill", [owner.operands[0]], [empty])
     if owner is not None and owner.name == "linalg.broadcast" and len(owner.operands) == 2:
         added = list(ir.DenseI64ArrayAttr(owner.attributes["dimensions"]))
-        if all(dim in added for dim in range(2, len(sizes))):  # spatial dims broadcast
+        if all(dim in added for dim in range(len(sizes) - rank, len(sizes))):  # spatial
             empty = dialect("tensor").EmptyOp(sizes, element).result
             return _broadcast(owner, empty)
     return _slice(init, offsets, sizes, steps)
