@@ -125,15 +125,19 @@ def _phases_with_taps(image, stride, kernel, dilation, pad, out) -> int:
 
 
 def _rewritten(text: str) -> tuple[int, list[str], int]:
-    """Rewrite count, the linalg ops left, and how many convolutions read a tensor made by
-    a strided ``tensor.insert_slice``."""
+    """Rewrite count, the linalg ops left, and how many convolutions (named or generic)
+    read a tensor made by a strided ``tensor.insert_slice``."""
     with new_context(), ir.Location.unknown():
         module = ir.Module.parse(text)
         count = decompose_strided_transposed_convolutions(module)
         assert module.operation.verify()
         names = [op.name for op in collect(module.operation, lambda op: "linalg." in op.name)]
         stuffed_reads = 0
-        for op in collect(module.operation, lambda op: op.name.startswith("linalg.conv")):
+        readers = collect(
+            module.operation,
+            lambda op: op.name.startswith("linalg.conv") or op.name == "linalg.generic",
+        )
+        for op in readers:
             source = op.operands[0].owner
             if isinstance(source, ir.OpView) and source.operation.name == "tensor.insert_slice":
                 steps = list(ir.DenseI64ArrayAttr(source.operation.attributes["static_strides"]))
@@ -342,3 +346,74 @@ def test_grouped_phases_match_per_group_transposed_convolutions(tmp_path, case, 
     np.savez(tmp_path / "tcg.npz", in0=x, in1=w, in2=b, out0=expected)
     report = sg.run("x86", str(path), threads=1)
     assert report.verified is True, report
+
+
+def _generic_payload(n, c, f, image, stride, kernel, dilation, pad, high, out_stride=1):
+    """@main(x, w, b): the 2-D convolution as a ``linalg.generic`` (grouped 3-D ones are
+    imported so), its accumulation written ``out + product``; ``out_stride`` > 1 makes it
+    a strided convolution, which the rewrite does not take."""
+    stuffed, out = _sizes(image, stride, kernel, dilation, pad, high)
+    if out_stride != 1:
+        out = [(size - d * (k - 1) - 1) // out_stride + 1
+               for size, d, k in zip(stuffed, dilation, kernel, strict=True)]  # fmt: skip
+    x, z = _shape([n, c, *image]), _shape([n, c, *stuffed])
+    w, y = _shape([f, c, *kernel]), _shape([n, f, *out])
+    rows = f"d2 * {out_stride}" if out_stride != 1 else "d2"
+    offsets = ", ".join(str(v) for v in [0, 0, *pad])
+    sizes = ", ".join(str(v) for v in [n, c, *image])
+    steps = ", ".join(str(v) for v in [1, 1, *stride])
+    return f"""
+#image = affine_map<(d0, d1, d2, d3, d4, d5, d6)
+    -> (d0, d4, {rows} + d5 * {dilation[0]}, d3 + d6 * {dilation[1]})>
+#kernel = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d1, d4, d5, d6)>
+#out = affine_map<(d0, d1, d2, d3, d4, d5, d6) -> (d0, d1, d2, d3)>
+func.func @main(%x: tensor<{x}xf32>, %w: tensor<{w}xf32>, %b: tensor<{f}xf32>)
+    -> tensor<{y}xf32> {{
+  %v = arith.constant 0.0 : f32
+  %ez = tensor.empty() : tensor<{z}xf32>
+  %zeros = linalg.fill ins(%v : f32) outs(%ez : tensor<{z}xf32>) -> tensor<{z}xf32>
+  %s = tensor.insert_slice %x into %zeros[{offsets}] [{sizes}] [{steps}]
+    : tensor<{x}xf32> into tensor<{z}xf32>
+  %e = tensor.empty() : tensor<{y}xf32>
+  %i = linalg.broadcast ins(%b : tensor<{f}xf32>) outs(%e : tensor<{y}xf32>) dimensions = [0, 2, 3]
+  %r = linalg.generic {{indexing_maps = [#image, #kernel, #out], iterator_types = ["parallel",
+      "parallel", "parallel", "parallel", "reduction", "reduction", "reduction"]}}
+      ins(%s, %w : tensor<{z}xf32>, tensor<{w}xf32>) outs(%i : tensor<{y}xf32>) {{
+  ^bb0(%a: f32, %k: f32, %acc: f32):
+    %m = arith.mulf %k, %a : f32
+    %t = arith.addf %acc, %m : f32
+    linalg.yield %t : f32
+  }} -> tensor<{y}xf32>
+  return %r : tensor<{y}xf32>
+}}
+"""
+
+
+@pytest.mark.parametrize("case", ["2d_asymmetric", "2d_s2_d2_half_empty", "2d_s5_d2"])
+def test_generic_convolution_phases_match_a_direct_transposed_convolution(tmp_path, case):
+    """A ``linalg.generic`` convolution splits into generic phases (same loops and body,
+    the image read at the phase's dilation)."""
+    image, stride, kernel, dilation, pad, high = _CASES[case]
+    n, c, f = 2, 3, 4
+    _, out = _sizes(image, stride, kernel, dilation, pad, high)
+    text = _generic_payload(n, c, f, image, stride, kernel, dilation, pad, high)
+    count, names, stuffed_reads = _rewritten(text)
+    phases = _phases_with_taps(image, stride, kernel, dilation, pad, out)
+    assert count == 1 and stuffed_reads == 0 and names.count("linalg.generic") == phases
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((n, c, *image), dtype=np.float32)
+    w = rng.standard_normal((f, c, *kernel), dtype=np.float32)
+    b = rng.standard_normal(f, dtype=np.float32)
+    path = tmp_path / "tcgen.mlir"
+    path.write_text(text)
+    expected = _reference(x, w, b, stride, kernel, dilation, pad, out, "bias")
+    np.savez(tmp_path / "tcgen.npz", in0=x, in1=w, in2=b, out0=expected)
+    report = sg.run("x86", str(path), threads=1)
+    assert report.verified is True, report
+
+
+def test_left_alone_when_the_generic_convolution_is_strided():
+    image, stride, kernel, dilation, pad, high = _CASES["2d_s2_k3"]
+    text = _generic_payload(1, 2, 3, image, stride, kernel, dilation, pad, high, out_stride=2)
+    count, names, stuffed_reads = _rewritten(text)
+    assert count == 0 and stuffed_reads == 1 and names.count("linalg.generic") == 1

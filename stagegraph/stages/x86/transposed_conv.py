@@ -16,9 +16,11 @@ of the output's init (a fresh fill or bias broadcast of the phase's shape when t
 one, so it stays a cheap producer the schedule fuses). Phases without taps keep the init.
 Only the multiply-adds that meet real inputs remain.
 
-Grouped ones (``linalg.conv_2d_ngchw_gfchw``) read the stuffed tensor through a
-``tensor.expand_shape`` that splits its channels into groups; the phases read the original
-input split the same way.
+Grouped ones (``linalg.conv_2d_ngchw_gfchw``, or a ``linalg.generic`` for 3-D: linalg has
+no named grouped 3-D convolution) read the stuffed tensor through a ``tensor.expand_shape``
+that splits its channels into groups; the phases read the original input split the same
+way. A generic qualifies when its body is ``out + image * filter`` and its last image dims
+read ``d_out + dilation * d_tap`` (stride 1); its phases are generics with the same loops.
 
 Runs in ``x86.normalize``, before the analysis, so the cost model sees the phase
 convolutions the schedule will run.
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagegraph.mlir.build import named_structured_op
-from stagegraph.mlir.walk import DefUse, top_level_ops
+from stagegraph.mlir.walk import DefUse, children, top_level_ops
 
 # Convolutions whose spatial dims come last in all three operands (image, filter, output),
 # after the batch/group/channel dims: how many spatial dims each has.
@@ -141,7 +143,9 @@ def _match(op: Any, uses: DefUse) -> _Match | None:
     """``op`` as a convolution of a zero-stuffed input, or ``None``."""
     from stagegraph.mlir.bindings import ir
 
-    if op.name not in _CONVOLUTIONS or len(op.operands) != 3 or len(op.results) != 1:
+    if op.name not in _CONVOLUTIONS and op.name != "linalg.generic":
+        return None
+    if len(op.operands) != 3 or len(op.results) != 1:
         return None
     types = [op.operands[i].type for i in range(3)]
     if not all(isinstance(t, ir.RankedTensorType) for t in types):
@@ -153,10 +157,16 @@ def _match(op: Any, uses: DefUse) -> _Match | None:
         return None
     if str(out_t.element_type) not in _FLOATS:
         return None
-    rank = _CONVOLUTIONS[op.name]
-    conv_strides, dilations = _ints(op, "strides", rank), _ints(op, "dilations", rank)
-    if conv_strides is None or dilations is None or any(s != 1 for s in conv_strides):
-        return None
+    if op.name == "linalg.generic":
+        spatial = _generic_convolution(op)
+        if spatial is None:
+            return None
+        rank, dilations = len(spatial.pairs), spatial.dilations
+    else:
+        rank = _CONVOLUTIONS[op.name]
+        conv_strides, dilations = _ints(op, "strides", rank), _ints(op, "dilations", rank)
+        if conv_strides is None or dilations is None or any(s != 1 for s in conv_strides):
+            return None
     if op.operands[2] == op.operands[0] or not _only_reader(op.operands[0], op, uses):
         return None  # something else reads the stuffed tensor: it stays anyway
     stuffed, expand = uses.owner(op.operands[0]), None
@@ -195,6 +205,77 @@ def _match(op: Any, uses: DefUse) -> _Match | None:
         )
     ]  # fmt: skip
     return _Match(op, stuffed, expand, zeros, strides, phases)
+
+
+@dataclass(frozen=True)
+class _GenericConvolution:
+    """A ``linalg.generic`` convolution (``out += image * filter``, stride 1) whose last
+    image dims read ``d_out + dilation * d_tap`` and whose filter and output end with those
+    taps and outputs: the loops (``pairs``: output loop, tap loop) and ``dilations`` per
+    spatial dim."""
+
+    pairs: list[tuple[int, int]]
+    dilations: list[int]
+
+
+def _term(expr: Any) -> tuple[int, int] | None:
+    """``d_i`` or ``d_i * c`` (c > 0) as ``(i, c)``."""
+    from stagegraph.mlir.bindings import ir
+
+    if isinstance(expr, ir.AffineDimExpr):
+        return expr.position, 1
+    if isinstance(expr, ir.AffineMulExpr):
+        dim, factor = expr.lhs, expr.rhs
+        if isinstance(dim, ir.AffineDimExpr) and isinstance(factor, ir.AffineConstantExpr):
+            return (dim.position, factor.value) if factor.value > 0 else None
+    return None
+
+
+def _multiply_accumulates(op: Any) -> bool:
+    """Whether ``op``'s body is ``yield out + in0 * in1`` (operands in either order)."""
+    body = children(op)  # plain ops: no dialect module imported to look
+    if [o.name for o in body] != ["arith.mulf", "arith.addf", "linalg.yield"]:
+        return False
+    mul, add, end = body
+    args = list(op.regions[0].blocks[0].arguments)
+    if len(args) != 3 or len(end.operands) != 1 or end.operands[0] != add.results[0]:
+        return False
+    if {mul.operands[0], mul.operands[1]} != {args[0], args[1]}:
+        return False
+    return {add.operands[0], add.operands[1]} == {mul.results[0], args[2]}
+
+
+def _generic_convolution(op: Any) -> _GenericConvolution | None:
+    """``op`` (a ``linalg.generic``) as a stride-1 convolution with trailing spatial dims
+    (grouped 3-D ones are imported this way), else ``None``."""
+    from stagegraph.mlir.bindings import ir
+
+    if not _multiply_accumulates(op):
+        return None
+    maps = [ir.AffineMapAttr(m).value for m in op.attributes["indexing_maps"]]
+    image, kernel, out = (list(m.results) for m in maps)
+    sums = 0
+    while sums < len(image) and isinstance(image[-1 - sums], ir.AffineAddExpr):
+        sums += 1
+    if sums == 0 or sums > len(kernel) or sums > len(out):
+        return None
+    pairs, dilations = [], []
+    for expr, tap, output in zip(image[-sums:], kernel[-sums:], out[-sums:], strict=True):
+        terms = (_term(expr.lhs), _term(expr.rhs))
+        if None in terms or not all(isinstance(e, ir.AffineDimExpr) for e in (tap, output)):
+            return None
+        found = dict(terms)
+        if len(found) != 2 or found.get(output.position) != 1 or tap.position not in found:
+            return None  # not d_out + dilation * d_tap at stride 1
+        pairs.append((output.position, tap.position))
+        dilations.append(found[tap.position])
+    spatial = {d for pair in pairs for d in pair}
+    if len(spatial) != 2 * sums:
+        return None
+    for expr in [*image[:-sums], *kernel[:-sums], *out[:-sums]]:
+        if not isinstance(expr, ir.AffineDimExpr) or expr.position in spatial:
+            return None  # the other dims: plain loops, none of the spatial ones
+    return _GenericConvolution(pairs, dilations)
 
 
 def _only_reader(value: Any, op: Any, uses: DefUse) -> bool:
@@ -283,11 +364,12 @@ def _rewrite(match: _Match, uses: DefUse) -> None:
             sizes = [*out_t.shape[:out_lead], *(p.count for p in combo)]
             steps = [1] * out_lead + match.strides
             start = _phase_init(init, offsets, sizes, steps, rank, uses)
-            attributes = {
-                "dilations": _vector([p.dilation for p in combo]),
-                "strides": _vector([1] * len(combo)),
-            }
-            made = named_structured_op(conv.name, [window, taps], [start], attributes)
+            dilations = [p.dilation for p in combo]
+            if conv.name == "linalg.generic":
+                made = _generic_phase(conv, [window, taps], start, dilations)
+            else:
+                attributes = {"dilations": _vector(dilations), "strides": _vector([1] * rank)}
+                made = named_structured_op(conv.name, [window, taps], [start], attributes)
             acc = tensor.InsertSliceOp(made, acc, [], [], [], offsets, sizes, steps).result
     conv.results[0].replace_all_uses_with(acc)
     conv.erase()
@@ -306,6 +388,42 @@ def _grouped(image: Any, like: Any, rank: int) -> Any:
     result = ir.RankedTensorType.get(shape, image_t.element_type)
     reassociation = like.attributes["reassociation"]
     return dialect("tensor").ExpandShapeOp(result, image, reassociation, [], shape).result
+
+
+def _generic_phase(conv: Any, inputs: list[Any], init: Any, dilations: list[int]) -> Any:
+    """The ``linalg.generic`` convolution ``conv`` over ``inputs`` into ``init`` at
+    ``dilations``: the same loops and body, the image read at ``d_out + dilation * d_tap``."""
+    from stagegraph.mlir.bindings import dialect, ir
+
+    spatial = _generic_convolution(conv)
+    assert spatial is not None  # matched before
+    maps = [ir.AffineMapAttr(m).value for m in conv.attributes["indexing_maps"]]
+    image = list(maps[0].results)[: -len(dilations)]
+    for (output, tap), dilation in zip(spatial.pairs, dilations, strict=True):
+        step = ir.AffineDimExpr.get(tap)
+        if dilation != 1:
+            step = ir.AffineMulExpr.get(step, ir.AffineConstantExpr.get(dilation))
+        image.append(ir.AffineAddExpr.get(ir.AffineDimExpr.get(output), step))
+    maps[0] = ir.AffineMap.get(maps[0].n_dims, 0, image)
+    op = ir.Operation.create(
+        "linalg.generic",
+        results=[init.type],
+        operands=[*inputs, init],
+        attributes={
+            "indexing_maps": ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+            "iterator_types": conv.attributes["iterator_types"],
+            "operandSegmentSizes": ir.DenseI32ArrayAttr.get([2, 1]),
+        },
+        regions=1,
+    )
+    element = ir.RankedTensorType(init.type).element_type
+    block = op.regions[0].blocks.append(element, element, element)
+    arith = dialect("arith")
+    with ir.InsertionPoint(block):
+        product = arith.MulFOp(block.arguments[0], block.arguments[1]).result
+        total = arith.AddFOp(product, block.arguments[2]).result
+        ir.Operation.create("linalg.yield", operands=[total])
+    return op.results[0]
 
 
 def _vector(values: list[int]) -> Any:
