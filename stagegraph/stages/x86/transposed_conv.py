@@ -44,7 +44,6 @@ _CONVOLUTIONS = {
     "linalg.conv_3d_ncdhw_fcdhw": 3,
     "linalg.conv_2d_ngchw_gfchw": 2,
 }
-_FLOATS = ("f16", "bf16", "f32", "f64")
 
 
 @dataclass(frozen=True)
@@ -153,9 +152,10 @@ def _match(op: Any, uses: DefUse) -> _Match | None:
     image_t, kernel_t, out_t = (ir.RankedTensorType(t) for t in types)
     if not all(t.has_static_shape for t in (image_t, kernel_t, out_t)):
         return None
-    if len({str(t.element_type) for t in (image_t, kernel_t, out_t)}) != 1:
-        return None
-    if str(out_t.element_type) not in _FLOATS:
+    element = out_t.element_type
+    if not isinstance(element, ir.FloatType):
+        return None  # a fill of float 0 is what proves the inserted-into tensor zero
+    if image_t.element_type != element or kernel_t.element_type != element:
         return None
     if op.name == "linalg.generic":
         spatial = _generic_convolution(op)
