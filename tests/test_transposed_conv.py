@@ -417,3 +417,34 @@ def test_left_alone_when_the_generic_convolution_is_strided():
     text = _generic_payload(1, 2, 3, image, stride, kernel, dilation, pad, high, out_stride=2)
     count, names, stuffed_reads = _rewritten(text)
     assert count == 0 and stuffed_reads == 1 and names.count("linalg.generic") == 1
+
+
+def test_phase_arithmetic_matches_the_stuffed_convolution_in_one_dim():
+    """The per-dim phase plan (which taps, which input window) reproduces the stride-1
+    convolution of the stuffed input, over many sizes, strides, dilations and paddings
+    (including paddings that push whole taps off the input)."""
+    from stagegraph.stages.x86.transposed_conv import _dim_phases
+
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        size, s, kernel, d = (int(v) for v in rng.integers(1, [7, 6, 6, 4]))
+        pad, high = (int(v) for v in rng.integers(0, [2 * s + d * kernel, 2 * s + 3]))
+        stuffed = pad + s * (size - 1) + 1 + high
+        out = stuffed - d * (kernel - 1)
+        if out < 1:
+            continue
+        x, w = rng.standard_normal(size), rng.standard_normal(kernel)
+        zero_stuffed = np.zeros(stuffed)
+        zero_stuffed[pad : pad + s * (size - 1) + 1 : s] = x
+        direct = np.array(
+            [sum(zero_stuffed[o + d * k] * w[k] for k in range(kernel)) for o in range(out)]
+        )
+        phased = np.zeros(out)
+        for phase in _dim_phases(size, pad, s, kernel, d, out):
+            for q, m in itertools.product(range(phase.count), range(phase.taps)):
+                i = phase.start + phase.dilation * m + q
+                if 0 <= i < size:
+                    phased[phase.r + s * q] += x[i] * w[phase.first + phase.step * m]
+        np.testing.assert_allclose(
+            phased, direct, atol=1e-12, err_msg=str((size, s, kernel, d, pad))
+        )
