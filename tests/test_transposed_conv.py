@@ -448,3 +448,26 @@ def test_phase_arithmetic_matches_the_stuffed_convolution_in_one_dim():
         np.testing.assert_allclose(
             phased, direct, atol=1e-12, err_msg=str((size, s, kernel, d, pad))
         )
+
+
+def test_left_alone_with_a_dynamic_batch():
+    text = """
+func.func @main(%x: tensor<?x2x4x4xf32>, %w: tensor<3x2x3x3xf32>) -> tensor<?x3x7x7xf32> {
+  %v = arith.constant 0.0 : f32
+  %c0 = arith.constant 0 : index
+  %n = tensor.dim %x, %c0 : tensor<?x2x4x4xf32>
+  %ez = tensor.empty(%n) : tensor<?x2x9x9xf32>
+  %zeros = linalg.fill ins(%v : f32) outs(%ez : tensor<?x2x9x9xf32>) -> tensor<?x2x9x9xf32>
+  %s = tensor.insert_slice %x into %zeros[0, 0, 2, 2] [%n, 2, 4, 4] [1, 1, 2, 2]
+    : tensor<?x2x4x4xf32> into tensor<?x2x9x9xf32>
+  %e = tensor.empty(%n) : tensor<?x3x7x7xf32>
+  %i = linalg.fill ins(%v : f32) outs(%e : tensor<?x3x7x7xf32>) -> tensor<?x3x7x7xf32>
+  %r = linalg.conv_2d_nchw_fchw
+    {dilations = dense<1> : vector<2xi64>, strides = dense<1> : vector<2xi64>}
+    ins(%s, %w : tensor<?x2x9x9xf32>, tensor<3x2x3x3xf32>) outs(%i : tensor<?x3x7x7xf32>)
+    -> tensor<?x3x7x7xf32>
+  return %r : tensor<?x3x7x7xf32>
+}
+"""
+    count, _, stuffed_reads = _rewritten(text)
+    assert count == 0 and stuffed_reads == 1
