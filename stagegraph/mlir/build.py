@@ -9,23 +9,31 @@ dialect's C++ region builder knows how to fill, so it can be created generically
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 
-def named_structured_op(name: str, inputs: Sequence[Any], outputs: Sequence[Any]) -> Any:
+def named_structured_op(
+    name: str,
+    inputs: Sequence[Any],
+    outputs: Sequence[Any],
+    attributes: Mapping[str, Any] | None = None,
+) -> Any:
     """A named linalg op ``name`` (say ``"linalg.matmul"``) reading ``inputs`` and
     accumulating into ``outputs``, with its body filled as its OpDSL definition says; returns
-    its single result (on tensors) or the op (on buffers). Needs an insertion point and a
-    location, as every op builder does."""
+    its single result (on tensors) or the op (on buffers). ``attributes`` are the op's own
+    (a convolution's ``strides``/``dilations``: set at creation, asking a result for its
+    owner would import the ``linalg`` module). Needs an insertion point and a location, as
+    every op builder does."""
     from stagegraph.mlir.bindings import ir, linalg_native
 
     result_types = [v.type for v in outputs if isinstance(v.type, ir.RankedTensorType)]
+    segments = ir.DenseI32ArrayAttr.get([len(inputs), len(outputs)])
     op = ir.Operation.create(
         name,
         results=result_types,
         operands=[*inputs, *outputs],
-        attributes={"operandSegmentSizes": ir.DenseI32ArrayAttr.get([len(inputs), len(outputs)])},
+        attributes={**(attributes or {}), "operandSegmentSizes": segments},
         regions=1,
     )
     linalg_native.fill_builtin_region(op)

@@ -168,11 +168,15 @@ class ScheduleConfig(Config):
 @stage("passes", name="x86.normalize")
 def normalize(module: TensorModule) -> TensorModule:
     """Rewrites that decide which schedule an op takes, run before the analysis so the cost
-    model sees the ops the schedule will: pointwise convolutions become matmuls
+    model sees the ops the schedule will: strided transposed convolutions become one
+    convolution per output phase (:mod:`stagegraph.stages.x86.transposed_conv`), then
+    pointwise convolutions (some phases' among them) become matmuls
     (:mod:`stagegraph.stages.x86.pointwise`)."""
     from stagegraph.stages.x86.pointwise import pointwise_convolutions_to_matmuls
+    from stagegraph.stages.x86.transposed_conv import decompose_strided_transposed_convolutions
 
     with module.ir.context, ir_location(module.ir):
+        decompose_strided_transposed_convolutions(module.ir)
         pointwise_convolutions_to_matmuls(module.ir)
     return module
 
