@@ -296,18 +296,22 @@ def test_openmp_binary_leaves_the_callers_cpu_affinity_alone():
     assert os.sched_getaffinity(0) == before
 
 
-def test_openmp_workers_sleep_when_idle_unless_the_user_says_otherwise():
-    """Idle workers must not spin between calls (they would take the cores a loaded machine's
-    other threads need); a KMP_BLOCKTIME the user set is kept. Checked in children: the
-    runtime reads the variable once, when it starts."""
+def test_openmp_workers_sleep_when_idle_on_a_busy_machine_unless_the_user_says_otherwise():
+    """Idle workers must not spin between calls where other processes already fill the cores
+    (they would take the cores a parallel loop's threads need), and may where the machine is
+    quiet; a KMP_BLOCKTIME the user set is kept. Checked in children: the runtime reads the
+    variable once, when it starts."""
     import os
     import subprocess
     import sys
 
+    from stagegraph.runtime.openmp import default_blocktime
+
+    assert default_blocktime(3.0, 2) == "0" and default_blocktime(1.2, 2) is None
     code = (
         "import os\n"
         "from stagegraph.runtime import openmp\n"
-        "openmp.library_path.cache_clear()\n"
+        "os.getloadavg = lambda: (float(os.environ['FAKE_LOAD']), 0.0, 0.0)\n"
         "try:\n"
         "    openmp.library_path()\n"
         "except Exception:\n"
@@ -315,11 +319,16 @@ def test_openmp_workers_sleep_when_idle_unless_the_user_says_otherwise():
         "print(os.environ.get('KMP_BLOCKTIME'))\n"
     )
     env = {k: v for k, v in os.environ.items() if k != "KMP_BLOCKTIME"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "0", out.stderr
-    env["KMP_BLOCKTIME"] = "50"
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
-    assert out.stdout.strip() == "50", out.stderr
+
+    def blocktime(**extra: str) -> str:
+        run = [sys.executable, "-c", code]
+        done = subprocess.run(run, env={**env, **extra}, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert blocktime(FAKE_LOAD="1000") == "0"
+    assert blocktime(FAKE_LOAD="0") == "None"
+    assert blocktime(FAKE_LOAD="1000", KMP_BLOCKTIME="50") == "50"
 
 
 def test_one_walk_tells_what_is_not_lowered_and_whether_openmp_is_needed():

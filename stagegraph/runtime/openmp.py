@@ -18,13 +18,15 @@ from stagegraph.errors import OpenMPRuntimeNotFound
 from stagegraph.runtime.heap import keep_heap_pages
 
 ENV_VAR = "STAGEGRAPH_OPENMP_LIB"
-# How long (ms) an idle OpenMP worker spins before it sleeps; the runtime reads it when it
-# starts. Its default, 200 ms, spans back-to-back calls: on a machine whose cores other
-# processes also use, the spinning workers take the cores the other threads of a parallel
-# loop need, and every join waits for a descheduled thread (a Linear + BatchNorm payload ran
-# 3.5x slower at 2 threads than with 0). A worker then sleeps at once; the user's own
-# setting wins.
-BLOCKTIME_VAR, BLOCKTIME_DEFAULT = "KMP_BLOCKTIME", "0"
+# How long (ms) an idle OpenMP worker spins before it sleeps; the runtime reads it once, when
+# it starts. Its default, 200 ms, spans back-to-back calls. On a quiet machine that is what
+# short calls want (a 256^3 matmul at 2 threads: 1.18x OpenBLAS spinning, 0.64x sleeping, as
+# every call wakes the workers). On a machine whose cores other processes already use, the
+# spinning workers take the cores the threads of a parallel loop need and every join waits
+# for a descheduled thread (Linear + BatchNorm at 2 threads beside two busy processes: 3x
+# IREE's time spinning, 1 ms or 200 ms alike, 0.4x sleeping). So the workers sleep at once
+# when the load average already fills the usable cores; the user's own setting always wins.
+BLOCKTIME_VAR, BUSY_BLOCKTIME = "KMP_BLOCKTIME", "0"
 _DISTRIBUTIONS = ("intel-openmp", "cmeel-libomp")
 _NAMES = ("libiomp5.so", "libomp.so", "libomp.so.5")
 
@@ -37,7 +39,9 @@ def library_path() -> str:
         OpenMPRuntimeNotFound: neither ``$STAGEGRAPH_OPENMP_LIB`` nor a known package has one.
     """
     keep_heap_pages()
-    os.environ.setdefault(BLOCKTIME_VAR, BLOCKTIME_DEFAULT)
+    blocktime = default_blocktime(os.getloadavg()[0], len(os.sched_getaffinity(0)))
+    if blocktime is not None:
+        os.environ.setdefault(BLOCKTIME_VAR, blocktime)
     override = os.environ.get(ENV_VAR)
     if override:
         if not Path(override).is_file():
@@ -57,6 +61,13 @@ def library_path() -> str:
         "multi-threaded code needs an OpenMP runtime with the __kmpc_* ABI: "
         "pip install 'intel-openmp==2026.2.0' (or set $STAGEGRAPH_OPENMP_LIB)"
     )
+
+
+def default_blocktime(load_average: float, cores: int) -> str | None:
+    """``KMP_BLOCKTIME`` for a process starting now: 0 (sleep when idle) when other work
+    already fills the ``cores`` (the one-minute ``load_average`` above them), else None
+    (the runtime's own default)."""
+    return BUSY_BLOCKTIME if load_average > cores else None
 
 
 def _has_kmpc(path: Path) -> bool:
