@@ -212,8 +212,9 @@ def test_x86_kernelbench_matches_npz(capsys, stem):
 
 def test_x86_parallel_shared_library_links_the_openmp_runtime(capsys, tmp_path):
     lib = tmp_path / "mm.so"
+    # Too little work to thread by itself: --param forces the threads --threads grants.
     code, report = run_json(capsys, "x86", "matmul:m=256,n=128,k=64", "--threads", "2",
-                            "--emit", "shared", "-o", str(lib))  # fmt: skip
+                            "--param", "threads=2", "--emit", "shared", "-o", str(lib))  # fmt: skip
     assert code == 0 and report["verified"] is True
     assert report["params"]["matmul"][0]["threads"] == 2
 

@@ -290,7 +290,7 @@ def test_openmp_binary_leaves_the_callers_cpu_affinity_alone():
     if len(before) < 2:
         pytest.skip("needs two usable cores")
     work = parse_workload("matmul:m=64,n=64,k=64")
-    measurement = prepare(Engine(), with_params(load_graph("x86"), {}, 2), work, None)
+    measurement = prepare(Engine(), with_params(load_graph("x86"), {"threads": 2}, 2), work, None)
     assert measurement.verdict.ok
     measurement.measure(3)
     assert os.sched_getaffinity(0) == before

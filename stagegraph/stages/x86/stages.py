@@ -141,7 +141,9 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
     """Tiles from the vector width, register file and cache sizes; threads from the target
     (fewer when the matmul work is small, see ``MIN_FLOPS_PER_THREAD``)."""
     ops = matmul_ops(facts)
-    threads = config.threads or _payload_threads(facts, target.cores)
+    # --threads grants cores; the payload uses as many as its work is worth (an unrolled
+    # RNN threaded ran 3.5x slower than on one core).
+    threads = _payload_threads(facts, config.threads or target.cores)
     sites = []
     for op in ops:
         c = op.contraction
