@@ -40,13 +40,20 @@ _BETA = (4.89352518554385e-03, 2.26843463243900e-03, 1.18534705686654e-04, 1.198
 def approximate_tanh(module: Any) -> int:
     """Replace every f32 ``math.tanh`` (scalar or vector) in ``module`` by the rational
     approximation; returns how many were replaced."""
+    return _replace_f32(module, "math.tanh", _tanh)
+
+
+def _replace_f32(module: Any, name: str, build: Any) -> int:
+    """Replace every f32 op ``name`` (scalar or vector) of ``module`` by ``build(operand,
+    value type, element type)``; returns how many were replaced (other types keep libm's
+    accuracy)."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect
 
     module = getattr(module, "ir", module)
     count = 0
     with module.context:
-        for op in collect(module.operation, "math.tanh"):
+        for op in collect(module.operation, name):
             value_type = op.results[0].type
             element = (
                 value_type.element_type if isinstance(value_type, ir.VectorType) else value_type
@@ -54,7 +61,7 @@ def approximate_tanh(module: Any) -> int:
             if not isinstance(element, ir.F32Type):
                 continue
             with ir.InsertionPoint(op), op.location:
-                approximation = _tanh(op.operands[0], value_type, element)
+                approximation = build(op.operands[0], value_type, element)
             op.results[0].replace_all_uses_with(approximation)
             op.erase()
             count += 1
@@ -103,25 +110,7 @@ _EXP_P = (5.0000001201e-1, 1.6666665459e-1, 4.1665795894e-2, 8.3334519073e-3,
 def approximate_exp(module: Any) -> int:
     """Replace every f32 ``math.exp`` (scalar or vector) in ``module`` by Cephes' ``expf``
     written in ``arith``; returns how many were replaced."""
-    from stagegraph.mlir.bindings import ir
-    from stagegraph.mlir.walk import collect
-
-    module = getattr(module, "ir", module)
-    count = 0
-    with module.context:
-        for op in collect(module.operation, "math.exp"):
-            value_type = op.results[0].type
-            element = (
-                value_type.element_type if isinstance(value_type, ir.VectorType) else value_type
-            )
-            if not isinstance(element, ir.F32Type):
-                continue
-            with ir.InsertionPoint(op), op.location:
-                approximation = _exp(op.operands[0], value_type, element)
-            op.results[0].replace_all_uses_with(approximation)
-            op.erase()
-            count += 1
-    return count
+    return _replace_f32(module, "math.exp", _exp)
 
 
 def _exp(x: Any, value_type: Any, element: Any) -> Any:

@@ -35,6 +35,7 @@ from typing import Any
 
 from stagegraph.mlir.build import named_structured_op
 from stagegraph.mlir.walk import DefUse, children, top_level_ops
+from stagegraph.stages.x86.pointwise import window_attr
 
 # Convolutions whose spatial dims come last in all three operands (image, filter, output),
 # after the batch/group/channel dims: how many spatial dims each has.
@@ -91,16 +92,6 @@ def decompose_strided_transposed_convolutions(module: Any) -> int:
             _rewrite(match, uses)
         count += len(found)
     return count
-
-
-def _ints(op: Any, name: str, rank: int) -> list[int] | None:
-    """The ``strides``/``dilations`` of a convolution (absent: all 1)."""
-    from stagegraph.mlir.bindings import ir
-
-    if name not in op.attributes:
-        return [1] * rank
-    values = [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])]
-    return values if len(values) == rank else None
 
 
 def _array(op: Any, name: str) -> list[int]:
@@ -164,8 +155,8 @@ def _match(op: Any, uses: DefUse) -> _Match | None:
         rank, dilations = len(spatial.pairs), spatial.dilations
     else:
         rank = _CONVOLUTIONS[op.name]
-        conv_strides, dilations = _ints(op, "strides", rank), _ints(op, "dilations", rank)
-        if conv_strides is None or dilations is None or any(s != 1 for s in conv_strides):
+        conv_strides, dilations = window_attr(op, "strides"), window_attr(op, "dilations")
+        if len(conv_strides) != rank or len(dilations) != rank or any(s != 1 for s in conv_strides):
             return None
     if op.operands[2] == op.operands[0] or not _only_reader(op.operands[0], op, uses):
         return None  # something else reads the stuffed tensor: it stays anyway
