@@ -1162,3 +1162,44 @@ def test_batched_matmul_between_elementwise_ops_matches_numpy(tmp_path):
     (tmp_path / "bmm.mlir").write_text(BATCHED)
     np.savez(tmp_path / "bmm.npz", in0=a, in1=b, out0=np.exp(np.matmul(a * 0.5, b)))
     assert sg.run("x86", str(tmp_path / "bmm.mlir"), threads=1).verified is True
+
+
+def _loop_ancestors(op) -> list[str]:
+    """Names of the loops enclosing ``op``, innermost first."""
+    names = []
+    parent = op.parent
+    while parent is not None and parent.name != "func.func":
+        if parent.name in ("scf.for", "scf.forall"):
+            names.append(parent.name)
+        parent = parent.parent
+    return names
+
+
+@pytest.mark.parametrize("channels", [6, 16], ids=["nchw", "channels-last"])
+def test_convolution_output_tiles_are_one_parallel_loop(channels: int) -> None:
+    """A convolution's output tiles (batch, channels, rows, width tiles) form one outermost
+    ``scf.forall``, which threads split; its input channels and window are serial loops
+    inside it, around the FMAs. (As a nest of ``scf.for`` loops it ran on one thread.)"""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import entry_function
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.x86.generic_schedule import (
+        apply_generic_schedule,
+        build_generic_schedule,
+    )
+    from stagegraph.stages.x86.prepare import prepare
+
+    text, _ = _conv2d_nchw(2, 5, channels, (9, 21), (3, 3), (1, 1), (1, 1))
+    module = parse_payload(text)
+    with module.context, ir.Location.unknown():
+        prepare(module, entry_function(module, "main"))  # channels-last when they fill vectors
+    facts = analyze(module)
+    with module.context, ir.Location.unknown():
+        schedule = build_generic_schedule(facts, heuristic_generic_params(facts, AVX512))
+        apply_generic_schedule(module, schedule, facts)
+    fmas = collect(module, "vector.fma")
+    assert fmas
+    for fma in fmas:
+        loops = _loop_ancestors(fma)
+        assert loops[-1] == "scf.forall" and loops.count("scf.forall") == 1
+        assert "scf.for" in loops[:-1]  # the reduction over channels and window rows

@@ -116,7 +116,7 @@ def _lower(payload, prefix: str, threads: int) -> list[str]:
     from stagegraph.runtime import openmp
 
     run(f"{prefix},{lowering.TO_OPENMP}")
-    lowering.schedule_dynamic(payload)  # a one-block loop has no omp.wsloop left
+    lowering.schedule_guided(payload)  # a one-block loop has no omp.wsloop left
     run(lowering.OPENMP_TO_LLVM)
     return [openmp.library_path()]
 
@@ -400,11 +400,12 @@ def test_parallel_block_loop_is_dynamic():
         passmanager.PassManager.parse(
             f"builtin.module({lowering.BUFFERIZE},{lowering.TO_OPENMP})"
         ).run(payload.operation)
-        assert lowering.schedule_dynamic(payload) == 1
+        assert lowering.schedule_guided(payload) == 1
         loops = [op for fn in payload.body.operations for op in _walk(fn.operation)]
         (wsloop,) = [op for op in loops if op.name == "omp.wsloop"]
-        assert "schedule_kind" in wsloop.attributes
-        assert lowering.schedule_dynamic(payload) == 0  # already set: left alone
+        kind = ir.Attribute.parse("#omp<schedulekind guided>")
+        assert wsloop.attributes["schedule_kind"] == kind
+        assert lowering.schedule_guided(payload) == 0  # already set: left alone
 
 
 @pytest.mark.parametrize("pack", [True, False], ids=["pack", "nopack"])
@@ -920,3 +921,57 @@ def test_a_few_rows_against_a_cached_b_are_not_packed(shape, pack):
     few rows against a B within a quarter of L2 that tiles evenly run unpacked."""
     m, n, k = shape
     assert heuristic_matmul_params(m, n, k, "f32", AVX2).pack is pack
+
+
+def _conv_payload(n: int, c: int, f: int, hw: int) -> str:
+    """A 3x3 NCHW convolution of ``n`` images of ``c`` channels into ``f`` channels."""
+    o = hw - 2
+    tx, tw, to = (f"tensor<{'x'.join(map(str, s))}xf32>"
+                  for s in ((n, c, hw, hw), (f, c, 3, 3), (n, f, o, o)))  # fmt: skip
+    return f"""
+func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : {to}
+  %f = linalg.fill ins(%z : f32) outs(%e : {to}) -> {to}
+  %r = linalg.conv_2d_nchw_fchw ins(%x, %w : {tx}, {tw}) outs(%f : {to}) -> {to}
+  return %r : {to}
+}}
+"""
+
+
+@pytest.mark.parametrize(("shape", "threaded"), [((8, 32, 32, 58), True), ((1, 4, 4, 10), False)])
+def test_threads_follow_the_largest_convolution(shape, threaded):
+    """Convolutions count like matmuls: a payload of one large convolution (240 MFLOP)
+    uses the cores, a small one stays on one thread (no matmul either way)."""
+    from stagegraph.mlir.diagnostics import parse_payload
+    from stagegraph.stages.analysis import analyze
+    from stagegraph.stages.common.costmodel import CostModelConfig
+    from stagegraph.stages.x86.stages import heuristic
+
+    facts = analyze(parse_payload(_conv_payload(*shape)))
+    params = heuristic.fn(facts, AVX2, CostModelConfig())
+    assert params.matmul == ()
+    assert params.payload_threads() == (AVX2.cores if threaded else 1)
+    forced = heuristic.fn(facts, AVX2, CostModelConfig(overrides={"threads": 3}))
+    assert forced.payload_threads() == 3  # --param threads=N still forces a count
+
+
+def test_convolution_runs_on_two_threads(tmp_path):
+    """End to end on two threads: the convolution's output tiles are an OpenMP loop, and
+    the result matches numpy's."""
+    import stagegraph as sg
+    from stagegraph.mlir.walk import collect
+
+    pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    n, c, f, hw = 2, 16, 32, 30
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, c, hw, hw), dtype=np.float32)
+    w = rng.standard_normal((f, c, 3, 3), dtype=np.float32)
+    windows = np.lib.stride_tricks.sliding_window_view(x, (3, 3), axis=(2, 3))
+    expected = np.einsum("nchwij,fcij->nfhw", windows, w, dtype=np.float64)
+    (tmp_path / "p.mlir").write_text(_conv_payload(n, c, f, hw))
+    np.savez(tmp_path / "p.npz", in0=x, in1=w, out0=expected.astype(np.float32))
+    payload = str(tmp_path / "p.mlir")
+    lowered = sg.run("x86", payload, threads=2, until="lower").module.ir
+    assert collect(lowered, "omp.wsloop")
+    assert sg.run("x86", payload, threads=2).verified is True

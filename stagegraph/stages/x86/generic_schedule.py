@@ -357,19 +357,35 @@ class _Builder:
             targets = self.match(body_root, OP_ATTR, op.index)
             each = transform.ForeachOp([], [targets])
             with ir.InsertionPoint(each.body):
-                target = each.body.arguments[0]
-                tiled = structured.TileUsingForOp(target, sizes=sizes)
-                compute = tiled.results[0]
+                compute, scope = self._tile_convolution(each.body.arguments[0], op, sizes)
                 if decompose:
                     compute = structured.DecomposeOp(compute).result
                 structured.VectorizeOp(compute)
-                loops = list(tiled.results[1:])
-                if loops:
+                if scope is not None:
                     if self.params.conv_drop_unit_dims or pools_along_width(op, self.params):
-                        self.drop_unit_dims(loops[0])
-                    self.lower_vectors(loops[0])
+                        self.drop_unit_dims(scope)
+                    self.lower_vectors(scope)
                 transform.YieldOp([])
             transform.YieldOp([])
+
+    def _tile_convolution(self, target: Any, op: OpFacts, sizes: list[int]) -> tuple[Any, Any]:
+        """(tiled op, outermost loop or None): the output tiles (batch, channels, image) as
+        one ``scf.forall`` -- on several threads each thread takes whole output tiles --
+        and the window and input channels as serial loops inside it, in the same order
+        a serial nest would run them."""
+        structured = self.structured
+        kinds = op.iterator_types
+        parallel = [s if k == "parallel" else 0 for s, k in zip(sizes, kinds, strict=True)]
+        reduction = [s if k == "reduction" else 0 for s, k in zip(sizes, kinds, strict=True)]
+        compute, scope = target, None
+        if any(parallel):
+            tiled = structured.TileUsingForallOp(self.any, self.any, compute, tile_sizes=parallel)
+            compute, scope = tiled.results[0], tiled.results[1]
+        if any(reduction):
+            tiled = structured.TileUsingForOp(compute, sizes=reduction)
+            compute = tiled.results[0]
+            scope = scope if scope is not None else tiled.results[1]
+        return compute, scope
 
 
 def build_generic_schedule(

@@ -222,7 +222,7 @@ def _split_for_threads(
     ``BLOCKS_PER_THREAD`` blocks per thread, or both edges reach ``MIN_BLOCK_PANELS``
     register panels.
 
-    Threads take blocks dynamically (``lowering.schedule_dynamic``): with more than one
+    Threads take blocks in shrinking chunks (``lowering.schedule_guided``): with more than one
     block each, a thread slowed by another runnable thread on its core (e.g. an idle BLAS
     worker spinning) does fewer blocks instead of holding up the loop. But every block
     packs its own B slice (once per row of blocks) and A slice (once per column of

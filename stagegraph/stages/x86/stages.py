@@ -29,6 +29,10 @@ class X86Params(Params):
 
     matmul: tuple[MatmulParams, ...] = ()
     generic: GenericParams = Field(default_factory=GenericParams)
+    threads: int = Field(
+        1, ge=1, le=1024,
+        description="threads the payload's parallel loops run on (at least every matmul's)",
+    )  # fmt: skip
     op_params: dict[str, GenericParams] = Field(
         default_factory=dict,
         description="generic params of single ops, by OpFacts.signature (tuned layers); "
@@ -77,7 +81,13 @@ class X86Params(Params):
             matmul=tuple(apply_overrides(p, mm) for p in self.matmul),
             generic=apply_overrides(self.generic, gen),
             op_params={s: apply_overrides(p, gen) for s, p in self.op_params.items()},
+            threads=overrides.get("threads", self.threads),
         )
+
+    def payload_threads(self) -> int:
+        """Threads the lowered payload runs on: its own count, or more if a matmul's params
+        (a tuned site, an older record) ask for more."""
+        return max([self.threads, *(p.threads for p in self.matmul)])
 
 
 def generic_op_kind(op: Any) -> str:
@@ -107,7 +117,7 @@ MIN_FLOPS_PER_THREAD = 4 << 20
 
 
 def _threads_for(flops: int, cores: int) -> int:
-    """Threads for a matmul of ``flops`` when the config does not say."""
+    """Threads for a contraction of ``flops`` when the config does not say."""
     return max(1, min(cores, flops // MIN_FLOPS_PER_THREAD))
 
 
@@ -117,17 +127,17 @@ FORK_JOIN_FLOPS = MIN_FLOPS_PER_THREAD // 16
 
 
 def _payload_threads(facts: PayloadFacts, cores: int) -> int:
-    """Threads for the payload: what its largest matmul is worth, if the work the matmuls
-    worth splitting save outweighs a fork and a join for every loop of the payload; else
-    one. (Once a payload is threaded, ``x86.lower`` keeps its loops too small to gain
-    serial, see :mod:`stagegraph.stages.common.serial_loops`; this bound stays the
-    conservative one.)
+    """Threads for the payload: what its largest matmul or convolution is worth, if the
+    work the contractions worth splitting save outweighs a fork and a join for every
+    loop of the payload; else one. (Once a payload is threaded, ``x86.lower`` keeps its
+    loops too small to gain serial, see :mod:`stagegraph.stages.common.serial_loops`;
+    this bound stays the conservative one.)
 
     An unrolled recurrent network's hundreds of small steps gain nothing from threads
     however much work they add up to, and pay a fork and a join each (a GRU ran 10 ms on
     one thread and 38 ms on two; the OpenMP lowering of its ~1,200 loops also made LLVM's
     compile 3-4x slower)."""
-    ops = matmul_ops(facts)
+    ops = [*matmul_ops(facts), *(op for op in facts.ops if op.op_class == "convolution")]
     threads = _threads_for(max((op.flops for op in ops), default=0), cores)
     if threads <= 1:
         return 1
@@ -152,7 +162,9 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
         by_batch = c.batch >= 4 * threads or c.batch % threads == 0
         p = heuristic_matmul_params(c.m, c.n, c.k, dtype, target, 1 if by_batch else threads)
         sites.append(p.model_copy(update={"threads": threads}))
-    params = X86Params(matmul=tuple(sites), generic=heuristic_generic_params(facts, target))
+    params = X86Params(
+        matmul=tuple(sites), generic=heuristic_generic_params(facts, target), threads=threads
+    )
     return apply_overrides(params, config.overrides)
 
 
@@ -438,16 +450,16 @@ def lower(
     if not target.has("avx512bf16"):  # else LLVM would call compiler-rt's __truncsfbf2
         expand_bf16_truncation(module.ir)
         define_bf16_builtins(module.ir)
-    threads = max((p.threads for p in params.matmul), default=1)
+    threads = params.payload_threads()
     if threads > 1:
         # A loop whose work saves less than a fork and a join stays serial.
         serialize_small_parallel_loops(module.ir, threads * FORK_JOIN_FLOPS // (threads - 1))
     if threads <= 1:
         run_lowering(module, lowering.LOWER_TO_LLVM)
     else:
-        # Threads take the parallel loop's blocks dynamically (see lowering.schedule_dynamic).
+        # Threads take the parallel loop's blocks in shrinking chunks (lowering.schedule_guided).
         run_lowering(module, lowering.TO_OPENMP)
-        lowering.schedule_dynamic(module.ir)
+        lowering.schedule_guided(module.ir)
         run_pipeline(module, lowering.OPENMP_TO_LLVM)
     forbid_inlining(module.ir)
     lowering.require_llvm_level(module.ir, "this lowering stage")
