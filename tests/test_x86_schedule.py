@@ -878,9 +878,11 @@ def test_threads_follow_the_largest_matmul_not_the_sum():
     assert heuristic.fn(large, AVX2, CostModelConfig()).matmul[0].threads == AVX2.cores
 
 
-def _one_large_and_small_steps(steps: int) -> str:
-    """A 256^3 matmul (an input projection) beside ``steps`` dependent 32x128x128 ones."""
-    big, t, u = "tensor<256x256xf32>", "tensor<32x128xf32>", "tensor<128x128xf32>"
+def _one_large_and_small_steps(steps: int, rows: int = 32, width: int = 128) -> str:
+    """A 256^3 matmul (an input projection) beside ``steps`` dependent ``rows x width x
+    width`` ones."""
+    big, t = "tensor<256x256xf32>", f"tensor<{rows}x{width}xf32>"
+    u = f"tensor<{width}x{width}xf32>"
     lines = [f"func.func @main(%x: {big}, %w: {big}, %h: {t}, %u: {u}) -> ({big}, {t}) {{",
              "  %zero = arith.constant 0.0 : f32",
              f"  %eb = tensor.empty() : {big}", f"  %e = tensor.empty() : {t}",
@@ -975,3 +977,19 @@ def test_convolution_runs_on_two_threads(tmp_path):
     lowered = sg.run("x86", payload, threads=2, until="lower").module.ir
     assert collect(lowered, "omp.wsloop")
     assert sg.run("x86", payload, threads=2).verified is True
+
+
+def test_steps_too_small_to_fork_leave_the_projection_its_threads():
+    """Steps whose loops run serially anyway (4x64x64: 32 KFLOP each) cost no forks, so
+    300 of them do not keep the large input projection off the cores; their own sites keep
+    one thread (whole blocks)."""
+    from stagegraph.mlir.diagnostics import parse_payload
+    from stagegraph.stages.analysis import analyze
+    from stagegraph.stages.common.costmodel import CostModelConfig
+    from stagegraph.stages.x86.stages import heuristic
+
+    facts = analyze(parse_payload(_one_large_and_small_steps(300, rows=4, width=64)))
+    params = heuristic.fn(facts, AVX2, CostModelConfig())
+    assert params.payload_threads() == AVX2.cores
+    assert params.matmul[0].threads == AVX2.cores
+    assert {p.threads for p in params.matmul[1:]} == {1}

@@ -103,3 +103,24 @@ def reassociation_attr(groups: Sequence[Sequence[int]]) -> Any:
     return ir.ArrayAttr.get(
         [ir.ArrayAttr.get([ir.IntegerAttr.get(i64, d) for d in group]) for group in groups]
     )
+
+
+def collapse_shape(value: Any, groups: Sequence[Sequence[int]], shape: Sequence[int]) -> Any:
+    """``tensor.collapse_shape`` of ``value`` merging each group of dims (``groups``) into
+    one, giving ``shape``."""
+    from stagegraph.mlir.bindings import dialect, ir
+
+    element = ir.RankedTensorType(value.type).element_type
+    result = ir.RankedTensorType.get(list(shape), element)
+    return dialect("tensor").CollapseShapeOp(result, value, reassociation_attr(groups)).result
+
+
+def expand_shape(value: Any, groups: Sequence[Sequence[int]], shape: Sequence[int]) -> Any:
+    """``tensor.expand_shape`` of ``value`` splitting each of its dims into a group of
+    ``groups``, giving the static ``shape``."""
+    from stagegraph.mlir.bindings import dialect, ir
+
+    element = ir.RankedTensorType(value.type).element_type
+    result = ir.RankedTensorType.get(list(shape), element)
+    groups_attr = reassociation_attr(groups)
+    return dialect("tensor").ExpandShapeOp(result, value, groups_attr, [], list(shape)).result

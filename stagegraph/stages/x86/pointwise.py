@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagegraph.mlir.build import generic, named_structured_op, reassociation_attr
+from stagegraph.mlir.build import collapse_shape, expand_shape, generic, named_structured_op
 from stagegraph.mlir.walk import top_level_ops
 
 # Layout of each pointwise-capable convolution: where the channels sit in the image.
@@ -125,13 +125,13 @@ def _nchw(image: Any, kernel: Any, init: Any, element: Any) -> Any:
     n, channels, height, width = ir.RankedTensorType(image.type).shape
     filters = ir.RankedTensorType(kernel.type).shape[0]
     pixels = height * width
-    weights = _collapse(kernel, [[0], [1, 2, 3]], [filters, channels])
+    weights = collapse_shape(kernel, [[0], [1, 2, 3]], [filters, channels])
     if n == 1:
-        pixels_of = _collapse(image, [[0, 1], [2, 3]], [channels, pixels])
+        pixels_of = collapse_shape(image, [[0, 1], [2, 3]], [channels, pixels])
         acc = _init(init, [[0, 1], [2, 3]], [filters, pixels])
         made = named_structured_op("linalg.matmul", [weights, pixels_of], [acc])
-        return _expand(made, [[0, 1], [2, 3]], [1, filters, height, width])
-    pixels_of = _collapse(image, [[0], [1], [2, 3]], [n, channels, pixels])
+        return expand_shape(made, [[0, 1], [2, 3]], [1, filters, height, width])
+    pixels_of = collapse_shape(image, [[0], [1], [2, 3]], [n, channels, pixels])
     # The filters once per image: batch_matmul's operands index the batch loop (the copy is
     # filters x channels per image against filters x channels x pixels multiply-adds).
     per_image = _empty([n, filters, channels], element)
@@ -145,7 +145,7 @@ def _nchw(image: Any, kernel: Any, init: Any, element: Any) -> Any:
     )
     acc = _init(init, [[0], [1], [2, 3]], [n, filters, pixels])
     made = named_structured_op("linalg.batch_matmul", [broadcast, pixels_of], [acc])
-    return _expand(made, [[0], [1], [2, 3]], [n, filters, height, width])
+    return expand_shape(made, [[0], [1], [2, 3]], [n, filters, height, width])
 
 
 def _ngchw(image: Any, kernel: Any, init: Any, element: Any) -> Any:
@@ -156,7 +156,7 @@ def _ngchw(image: Any, kernel: Any, init: Any, element: Any) -> Any:
     n, groups, channels, height, width = ir.RankedTensorType(image.type).shape
     filters = ir.RankedTensorType(kernel.type).shape[1]
     batch, pixels = n * groups, height * width
-    weights = _collapse(kernel, [[0], [1], [2, 3, 4]], [groups, filters, channels])
+    weights = collapse_shape(kernel, [[0], [1], [2, 3, 4]], [groups, filters, channels])
     per_image = _empty([n, groups, filters, channels], element)
     d = [ir.AffineDimExpr.get(i) for i in range(4)]
     broadcast = generic(
@@ -166,11 +166,11 @@ def _ngchw(image: Any, kernel: Any, init: Any, element: Any) -> Any:
         ["parallel"] * 4,
         lambda value, _out: value,
     )
-    filters_of = _collapse(broadcast, [[0, 1], [2], [3]], [batch, filters, channels])
-    pixels_of = _collapse(image, [[0, 1], [2], [3, 4]], [batch, channels, pixels])
+    filters_of = collapse_shape(broadcast, [[0, 1], [2], [3]], [batch, filters, channels])
+    pixels_of = collapse_shape(image, [[0, 1], [2], [3, 4]], [batch, channels, pixels])
     acc = _init(init, [[0, 1], [2], [3, 4]], [batch, filters, pixels])
     made = named_structured_op("linalg.batch_matmul", [filters_of, pixels_of], [acc])
-    return _expand(made, [[0, 1], [2], [3, 4]], [n, groups, filters, height, width])
+    return expand_shape(made, [[0, 1], [2], [3, 4]], [n, groups, filters, height, width])
 
 
 def _nhwc(image: Any, kernel: Any, init: Any) -> Any:
@@ -180,11 +180,11 @@ def _nhwc(image: Any, kernel: Any, init: Any) -> Any:
     n, height, width, channels = ir.RankedTensorType(image.type).shape
     filters = ir.RankedTensorType(kernel.type).shape[3]
     rows = n * height * width
-    pixels_of = _collapse(image, [[0, 1, 2], [3]], [rows, channels])
-    weights = _collapse(kernel, [[0, 1, 2], [3]], [channels, filters])
+    pixels_of = collapse_shape(image, [[0, 1, 2], [3]], [rows, channels])
+    weights = collapse_shape(kernel, [[0, 1, 2], [3]], [channels, filters])
     acc = _init(init, [[0, 1, 2], [3]], [rows, filters])
     made = named_structured_op("linalg.matmul", [pixels_of, weights], [acc])
-    return _expand(made, [[0, 1, 2], [3]], [n, height, width, filters])
+    return expand_shape(made, [[0, 1, 2], [3]], [n, height, width, filters])
 
 
 def _init(init: Any, groups: list[list[int]], shape: list[int]) -> Any:
@@ -197,27 +197,10 @@ def _init(init: Any, groups: list[list[int]], shape: list[int]) -> Any:
         value = owner.operation.operands[0]
         empty = _empty(shape, ir.RankedTensorType(init.type).element_type)
         return named_structured_op("linalg.fill", [value], [empty])
-    return _collapse(init, groups, shape)
+    return collapse_shape(init, groups, shape)
 
 
 def _empty(shape: list[int], element: Any) -> Any:
     from stagegraph.mlir.bindings import dialect
 
     return dialect("tensor").EmptyOp(shape, element).result
-
-
-def _collapse(value: Any, groups: list[list[int]], shape: list[int]) -> Any:
-    from stagegraph.mlir.bindings import dialect, ir
-
-    element = ir.RankedTensorType(value.type).element_type
-    result = ir.RankedTensorType.get(shape, element)
-    return dialect("tensor").CollapseShapeOp(result, value, reassociation_attr(groups)).result
-
-
-def _expand(value: Any, groups: list[list[int]], shape: list[int]) -> Any:
-    from stagegraph.mlir.bindings import dialect, ir
-
-    element = ir.RankedTensorType(value.type).element_type
-    result = ir.RankedTensorType.get(shape, element)
-    tensor = dialect("tensor")
-    return tensor.ExpandShapeOp(result, value, reassociation_attr(groups), [], shape).result

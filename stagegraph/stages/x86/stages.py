@@ -126,24 +126,37 @@ def _threads_for(flops: int, cores: int) -> int:
 FORK_JOIN_FLOPS = MIN_FLOPS_PER_THREAD // 16
 
 
+def serial_below(threads: int) -> int:
+    """Work (lane operations) below which a loop runs serially on ``threads`` threads: what
+    it would save, ``work * (1 - 1 / threads)``, is less than a fork and a join."""
+    return threads * FORK_JOIN_FLOPS // (threads - 1)
+
+
 def _payload_threads(facts: PayloadFacts, cores: int) -> int:
     """Threads for the payload: what its largest matmul or convolution is worth, if the
-    work the contractions worth splitting save outweighs a fork and a join for every
-    loop of the payload; else one. (Once a payload is threaded, ``x86.lower`` keeps its
-    loops too small to gain serial, see :mod:`stagegraph.stages.common.serial_loops`;
-    this bound stays the conservative one.)
+    work the contractions worth splitting save outweighs a fork and a join for every op
+    whose loop stays parallel; else one.
 
-    An unrolled recurrent network's hundreds of small steps gain nothing from threads
-    however much work they add up to, and pay a fork and a join each (a GRU ran 10 ms on
-    one thread and 38 ms on two; the OpenMP lowering of its ~1,200 loops also made LLVM's
-    compile 3-4x slower)."""
+    Once a payload is threaded, ``x86.lower`` keeps its loops too small to gain serial
+    (:mod:`stagegraph.stages.common.serial_loops`), so an unrolled recurrent network's
+    hundreds of small steps cost no forks: its input projections (large matmuls) take the
+    threads and its steps run as before. Each step that is big enough to stay parallel
+    (work or output elements above :func:`serial_below`) counts one fork and one join, so
+    hundreds of mid-sized steps still keep a payload on one thread (before loops were
+    serialized, a GRU ran 10 ms on one thread and 38 ms on two)."""
     ops = [*matmul_ops(facts), *(op for op in facts.ops if op.op_class == "convolution")]
     threads = _threads_for(max((op.flops for op in ops), default=0), cores)
     if threads <= 1:
         return 1
     splittable = sum(op.flops for op in ops if _threads_for(op.flops, cores) > 1)
     saved = splittable - splittable // threads
-    return threads if saved > len(facts.ops) * FORK_JOIN_FLOPS else 1
+    parallel = serial_below(threads)
+    forks = sum(
+        1
+        for op in facts.ops
+        if max(op.flops, *(v.numel for v in op.outputs if v.kind == "tensor"), 0) >= parallel
+    )
+    return threads if saved > max(1, forks) * FORK_JOIN_FLOPS else 1
 
 
 @stage("params", name="x86.heuristic")
@@ -159,9 +172,11 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
         c = op.contraction
         dtype = compute_dtype(op)
         # Batch elements run in parallel already: then blocks need not be split for threads.
-        by_batch = c.batch >= 4 * threads or c.batch % threads == 0
-        p = heuristic_matmul_params(c.m, c.n, c.k, dtype, target, 1 if by_batch else threads)
-        sites.append(p.model_copy(update={"threads": threads}))
+        # A step too small to split keeps whole blocks (its loop runs serially anyway).
+        site = threads if op.flops >= serial_below(max(2, threads)) else 1
+        by_batch = c.batch >= 4 * site or c.batch % site == 0
+        p = heuristic_matmul_params(c.m, c.n, c.k, dtype, target, 1 if by_batch else site)
+        sites.append(p.model_copy(update={"threads": site}))
     params = X86Params(
         matmul=tuple(sites), generic=heuristic_generic_params(facts, target), threads=threads
     )
@@ -185,11 +200,18 @@ def normalize(module: TensorModule) -> TensorModule:
     model sees the ops the schedule will: strided transposed convolutions become one
     convolution per output phase (:mod:`stagegraph.stages.x86.transposed_conv`), then
     pointwise convolutions (some phases' among them) become matmuls
-    (:mod:`stagegraph.stages.x86.pointwise`)."""
+    (:mod:`stagegraph.stages.x86.pointwise`). Before those, gathers through constant
+    positions that only reshape become reshapes
+    (:mod:`stagegraph.stages.common.constant_gathers`), and unit dims leave the generic ops
+    (:mod:`stagegraph.stages.common.unit_dims`)."""
+    from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
+    from stagegraph.stages.common.unit_dims import fold_unit_dims
     from stagegraph.stages.x86.pointwise import pointwise_convolutions_to_matmuls
     from stagegraph.stages.x86.transposed_conv import decompose_strided_transposed_convolutions
 
     with module.ir.context, ir_location(module.ir):
+        fold_reshaping_gathers(module.ir)
+        fold_unit_dims(module.ir)
         decompose_strided_transposed_convolutions(module.ir)
         pointwise_convolutions_to_matmuls(module.ir)
     return module
@@ -453,7 +475,7 @@ def lower(
     threads = params.payload_threads()
     if threads > 1:
         # A loop whose work saves less than a fork and a join stays serial.
-        serialize_small_parallel_loops(module.ir, threads * FORK_JOIN_FLOPS // (threads - 1))
+        serialize_small_parallel_loops(module.ir, serial_below(threads))
     if threads <= 1:
         run_lowering(module, lowering.LOWER_TO_LLVM)
     else:
