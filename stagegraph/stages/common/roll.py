@@ -109,7 +109,7 @@ def signature(op: Any, pure_callees: Set[str]) -> Hashable | None:
         return None
     return (
         op.name,
-        len(op.operands),
+        tuple(value.type for value in op.operands),  # a carried init then types as the yield
         tuple(result.type for result in op.results),
         significant_attributes(op),
     )
@@ -506,6 +506,25 @@ def _chain_ops(found: Plan) -> list[Any]:
     return sorted(ops, key=functools.cmp_to_key(lambda a, b: -1 if b.is_before_in_block(a) else 1))
 
 
+#: Ops with no effect but their results: erased from a step when nothing reads them.
+UNUSED_OPS = VIEW_OPS | {"tensor.empty", "arith.constant", "linalg.fill"}
+
+
+def erase_unused(fn: Any) -> int:
+    """Erase the top-level ops of ``fn`` of :data:`UNUSED_OPS` whose results nothing reads
+    (deduplication clones each group's fill into its function and leaves the original, so
+    every step would otherwise hold a dead fill no step may hold); returns how many."""
+    erased = 0
+    for op in reversed(top_level_ops(fn)):
+        if op.name not in UNUSED_OPS or not len(op.results):
+            continue  # a fill of a buffer has no result, and writes
+        if any(True for result in op.results for _ in result.uses):
+            continue
+        op.erase()
+        erased += 1
+    return erased
+
+
 def roll_repeated(fn: Any, pure_callees: Set[str]) -> int:
     """Roll every run of identical steps of ``fn``'s body that provably computes the same
     as a loop (see the module docstring); returns how many loops were made.
@@ -514,6 +533,7 @@ def roll_repeated(fn: Any, pure_callees: Set[str]) -> int:
     (its later suffixes would fail the same way), and after a loop is made the scan goes on
     after it, over the ops listed afresh (an erased op's Python object may stand for a new
     op, so nothing is kept across)."""
+    erase_unused(fn)
     numbering: dict[Hashable, int] = {}
     rolled, start = 0, 0
     ops = top_level_ops(fn)[:-1]  # the terminator never repeats
