@@ -142,10 +142,11 @@ def next_run(ids: Sequence[int], start: int = 0) -> Run | None:
     n = len(ids)
     for i in range(start, n):
         best: Run | None = None
-        if ids[i] < 0:
+        near = ids[i : i + MAX_PERIOD + 1]  # one plain list: most periods fail on its ids
+        if near[0] < 0:
             continue
         for period in range(1, min(MAX_PERIOD, (n - i) // 2) + 1):
-            if ids[i + period] != ids[i]:
+            if near[period] != near[0]:
                 continue
             trips = _trips(ids, i, period)
             if trips >= MIN_TRIPS and (best is None or trips * period > best.trips * best.period):
