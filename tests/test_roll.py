@@ -139,7 +139,10 @@ def test_rolled_steps_compute_the_same(reverse):
     x = rng.standard_normal((STEPS, ROWS, WIDTH), dtype=np.float32)
     h0 = rng.standard_normal((ROWS, WIDTH), dtype=np.float32)
     w = (rng.standard_normal((WIDTH, WIDTH), dtype=np.float32) / 4).astype(np.float32)
+    inputs = [x.copy(), h0.copy(), w.copy()]
     out, last = binary.call("main", [x, h0, w])
+    for given, kept in zip([x, h0, w], inputs, strict=True):
+        np.testing.assert_array_equal(given, kept)  # the carried state is a copy of h0
     expected_out, expected_last = _expected(x, h0, w, reverse)
     np.testing.assert_allclose(out, expected_out, rtol=1e-4, atol=1e-5)
     np.testing.assert_allclose(last, expected_last, rtol=1e-4, atol=1e-5)
