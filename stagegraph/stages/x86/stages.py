@@ -161,7 +161,9 @@ class ScheduleConfig(Config):
     raises, saying why, instead of falling back to loops. ``deduplicate_above``: payloads
     whose entry has more linalg ops than this compile each repeated group of ops once
     (:mod:`stagegraph.stages.common.dedup`); smaller ones compile fast anyway and keep
-    every op inline (no call or strided-argument overhead)."""
+    every op inline (no call or strided-argument overhead). ``roll_steps``: after
+    deduplication, runs of identical steps of the entry become loops
+    (:mod:`stagegraph.stages.common.roll`)."""
 
     propagate_failures: bool = False
     deduplicate_above: int = Field(300, ge=0)
