@@ -5,6 +5,7 @@ compiled once: one private function per distinct group, a call at every site
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from stagegraph.mlir.diagnostics import parse_payload
 
@@ -44,9 +45,10 @@ func.func @main(%h0: tensor<8x16xf32>, %w: tensor<16x16xf32>, %u: tensor<16x32xf
 )
 
 
-def _scheduled(text: str, threads: int = 1):
+def _scheduled(text: str, threads: int = 1, roll: bool = False):
     """``text`` parsed and through the x86 schedule stage, repeated groups deduplicated
-    however small the payload."""
+    however small the payload (and the calls left as they are unless ``roll``: rolling
+    them into loops is tests/test_roll.py's)."""
     from stagegraph.core.ports import Module
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.analysis import analyze
@@ -58,7 +60,7 @@ def _scheduled(text: str, threads: int = 1):
     with payload.context, ir.Location.unknown():
         facts = analyze(payload)
         params = heuristic.fn(facts, detect_target(), CostModelConfig(threads=threads))
-        config = ScheduleConfig(deduplicate_above=0)
+        config = ScheduleConfig(deduplicate_above=0, roll_steps=roll)
         schedule.fn(Module["tensor"](payload), facts, params, config)
         assert payload.operation.verify()
     return payload, params
@@ -104,7 +106,8 @@ func.func @main(%h0: tensor<8x16xf32>, %w: tensor<16x16xf32>) -> tensor<8x16xf32
     assert list(_functions(payload)) == ["main"]
 
 
-def test_deduplicated_payload_computes_the_same():
+@pytest.mark.parametrize("roll", [False, True])
+def test_deduplicated_payload_computes_the_same(roll):
     from stagegraph.core.ports import Module
     from stagegraph.mlir.bindings import ir
     from stagegraph.runtime.jit import JitBinary
@@ -113,7 +116,7 @@ def test_deduplicated_payload_computes_the_same():
     from stagegraph.stages.target import detect_target
     from stagegraph.stages.x86.stages import LowerConfig, lower
 
-    payload, params = _scheduled(PAYLOAD)
+    payload, params = _scheduled(PAYLOAD, roll=roll)
     with payload.context, ir.Location.unknown():
         bufferize.fn(Module["tensor"](payload), BufferizeConfig())
         lower.fn(Module["buffer"](payload), params, detect_target(), LowerConfig())

@@ -83,7 +83,9 @@ def groups(fn: Any, seed: Callable[[Any], bool], heavy: Callable[[Any], bool]) -
     return list(found.values())
 
 
-def _attributes(op: Any, skip: tuple[str, ...] = ()) -> tuple[Any, ...]:
+def significant_attributes(op: Any, skip: tuple[str, ...] = ()) -> tuple[Any, ...]:
+    """``op``'s attributes as (name, ``ir.Attribute``) pairs, stagegraph's labels and the
+    names in ``skip`` left out: what two ops must share to compute the same thing."""
     named = (op.attributes[i] for i in range(len(op.attributes)))
     return tuple(
         (a.name, a.attr)
@@ -123,7 +125,7 @@ def structure_key(fn: Any) -> tuple[Any, ...]:
                 op.name,
                 operands,
                 tuple(result.type for result in op.results),
-                _attributes(op),
+                significant_attributes(op),
                 tuple(regions),
             )
         )

@@ -188,10 +188,18 @@ class ScheduleConfig(Config):
     raises, saying why, instead of falling back to loops. ``deduplicate_above``: payloads
     whose entry has more linalg ops than this compile each repeated group of ops once
     (:mod:`stagegraph.stages.common.dedup`); smaller ones compile fast anyway and keep
-    every op inline (no call or strided-argument overhead)."""
+    every op inline (no call or strided-argument overhead). ``roll_steps``: after
+    deduplication, runs of identical steps of the entry become loops
+    (:mod:`stagegraph.stages.common.roll`)."""
 
     propagate_failures: bool = False
     deduplicate_above: int = Field(300, ge=0)
+    roll_steps: bool = Field(
+        True,
+        description="after deduplication, roll runs of identical steps of the entry (an "
+        "unrolled recurrent network's time steps) into loops "
+        "(stagegraph.stages.common.roll): LLVM then compiles one step, not hundreds",
+    )
 
 
 @stage("passes", name="x86.normalize")
@@ -227,7 +235,7 @@ def schedule(
     """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels."""
     _apply_schedules(
         module, facts, params, propagate_failures=config.propagate_failures,
-        deduplicate=len(facts.ops) > config.deduplicate_above,
+        deduplicate=len(facts.ops) > config.deduplicate_above, roll=config.roll_steps,
     )  # fmt: skip
     return module
 
@@ -239,6 +247,7 @@ def _apply_schedules(
     applied: list[str] | None = None,
     propagate_failures: bool = False,
     deduplicate: bool = False,
+    roll: bool = True,
 ) -> None:
     """What :func:`schedule` does; each transform module applied is appended to ``applied``
     (as text: applying may change it).
@@ -247,6 +256,9 @@ def _apply_schedules(
     moved into one private function per distinct group (:mod:`stagegraph.stages.common.
     dedup`), each scheduled once in a module of its own; the entry, calling them, is
     scheduled last. Compile time then follows the distinct groups, not the op count.
+    With ``roll``, runs of identical steps of the entry (calls of those functions) then
+    become loops (:mod:`stagegraph.stages.common.roll`), so that what LLVM compiles
+    follows the distinct steps too.
     """
     from stagegraph.mlir.walk import strip_attributes
     from stagegraph.stages.analysis import analyze
@@ -263,6 +275,12 @@ def _apply_schedules(
             _schedule_payload(payload, facts, params, applied, propagate_failures)
             strip_attributes(payload, ORIGIN_ATTR)
             return
+        if roll and shared.distinct:
+            from stagegraph.mlir.functions import entry_function
+            from stagegraph.stages.common.roll import roll_repeated
+
+            pure = {d.symbol for d in shared.distinct}  # tensor-only functions of linalg ops
+            roll_repeated(entry_function(payload, facts.entry), pure)
         for distinct in shared.distinct:
             scratch = distinct.scope.module
             local = analyze(scratch, distinct.symbol)
@@ -400,7 +418,10 @@ def describe_schedule(inputs: dict[str, Any], config: Config) -> str:
         copy = TensorModule(parse_module(module if isinstance(module, str) else module.text(),
                                          context, "x86.schedule input"))  # fmt: skip
         deduplicate = len(inputs["facts"].ops) > getattr(config, "deduplicate_above", 300)
-        _apply_schedules(copy, inputs["facts"], inputs["params"], applied, deduplicate=deduplicate)
+        _apply_schedules(
+            copy, inputs["facts"], inputs["params"], applied, deduplicate=deduplicate,
+            roll=getattr(config, "roll_steps", True),
+        )  # fmt: skip
     parts = [f"// transform module {i + 1} of {len(applied)}\n{m}" for i, m in enumerate(applied)]
     return "\n".join(parts)
 
