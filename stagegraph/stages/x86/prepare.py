@@ -40,7 +40,7 @@ from typing import Any
 
 from stagegraph.mlir.bindings import arith, dialect, ir, linalg
 from stagegraph.mlir.build import reassociation_attr
-from stagegraph.mlir.walk import top_level_ops
+from stagegraph.mlir.walk import children, top_level_ops
 from stagegraph.stages.x86.prepare_convolutions import (
     conv3d_to_conv2d_loops,
     conv_to_channels_last,
@@ -64,7 +64,7 @@ def _body(op: Any) -> Any:
 
 
 def _yield(op: Any) -> Any:
-    return list(_body(op).operations)[-1].operation
+    return children(op)[-1]
 
 
 def _owner_op(value: Any) -> Any | None:
@@ -376,9 +376,13 @@ def widen_bool_tensors(fn: Any) -> int:
 
 
 def _all_parallel(op: Any) -> bool:
-    from stagegraph.stages.analysis.ops import declared_iterator_types
+    """Compares the whole attribute: reading its elements would import the linalg module
+    (see ``analysis.ops.declared_iterator_types``)."""
+    from stagegraph.mlir.build import iterator_types_attr
 
-    return all(it == "parallel" for it in declared_iterator_types(op))
+    declared = op.attributes["iterator_types"]
+    parallel = iterator_types_attr(["parallel"] * len(ir.ArrayAttr(declared)), op.context)
+    return declared == parallel
 
 
 def _maps(op: Any) -> list[Any]:
@@ -404,7 +408,7 @@ def _plain_elementwise(op: Any) -> bool:
     block = _body(op)
     if list(block.arguments[_n_inputs(op)].uses):
         return False
-    return all(inner.operation.name != "linalg.index" for inner in block.operations)
+    return all(inner.name != "linalg.index" for inner in children(op))
 
 
 def _feeds_named_linalg(op: Any) -> bool:
@@ -428,7 +432,7 @@ def _plain_reduction(op: Any) -> bool:
         return False
     if _is_bool_tensor(op.results[0].type):
         return False
-    return all(inner.operation.name != "linalg.index" for inner in _body(op).operations)
+    return all(inner.name != "linalg.index" for inner in children(op))
 
 
 _MULTIPLIES = frozenset({"arith.mulf", "arith.muli"})
@@ -555,7 +559,7 @@ CHEAP_BODY_OPS = 2
 
 
 def _cheap(op: Any) -> bool:
-    body = [inner.operation.name for inner in _body(op).operations][:-1]
+    body = [inner.name for inner in children(op)][:-1]
     return len(body) <= CHEAP_BODY_OPS and not any(n.startswith("math.") for n in body)
 
 
