@@ -57,3 +57,27 @@ def test_loop_work_counts_vector_lanes_times_trips(payload):
     # The elementwise loop: 256 elements' loads, multiplies and stores, a few ops each; the
     # matmul's: 2 * 256^3 / 8 lanes... of FMAs alone, far above it.
     assert work[0] < 10_000 < 2 * 256**3 // 8 <= work[-1]
+
+
+NESTED = """
+func.func @main(%m: memref<4x8xf32>) {
+  %one = arith.constant 1.0 : f32
+  scf.forall (%i) in (4) {
+    scf.forall (%j) in (8) {
+      memref.store %one, %m[%i, %j] : memref<4x8xf32>
+    }
+  }
+  return
+}
+"""
+
+
+def test_the_loops_inside_a_serialized_loop_are_serialized_too():
+    """Left parallel, an inner loop would fork once per trip of the now serial outer one."""
+    from stagegraph.mlir.diagnostics import parse_payload
+    from stagegraph.stages.common.serial_loops import serialize_small_parallel_loops
+
+    module = parse_payload(NESTED)
+    assert serialize_small_parallel_loops(module, min_work=1 << 20) == 2
+    assert not collect(module, "scf.forall")
+    assert len(collect(module, "scf.for")) == 2
