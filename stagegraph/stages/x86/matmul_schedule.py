@@ -20,7 +20,16 @@ import functools
 from collections.abc import Sequence
 
 from stagegraph.core.ports import Facts
-from stagegraph.mlir.bindings import arith, dialect, ir, linalg, loop, structured, tensor, transform
+from stagegraph.mlir.bindings import (
+    arith,
+    dialect,
+    ir,
+    linalg_native,
+    loop,
+    structured,
+    tensor,
+    transform,
+)
 from stagegraph.stages.analysis import OpFacts, declared_iterator_types
 from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
 from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step
@@ -115,7 +124,7 @@ def _matmul_layout(op: ir.Operation) -> tuple[bool, bool] | None:
         return None
     if not all(isinstance(v.type, ir.RankedTensorType) for v in op.operands):
         return None
-    maps = [ir.AffineMapAttr(a).value for a in linalg.get_indexing_maps(op)]
+    maps = [ir.AffineMapAttr(a).value for a in linalg_native.get_indexing_maps(op)]
     if len(maps) != 3 or any(m.n_dims != 3 for m in maps):
         return None
     a, b, c = (_positions(m) for m in maps)
@@ -139,6 +148,11 @@ def widen_inputs(payload: ir.Module) -> int:
         return ir.WalkResult.ADVANCE
 
     payload.operation.walk(visit)
+    if not mixed:
+        return 0
+    # The OpDSL builders import the linalg module (0.18 s): only payloads that widen pay.
+    from stagegraph.mlir.bindings import linalg
+
     i64 = ir.IntegerType.get_signless(64, payload.context)
     widened = 0
     for op in mixed:
