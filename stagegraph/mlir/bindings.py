@@ -36,6 +36,21 @@ ir = _load("ir")
 passmanager = _load("passmanager")
 
 
+def _prefer_light_op_views() -> None:
+    """Search :mod:`stagegraph.mlir.op_views` for a dialect's op classes before the
+    bindings' own dialect modules (once per process; see that package)."""
+    from importlib.util import find_spec
+
+    light = "stagegraph.mlir.op_views"
+    globals_ = _load("_mlir_libs._mlir").globals
+    searched = list(globals_.dialect_search_modules)
+    if light not in searched and find_spec(light) is not None:
+        globals_.dialect_search_modules = [light, *searched]
+
+
+_prefer_light_op_views()
+
+
 def dialect(name: str) -> ModuleType:
     """``<root>.dialects.<name>``, e.g. ``dialect("transform.structured")``."""
     return _load(f"dialects.{name}")
@@ -45,13 +60,15 @@ def dialect(name: str) -> ModuleType:
 #: all of them costs ~0.5 s, which a command that only parses and analyses a payload
 #: (``tune --explain``) need not pay. ``linalg`` in particular builds hundreds of OpDSL op
 #: definitions on import; ``linalg_native`` (the C++ queries: indexing maps, contraction and
-#: convolution inference, ``fill_builtin_region``) and ``linalg_enums`` (``IteratorType``)
-#: are what analysing and building named ops need, at a fraction of the cost.
+#: convolution inference, ``fill_builtin_region``), ``linalg_enums`` (``IteratorType``) and
+#: ``linalg_ops`` (the generated op classes: ``GenericOp``, ``YieldOp``) are what analysing
+#: and building ops need, at a fraction of the cost.
 _LAZY = {
     "execution_engine": "execution_engine",
     "runtime": "runtime",
     "linalg_native": "_mlir_libs._mlirDialectsLinalg",
     "linalg_enums": "dialects._linalg_enum_gen",
+    "linalg_ops": "dialects._linalg_ops_gen",
 }
 _DIALECTS = {
     "arith": "arith",
@@ -85,6 +102,7 @@ if TYPE_CHECKING:
     from torch_mlir import execution_engine, runtime  # noqa: F401
     from torch_mlir._mlir_libs import _mlirDialectsLinalg as linalg_native  # noqa: F401
     from torch_mlir.dialects import _linalg_enum_gen as linalg_enums  # noqa: F401
+    from torch_mlir.dialects import _linalg_ops_gen as linalg_ops  # noqa: F401
     from torch_mlir.dialects import (  # noqa: F401  (for type checkers; loaded lazily)
         arith,
         bufferization,

@@ -10,7 +10,8 @@ over them runs on every call.
 
 from __future__ import annotations
 
-from stagegraph.mlir.bindings import ir, linalg
+from stagegraph.mlir.bindings import ir, linalg_native
+from stagegraph.mlir.build import named_structured_op
 from stagegraph.mlir.walk import collect
 
 # Attributes of the rewritten matmul carried over to the new op (labels of the schedule).
@@ -54,7 +55,7 @@ def fold_transposed_operands(payload: ir.Module) -> int:
             for v in op.operands
         ):
             continue
-        maps = [ir.AffineMapAttr(m).value for m in linalg.get_indexing_maps(op)]
+        maps = [ir.AffineMapAttr(m).value for m in linalg_native.get_indexing_maps(op)]
         operands = list(op.operands)
         transposes = []
         for i in (0, 1):
@@ -67,7 +68,10 @@ def fold_transposed_operands(payload: ir.Module) -> int:
         if not transposes:
             continue
         with ir.InsertionPoint(op), op.location:
-            made = linalg.matmul(*operands[:2], outs=[operands[2]], indexing_maps=maps)
+            maps_attr = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps])
+            made = named_structured_op(
+                "linalg.matmul", operands[:2], [operands[2]], {"indexing_maps": maps_attr}
+            )
         for name in _KEPT:
             if name in op.attributes:
                 made.owner.attributes[name] = op.attributes[name]

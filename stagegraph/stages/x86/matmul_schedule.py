@@ -30,6 +30,7 @@ from stagegraph.mlir.bindings import (
     tensor,
     transform,
 )
+from stagegraph.mlir.build import named_structured_op
 from stagegraph.stages.analysis import OpFacts, declared_iterator_types
 from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
 from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step
@@ -148,11 +149,6 @@ def widen_inputs(payload: ir.Module) -> int:
         return ir.WalkResult.ADVANCE
 
     payload.operation.walk(visit)
-    if not mixed:
-        return 0
-    # The OpDSL builders import the linalg module (0.18 s): only payloads that widen pay.
-    from stagegraph.mlir.bindings import linalg
-
     i64 = ir.IntegerType.get_signless(64, payload.context)
     widened = 0
     for op in mixed:
@@ -165,16 +161,16 @@ def widen_inputs(payload: ir.Module) -> int:
                 if narrow.element_type == wide:
                     continue
                 empty = tensor.EmptyOp(narrow.shape, wide).result
-                operands[i] = linalg.copy(operands[i], outs=[empty])
+                operands[i] = named_structured_op("linalg.copy", [operands[i]], [empty])
                 operands[i].owner.attributes[_WIDEN_ATTR] = ir.IntegerAttr.get(i64, 2 * source + i)
                 widened += 1
             if operands == list(op.operands):
                 continue
             # A new op: the body's block arguments have the operands' element types.
-            maps = None
+            attributes = {}
             if "indexing_maps" in op.attributes:
-                maps = [ir.AffineMapAttr(m).value for m in op.attributes["indexing_maps"]]
-            made = linalg.matmul(*operands[:2], outs=[operands[2]], indexing_maps=maps)
+                attributes["indexing_maps"] = op.attributes["indexing_maps"]
+            made = named_structured_op("linalg.matmul", operands[:2], [operands[2]], attributes)
         for name in (SOURCE_ATTR, SITE_ATTR):
             if name in op.attributes:
                 made.owner.attributes[name] = op.attributes[name]

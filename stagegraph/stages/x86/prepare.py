@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagegraph.mlir.bindings import arith, dialect, ir, linalg
+from stagegraph.mlir.bindings import arith, dialect, ir, linalg_native, linalg_ops
 from stagegraph.mlir.build import reassociation_attr
 from stagegraph.mlir.walk import DefUse, children, top_level_ops
 from stagegraph.stages.x86.prepare_convolutions import (
@@ -52,7 +52,7 @@ _BITWISE = frozenset({"arith.andi", "arith.ori", "arith.xori"})
 
 
 def _is_contraction(op: Any) -> bool:
-    return op.name != "linalg.generic" or bool(linalg.isa_contraction_op(op))
+    return op.name != "linalg.generic" or bool(linalg_native.isa_contraction_op(op))
 
 
 def _n_inputs(op: Any) -> int:
@@ -119,7 +119,7 @@ def _drop_dead(op: Any) -> bool:
     operands = list(op.operands)
     inputs, inits = operands[:n_in], operands[n_in:]
     with ir.InsertionPoint(op), op.location:
-        new = linalg.GenericOp(
+        new = linalg_ops.GenericOp(
             [results[k].type for k in kept],
             inputs,
             [inits[k] for k in kept],
@@ -130,7 +130,7 @@ def _drop_dead(op: Any) -> bool:
     block.append_to(new.regions[0])
     old_yield = _yield(new.operation)
     with ir.InsertionPoint(old_yield), old_yield.location:
-        linalg.YieldOp([old_yield.operands[k] for k in kept])
+        linalg_ops.YieldOp([old_yield.operands[k] for k in kept])
     old_yield.erase()
     # Erase the body ops nothing uses any more (reverse order: users first).
     for body_op in reversed(list(block.operations)[:-1]):
@@ -526,7 +526,7 @@ def _fuse_producer(consumer: Any, k: int) -> Any:
     ]
     maps = c_maps[:k] + p_in_maps + c_maps[k + 1 :]
     with ir.InsertionPoint(consumer), consumer.location:
-        fused = linalg.GenericOp(
+        fused = linalg_ops.GenericOp(
             [r.type for r in consumer.results],
             inputs,
             inits,
