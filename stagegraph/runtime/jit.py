@@ -16,6 +16,7 @@ from typing import Any
 
 from stagegraph.errors import EmitError
 from stagegraph.mlir.bindings import execution_engine
+from stagegraph.mlir.walk import children
 from stagegraph.runtime.heap import keep_heap_pages
 from stagegraph.runtime.memref import (
     CIFACE_PREFIX,
@@ -42,8 +43,8 @@ def build_key(module: Any, *options: object) -> str:
 
 def check_llvm_level(module: Any) -> None:
     """Refuse modules that still hold ``func.func`` definitions (not lowered to LLVM)."""
-    for op in module.body.operations:
-        if op.operation.name == "func.func" and len(op.regions[0].blocks):
+    for op in children(module.operation):  # iterating the body imports the llvm module
+        if op.name == "func.func" and len(op.regions[0].blocks):
             name = op.attributes["sym_name"].value
             raise EmitError(
                 f"function {name!r} is not lowered to the LLVM dialect; run "
@@ -75,7 +76,7 @@ class JitBinary(CallableBinary):
             self.signatures = {**read_signatures(module), **(signatures or {})}
             self.entries = frozenset(
                 op.attributes["sym_name"].value.removeprefix(CIFACE_PREFIX)
-                for op in module.body.operations
+                for op in children(module.operation)
                 if "sym_name" in op.attributes
                 and op.attributes["sym_name"].value.startswith(CIFACE_PREFIX)
             )

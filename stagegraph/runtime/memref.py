@@ -23,6 +23,7 @@ import numpy as np
 from stagegraph.core.ports import Binary, Schema
 from stagegraph.dtypes import NAMES, numpy_dtype
 from stagegraph.errors import SignatureError
+from stagegraph.mlir.walk import children
 
 SIGNATURE_ATTR = "stagegraph.signature"
 OUTPUTS_ATTR = "stagegraph.outputs"
@@ -271,9 +272,9 @@ def element_name(element_type: Any) -> str:
 
 def find_function(module: Any, name: str) -> Any:
     """The top-level ``func.func`` or ``llvm.func`` named ``name``, or None."""
-    for op in module.body.operations:
+    for op in children(module.operation):  # iterating the body imports the llvm module
         if (
-            op.operation.name in ("func.func", "llvm.func")
+            op.name in ("func.func", "llvm.func")
             and "sym_name" in op.attributes
             and op.attributes["sym_name"].value == name
         ):
@@ -390,7 +391,7 @@ def read_signature(module: Any, entry: str) -> Signature:
 def read_signatures(module: Any) -> dict[str, Signature]:
     """Every recorded signature of the module, by entry name (skips C-interface copies)."""
     sigs = {}
-    for op in module.body.operations:
+    for op in children(module.operation):
         if SIGNATURE_ATTR not in op.attributes or "sym_name" not in op.attributes:
             continue
         name = op.attributes["sym_name"].value

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagegraph.mlir.bindings import func, ir
-from stagegraph.mlir.walk import top_level_ops
+from stagegraph.mlir.walk import children, top_level_ops
 from stagegraph.stages.common.scope import CLONABLE, Outlined, outline
 
 #: Marks the shared functions (kept through the lowering to ``llvm.func``).
@@ -283,8 +283,7 @@ def forbid_inlining(module: Any) -> int:
     many. LLVM would otherwise inline a small function back into each of its hundreds of
     call sites, and compile the unrolled network again at full size."""
     marked = 0
-    for op in module.body.operations:
-        op = op.operation
+    for op in children(module.operation):  # iterating the body would import the llvm module
         if op.name == "llvm.func" and OUTLINED_ATTR in op.attributes:
             op.attributes["no_inline"] = ir.UnitAttr.get(module.context)
             del op.attributes[OUTLINED_ATTR]

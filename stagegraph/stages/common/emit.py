@@ -115,11 +115,14 @@ def check_external_symbols(module: Any, libraries: list[str]) -> None:
     from stagegraph.errors import EmitError
 
     handles = [ctypes.CDLL(None), *(ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL) for lib in libraries)]
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import children
+
     missing = []
-    for op in module.body.operations:
-        if op.operation.name != "llvm.func" or op.regions[0].blocks:
+    for op in children(module.operation):  # iterating the body would import the llvm module
+        if op.name != "llvm.func" or op.regions[0].blocks:
             continue
-        name = op.attributes["sym_name"].value
+        name = ir.StringAttr(op.attributes["sym_name"]).value
         if not name.startswith("llvm.") and not any(hasattr(h, name) for h in handles):
             missing.append(name)
     if missing:

@@ -105,6 +105,7 @@ def pin_codegen_target(module, target) -> int:
     host cannot execute. Returns the number of functions pinned (0 for the host target).
     """
     from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import children
     from stagegraph.stages.target_names import llvm_features
 
     context = module.context
@@ -118,8 +119,8 @@ def pin_codegen_target(module, target) -> int:
     features = ir.Attribute.parse(f"#llvm.target_features<[{quoted}]>", context)
     cpu = ir.StringAttr.get(target.cpu, context)
     pinned = 0
-    for op in module.body.operations:
-        if op.operation.name == "llvm.func":
+    for op in children(module.operation):  # iterating the body imports the llvm module
+        if op.name == "llvm.func":
             op.operation.attributes["target_cpu"] = cpu
             op.operation.attributes["target_features"] = features
             pinned += 1

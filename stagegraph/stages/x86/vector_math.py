@@ -248,10 +248,13 @@ def _rewrite(
 def declared_vector_functions(module: Any) -> set[str]:
     """The ``_ZGV*`` functions a module (func or LLVM dialect) declares: what the binary
     needs libmvec for."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import children
+
     names = set()
-    for op in module.body.operations:
-        if op.operation.name in ("func.func", "llvm.func") and "sym_name" in op.attributes:
-            name = op.attributes["sym_name"].value
+    for op in children(module.operation):  # iterating the body would import the llvm module
+        if op.name in ("func.func", "llvm.func") and "sym_name" in op.attributes:
+            name = ir.StringAttr(op.attributes["sym_name"]).value
             if name.startswith("_ZGV") and not op.regions[0].blocks:
                 names.add(name)
     return names
