@@ -59,10 +59,10 @@ def fold_reshaping_gathers(module: Any) -> int:
                 gathers.append(gather)
     if not gathers:
         return 0
-    constants = _unique([g.constants[i] for g in gathers for i in g.index_inputs])
+    constants = list(dict.fromkeys(g.constants[i] for g in gathers for i in g.index_inputs))
     if sum(_elements(c) for c in constants) > MAX_INDEX_ELEMENTS:
         return 0
-    values = dict(zip(map(_key, constants), _evaluate(module, constants), strict=True))
+    values = dict(zip(constants, _evaluate(module, constants), strict=True))
     rewritten = 0
     for gather in gathers:
         if _only_reshapes(gather, values):
@@ -153,7 +153,7 @@ def _index_source(index: Any, block: Any, size: int, def_use: DefUse) -> tuple[i
 # ---------------------------------------------------------------------------- deciding
 
 
-def _only_reshapes(gather: _Gather, values: dict[int, np.ndarray]) -> bool:
+def _only_reshapes(gather: _Gather, values: dict[Any, np.ndarray]) -> bool:
     from stagegraph.mlir.bindings import ir
 
     source_shape = ir.RankedTensorType(gather.source.type).shape
@@ -162,7 +162,7 @@ def _only_reshapes(gather: _Gather, values: dict[int, np.ndarray]) -> bool:
         return False
     positions = []
     for dim, (i, wrap) in enumerate(zip(gather.index_inputs, gather.wraps, strict=True)):
-        index = values[_key(gather.constants[i])].astype(np.int64)
+        index = values[gather.constants[i]].astype(np.int64)
         if wrap:
             index = np.where(index < 0, index + source_shape[dim], index)
         if index.size and (index.min() < 0 or index.max() >= source_shape[dim]):
@@ -268,14 +268,3 @@ def _elements(constant: Any) -> int:
     from stagegraph.mlir.bindings import ir
 
     return math.prod(ir.RankedTensorType(constant.results[0].type).shape)
-
-
-def _key(op: Any) -> int:
-    return hash(op)
-
-
-def _unique(ops: list[Any]) -> list[Any]:
-    seen: dict[int, Any] = {}
-    for op in ops:
-        seen.setdefault(_key(op), op)
-    return list(seen.values())

@@ -32,21 +32,17 @@ def pointwise_convolutions_to_matmuls(module: Any) -> int:
     """Rewrite every static pointwise 2-D convolution of ``module``'s functions (NCHW/FCHW,
     NHWC/HWCF or grouped NGCHW/GFCHW, one element type throughout) into a matmul between
     reshapes; returns the count. Other convolutions are left as they are."""
-    found, fills = [], {}
-    for fn in top_level_ops(module.operation):
-        if fn.name != "func.func":
-            continue
-        for op in top_level_ops(fn):
-            if _pointwise(op):
-                found.append(op)
-            elif op.name == "linalg.fill":
-                # Found by walking: asking a value for its owner would build the op's
-                # Python class and import the linalg module (0.18 s; see mlir.walk.DefUse).
-                fills[op.results[0]] = op.operands[0]
+    found = [
+        op
+        for fn in top_level_ops(module.operation)
+        if fn.name == "func.func"
+        for op in top_level_ops(fn)
+        if _pointwise(op)
+    ]
     if not found:
         return 0  # no dialect module imported for payloads without one
     for op in found:
-        _rewrite(op, fills.get(op.operands[2]))
+        _rewrite(op)
     return len(found)
 
 
@@ -86,9 +82,7 @@ def _pointwise(op: Any) -> bool:
     return all(size == 1 for size in window)
 
 
-def _rewrite(op: Any, fill: Any) -> None:
-    """Rewrite ``op``; ``fill`` is the value its accumulator is filled with (None: not a
-    fill)."""
+def _rewrite(op: Any) -> None:
     from stagegraph.mlir.bindings import ir
 
     image, kernel, init = op.operands
@@ -98,13 +92,11 @@ def _rewrite(op: Any, fill: Any) -> None:
     with ir.InsertionPoint(op), op.location:
         layout = _LAYOUTS[op.name]
         if layout == "nchw":
-            result = _nchw(_visited(image, out_shape, (2, 3), strides), kernel, init, fill, element)
+            result = _nchw(_visited(image, out_shape, (2, 3), strides), kernel, init, element)
         elif layout == "ngchw":
-            result = _ngchw(
-                _visited(image, out_shape, (3, 4), strides), kernel, init, fill, element
-            )
+            result = _ngchw(_visited(image, out_shape, (3, 4), strides), kernel, init, element)
         else:
-            result = _nhwc(_visited(image, out_shape, (1, 2), strides), kernel, init, fill)
+            result = _nhwc(_visited(image, out_shape, (1, 2), strides), kernel, init)
     op.results[0].replace_all_uses_with(result)
     op.erase()
 
@@ -126,7 +118,7 @@ def _visited(image: Any, out_shape: list[int], spatial: tuple[int, int], strides
     return tensor.ExtractSliceOp(result, image, [], [], [], [0] * len(sizes), sizes, steps).result
 
 
-def _nchw(image: Any, kernel: Any, init: Any, fill: Any, element: Any) -> Any:
+def _nchw(image: Any, kernel: Any, init: Any, element: Any) -> Any:
     """out[n, f, p] = sum_c W[f, c] * X[n, c, p]: per image, filters x pixels."""
     from stagegraph.mlir.bindings import ir
 
@@ -136,7 +128,7 @@ def _nchw(image: Any, kernel: Any, init: Any, fill: Any, element: Any) -> Any:
     weights = collapse_shape(kernel, [[0], [1, 2, 3]], [filters, channels])
     if n == 1:
         pixels_of = collapse_shape(image, [[0, 1], [2, 3]], [channels, pixels])
-        acc = _init(init, fill, [[0, 1], [2, 3]], [filters, pixels])
+        acc = _init(init, [[0, 1], [2, 3]], [filters, pixels])
         made = named_structured_op("linalg.matmul", [weights, pixels_of], [acc])
         return expand_shape(made, [[0, 1], [2, 3]], [1, filters, height, width])
     pixels_of = collapse_shape(image, [[0], [1], [2, 3]], [n, channels, pixels])
@@ -151,12 +143,12 @@ def _nchw(image: Any, kernel: Any, init: Any, fill: Any, element: Any) -> Any:
         ["parallel"] * 3,
         lambda value, _out: value,
     )
-    acc = _init(init, fill, [[0], [1], [2, 3]], [n, filters, pixels])
+    acc = _init(init, [[0], [1], [2, 3]], [n, filters, pixels])
     made = named_structured_op("linalg.batch_matmul", [broadcast, pixels_of], [acc])
     return expand_shape(made, [[0], [1], [2, 3]], [n, filters, height, width])
 
 
-def _ngchw(image: Any, kernel: Any, init: Any, fill: Any, element: Any) -> Any:
+def _ngchw(image: Any, kernel: Any, init: Any, element: Any) -> Any:
     """Grouped: out[(n, g), f, p] = sum_c W[g, f, c] * X[(n, g), c, p], one matmul per
     image and group (the filters of a group once per image)."""
     from stagegraph.mlir.bindings import ir
@@ -176,12 +168,12 @@ def _ngchw(image: Any, kernel: Any, init: Any, fill: Any, element: Any) -> Any:
     )
     filters_of = collapse_shape(broadcast, [[0, 1], [2], [3]], [batch, filters, channels])
     pixels_of = collapse_shape(image, [[0, 1], [2], [3, 4]], [batch, channels, pixels])
-    acc = _init(init, fill, [[0, 1], [2], [3, 4]], [batch, filters, pixels])
+    acc = _init(init, [[0, 1], [2], [3, 4]], [batch, filters, pixels])
     made = named_structured_op("linalg.batch_matmul", [filters_of, pixels_of], [acc])
     return expand_shape(made, [[0, 1], [2], [3, 4]], [n, groups, filters, height, width])
 
 
-def _nhwc(image: Any, kernel: Any, init: Any, fill: Any) -> Any:
+def _nhwc(image: Any, kernel: Any, init: Any) -> Any:
     """out[(n, h, w), f] = sum_c X[(n, h, w), c] * W[c, f]: the pixels are the rows."""
     from stagegraph.mlir.bindings import ir
 
@@ -190,20 +182,21 @@ def _nhwc(image: Any, kernel: Any, init: Any, fill: Any) -> Any:
     rows = n * height * width
     pixels_of = collapse_shape(image, [[0, 1, 2], [3]], [rows, channels])
     weights = collapse_shape(kernel, [[0, 1, 2], [3]], [channels, filters])
-    acc = _init(init, fill, [[0, 1, 2], [3]], [rows, filters])
+    acc = _init(init, [[0, 1, 2], [3]], [rows, filters])
     made = named_structured_op("linalg.matmul", [pixels_of, weights], [acc])
     return expand_shape(made, [[0, 1, 2], [3]], [n, height, width, filters])
 
 
-def _init(init: Any, fill: Any, groups: list[list[int]], shape: list[int]) -> Any:
+def _init(init: Any, groups: list[list[int]], shape: list[int]) -> Any:
     """The accumulator in the matmul's shape: a fill of the same value when ``init`` is a
-    fill of ``fill`` (the matmul schedule fuses a fill into its tiles), else ``init``
-    reshaped."""
+    fill (the matmul schedule fuses a fill into its tiles), else ``init`` reshaped."""
     from stagegraph.mlir.bindings import ir
 
-    if fill is not None:
+    owner = init.owner
+    if isinstance(owner, ir.Operation | ir.OpView) and owner.operation.name == "linalg.fill":
+        value = owner.operation.operands[0]
         empty = _empty(shape, ir.RankedTensorType(init.type).element_type)
-        return named_structured_op("linalg.fill", [fill], [empty])
+        return named_structured_op("linalg.fill", [value], [empty])
     return collapse_shape(init, groups, shape)
 
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from stagegraph.mlir.bindings import arith, dialect, ir, linalg_native, linalg_ops
 from stagegraph.mlir.build import reassociation_attr
-from stagegraph.mlir.walk import DefUse, children, top_level_ops
+from stagegraph.mlir.walk import children, top_level_ops
 from stagegraph.stages.x86.prepare_convolutions import (
     conv3d_to_conv2d_loops,
     conv_to_channels_last,
@@ -411,17 +411,12 @@ def _plain_elementwise(op: Any) -> bool:
     return all(inner.name != "linalg.index" for inner in children(op))
 
 
-def _feeds_named_linalg(op: Any, def_use: DefUse | None = None) -> bool:
+def _feeds_named_linalg(op: Any) -> bool:
     """Whether a result of ``op`` is an operand of a linalg op other than a plain generic
-    (a matmul, a transpose, ...): such producers are left to that op's schedule.
-    ``def_use`` (of ``op``'s function, current for ``op``'s results) spares asking each
-    use for its owner, which imports the linalg module."""
+    (a matmul, a transpose, ...): such producers are left to that op's schedule."""
     for result in op.results:
-        if def_use is not None:
-            users = def_use.users(result)
-        else:
-            users = [use.owner.operation for use in result.uses]
-        for user in users:
+        for use in result.uses:
+            user = use.owner.operation
             if user.name.startswith("linalg.") and _is_contraction(user):
                 return True
     return False
@@ -578,17 +573,12 @@ def duplicate_cheap_producers(fn: Any) -> int:
     reads the producer broadcast (it would recompute each element per copy), a matmul-like
     or other named op, and the function's return keep the original."""
     count = 0
-    # Users by walking, once: ops are visited in order and each rewrite only changes the
-    # operands of the current op's users, so the later ops' users stay current.
-    def_use = DefUse(fn)
     for op in top_level_ops(fn):
-        if not _plain_elementwise(op) or not _cheap(op) or _feeds_named_linalg(op, def_use):
+        if not _plain_elementwise(op) or not _cheap(op) or _feeds_named_linalg(op):
             continue
         reads: dict[Any, list[int]] = {}  # user -> operand numbers (a user may read it twice)
-        result = op.results[0]
-        for user in def_use.users(result):
-            if user not in reads:
-                reads[user] = [k for k, v in enumerate(user.operands) if v == result]
+        for use in op.results[0].uses:
+            reads.setdefault(use.owner.operation, []).append(use.operand_number)
         readers = [user for user, ks in reads.items() if _reads_elementwise(user, op, ks)]
         if len(reads) < 2 or not readers:
             continue
