@@ -993,3 +993,74 @@ def test_steps_too_small_to_fork_leave_the_projection_its_threads():
     assert params.payload_threads() == AVX2.cores
     assert params.matmul[0].threads == AVX2.cores
     assert {p.threads for p in params.matmul[1:]} == {1}
+
+
+def _scheduled_ops(text: str, override: dict) -> list[tuple[str, tuple[int, ...] | None]]:
+    """(name, shape of the first result if a vector) of every op the matmul schedule leaves."""
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.stages.x86.matmul_schedule import (
+        apply_schedule,
+        build_matmul_schedule,
+        find_matmuls,
+    )
+
+    with new_context(), ir.Location.unknown():
+        payload = ir.Module.parse(text)
+        sites = find_matmuls(payload)
+        params = [_params(s.m, s.n, s.k, **override) for s in sites]
+        apply_schedule(payload, build_matmul_schedule(params, sites))
+        return [
+            (
+                op.name,
+                tuple(ir.VectorType(op.results[0].type).shape)
+                if op.results and isinstance(op.results[0].type, ir.VectorType)
+                else None,
+            )
+            for op in _walk(payload.operation)
+        ]
+
+
+def _shuffle_widths(text: str, override: dict) -> set[int]:
+    return {shape[0] for name, shape in _scheduled_ops(text, override) if name == "vector.shuffle"}
+
+
+def test_a_packing_transposes_with_the_avx2_sequence_on_eight_lanes():
+    """A 4x8 block of A becomes eight 4-wide columns through 8-element in-lane shuffles
+    with 8 f32 lanes; one flat 32-element shuffle otherwise (16 lanes)."""
+    avx2 = {"reg_m": 4, "reg_n": 16, "vector_width": 8, "vector_registers": 16, "k_unroll": 1}
+    avx2 |= {"tile_m": 32, "tile_n": 32, "tile_k": 0, "block_m": 0, "pack": True}
+    assert _shuffle_widths(_matmul(32, 32, 64), avx2) == {8}
+    wide = avx2 | {"vector_width": 16, "vector_registers": 32}
+    assert 32 in _shuffle_widths(_matmul(32, 32, 64), wide)
+    _run_matmul(32, 32, 64, **avx2)
+
+
+# 8 f32 lanes, 4x16 register tiles, one 48-column block: the last of 3 B panels is partial.
+_AVX2_PANELS = {"reg_m": 4, "reg_n": 16, "vector_width": 8, "vector_registers": 16}
+_AVX2_PANELS |= {"k_unroll": 1, "tile_m": 32, "tile_n": 48, "tile_k": 0, "block_m": 0}
+
+
+def test_b_packing_masks_only_the_partial_panel():
+    """With N = 40 (two whole 16-column panels and 8 columns), B's whole panels pack with
+    plain loads: no mask is computed at run time (the partial panel's mask is constant)."""
+    names = [name for name, _ in _scheduled_ops(_matmul(32, 40, 64), _AVX2_PANELS)]
+    assert "vector.create_mask" not in names
+    assert "vector.transfer_read" in names
+    _run_matmul(32, 40, 64, **_AVX2_PANELS)
+
+
+@pytest.mark.parametrize("shape", [(12, 47, 30), (32, 33, 8)])
+def test_b_packing_split_is_correct(shape):
+    _run_matmul(*shape, **_AVX2_PANELS)
+
+
+def test_b_packing_split_with_transposed_b_is_correct():
+    """B stored [n, k]: its panels are rows of B; the partial one still packs last."""
+    text = _named(
+        "linalg.matmul indexing_maps = [affine_map<(d0, d1, d2) -> (d0, d2)>, "
+        "affine_map<(d0, d1, d2) -> (d1, d2)>, affine_map<(d0, d1, d2) -> (d0, d1)>]",
+        (24, 64),
+        (70, 64),
+        (24, 70),
+    )
+    _check(text, (24, 64), (70, 64), lambda a, b: a @ b.T)
