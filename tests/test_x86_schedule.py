@@ -164,12 +164,13 @@ def test_heuristic_uses_the_register_file():
 
 
 @pytest.mark.parametrize(
-    ("m", "reg_m"), [(1024, 4), (1000, 5), (768, 6), (1021, 6), (3, 3), (13, 6)]
+    ("m", "reg_m"), [(1024, 4), (1000, 4), (1005, 5), (768, 6), (1021, 6), (3, 3), (13, 6)]
 )
 def test_heuristic_register_rows_divide_m_when_enough_chains_remain(m, reg_m):
     """Rows dividing m leave no partial panel (no padding, masked packing or edge tiles);
     below 4 rows (8 accumulators with two 8-lane vectors) the FMA chains fall short, so a
-    prime m keeps the full 6 rows."""
+    prime m keeps the full 6 rows. With 8 lanes an even row count comes first (1000: 4,
+    not 5), an odd one only when no even one divides (1005)."""
     assert heuristic_matmul_params(m, 1024, 512, "f32", AVX2).reg_m == reg_m
     assert heuristic_matmul_params(m, 1024, 512, "f32", AVX512).reg_m in (reg_m, 8, 7, m)
 
