@@ -1055,6 +1055,11 @@ def test_b_packing_split_is_correct(shape):
     _run_matmul(*shape, **_AVX2_PANELS)
 
 
+def test_b_packing_split_in_parallel_row_blocks_with_k_blocks_is_correct():
+    """Every parallel row block packs B per K block: each splits off the partial panel."""
+    _run_matmul(64, 40, 64, **(_AVX2_PANELS | {"tile_m": 16, "tile_k": 16, "threads": 2}))
+
+
 def test_b_packing_split_with_transposed_b_is_correct():
     """B stored [n, k]: its panels are rows of B; the partial one still packs last."""
     text = _named(
