@@ -997,7 +997,8 @@ def test_steps_too_small_to_fork_leave_the_projection_its_threads():
 
 
 def _scheduled_ops(text: str, override: dict) -> list[tuple[str, tuple[int, ...] | None]]:
-    """(name, shape of the first result if a vector) of every op the matmul schedule leaves."""
+    """(name, shape of the first result if a vector or tensor) of every op the matmul
+    schedule leaves."""
     from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.stages.x86.matmul_schedule import (
         apply_schedule,
@@ -1013,8 +1014,9 @@ def _scheduled_ops(text: str, override: dict) -> list[tuple[str, tuple[int, ...]
         return [
             (
                 op.name,
-                tuple(ir.VectorType(op.results[0].type).shape)
-                if op.results and isinstance(op.results[0].type, ir.VectorType)
+                tuple(ir.ShapedType(op.results[0].type).shape)
+                if op.results
+                and isinstance(op.results[0].type, ir.VectorType | ir.RankedTensorType)
                 else None,
             )
             for op in _walk(payload.operation)
@@ -1038,7 +1040,7 @@ def test_a_packing_transposes_with_the_avx2_sequence_on_eight_lanes():
 
 # 8 f32 lanes, 4x16 register tiles, one 48-column block: the last of 3 B panels is partial.
 _AVX2_PANELS = {"reg_m": 4, "reg_n": 16, "vector_width": 8, "vector_registers": 16}
-_AVX2_PANELS |= {"k_unroll": 1, "tile_m": 32, "tile_n": 48, "tile_k": 0, "block_m": 0}
+_AVX2_PANELS |= {"k_unroll": 1, "tile_m": 32, "tile_n": 48, "tile_k": 0, "block_m": 0, "pack": True}
 
 
 def test_b_packing_masks_only_the_partial_panel():
@@ -1070,3 +1072,36 @@ def test_b_packing_split_with_transposed_b_is_correct():
         (24, 70),
     )
     _check(text, (24, 64), (70, 64), lambda a, b: a @ b.T)
+
+
+def _packed_c_buffers(text: str, override: dict) -> int:
+    """The 4-D tensors the schedule creates: packed C ([N/reg_n, M/reg_m, reg_m, reg_n])."""
+    ops = _scheduled_ops(text, override)
+    return sum(1 for name, shape in ops if name == "tensor.empty" and len(shape) == 4)
+
+
+def test_one_k_block_tiles_write_c_directly():
+    """With one K block the register tiles run inside the pass over C: no packed C (and so
+    no zeroing pass and no pass reading it back), and the values are right."""
+    one_block = _AVX2_PANELS | {"tile_m": 32, "tile_n": 32}
+    assert _packed_c_buffers(_matmul(32, 64, 64), one_block) == 0
+    _run_matmul(32, 64, 64, **one_block)
+    assert _packed_c_buffers(_matmul(32, 64, 64), one_block | {"tile_k": 32}) == 1
+
+
+def test_one_k_block_tiles_with_consumers_write_c_directly():
+    """Bias + ReLU run on the register tile before it is stored."""
+    one_block = _AVX2_PANELS | {"tile_m": 16, "tile_n": 64}
+    assert _packed_c_buffers(_mlp(16, [32, 64]), one_block) == 0
+    rng = np.random.default_rng(5)
+    x, w = rng.standard_normal((16, 32), np.float32), rng.standard_normal((32, 64), np.float32)
+    b, out = rng.standard_normal(64, np.float32), np.full((16, 64), np.nan, np.float32)
+    _call(_compile(_mlp(16, [32, 64]), "mlp", one_block), "mlp", [x, w, b, out])
+    np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-3)
+
+
+def test_edge_tiles_keep_packed_c():
+    """Partial register tiles are peeled into separate loops; those keep packed C."""
+    edges = _AVX2_PANELS | {"tile_m": 32, "tile_n": 48}
+    assert _packed_c_buffers(_matmul(30, 40, 64), edges) == 1
+    _run_matmul(30, 40, 64, **edges)
