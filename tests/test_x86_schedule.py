@@ -1089,6 +1089,16 @@ def test_one_k_block_tiles_write_c_directly():
     assert _packed_c_buffers(_matmul(32, 64, 64), one_block | {"tile_k": 32}) == 1
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_k_block_row_blocks_write_c_directly(threads):
+    """Several row blocks per parallel block: A is packed per row block, each block's
+    register tiles still write C directly."""
+    rows = _AVX2_PANELS | {"tile_m": 16, "tile_n": 64, "block_m": 64 // threads}
+    rows |= {"threads": threads}
+    assert _packed_c_buffers(_matmul(64, 64, 64), rows) == 0
+    _run_matmul(64, 64, 64, **rows)
+
+
 def test_one_k_block_tiles_with_consumers_write_c_directly():
     """Bias + ReLU run on the register tile before it is stored."""
     one_block = _AVX2_PANELS | {"tile_m": 16, "tile_n": 64}

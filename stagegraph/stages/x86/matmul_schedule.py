@@ -9,6 +9,8 @@ Per matmul (with its zero fill and a chain of elementwise consumers such as bias
    the unpack and the elementwise consumers then run together per register tile;
 3. tile the packed contraction into ``reg_m x reg_n x k_unroll`` register tiles, vectorize,
    hoist the accumulator out of the k loop and lower the contraction to ``vector.fma``.
+   With one K block and whole register tiles, each tile is computed inside the pass that
+   writes C and stores its accumulators there: no packed C at all.
 
 Without packing (``pack=False``) the block is register-tiled in place and the edge tiles are
 vectorized with masks. The schedule stays on tensors; ``lowering.BUFFERIZE`` follows.
@@ -471,6 +473,12 @@ def _packed_kernel(
     zero = _producer(kernel, 2)
     # Kernel dims: (mo, no, k, mi, ni); loops: no, mo, k.
     tk = p.tile_k if p.tile_k and p.tile_k < site.k else 0
+    # One K block and whole register tiles: the tiles write C themselves (see
+    # _writes_c_directly); ``direct`` takes the kernel over from the packed-C path.
+    direct = _writes_c_directly(site, p, tk, widenings)
+    direct_kernel = None
+    if direct:
+        kernel, direct_kernel = None, kernel
     if tk:
         # Pack A and B one K block at a time, inside the K-block loop (BLIS order): the
         # packed slices (tile_m x kc, kc x tile_n) are written just before the register
@@ -487,7 +495,7 @@ def _packed_kernel(
             None if copy is None else structured.FuseIntoContainingOp(copy, kloop).fused_op
             for copy in widenings
         ]
-    if p.block_rows > p.tile_m:
+    if kernel is not None and p.block_rows > p.tile_m:
         # A block of several tile_m row blocks: B is packed once per K block for all of
         # them, A one tile_m x kc slice at a time (the slice the register tiles sweep).
         by_m = structured.TileUsingForOp(kernel, sizes=[p.tile_m // p.reg_m, 0, 0, 0, 0])
@@ -502,8 +510,7 @@ def _packed_kernel(
         # Each K (and M) block packs into its own buffer (a slice of an empty tensor is an
         # empty tensor), so every block rewrites the same cache-resident lines.
         _patterns(func, _ttensor.ApplyFoldTensorEmptyPatternsOp)
-    direct = _writes_c_directly(site, p, tk)
-    if not direct:
+    if kernel is not None:
         kernel = structured.TileUsingForOp(
             kernel, sizes=[1, 1, p.k_unroll, 0, 0], interchange=[1, 0, 2, 3, 4]
         ).tiled_linalg_op
@@ -511,6 +518,13 @@ def _packed_kernel(
         zero = structured.TileUsingForOp(
             zero, sizes=[1, 1, 0, 0] if site.has_fill else [1, 1]
         ).tiled_linalg_op
+    chain = [unpack]
+    for _ in range(site.consumers):
+        chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
+    if direct:
+        tile_nest, direct_kernel, zero, direct_consumers, pack_a = _direct_tiles(
+            chain, direct_kernel, zero, pack_a, site, p
+        )
     # Pack steps must tile the K block evenly, or every step gets a k mask.
     kp = pack_k_step(tk or site.k)
     # A widened input is converted per packing step, into the panel being packed.
@@ -545,36 +559,18 @@ def _packed_kernel(
         else:
             steps.append((structured.FuseIntoContainingOp(copy, tiled.loops[1]).fused_op, panel))
     # Unpack and the elementwise chain run together per register tile: one pass over C.
-    chain = [unpack]
-    for _ in range(site.consumers):
-        chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
-    if direct:
-        # Each register tile is computed inside the pass over C (columns outer, as the
-        # kernel sweeps B's panels): its accumulators start at zero (or C) and go straight
-        # to C through the unpack and the consumers; no packed C, no zeroing pass.
-        tiled = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n], interchange=[1, 0])
-        # The consumers' handles, taken before the kernel (another linalg.generic) joins
-        # them in the loop.
-        direct_consumers = [tiled.tiled_linalg_op] if site.consumers else []
+    if not direct:
+        tile_nest = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n])
         for producer in reversed(chain[:-1]):
-            fused = structured.FuseIntoContainingOp(producer, tiled.loops[1]).fused_op
-            if producer is not chain[0]:
-                direct_consumers.append(fused)
-        kernel = structured.FuseIntoContainingOp(kernel, tiled.loops[1]).fused_op
-        zero = structured.FuseIntoContainingOp(zero, tiled.loops[1]).fused_op
-        kernel = structured.TileUsingForOp(kernel, sizes=[0, 0, p.k_unroll, 0, 0]).tiled_linalg_op
-    else:
-        tiled = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n])
-        for producer in reversed(chain[:-1]):
-            structured.FuseIntoContainingOp(producer, tiled.loops[1])
+            structured.FuseIntoContainingOp(producer, tile_nest.loops[1])
     # Peel the partial last row and column of tiles: the full tiles then have static
     # shapes and store to C unmasked (a masked vmaskmovps store is slow, several uops).
     # (Peeling fails on a loop whose static trip count has no remainder: skip those.)
-    full, pieces = tiled.loops[0], []
+    full, pieces = tile_nest.loops[0], []
     if _partial_tiles(site.m, p.block_rows, p.reg_m):
         rows = loop.LoopPeelOp(_any(), _any(), full)
         full, pieces = rows.peeled_loop, [rows.remainder_loop]
-    columns = tiled.loops[1]
+    columns = tile_nest.loops[1]
     if pieces:  # the column loop of the full rows
         columns = transform.GetParentOp(
             _any(), _match(full, "linalg.unpack"), op_name="scf.for", deduplicate=True
@@ -595,7 +591,7 @@ def _packed_kernel(
         # The whole panels' column counts are min(reg_n, columns left): loop bounds prove
         # them reg_n, so those steps vectorize without a mask.
         _patterns(func, loop.ApplyForLoopCanonicalizationPatternsOp)
-    structured.VectorizeOp(kernel)
+    structured.VectorizeOp(direct_kernel if direct else kernel)
     for step, panel in steps:
         structured.VectorizeOp(step, panel)
     structured.VectorizeOp(pack_a, [1, kp, p.reg_m])
@@ -627,20 +623,67 @@ def _packed_kernel(
     _hoist_accumulators(func)
 
 
-def _writes_c_directly(site: MatmulSite, p: MatmulParams, tk: int) -> bool:
+def _writes_c_directly(
+    site: MatmulSite, p: MatmulParams, tk: int, widenings: Sequence[ir.Value | None]
+) -> bool:
     """Whether the register tiles can be computed inside the pass that writes C: one K
-    block (the accumulators need no packed C between blocks), one row block per parallel
-    block, and whole register tiles (no peeled edge pieces to fuse into).
+    block (the accumulators need no packed C between blocks), whole register tiles (no
+    peeled edge pieces to fuse into) and, with several row blocks, no widening copy of A
+    (it would have to follow A's packing into the row-block loop).
 
     Then no packed C exists: no zeroing pass, no pass that reads it back to write C. Zen 1,
-    one thread: 256^3 1.4% faster; the dev set's matmuls 1.01-1.15x (l1_009 tall-skinny
-    1.13x, l1_010 3-D 1.15x)."""
+    one thread: 256^3 1.4% faster, 1024x1024x256 (four row blocks) 6%, 2048x512x128 14%;
+    the dev set's matmuls 1.01-1.15x (l1_009 tall-skinny 1.13x, l1_010 3-D 1.15x).
+
+    Several K blocks keep packed C: computing the last block's tiles in the pass over C
+    (its kernel split off, its packing fused into one-trip loops) measured 0.98-0.99x at
+    512^3 and 1024^3, the strided stores to C costing what the unpack pass saved."""
     return (
         not tk
-        and p.block_rows <= p.tile_m
         and not _partial_tiles(site.m, p.block_rows, p.reg_m)
         and not _partial_tiles(site.n, p.tile_n, p.reg_n)
+        and not (p.block_rows > p.tile_m and widenings[0] is not None)
     )
+
+
+def _direct_tiles(
+    chain: list[ir.Value],
+    kernel: ir.Value,
+    zero: ir.Value,
+    pack_a: ir.Value,
+    site: MatmulSite,
+    p: MatmulParams,
+) -> tuple:
+    """Tile the pass over C (the unpack and its consumers) and compute the register tiles
+    inside it, columns outer as the kernel sweeps B's panels; each tile's accumulators
+    start from its fused zero fill (or packed C init). With several row blocks, A is
+    packed per row block in a loop around them, as on the packed-C path.
+
+    Returns the register-tile loop nest, the tiled kernel (its k loop), the zero fill,
+    the consumers' handles and A's pack (moved into the row-block loop, if any)."""
+    node, producers = chain[-1], list(reversed(chain[:-1]))
+
+    def nest(sizes: list[int], interchange: list[int]) -> tuple:
+        """Tile the pass over C and fuse the chain, the kernel and its zero fill into the
+        new loop: each level's uses are slices of the level above."""
+        nonlocal node, producers, kernel, zero
+        tiled = structured.TileUsingForOp(node, sizes=sizes, interchange=interchange)
+        inner = tiled.loops[-1]
+        node = tiled.tiled_linalg_op
+        producers = [structured.FuseIntoContainingOp(op, inner).fused_op for op in producers]
+        kernel = structured.FuseIntoContainingOp(kernel, inner).fused_op
+        zero = structured.FuseIntoContainingOp(zero, inner).fused_op
+        return tiled, inner
+
+    if p.block_rows > p.tile_m:
+        _, rows = nest([p.tile_m, 0], [0, 1])
+        pack_a = structured.FuseIntoContainingOp(pack_a, rows).fused_op
+    tiled, _ = nest([p.reg_m, p.reg_n], [1, 0])
+    # The consumers: the tiled op and the fused producers but the unpack (the last of the
+    # reversed chain); taken now, before the kernel's own tiling adds ops to the loop.
+    consumers = [node, *producers[:-1]] if site.consumers else []
+    kernel = structured.TileUsingForOp(kernel, sizes=[0, 0, p.k_unroll, 0, 0]).tiled_linalg_op
+    return tiled, kernel, zero, consumers, pack_a
 
 
 def _split_partial_b_panel(
