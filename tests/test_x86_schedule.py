@@ -191,6 +191,19 @@ def test_heuristic_blocks_k_so_the_b_micro_panel_stays_in_l1(shape):
     assert p.tile_m * p.tile_k * 4 <= AVX512.l2_bytes // 2
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_heuristic_makes_two_k_blocks_one_when_tiles_write_c_directly(threads):
+    """512 = two K blocks of 256 on AVX2: with whole register tiles they become one (the
+    tiles then write C directly); three blocks (768), a partial tile (n = 500) or bf16
+    keep their K blocks. The one K block's A slice still takes at most half of L2."""
+    p = heuristic_matmul_params(512, 512, 512, "f32", AVX2, threads)
+    assert p.tile_k == 0 and p.whole_register_tiles(512, 512)
+    assert p.tile_m * 512 * 4 <= AVX2.l2_bytes // 2
+    assert heuristic_matmul_params(512, 512, 768, "f32", AVX2, threads).tile_k == 256
+    assert heuristic_matmul_params(512, 500, 512, "f32", AVX2, threads).tile_k == 256
+    assert heuristic_matmul_params(512, 512, 512, "bf16", AVX2, threads).tile_k > 0
+
+
 def test_heuristic_leaves_a_short_k_whole():
     assert heuristic_matmul_params(256, 256, 256, "f32", AVX512).tile_k == 0
     assert heuristic_matmul_params(100, 37, 53, "f32", AVX512).tile_k == 0

@@ -35,7 +35,7 @@ from stagegraph.mlir.bindings import (
 from stagegraph.mlir.build import named_structured_op
 from stagegraph.stages.analysis import OpFacts, declared_iterator_types
 from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
-from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step
+from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step, partial_tiles
 from stagegraph.stages.x86.matmul_sites import canonicalizable, matmul_like_ops  # noqa: F401
 
 _tvec = dialect("transform.vector")
@@ -567,7 +567,7 @@ def _packed_kernel(
     # shapes and store to C unmasked (a masked vmaskmovps store is slow, several uops).
     # (Peeling fails on a loop whose static trip count has no remainder: skip those.)
     full, pieces = tile_nest.loops[0], []
-    if _partial_tiles(site.m, p.block_rows, p.reg_m):
+    if partial_tiles(site.m, p.block_rows, p.reg_m):
         rows = loop.LoopPeelOp(_any(), _any(), full)
         full, pieces = rows.peeled_loop, [rows.remainder_loop]
     columns = tile_nest.loops[1]
@@ -575,7 +575,7 @@ def _packed_kernel(
         columns = transform.GetParentOp(
             _any(), _match(full, "linalg.unpack"), op_name="scf.for", deduplicate=True
         ).result
-    if _partial_tiles(site.n, p.tile_n, p.reg_n):
+    if partial_tiles(site.n, p.tile_n, p.reg_n):
         peeled = loop.LoopPeelOp(_any(), _any(), columns)
         pieces.append(peeled.remainder_loop)
         columns = peeled.peeled_loop
@@ -640,8 +640,7 @@ def _writes_c_directly(
     512^3 and 1024^3, the strided stores to C costing what the unpack pass saved."""
     return (
         not tk
-        and not _partial_tiles(site.m, p.block_rows, p.reg_m)
-        and not _partial_tiles(site.n, p.tile_n, p.reg_n)
+        and p.whole_register_tiles(site.m, site.n)
         and not (p.block_rows > p.tile_m and widenings[0] is not None)
     )
 
@@ -706,15 +705,6 @@ def _split_partial_b_panel(
         _match(peeled.peeled_loop, "linalg.pack"),
         _match(peeled.remainder_loop, "linalg.pack"),
     )
-
-
-def _partial_tiles(extent: int, block: int, tile: int) -> bool:
-    """Whether the tile loop over a block of a dimension of ``extent`` split into blocks of
-    ``block`` can end with a partial ``tile``: a dynamic bound (the blocks do not divide
-    the extent) or a static one that ``tile`` does not divide."""
-    if extent > block and extent % block:
-        return True
-    return min(extent, block) % tile != 0
 
 
 def _unpacked_kernel(
