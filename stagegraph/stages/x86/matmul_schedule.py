@@ -474,11 +474,8 @@ def _packed_kernel(
     # Kernel dims: (mo, no, k, mi, ni); loops: no, mo, k.
     tk = p.tile_k if p.tile_k and p.tile_k < site.k else 0
     # One K block and whole register tiles: the tiles write C themselves (see
-    # _writes_c_directly); ``direct`` takes the kernel over from the packed-C path.
+    # _writes_c_directly) and the kernel skips the packed-C path's tiling below.
     direct = _writes_c_directly(site, p, tk, widenings)
-    direct_kernel = None
-    if direct:
-        kernel, direct_kernel = None, kernel
     if tk:
         # Pack A and B one K block at a time, inside the K-block loop (BLIS order): the
         # packed slices (tile_m x kc, kc x tile_n) are written just before the register
@@ -495,7 +492,7 @@ def _packed_kernel(
             None if copy is None else structured.FuseIntoContainingOp(copy, kloop).fused_op
             for copy in widenings
         ]
-    if kernel is not None and p.block_rows > p.tile_m:
+    if not direct and p.block_rows > p.tile_m:
         # A block of several tile_m row blocks: B is packed once per K block for all of
         # them, A one tile_m x kc slice at a time (the slice the register tiles sweep).
         by_m = structured.TileUsingForOp(kernel, sizes=[p.tile_m // p.reg_m, 0, 0, 0, 0])
@@ -510,7 +507,7 @@ def _packed_kernel(
         # Each K (and M) block packs into its own buffer (a slice of an empty tensor is an
         # empty tensor), so every block rewrites the same cache-resident lines.
         _patterns(func, _ttensor.ApplyFoldTensorEmptyPatternsOp)
-    if kernel is not None:
+    if not direct:
         kernel = structured.TileUsingForOp(
             kernel, sizes=[1, 1, p.k_unroll, 0, 0], interchange=[1, 0, 2, 3, 4]
         ).tiled_linalg_op
@@ -522,8 +519,8 @@ def _packed_kernel(
     for _ in range(site.consumers):
         chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
     if direct:
-        tile_nest, direct_kernel, zero, direct_consumers, pack_a = _direct_tiles(
-            chain, direct_kernel, zero, pack_a, site, p
+        tile_nest, kernel, zero, direct_consumers, pack_a = _direct_tiles(
+            chain, kernel, zero, pack_a, site, p
         )
     # Pack steps must tile the K block evenly, or every step gets a k mask.
     kp = pack_k_step(tk or site.k)
@@ -591,7 +588,7 @@ def _packed_kernel(
         # The whole panels' column counts are min(reg_n, columns left): loop bounds prove
         # them reg_n, so those steps vectorize without a mask.
         _patterns(func, loop.ApplyForLoopCanonicalizationPatternsOp)
-    structured.VectorizeOp(direct_kernel if direct else kernel)
+    structured.VectorizeOp(kernel)
     for step, panel in steps:
         structured.VectorizeOp(step, panel)
     structured.VectorizeOp(pack_a, [1, kp, p.reg_m])
