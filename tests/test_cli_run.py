@@ -7,6 +7,8 @@ import json
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from stagegraph.cli.main import main
 from tests.conftest import kernelbench_or_skip
@@ -223,6 +225,33 @@ def test_x86_parallel_shared_library_links_the_openmp_runtime(capsys, tmp_path):
 def test_bf16_matmul_verifies_with_bf16_tolerance(capsys, graph):
     code, report = run_json(capsys, graph, "matmul:m=16,n=8,k=24,dtype=bf16")
     assert code == 0 and report["verified"] is True
+
+
+# Extents that meet the schedule's cases: tiny, odd, whole 16-column panels, 6-row tiles.
+EXTENTS = st.one_of(
+    st.integers(1, 64),
+    st.integers(65, 600),
+    st.integers(1, 40).map(lambda panels: 16 * panels),
+    st.integers(1, 100).map(lambda rows: 6 * rows),
+)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(m=EXTENTS, n=EXTENTS, k=st.one_of(EXTENTS, st.sampled_from([400, 512, 768, 1000])),
+       threads=st.sampled_from([1, 2]))  # fmt: skip
+def test_x86_matmul_verifies_on_shapes_no_test_names(capsys, m, n, k, threads):
+    """The heuristic's own tiles verify on generated shapes: whichever schedule path they
+    select (one K block writing C directly or packed C over several, B's partial panel
+    peeled, edge tiles, row blocks shared by threads). The K extents include two K blocks
+    of the AVX2 and AVX-512 block sizes, which the heuristic makes one."""
+    spec = f"matmul:m={m},n={n},k={k}"
+    code, report = run_json(capsys, "x86", spec, "--threads", str(threads))
+    assert code == 0 and report["verified"] is True, (spec, threads, report.get("message"))
 
 
 @pytest.mark.parametrize(
