@@ -77,21 +77,28 @@ def _params(m: int, n: int, k: int, **override) -> MatmulParams:
     return MatmulParams(**{**base.model_dump(), **override})
 
 
-def _compile(text: str, entry: str, override: dict):
-    from stagegraph.mlir.bindings import execution_engine, ir, new_context
-    from stagegraph.stages.common import lowering
+def _schedule(payload, override: dict) -> None:
+    """Apply the matmul schedule to every matmul of ``payload``, with the AVX-512
+    heuristic's params updated by ``override``."""
     from stagegraph.stages.x86.matmul_schedule import (
         apply_schedule,
         build_matmul_schedule,
         find_matmuls,
     )
 
+    sites = find_matmuls(payload)
+    params = [_params(s.m, s.n, s.k, **override) for s in sites]
+    apply_schedule(payload, build_matmul_schedule(params, sites))
+
+
+def _compile(text: str, entry: str, override: dict):
+    from stagegraph.mlir.bindings import execution_engine, ir, new_context
+    from stagegraph.stages.common import lowering
+
     threads = override.get("threads", 1)
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(text)
-        sites = find_matmuls(payload)
-        params = [_params(s.m, s.n, s.k, **override) for s in sites]
-        apply_schedule(payload, build_matmul_schedule(params, sites))
+        _schedule(payload, override)
         for fn in payload.body.operations:
             fn.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
         libs = _lower(payload, lowering.BUFFERIZE, threads)
@@ -400,17 +407,10 @@ def test_parallel_block_loop_is_dynamic():
     pytest.importorskip("stagegraph.runtime.openmp").library_path()
     from stagegraph.mlir.bindings import ir, new_context, passmanager
     from stagegraph.stages.common import lowering
-    from stagegraph.stages.x86.matmul_schedule import (
-        apply_schedule,
-        build_matmul_schedule,
-        find_matmuls,
-    )
 
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(_matmul(64, 96, 32))
-        sites = find_matmuls(payload)
-        params = [_params(s.m, s.n, s.k, threads=2, tile_m=32, tile_n=32) for s in sites]
-        apply_schedule(payload, build_matmul_schedule(params, sites))
+        _schedule(payload, {"threads": 2, "tile_m": 32, "tile_n": 32})
         passmanager.PassManager.parse(
             f"builtin.module({lowering.BUFFERIZE},{lowering.TO_OPENMP})"
         ).run(payload.operation)
@@ -1013,17 +1013,10 @@ def _scheduled_ops(text: str, override: dict) -> list[tuple[str, tuple[int, ...]
     """(name, shape of the first result if a vector or tensor) of every op the matmul
     schedule leaves."""
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_schedule import (
-        apply_schedule,
-        build_matmul_schedule,
-        find_matmuls,
-    )
 
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(text)
-        sites = find_matmuls(payload)
-        params = [_params(s.m, s.n, s.k, **override) for s in sites]
-        apply_schedule(payload, build_matmul_schedule(params, sites))
+        _schedule(payload, override)
         return [
             (
                 op.name,

@@ -507,7 +507,14 @@ def _packed_kernel(
         # Each K (and M) block packs into its own buffer (a slice of an empty tensor is an
         # empty tensor), so every block rewrites the same cache-resident lines.
         _patterns(func, _ttensor.ApplyFoldTensorEmptyPatternsOp)
-    if not direct:
+    chain = [unpack]
+    for _ in range(site.consumers):
+        chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
+    if direct:
+        tile_nest, kernel, zero, consumers, pack_a = _direct_tiles(
+            chain, kernel, zero, pack_a, site, p
+        )
+    else:
         kernel = structured.TileUsingForOp(
             kernel, sizes=[1, 1, p.k_unroll, 0, 0], interchange=[1, 0, 2, 3, 4]
         ).tiled_linalg_op
@@ -515,13 +522,10 @@ def _packed_kernel(
         zero = structured.TileUsingForOp(
             zero, sizes=[1, 1, 0, 0] if site.has_fill else [1, 1]
         ).tiled_linalg_op
-    chain = [unpack]
-    for _ in range(site.consumers):
-        chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
-    if direct:
-        tile_nest, kernel, zero, direct_consumers, pack_a = _direct_tiles(
-            chain, kernel, zero, pack_a, site, p
-        )
+        # Unpack and the elementwise chain run together per register tile: one pass over C.
+        tile_nest = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n])
+        for producer in reversed(chain[:-1]):
+            structured.FuseIntoContainingOp(producer, tile_nest.loops[1])
     # Pack steps must tile the K block evenly, or every step gets a k mask.
     kp = pack_k_step(tk or site.k)
     # A widened input is converted per packing step, into the panel being packed.
@@ -555,11 +559,6 @@ def _packed_kernel(
             steps.append((step, [1, _WIDEN_LANES]))
         else:
             steps.append((structured.FuseIntoContainingOp(copy, tiled.loops[1]).fused_op, panel))
-    # Unpack and the elementwise chain run together per register tile: one pass over C.
-    if not direct:
-        tile_nest = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n])
-        for producer in reversed(chain[:-1]):
-            structured.FuseIntoContainingOp(producer, tile_nest.loops[1])
     # Peel the partial last row and column of tiles: the full tiles then have static
     # shapes and store to C unmasked (a masked vmaskmovps store is slow, several uops).
     # (Peeling fails on a loop whose static trip count has no remainder: skip those.)
@@ -577,10 +576,9 @@ def _packed_kernel(
         pieces.append(peeled.remainder_loop)
         columns = peeled.peeled_loop
     pieces.append(columns)
-    # Consumers first: lowering the unpacks below adds ops.
-    if direct:
-        consumers = direct_consumers
-    else:
+    # Consumers first: lowering the unpacks below adds ops. (The direct tiles are whole:
+    # one piece, whose consumers _direct_tiles returned.)
+    if not direct:
         consumers = [_match(piece, "linalg.generic") for piece in pieces] if site.consumers else []
     unpacks = [_match(piece, "linalg.unpack") for piece in pieces]
     _cleanup(func)
