@@ -217,16 +217,49 @@ def test_heuristic_leaves_a_short_k_whole():
 
 
 @pytest.mark.parametrize(
-    "shape", [(256, 256, 256), (512, 512, 512), (1000, 1000, 1000), (256, 1024, 1024)]
+    "shape, per_thread",
+    [
+        ((256, 256, 256), 1),
+        ((512, 512, 512), 1),
+        ((1000, 1000, 1000), 1),
+        ((256, 1024, 1024), 1),
+        ((2048, 512, 128), 2),
+        ((4096, 256, 64), 2),
+    ],
 )
-def test_heuristic_gives_each_thread_several_blocks(shape):
+def test_heuristic_gives_each_thread_a_second_block_when_its_packing_is_cheap(shape, per_thread):
+    """One block per thread, and a second (for balance) only while the pass over A or B
+    it adds costs under BALANCE_PACKING of the work: with K = 64 or 128 a pass over B is
+    a fraction of a percent; at 256^3 it is several percent."""
     m, n, k = shape
     one = heuristic_matmul_params(m, n, k, "f32", AVX512, threads=1)
     two = heuristic_matmul_params(m, n, k, "f32", AVX512, threads=2)
-    blocks = -(-m // two.tile_m) * -(-n // two.tile_n)
-    assert blocks >= 4
+    if two.share_b:  # the threads take the row blocks of every K block
+        rows = -(-m // two.tile_m)
+        assert rows >= 2 and rows % 2 == 0 and two.block_rows >= m and two.tile_n >= n
+    else:
+        assert -(-m // two.block_rows) * -(-n // two.tile_n) == 2 * per_thread
     assert min(two.tile_m, two.tile_n) >= min(128, m, n)  # blocks stay big enough to pack
     assert (two.tile_k, two.reg_m, two.reg_n) == (one.tile_k, one.reg_m, one.reg_n)
+
+
+@pytest.mark.parametrize(
+    "shape, threads", [((1000, 1000, 1000), 2), ((4096, 1024, 1024), 2), ((4096, 1024, 1024), 8)]
+)
+def test_heuristic_shares_b_when_row_blocks_would_each_pack_it(shape, threads):
+    """Several K blocks and a split into row blocks only (each of which would pack every K
+    block of B): the threads share B instead, taking a multiple of ``threads`` row blocks
+    of one block spanning C. One thread, one K block, or a split of N (B packed once
+    anyway) keep the blocked split."""
+    m, n, k = shape
+    p = heuristic_matmul_params(m, n, k, "f32", AVX512, threads)
+    rows = -(-m // p.tile_m)
+    assert p.share_b and p.tile_k and rows % threads == 0
+    assert p.block_rows >= m and p.tile_n >= n
+    assert p.tile_m * p.tile_k * 4 <= AVX512.l2_bytes // 2  # the A slice in L2
+    assert not heuristic_matmul_params(m, n, k, "f32", AVX512, 1).share_b
+    assert not heuristic_matmul_params(256, 1024, 1024, "f32", AVX512, threads).share_b
+    assert not heuristic_matmul_params(512, 512, 256, "f32", AVX512, threads).share_b
 
 
 def test_heuristic_keeps_the_k_loop_within_the_register_file():
@@ -1121,3 +1154,77 @@ def test_edge_tiles_keep_packed_c():
     edges = _AVX2_PANELS | {"tile_m": 32, "tile_n": 48}
     assert _packed_c_buffers(_matmul(30, 40, 64), edges) == 1
     _run_matmul(30, 40, 64, **edges)
+
+
+# Two threads sharing B: K blocks of 16, row blocks of 16 in one block spanning C (N = 40:
+# two whole 16-column panels and a partial one).
+_SHARED_B = _AVX2_PANELS | {"tile_m": 16, "tile_k": 16, "block_m": 64, "threads": 2}
+_SHARED_B |= {"share_b": True}
+
+
+def _parallel_loops(text: str, override: dict) -> list[str]:
+    """For each ``scf.forall`` the schedule leaves, the name of its closest enclosing loop
+    (``scf.for`` / ``scf.forall``) or ``func.func``."""
+    from stagegraph.mlir.bindings import ir, new_context
+
+    with new_context(), ir.Location.unknown():
+        payload = ir.Module.parse(text)
+        _schedule(payload, override)
+        parents = []
+        for op in _walk(payload.operation):
+            if op.name != "scf.forall":
+                continue
+            parent = op.parent
+            while parent.name not in ("scf.for", "scf.forall", "func.func"):
+                parent = parent.parent
+            parents.append(parent.name)
+        return parents
+
+
+def test_shared_b_is_packed_once_per_k_block_by_all_threads():
+    """share_b: the K-block loop is serial and outermost; inside it the threads pack B's
+    panels (one parallel loop) and then take the row blocks (another). Zeroing packed C
+    and the pass writing C back are parallel loops of their own; no parallel loop nests in
+    another. Without share_b, one parallel loop of blocks holds the K-block loop."""
+    assert sorted(_parallel_loops(_matmul(64, 40, 64), _SHARED_B)) == [
+        "func.func",
+        "func.func",
+        "scf.for",
+        "scf.for",
+    ]
+    blocked = _SHARED_B | {"share_b": False, "block_m": 32}
+    assert _parallel_loops(_matmul(64, 40, 64), blocked) == ["func.func"]
+
+
+def test_shared_b_pass_over_c_writes_c_in_place():
+    """The parallel pass over C takes blocks of whole panels (N = 40: 32 columns, then 8),
+    so no block unpacks into a padded temporary that is then copied into C."""
+    from stagegraph.mlir.bindings import ir, new_context, passmanager
+    from stagegraph.stages.common import lowering
+
+    with new_context(), ir.Location.unknown():
+        payload = ir.Module.parse(_matmul(64, 40, 64))
+        _schedule(payload, _SHARED_B)
+        passmanager.PassManager.parse(f"builtin.module({lowering.BUFFERIZE})").run(
+            payload.operation
+        )
+        names = [op.name for op in _walk(payload.body.operations[0])]  # @mm
+    assert "memref.copy" not in names and names.count("scf.forall") == 4
+
+
+@pytest.mark.parametrize("shape", [(64, 40, 64), (62, 48, 48), (64, 33, 32)])
+def test_shared_b_is_correct(shape):
+    """Partial B panels, partial row tiles (62 = 15 x 4 + 2) and an aligned N, on two
+    threads."""
+    pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    _run_matmul(*shape, **_SHARED_B)
+
+
+def test_shared_b_with_consumers_is_correct():
+    """Bias + ReLU run in the parallel pass over C."""
+    pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    rng = np.random.default_rng(7)
+    x, w = rng.standard_normal((64, 32), np.float32), rng.standard_normal((32, 40), np.float32)
+    b, out = rng.standard_normal(40, np.float32), np.full((64, 40), np.nan, np.float32)
+    _call(_compile(_mlp(64, [32, 40]), "mlp", _SHARED_B), "mlp", [x, w, b, out])
+    np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-3)

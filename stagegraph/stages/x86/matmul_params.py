@@ -38,6 +38,11 @@ class MatmulParams(Params):
         description="rows of C per parallel block, in whole tile_m blocks (0: tile_m)",
     )
     pack: bool = Field(True, description="pack A and B into zero-padded register panels")
+    share_b: bool = Field(
+        False,
+        description="with threads > 1 and several K blocks: the K blocks run in turn, the "
+        "threads pack each one's B together, then take row blocks (no B packed twice)",
+    )
     threads: int = Field(1, ge=1, le=1024, description="threads sharing the block loop")
 
     @model_validator(mode="after")
@@ -100,6 +105,12 @@ BLOCKS_PER_THREAD = 2
 A_PACK_COST = 2
 # Shortest block edge (rows and columns), in register panels of reg_n columns.
 MIN_BLOCK_PANELS = 4
+# Packing an element (a load and a store, often missing cache) costs about as much as this
+# many FMAs of the register tile (8 lanes per cycle on one core); see _halve.
+PACK_ELEMENT_FMAS = 8
+# Blocks beyond one per thread (for balance) are split only while the packing each split
+# adds stays below this fraction of the matmul's FMAs.
+BALANCE_PACKING = 0.01
 
 
 def heuristic_matmul_params(
@@ -160,10 +171,22 @@ def heuristic_matmul_params(
         tile_n = _balanced(n, l3_share // 2 // (kc * elem), reg_n)
         # The parallel block: all rows, in whole row blocks (B packed once per K block).
         block_m = _round_up(m, tile_m)
-        # Enough blocks for every thread (threads take blocks dynamically, see lowering).
+        pack = _worth_packing(m, n, k, elem, reg_m, reg_n, target)
+        share_b = False
         if threads > 1:
-            block_m, tile_n = _split_for_threads(m, n, block_m, tile_n, reg_m, reg_n, threads)
-            tile_m = _balanced(block_m, tile_m, reg_m)
+            # Enough blocks for every thread (threads take blocks dynamically, see lowering).
+            split_m, split_n = _split_for_threads(m, n, block_m, tile_n, reg_m, reg_n, threads)
+            # A split into row blocks only would pack every K block of B once per block.
+            # Then the threads share B instead (MatmulParams.share_b) and take the row
+            # blocks of each K block: as many as fit L2, in a multiple of the threads
+            # (each K block ends in a join; an odd block out leaves a thread idle).
+            share_b = pack and kc < k and split_n >= tile_n >= n and -(-m // split_m) >= threads
+            if share_b:
+                blocks = _round_up(-(-m // tile_m), threads)
+                tile_m = _balanced(m, _round_up(-(-m // blocks), reg_m), reg_m)
+            else:
+                block_m, tile_n = split_m, split_n
+                tile_m = _balanced(block_m, tile_m, reg_m)
             block_m = _round_up(block_m, tile_m)
         return MatmulParams(
             tile_m=tile_m,
@@ -175,7 +198,8 @@ def heuristic_matmul_params(
             vector_width=lanes,
             vector_registers=registers,
             block_m=block_m if block_m > tile_m else 0,
-            pack=_worth_packing(m, n, k, elem, reg_m, reg_n, target),
+            pack=pack,
+            share_b=share_b,
             threads=threads,
         )
 
@@ -263,7 +287,11 @@ def _split_for_threads(
     packs its own B slice (once per row of blocks) and A slice (once per column of
     blocks): each pass over A or B costs about 1-2% of the matmul, so blocks are only
     split as that: two per thread, not eight (which re-packed A and B four times
-    each at 1024^3). The edges stay at least ``MIN_BLOCK_PANELS`` panels long.
+    each at 1024^3), and the second only while its packing costs under
+    ``BALANCE_PACKING`` of the work. Zen 1, two threads, one block per thread against two:
+    256^3 1.03x, 512^3 1.01x, 384x1536x768 1.01-1.02x, the MLP 256 x 1024 layers 1.02x;
+    2048x512x128 (a pass over B is 0.4% of its work: still split) 0.98x. The edges stay
+    at least ``MIN_BLOCK_PANELS`` panels long.
     """
     edge = MIN_BLOCK_PANELS * reg_n
     min_m = min(_round_up(m, reg_m), _round_up(edge, reg_m))
@@ -295,12 +323,17 @@ def _halve(
         # columns a pass over A (m x k, dearer per element) per column of blocks.
         more_b = math.ceil(m / tile_m) * n
         more_a = math.ceil(n / tile_n) * m * A_PACK_COST
-        if can_n and (more_a < more_b or not can_m):
-            tile_n = max(min_n, _round_up(tile_n // 2, reg_n))
-        elif can_m:
-            tile_m = max(min_m, _round_up(tile_m // 2, reg_m))
-        else:
+        halve_n = can_n and (more_a < more_b or not can_m)
+        if not (halve_n or can_m):
             break
+        # (Per element of K: the added packing against the m x n x k FMAs.)
+        added = more_a if halve_n else more_b
+        if blocks >= threads and added * PACK_ELEMENT_FMAS > BALANCE_PACKING * m * n:
+            break
+        if halve_n:
+            tile_n = max(min_n, _round_up(tile_n // 2, reg_n))
+        else:
+            tile_m = max(min_m, _round_up(tile_m // 2, reg_m))
     return tile_m, tile_n
 
 

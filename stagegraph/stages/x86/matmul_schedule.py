@@ -12,6 +12,10 @@ Per matmul (with its zero fill and a chain of elementwise consumers such as bias
    With one K block and whole register tiles, each tile is computed inside the pass that
    writes C and stores its accumulators there: no packed C at all.
 
+On several threads with several K blocks (``share_b``) the K-block loop runs outermost instead:
+per K block the threads pack B's panels together and then take the row blocks, so no K block
+of B is packed twice (see ``_shares_b``).
+
 Without packing (``pack=False``) the block is register-tiled in place and the edge tiles are
 vectorized with masks. The schedule stays on tensors; ``lowering.BUFFERIZE`` follows.
 """
@@ -476,6 +480,12 @@ def _packed_kernel(
     # One K block and whole register tiles: the tiles write C themselves (see
     # _writes_c_directly) and the kernel skips the packed-C path's tiling below.
     direct = _writes_c_directly(site, p, tk, widenings)
+    shared = _shares_b(site, p, tk, direct)
+    # Columns per block of the parallel pass over C (shared): a multiple of reg_n below N
+    # unless whole panels tile N. An unpack block spanning a partial panel unpacks into a
+    # padded temporary that is then copied to C.
+    panels = -(-site.n // p.reg_n)
+    pass_n = site.n if site.n % p.reg_n == 0 else -(-panels // 2) * p.reg_n
     if tk:
         # Pack A and B one K block at a time, inside the K-block loop (BLIS order): the
         # packed slices (tile_m x kc, kc x tile_n) are written just before the register
@@ -495,12 +505,19 @@ def _packed_kernel(
     if not direct and p.block_rows > p.tile_m:
         # A block of several tile_m row blocks: B is packed once per K block for all of
         # them, A one tile_m x kc slice at a time (the slice the register tiles sweep).
-        by_m = structured.TileUsingForOp(kernel, sizes=[p.tile_m // p.reg_m, 0, 0, 0, 0])
-        kernel = by_m.tiled_linalg_op
-        pack_a = structured.FuseIntoContainingOp(pack_a, by_m.loops[0]).fused_op
+        # Shared: the threads take the row blocks of each K block.
+        row_sizes = [p.tile_m // p.reg_m, 0, 0, 0, 0]
+        if shared:
+            by_m = structured.TileUsingForallOp(kernel, tile_sizes=row_sizes)
+            kernel, rows = by_m.tiled_op, by_m.forall_op
+        else:
+            by_m = structured.TileUsingForOp(kernel, sizes=row_sizes)
+            kernel, rows = by_m.tiled_linalg_op, by_m.loops[0]
+        fused = structured.FuseIntoContainingOp(pack_a, rows)
+        pack_a, rows = fused.fused_op, fused.new_containing_op
         if widenings[0] is not None:
             widenings = [
-                structured.FuseIntoContainingOp(widenings[0], by_m.loops[0]).fused_op,
+                structured.FuseIntoContainingOp(widenings[0], rows).fused_op,
                 widenings[1],
             ]
     if tk or p.block_rows > p.tile_m:
@@ -519,12 +536,25 @@ def _packed_kernel(
             kernel, sizes=[1, 1, p.k_unroll, 0, 0], interchange=[1, 0, 2, 3, 4]
         ).tiled_linalg_op
         # The packed C is zeroed (or the init packed) tile by tile with vector stores.
+        if shared:  # (each thread a share of the column panels)
+            zero = structured.TileUsingForallOp(
+                zero, num_threads=[p.threads] + [0] * (3 if site.has_fill else 1)
+            ).tiled_op
         zero = structured.TileUsingForOp(
             zero, sizes=[1, 1, 0, 0] if site.has_fill else [1, 1]
         ).tiled_linalg_op
         # Unpack and the elementwise chain run together per register tile: one pass over C.
-        tile_nest = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n])
-        for producer in reversed(chain[:-1]):
+        node, producers = chain[-1], list(reversed(chain[:-1]))
+        if shared:  # (the threads take its blocks)
+            blocks = structured.TileUsingForallOp(
+                node, tile_sizes=[p.tile_m, 0 if pass_n == site.n else pass_n]
+            )
+            node, forall = blocks.tiled_op, blocks.forall_op
+            for i, producer in enumerate(producers):
+                fused = structured.FuseIntoContainingOp(producer, forall)
+                producers[i], forall = fused.fused_op, fused.new_containing_op
+        tile_nest = structured.TileUsingForOp(node, sizes=[p.reg_m, p.reg_n])
+        for producer in producers:
             structured.FuseIntoContainingOp(producer, tile_nest.loops[1])
     # Pack steps must tile the K block evenly, or every step gets a k mask.
     kp = pack_k_step(tk or site.k)
@@ -536,6 +566,8 @@ def _packed_kernel(
     partial_b = None
     if widenings[1] is None:
         pack_b, partial_b = _split_partial_b_panel(pack_b, site, p)
+    if shared:  # the threads pack B's whole panels together (the partial one follows)
+        pack_b = structured.TileUsingForallOp(pack_b, num_threads=[p.threads, 0]).tiled_op
     tiled_b = structured.TileUsingForOp(pack_b, sizes=[1, kp], interchange=b_order)
     pack_a, pack_b = tiled_a.tiled_linalg_op, tiled_b.tiled_linalg_op
     if partial_b is not None:
@@ -563,7 +595,7 @@ def _packed_kernel(
     # shapes and store to C unmasked (a masked vmaskmovps store is slow, several uops).
     # (Peeling fails on a loop whose static trip count has no remainder: skip those.)
     full, pieces = tile_nest.loops[0], []
-    if partial_tiles(site.m, p.block_rows, p.reg_m):
+    if partial_tiles(site.m, p.tile_m if shared else p.block_rows, p.reg_m):
         rows = loop.LoopPeelOp(_any(), _any(), full)
         full, pieces = rows.peeled_loop, [rows.remainder_loop]
     columns = tile_nest.loops[1]
@@ -571,7 +603,7 @@ def _packed_kernel(
         columns = transform.GetParentOp(
             _any(), _match(full, "linalg.unpack"), op_name="scf.for", deduplicate=True
         ).result
-    if partial_tiles(site.n, p.tile_n, p.reg_n):
+    if partial_tiles(site.n, pass_n if shared else p.tile_n, p.reg_n):
         peeled = loop.LoopPeelOp(_any(), _any(), columns)
         pieces.append(peeled.remainder_loop)
         columns = peeled.peeled_loop
@@ -637,6 +669,28 @@ def _writes_c_directly(
         not tk
         and p.whole_register_tiles(site.m, site.n)
         and not (p.block_rows > p.tile_m and widenings[0] is not None)
+    )
+
+
+def _shares_b(site: MatmulSite, p: MatmulParams, tk: int, direct: bool) -> bool:
+    """Whether the threads share each K block's packed B (``MatmulParams.share_b``): the
+    K-block loop runs outermost and serially; per K block the threads pack B's panels
+    together, then take the row blocks, each packing its own A slice. The passes that zero
+    packed C and write C back are parallel loops of their own.
+
+    Otherwise each parallel block packs its own B: with row blocks as the parallel blocks,
+    every K block of B is packed once per block (four times at 1024^3 on two threads).
+    Needs several K blocks, packed C, one parallel block spanning C (the threads share the
+    loops inside it instead) and several row blocks to share."""
+    return (
+        p.share_b
+        and p.threads > 1
+        and bool(tk)
+        and not direct
+        and p.block_rows >= site.m
+        and p.tile_n >= site.n
+        and p.block_rows > p.tile_m
+        and site.n > p.reg_n
     )
 
 
