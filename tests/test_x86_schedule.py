@@ -1183,11 +1183,11 @@ def _parallel_loops(text: str, override: dict) -> list[str]:
 
 def test_shared_b_is_packed_once_per_k_block_by_all_threads():
     """share_b: the K-block loop is serial and outermost; inside it the threads pack B's
-    panels (one parallel loop) and then take the row blocks (another). Zeroing packed C
-    and the pass writing C back are parallel loops of their own; no parallel loop nests in
-    another. Without share_b, one parallel loop of blocks holds the K-block loop."""
+    panels (one parallel loop) and then take the row blocks (another). The pass writing C
+    back is a parallel loop of its own (packed C needs no zeroing pass: first_k_block); no
+    parallel loop nests in another. Without share_b, one parallel loop of blocks holds the
+    K-block loop."""
     assert sorted(_parallel_loops(_matmul(64, 40, 64), _SHARED_B)) == [
-        "func.func",
         "func.func",
         "scf.for",
         "scf.for",
@@ -1209,7 +1209,7 @@ def test_shared_b_pass_over_c_writes_c_in_place():
             payload.operation
         )
         names = [op.name for op in _walk(payload.body.operations[0])]  # @mm
-    assert "memref.copy" not in names and names.count("scf.forall") == 4
+    assert "memref.copy" not in names and names.count("scf.forall") == 3
 
 
 @pytest.mark.parametrize("shape", [(64, 40, 64), (62, 48, 48), (64, 33, 32)])
@@ -1228,3 +1228,45 @@ def test_shared_b_with_consumers_is_correct():
     b, out = rng.standard_normal(40, np.float32), np.full((64, 40), np.nan, np.float32)
     _call(_compile(_mlp(64, [32, 40]), "mlp", _SHARED_B), "mlp", [x, w, b, out])
     np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-3)
+
+
+def test_k_blocked_matmuls_start_from_the_fill_and_are_right():
+    """The x86 schedule marks its K-block loops: after scheduling, a K-blocked matmul has
+    no fill pass over packed C, and its values are right on one and two threads."""
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.mlir.walk import collect
+
+    blocked = _AVX2_PANELS | {"tile_k": 16, "tile_m": 16, "block_m": 32}
+    for override in (blocked, _SHARED_B):
+        with new_context(), ir.Location.unknown():
+            payload = ir.Module.parse(_matmul(64, 40, 64))
+            _schedule(payload, override)
+            # No pass writes the fill value (a constant) into the 4-D packed C's tiles.
+            fills = [
+                op
+                for op in collect(payload, "vector.transfer_write")
+                if op.operands[0].owner.name == "arith.constant"
+                and ir.ShapedType(op.operands[1].type).rank == 4
+            ]
+            assert not fills and collect(payload, "scf.if")
+    _run_matmul(64, 40, 64, **blocked)
+    pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    _run_matmul(62, 40, 48, **_SHARED_B)
+
+
+def test_accumulating_into_c_keeps_its_init():
+    """C += A B (no fill): the first K block loads the packed init of C as before."""
+    text = """
+func.func @acc(%a: tensor<32x64xf32>, %b: tensor<64x40xf32>, %c: tensor<32x40xf32>)
+    -> tensor<32x40xf32> {
+  %r = linalg.matmul ins(%a, %b : tensor<32x64xf32>, tensor<64x40xf32>)
+                     outs(%c : tensor<32x40xf32>) -> tensor<32x40xf32>
+  return %r : tensor<32x40xf32>
+}
+"""
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal((32, 64), np.float32), rng.standard_normal((64, 40), np.float32)
+    c, out = rng.standard_normal((32, 40), np.float32), np.full((32, 40), np.nan, np.float32)
+    engine = _compile(text, "acc", _AVX2_PANELS | {"tile_k": 16})
+    _call(engine, "acc", [a, b, c.copy(), out])  # (the function updates its C argument)
+    np.testing.assert_allclose(out, c + a @ b, rtol=1e-4, atol=1e-3)

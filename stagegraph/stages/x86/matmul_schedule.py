@@ -39,6 +39,7 @@ from stagegraph.mlir.bindings import (
 from stagegraph.mlir.build import named_structured_op
 from stagegraph.stages.analysis import OpFacts, declared_iterator_types
 from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
+from stagegraph.stages.x86.first_k_block import K_BLOCKS_ATTR, start_first_k_block_from_fill
 from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step, partial_tiles
 from stagegraph.stages.x86.matmul_sites import canonicalizable, matmul_like_ops  # noqa: F401
 
@@ -502,6 +503,8 @@ def _packed_kernel(
             None if copy is None else structured.FuseIntoContainingOp(copy, kloop).fused_op
             for copy in widenings
         ]
+        if site.has_fill:  # its first K block may start from the fill (see first_k_block)
+            transform.AnnotateOp(kloop, K_BLOCKS_ATTR)
     if not direct and p.block_rows > p.tile_m:
         # A block of several tile_m row blocks: B is packed once per K block for all of
         # them, A one tile_m x kc slice at a time (the slice the register tiles sweep).
@@ -676,7 +679,8 @@ def _shares_b(site: MatmulSite, p: MatmulParams, tk: int, direct: bool) -> bool:
     """Whether the threads share each K block's packed B (``MatmulParams.share_b``): the
     K-block loop runs outermost and serially; per K block the threads pack B's panels
     together, then take the row blocks, each packing its own A slice. The passes that zero
-    packed C and write C back are parallel loops of their own.
+    packed C (unless the first K block starts from the fill: first_k_block) and write C
+    back are parallel loops of their own.
 
     Otherwise each parallel block packs its own B: with row blocks as the parallel blocks,
     every K block of B is packed once per block (four times at 1024^3 on two threads).
@@ -988,6 +992,7 @@ def apply_schedule(payload: ir.Module, schedule: ir.Module) -> None:
     """Run ``__transform_main`` of ``schedule`` on ``payload`` (in place)."""
     apply_schedule_module(payload, schedule)
     _strip(payload, SITE_ATTR)
+    start_first_k_block_from_fill(payload)
 
 
 def _site_ops(mm: ir.Operation, site: MatmulSite) -> list[ir.Operation]:

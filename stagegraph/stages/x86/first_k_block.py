@@ -1,0 +1,187 @@
+"""The first K block of a packed matmul starts its accumulators from the fill value.
+
+With several K blocks, the register tiles accumulate into a packed C: a pass fills it with
+C's initial value (zeros) before the K-block loop, and every tile of every K block loads its
+accumulators from it, runs the k loop and stores them back. In the first K block those
+loads only read back the fill. This rewrite (after the schedule, on tensors) makes each
+tile of the first K block start from the fill value instead (``scf.if`` on the K-block
+index around the load) and drops the fill pass: packed C starts uninitialized, since the
+first K block writes every tile of it. Saved: one pass writing packed C (a memset, run
+by one thread when it is too small for a parallel loop) and one pass of tile loads.
+
+The schedule marks the K-block loops it made (:data:`K_BLOCKS_ATTR`). A loop is rewritten
+only when its packed C comes from a fill pass of a value defined outside it into an empty
+tensor, and every read of packed C inside the loop is an accumulator load of a register
+tile (a ``vector.transfer_read`` that starts a k loop); otherwise it is left as it is.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagegraph.mlir.bindings import arith, ir, scf
+from stagegraph.mlir.walk import collect
+
+#: Set by the matmul schedule on each K-block loop whose first iteration may start from
+#: the fill (removed by :func:`start_first_k_block_from_fill`).
+K_BLOCKS_ATTR = "stagegraph.k_blocks"
+
+# Ops through which packed C flows inside the K-block loop without being read.
+_PASS_THROUGH = frozenset(
+    {
+        "tensor.extract_slice",
+        "tensor.insert_slice",
+        "tensor.parallel_insert_slice",
+        "vector.transfer_write",
+        "scf.for",
+        "scf.forall",
+        "scf.yield",
+        "scf.forall.in_parallel",
+    }
+)
+
+
+def start_first_k_block_from_fill(payload: Any) -> int:
+    """Rewrite every marked K-block loop of ``payload`` (an ``ir.Module`` or op) that
+    qualifies (see the module docstring); strip the marks. Returns how many were
+    rewritten."""
+    rewritten = 0
+    for kloop in collect(payload, lambda op: K_BLOCKS_ATTR in op.attributes):
+        del kloop.attributes[K_BLOCKS_ATTR]
+        rewritten += _rewrite(kloop)
+    return rewritten
+
+
+def _rewrite(kloop: Any) -> int:
+    if kloop.name != "scf.for" or len(kloop.results) != 1:
+        return 0
+    init = kloop.operands[3]
+    fill = _fill_pass(init)
+    if fill is None:
+        return 0
+    fill_op, empty, value = fill
+    packed = kloop.regions[0].blocks[0].arguments[1]
+    reads = _accumulator_reads(packed)
+    if not reads or any(ir.VectorType(r.results[0].type) != value.type for r in reads):
+        return 0
+    body = kloop.regions[0].blocks[0]
+    with ir.InsertionPoint.at_block_begin(body), kloop.location:
+        first = arith.CmpIOp(arith.CmpIPredicate.eq, body.arguments[0], kloop.operands[0]).result
+    for read in reads:
+        _start_from(read, first, value)
+    kloop.operands[3] = empty
+    if not list(fill_op.results[0].uses):
+        fill_op.erase()
+    return 1
+
+
+def _fill_pass(init: Any) -> tuple[Any, Any, Any] | None:
+    """(the op, its empty destination, the vector written) when ``init`` is the result of
+    a loop nest that only writes one vector value, defined outside it, into the tiles of a
+    ``tensor.empty``."""
+    if not isinstance(init.owner, ir.Operation | ir.OpView):
+        return None
+    op = init.owner.operation
+    if op.name not in ("scf.for", "scf.forall") or len(op.results) != 1:
+        return None
+    dest = op.operands[3] if op.name == "scf.for" else op.operands[len(op.operands) - 1]
+    if not isinstance(dest.owner, ir.Operation | ir.OpView) or dest.owner.name != "tensor.empty":
+        return None
+    writes = collect(op, "vector.transfer_write")
+    values = {w.operands[0] for w in writes}
+    if len(values) != 1 or any(w.name not in _FILL_NEST for w in collect(op)):
+        return None
+    (value,) = values
+    if _inside(value, op):
+        return None
+    return op, dest, value
+
+
+# Ops a fill pass's loop nest is made of (tiling and the vector write of the fill value).
+_FILL_NEST = frozenset(
+    {
+        "scf.for",
+        "scf.forall",
+        "scf.yield",
+        "scf.forall.in_parallel",
+        "tensor.extract_slice",
+        "tensor.insert_slice",
+        "tensor.parallel_insert_slice",
+        "vector.transfer_write",
+        "affine.apply",
+        "affine.min",
+        "arith.constant",
+    }
+)
+
+
+def _inside(value: Any, op: Any) -> bool:
+    """Whether ``value`` is defined in ``op``'s regions."""
+    owner = value.owner
+    parent = owner.owner.parent_op if isinstance(owner, ir.Block) else owner.operation.parent
+    while parent is not None and parent.name != "func.func":
+        if parent == op:
+            return True
+        parent = parent.parent
+    return False
+
+
+def _accumulator_reads(packed: Any) -> list[Any]:
+    """The accumulator loads among the uses of ``packed`` (followed through slices and
+    loop-carried values), or [] when packed C is used any other way."""
+    reads: list[Any] = []
+    pending, seen = [packed], set()
+    while pending:
+        value = pending.pop()
+        for use in value.uses:
+            user = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+            if user.name == "vector.transfer_read":
+                if not _starts_a_k_loop(user):
+                    return []
+                reads.append(user)
+                continue
+            if user.name not in _PASS_THROUGH:
+                return []
+            for carried in _carried(user, use.operand_number):
+                if carried not in seen:
+                    seen.add(carried)
+                    pending.append(carried)
+    return reads
+
+
+def _carried(user: Any, operand: int) -> list[Any]:
+    """Where packed C flows from operand ``operand`` of ``user``: a loop's region argument
+    for its init, a slice's result."""
+    name = user.name
+    if name == "scf.for" and operand >= 3:
+        return [user.regions[0].blocks[0].arguments[1 + operand - 3]]
+    if name == "scf.forall":
+        outputs = len(user.results)
+        first = len(user.operands) - outputs
+        if operand >= first:
+            block = user.regions[0].blocks[0]
+            return [block.arguments[len(block.arguments) - outputs + operand - first]]
+        return []
+    if name in ("tensor.extract_slice", "tensor.insert_slice", "vector.transfer_write"):
+        return [user.results[0]]
+    return []  # yields: the value leaves the loop, whose result is followed no further
+
+
+def _starts_a_k_loop(read: Any) -> bool:
+    """A register tile's accumulator load: its only use is a loop's initial value."""
+    uses = list(read.results[0].uses)
+    return len(uses) == 1 and uses[0].owner.name == "scf.for" and uses[0].operand_number >= 3
+
+
+def _start_from(read: Any, first: Any, value: Any) -> None:
+    """Replace the load ``read`` by ``first ? value : read``, loading only when not first."""
+    (use,) = list(read.results[0].uses)
+    loop, operand = use.owner, use.operand_number
+    with ir.InsertionPoint(read), read.location:
+        choice = scf.IfOp(first, [read.results[0].type], has_else=True)
+        with ir.InsertionPoint(choice.then_block):
+            scf.YieldOp([value])
+        with ir.InsertionPoint(choice.else_block):
+            yielded = scf.YieldOp([read.results[0]])
+    read.move_before(yielded.operation)
+    loop.operands[operand] = choice.results[0]
