@@ -37,7 +37,10 @@ def child(specs: list[str], threads: int, budget: float, naive_max: int) -> None
     from stagegraph.app.bench import BenchOptions
     from stagegraph.app.session import Session, SessionRequest
 
-    options = BenchOptions(warmup=3, repeat=10, budget_s=budget)
+    # Every comparison alternates for its whole budget: stopping as soon as the interval is
+    # tight (a second or two) let the VM's slow drift decide ratios within a few percent
+    # (384x1536x768 at 1 thread read 0.96 so, 1.03 over 20 s; session 10).
+    options = BenchOptions(warmup=3, repeat=10, budget_s=budget, min_time_s=budget)
     for spec in specs:
         session = Session(SessionRequest(graph="x86", workload=spec, threads=threads))
         if "dtype=bf16" in spec:
@@ -189,7 +192,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="256,512,1024,2048")
     parser.add_argument("--bf16-sizes", default="1024,2048", help="'' for none")
-    parser.add_argument("--budget", type=float, default=5.0, help="seconds per comparison")
+    parser.add_argument(
+        "--budget", type=float, default=5.0, help="seconds each comparison alternates for"
+    )
     parser.add_argument("--naive-max", type=int, default=512, help="largest m run on naive")
     parser.add_argument("--threads", default=None, help="comma list (default: 1 and all cores)")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
