@@ -140,7 +140,7 @@ def _accumulator_reads(packed: Any) -> list[Any]:
                     return []
                 reads.append(user)
                 continue
-            if user.name not in _PASS_THROUGH:
+            if user.name not in _PASS_THROUGH or not _overwrites(user, use.operand_number):
                 return []
             for carried in _carried(user, use.operand_number):
                 if carried not in seen:
@@ -149,22 +149,32 @@ def _accumulator_reads(packed: Any) -> list[Any]:
     return reads
 
 
+def _overwrites(user: Any, operand: int) -> bool:
+    """False for a masked ``vector.transfer_write`` into packed C: the lanes it leaves
+    would keep what the fill wrote. (The register tiles cover packed C, padding included,
+    with unmasked writes: the first K block writes all of it.)"""
+    if user.name != "vector.transfer_write" or operand != 1:
+        return True
+    return user.opview.mask is None
+
+
 def _carried(user: Any, operand: int) -> list[Any]:
     """Where packed C flows from operand ``operand`` of ``user``: a loop's region argument
-    for its init, a slice's result."""
+    and its result for its initial value, a slice's or a write's result."""
     name = user.name
     if name == "scf.for" and operand >= 3:
-        return [user.regions[0].blocks[0].arguments[1 + operand - 3]]
+        return [user.regions[0].blocks[0].arguments[1 + operand - 3], user.results[operand - 3]]
     if name == "scf.forall":
         outputs = len(user.results)
         first = len(user.operands) - outputs
         if operand >= first:
             block = user.regions[0].blocks[0]
-            return [block.arguments[len(block.arguments) - outputs + operand - first]]
+            argument = block.arguments[len(block.arguments) - outputs + operand - first]
+            return [argument, user.results[operand - first]]
         return []
     if name in ("tensor.extract_slice", "tensor.insert_slice", "vector.transfer_write"):
         return [user.results[0]]
-    return []  # yields: the value leaves the loop, whose result is followed no further
+    return []  # a yield: the loop's result is followed from its initial value
 
 
 def _starts_a_k_loop(read: Any) -> bool:
