@@ -1142,10 +1142,15 @@ def test_one_k_block_tiles_with_consumers_write_c_directly():
     """Bias + ReLU run on the register tile before it is stored."""
     one_block = _AVX2_PANELS | {"tile_m": 16, "tile_n": 64}
     assert _packed_c_buffers(_mlp(16, [32, 64]), one_block) == 0
-    rng = np.random.default_rng(5)
-    x, w = rng.standard_normal((16, 32), np.float32), rng.standard_normal((32, 64), np.float32)
-    b, out = rng.standard_normal(64, np.float32), np.full((16, 64), np.nan, np.float32)
-    _call(_compile(_mlp(16, [32, 64]), "mlp", one_block), "mlp", [x, w, b, out])
+    _check_bias_relu(16, 32, 64, one_block, seed=5)
+
+
+def _check_bias_relu(rows: int, k: int, n: int, override: dict, seed: int) -> None:
+    """One MLP layer (matmul + bias + ReLU), scheduled with ``override``, against numpy."""
+    rng = np.random.default_rng(seed)
+    x, w = rng.standard_normal((rows, k), np.float32), rng.standard_normal((k, n), np.float32)
+    b, out = rng.standard_normal(n, np.float32), np.full((rows, n), np.nan, np.float32)
+    _call(_compile(_mlp(rows, [k, n]), "mlp", override), "mlp", [x, w, b, out])
     np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-3)
 
 
@@ -1223,11 +1228,7 @@ def test_shared_b_is_correct(shape):
 def test_shared_b_with_consumers_is_correct():
     """Bias + ReLU run in the parallel pass over C."""
     pytest.importorskip("stagegraph.runtime.openmp").library_path()
-    rng = np.random.default_rng(7)
-    x, w = rng.standard_normal((64, 32), np.float32), rng.standard_normal((32, 40), np.float32)
-    b, out = rng.standard_normal(40, np.float32), np.full((64, 40), np.nan, np.float32)
-    _call(_compile(_mlp(64, [32, 40]), "mlp", _SHARED_B), "mlp", [x, w, b, out])
-    np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-3)
+    _check_bias_relu(64, 32, 40, _SHARED_B, seed=7)
 
 
 def test_k_blocked_matmuls_start_from_the_fill_and_are_right():

@@ -131,3 +131,24 @@ class DefUse:
     def users(self, value: Any) -> list[Any]:
         """The ops in ``root`` that read ``value`` (once per operand), in walk order."""
         return self._users.get(value, [])
+
+
+def defining_op(value: Any) -> Any:
+    """The op that defines ``value``: its owner, or the op owning its block (a block
+    argument's region op)."""
+    from stagegraph.mlir.bindings import ir
+
+    owner = value.owner
+    if isinstance(owner, ir.Block):
+        owner = owner.owner
+    return owner.operation
+
+
+def nested_in(op: Any, group: set[Any]) -> bool:
+    """Whether ``op`` is one of ``group`` or nested (at any depth) in one of them."""
+    while op is not None:
+        if op in group:
+            return True
+        parent = op.parent
+        op = parent.operation if parent is not None else None
+    return False

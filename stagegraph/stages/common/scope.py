@@ -24,28 +24,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagegraph.mlir.bindings import func, ir
+from stagegraph.mlir.walk import defining_op, nested_in
 
 # Ops without side effects that are cheap to recompute: cloned into the scratch function
 # (with their operands, recursively) rather than passed in.
 CLONABLE = frozenset({"tensor.empty", "arith.constant", "linalg.fill"})
-
-
-def _defining_op(value: Any) -> Any:
-    """The op that defines ``value``: its owner, or the op owning its block."""
-    owner = value.owner
-    if isinstance(owner, ir.Block):
-        owner = owner.owner
-    return owner.operation
-
-
-def _inside(op: Any, group: set[Any]) -> bool:
-    """Whether ``op`` is one of ``group`` or nested in one."""
-    while op is not None:
-        if op in group:
-            return True
-        parent = op.parent
-        op = parent.operation if parent is not None else None
-    return False
 
 
 def _nested(op: Any) -> list[Any]:
@@ -114,7 +97,7 @@ def outline(ops: Sequence[Any], clonable: Callable[[Any], bool] = clonable_op) -
             outside = [
                 (use.owner.operation, use.operand_number)
                 for use in result.uses
-                if not _inside(use.owner.operation, group)
+                if not nested_in(use.owner.operation, group)
             ]
             if not outside:
                 continue
@@ -132,7 +115,7 @@ def outline(ops: Sequence[Any], clonable: Callable[[Any], bool] = clonable_op) -
     for op in ops:
         for inner in _nested(op):
             for k, value in enumerate(inner.operands):
-                if not _inside(_defining_op(value), group):
+                if not nested_in(defining_op(value), group):
                     reads.append((inner, k, value))
 
     context = last.context

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagegraph.mlir.bindings import arith, ir, scf
-from stagegraph.mlir.walk import collect
+from stagegraph.mlir.walk import collect, defining_op, nested_in
 
 #: Set by the matmul schedule on each K-block loop whose first iteration may start from
 #: the fill (removed by :func:`start_first_k_block_from_fill`).
@@ -60,11 +60,10 @@ def _rewrite(kloop: Any) -> int:
     if fill is None:
         return 0
     fill_op, empty, value = fill
-    packed = kloop.regions[0].blocks[0].arguments[1]
-    reads = _accumulator_reads(packed)
+    body = kloop.regions[0].blocks[0]
+    reads = _accumulator_reads(body.arguments[1])
     if not reads or any(ir.VectorType(r.results[0].type) != value.type for r in reads):
         return 0
-    body = kloop.regions[0].blocks[0]
     with ir.InsertionPoint.at_block_begin(body), kloop.location:
         first = arith.CmpIOp(arith.CmpIPredicate.eq, body.arguments[0], kloop.operands[0]).result
     for read in reads:
@@ -84,7 +83,7 @@ def _fill_pass(init: Any) -> tuple[Any, Any, Any] | None:
     op = init.owner.operation
     if op.name not in ("scf.for", "scf.forall") or len(op.results) != 1:
         return None
-    dest = op.operands[3] if op.name == "scf.for" else op.operands[len(op.operands) - 1]
+    dest = op.operands[_first_init(op)]
     if not isinstance(dest.owner, ir.Operation | ir.OpView) or dest.owner.name != "tensor.empty":
         return None
     writes = collect(op, "vector.transfer_write")
@@ -92,38 +91,19 @@ def _fill_pass(init: Any) -> tuple[Any, Any, Any] | None:
     if len(values) != 1 or any(w.name not in _FILL_NEST for w in collect(op)):
         return None
     (value,) = values
-    if _inside(value, op):
+    if nested_in(defining_op(value), {op}):
         return None
     return op, dest, value
 
 
-# Ops a fill pass's loop nest is made of (tiling and the vector write of the fill value).
-_FILL_NEST = frozenset(
-    {
-        "scf.for",
-        "scf.forall",
-        "scf.yield",
-        "scf.forall.in_parallel",
-        "tensor.extract_slice",
-        "tensor.insert_slice",
-        "tensor.parallel_insert_slice",
-        "vector.transfer_write",
-        "affine.apply",
-        "affine.min",
-        "arith.constant",
-    }
-)
+# Ops a fill pass's loop nest is made of: tiling, and the vector write of the fill value.
+_FILL_NEST = _PASS_THROUGH | {"affine.apply", "affine.min", "arith.constant"}
 
 
-def _inside(value: Any, op: Any) -> bool:
-    """Whether ``value`` is defined in ``op``'s regions."""
-    owner = value.owner
-    parent = owner.owner.parent_op if isinstance(owner, ir.Block) else owner.operation.parent
-    while parent is not None and parent.name != "func.func":
-        if parent == op:
-            return True
-        parent = parent.parent
-    return False
+def _first_init(loop: Any) -> int:
+    """The operand index of the first initial value (iter_arg / shared output) of an
+    ``scf.for`` or ``scf.forall``."""
+    return 3 if loop.name == "scf.for" else len(loop.operands) - len(loop.results)
 
 
 def _accumulator_reads(packed: Any) -> list[Any]:
@@ -134,7 +114,7 @@ def _accumulator_reads(packed: Any) -> list[Any]:
     while pending:
         value = pending.pop()
         for use in value.uses:
-            user = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+            user = use.owner.operation
             if user.name == "vector.transfer_read":
                 if not _starts_a_k_loop(user):
                     return []
@@ -162,16 +142,12 @@ def _carried(user: Any, operand: int) -> list[Any]:
     """Where packed C flows from operand ``operand`` of ``user``: a loop's region argument
     and its result for its initial value, a slice's or a write's result."""
     name = user.name
-    if name == "scf.for" and operand >= 3:
-        return [user.regions[0].blocks[0].arguments[1 + operand - 3], user.results[operand - 3]]
-    if name == "scf.forall":
-        outputs = len(user.results)
-        first = len(user.operands) - outputs
-        if operand >= first:
-            block = user.regions[0].blocks[0]
-            argument = block.arguments[len(block.arguments) - outputs + operand - first]
-            return [argument, user.results[operand - first]]
-        return []
+    if name in ("scf.for", "scf.forall"):
+        i = operand - _first_init(user)
+        if i < 0:
+            return []
+        arguments = user.regions[0].blocks[0].arguments  # (its iter_args / outputs last)
+        return [arguments[len(arguments) - len(user.results) + i], user.results[i]]
     if name in ("tensor.extract_slice", "tensor.insert_slice", "vector.transfer_write"):
         return [user.results[0]]
     return []  # a yield: the loop's result is followed from its initial value
