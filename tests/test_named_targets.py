@@ -44,6 +44,15 @@ def test_named_target_facts(name, bits, registers, tier):
     assert target.l1d_bytes <= target.l2_bytes <= target.l3_bytes
 
 
+def test_znver1_names_its_narrow_fma_units():
+    """``--target znver1`` gives what a Zen 1 host gives: 256-bit vectors on 128-bit FMA
+    units, so half the FMA lanes per cycle of ``x86-64-v3``'s full-width units."""
+    zen1, v3 = resolve_target("znver1"), resolve_target("x86-64-v3")
+    assert (zen1.vector_bits, zen1.fma_bits, zen1.fma_lanes_per_cycle()) == (256, 128, 8)
+    assert (v3.vector_bits, v3.fma_bits, v3.fma_lanes_per_cycle()) == (256, None, 16)
+    assert resolve_target("x86-64-v4").fma_lanes_per_cycle() == 32
+
+
 def test_feature_sets_follow_the_levels():
     v3, v4, zen4 = (resolve_target(n).isa for n in ("x86-64-v3", "x86-64-v4", "znver4"))
     assert {"avx2", "fma", "f16c"} <= v3 and "avx512f" not in v3

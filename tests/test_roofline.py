@@ -92,3 +92,21 @@ def test_estimate_grows_with_b_traffic_when_a_shares_its_level(memory_bound):
     slow = estimate_seconds(more_b, M, N, K, ELEM, TARGET)
     fast = estimate_seconds(less_b, M, N, K, ELEM, TARGET)
     assert slow > fast
+
+
+def test_peak_and_chains_follow_the_fma_units_width():
+    """Zen 1's 128-bit FMA units complete one 256-bit FMA per cycle: half the peak of
+    full-width units, reached with half the independent chains (vector FMAs per cycle x
+    latency). So a 2x16 tile (4 chains) runs as fast on both, and a 6x16 tile (12 chains)
+    twice as fast on full-width units."""
+    zen1 = TARGET.model_copy(update={"fma_bits": 128})
+    assert roofline.peak_flops(TARGET) == pytest.approx(2.5e9 * 16 * 2)
+    assert roofline.peak_flops(zen1) == pytest.approx(roofline.peak_flops(TARGET) / 2)
+    mk = dict(tile_m=48, tile_n=64, tile_k=64, reg_n=16, vector_registers=16, pack=True)
+    few, many = params(reg_m=2, **mk), params(reg_m=6, **mk)  # blocks in L1/L2: compute-bound
+    assert estimate_seconds(few, M, N, K, ELEM, zen1) == pytest.approx(
+        estimate_seconds(few, M, N, K, ELEM, TARGET), rel=0.05
+    )
+    assert estimate_seconds(many, M, N, K, ELEM, zen1) == pytest.approx(
+        2 * estimate_seconds(many, M, N, K, ELEM, TARGET), rel=0.05
+    )

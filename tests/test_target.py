@@ -143,3 +143,42 @@ def test_override_validates() -> None:
     assert one_core.l1d_bytes == detect_target().l1d_bytes
     with pytest.raises(ValueError):
         target_from_override(cache_lines=64)
+
+
+ZEN1_CPUINFO = (
+    "vendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 1\nflags\t: sse2 avx avx2 fma\n"
+)
+
+
+@pytest.mark.parametrize(
+    ("vendor", "family", "model", "fma_bits", "lanes_per_cycle"),
+    [
+        ("AuthenticAMD", 23, 1, 128, 8),  # Zen 1 (EPYC 7001): 128-bit FMA units
+        ("AuthenticAMD", 23, 8, 128, 8),  # Zen+
+        ("HygonGenuine", 24, 0, 128, 8),  # Dhyana, a Zen 1 core
+        ("AuthenticAMD", 23, 49, None, 16),  # Zen 2 (EPYC 7002): 256-bit units
+        ("AuthenticAMD", 25, 1, None, 16),  # Zen 3
+        ("GenuineIntel", 6, 85, None, 16),
+    ],
+)
+def test_fma_width_from_the_cpu_model(tmp_path: Path, vendor, family, model, fma_bits,
+                                      lanes_per_cycle) -> None:  # fmt: skip
+    """Zen 1 runs a 256-bit FMA as two 128-bit halves: half the FMA lanes per cycle of a core
+    whose units are as wide as its vectors, read from cpuinfo's vendor, family and model."""
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(
+        f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+        "flags\t: sse2 avx avx2 fma\n"
+    )
+    target = read_target(cpuinfo, tmp_path / "none", tmp_path / "none")
+    assert target.fma_bits == fma_bits
+    assert target.narrow_fma is (fma_bits is not None)
+    assert target.fma_lanes_per_cycle() == lanes_per_cycle
+    # Narrower vectors (SSE code on the same core) fit the units: full rate again.
+    assert target.fma_lanes_per_cycle(lanes=4) == 8
+
+
+def test_no_cpu_model_means_full_width_fma(tmp_path: Path) -> None:
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text(ZEN1_CPUINFO.replace("cpu family\t: 23\n", ""))
+    assert read_target(cpuinfo, tmp_path / "none", tmp_path / "none").fma_bits is None

@@ -25,6 +25,8 @@ AVX512 = Target(
     l3_bytes=32 * 1024 * 1024,
 )
 AVX2 = Target(isa=frozenset({"avx2", "fma"}), cores=8, vector_bits=256)
+# Zen 1: AVX2 on 128-bit FMA units (one 256-bit FMA per cycle).
+ZEN1 = AVX2.model_copy(update={"fma_bits": 128})
 
 
 def _matmul(m: int, n: int, k: int) -> str:
@@ -180,6 +182,25 @@ def test_heuristic_register_rows_divide_m_when_enough_chains_remain(m, reg_m):
     not 5), an odd one only when no even one divides (1005)."""
     assert heuristic_matmul_params(m, 1024, 512, "f32", AVX2).reg_m == reg_m
     assert heuristic_matmul_params(m, 1024, 512, "f32", AVX512).reg_m in (reg_m, 8, 7, m)
+
+
+@pytest.mark.parametrize(
+    ("m", "narrow_rows", "full_rows"),
+    [(768, 4, 6), (384, 4, 6), (1200, 4, 6), (1021, 4, 6), (10, 5, 5), (30, 6, 6)],
+)
+def test_heuristic_prefers_four_rows_when_the_fma_units_are_half_the_vector(
+    m, narrow_rows, full_rows
+):
+    """On 128-bit FMA units (Zen 1) one 256-bit FMA issues per cycle, so a 4x16 tile's 8
+    chains keep them busy, and two k steps per iteration fit beside its accumulators
+    (8 + 2 x 3 registers): 4 rows whenever they divide m (or nothing does). Rows that divide
+    m still come first (an LSTM's batch of 10 keeps 5 rows and stays unpadded). Full-width
+    units keep 6 rows (12 chains) where 6 divides m."""
+    narrow = heuristic_matmul_params(m, 1536, 768, "f32", ZEN1)
+    full = heuristic_matmul_params(m, 1536, 768, "f32", AVX2)
+    assert (narrow.reg_m, full.reg_m) == (narrow_rows, full_rows)
+    if narrow_rows == 4:
+        assert (narrow.reg_n, narrow.k_unroll) == (16, 2) and narrow.tile_m % 4 == 0
 
 
 def test_heuristic_gives_every_thread_a_block():

@@ -26,6 +26,9 @@ CPUINFO = Path("/proc/cpuinfo")
 CPU_SYSFS = Path("/sys/devices/system/cpu/cpu0")
 CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
+# FMA units per core on every x86 core with FMA this project targets (Haswell on, Zen on).
+FMA_UNITS = 2
+
 # Flag families that matter to code generation; the rest of /proc/cpuinfo (``hypervisor``,
 # ``constant_tsc``, ...) would only make the Target noisy and its hash host-specific.
 _SIMD_PREFIXES = ("sse", "ssse3", "avx", "fma", "f16c", "amx", "asimd", "sve", "sme", "bf16")
@@ -50,6 +53,9 @@ class Target(Facts):
     l2_bytes: int = 1024 * 1024
     l3_bytes: int = 8 * 1024 * 1024
     frequency_ghz: float | None = None
+    # Width of the FMA units when narrower than ``vector_bits`` (Zen 1: 128-bit units run a
+    # 256-bit FMA as two halves); None: as wide as the vectors.
+    fma_bits: int | None = None
 
     @field_serializer("isa")
     def _sorted_isa(self, isa: frozenset[str]) -> list[str]:
@@ -71,6 +77,20 @@ class Target(Facts):
 
         reached = [name for name, level in LEVELS.items() if level.isa <= self.isa]
         return reached[-1] if reached else "x86-64"
+
+    def fma_lanes_per_cycle(self, lanes: int | None = None) -> int:
+        """f32 FMA lanes one core completes per cycle on vectors of ``lanes`` f32 lanes
+        (default: the widest): two FMA units, each as wide as the vector or its own width
+        (``fma_bits``), whichever is narrower. Zen 1 on AVX2: 8, not 16."""
+        lanes = lanes or max(1, self.vector_bits // 32)
+        unit_lanes = max(1, (self.fma_bits or self.vector_bits) // 32)
+        return FMA_UNITS * min(lanes, unit_lanes)
+
+    @property
+    def narrow_fma(self) -> bool:
+        """Whether the FMA units are narrower than the widest vectors (a vector FMA issues
+        in parts, so fewer independent chains keep the units busy)."""
+        return self.fma_bits is not None and self.fma_bits < self.vector_bits
 
     def missing_on(self, host: Target) -> list[str]:
         """ISA features this target's code may use that ``host`` lacks (sorted)."""
@@ -120,6 +140,20 @@ def parse_cpuinfo(text: str) -> tuple[frozenset[str], float | None]:
                 mhz = float(value)
     ghz = round(mhz / 1000, 3) if mhz else None
     return frozenset(f for f in flags if _is_simd(f)), ghz
+
+
+def parse_cpu_model(text: str) -> tuple[str, int, int] | None:
+    """``vendor_id``, ``cpu family`` and ``model`` of the first CPU in /proc/cpuinfo's text."""
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        key = key.strip().lower()
+        if sep and key in ("vendor_id", "cpu family", "model") and key not in fields:
+            fields[key] = value.strip()
+    try:
+        return fields["vendor_id"], int(fields["cpu family"]), int(fields["model"])
+    except (KeyError, ValueError):
+        return None
 
 
 def parse_size(text: str) -> int | None:
@@ -194,13 +228,19 @@ def read_target(
     cgroup_cpu_max: Path = CGROUP_CPU_MAX,
 ) -> Target:
     """Describe the machine from these files; anything unreadable keeps the default."""
-    isa, cpuinfo_ghz = parse_cpuinfo(_read(cpuinfo) or "")
+    from stagegraph.stages.target_names import CPUS, host_cpu_name
+
+    text = _read(cpuinfo) or ""
+    isa, cpuinfo_ghz = parse_cpuinfo(text)
+    model = parse_cpu_model(text)
+    known = CPUS.get(host_cpu_name(*model) or "") if model else None
     fields: dict[str, Any] = {
         "arch": platform.machine() or Target.model_fields["arch"].default,
         "isa": isa,
         "cores": usable_cores(cgroup_cpu_max),
         "vector_bits": vector_bits_for(isa),
         "frequency_ghz": read_frequency_ghz(cpu_dir) or cpuinfo_ghz,
+        "fma_bits": known.fma_bits if known else None,
         **read_caches(cpu_dir),
     }
     return Target(**fields)
@@ -249,6 +289,7 @@ def resolve_target(name: str | None = None) -> Target:
         l2_bytes=machine.l2_bytes,
         l3_bytes=machine.l3_bytes,
         frequency_ghz=None,
+        fma_bits=machine.fma_bits,
     )
 
 

@@ -53,16 +53,18 @@ KIB, MIB = 1024, 1024 * 1024
 
 @dataclass(frozen=True)
 class NamedMachine:
-    """What a target name implies: SIMD features and per-core cache sizes in bytes."""
+    """What a target name implies: SIMD features, per-core cache sizes in bytes and, where
+    the FMA units are narrower than the widest vectors, their width in bits."""
 
     isa: frozenset[str]
     l1d_bytes: int
     l2_bytes: int
     l3_bytes: int
+    fma_bits: int | None = None
 
 
-def _m(isa: frozenset[str], l1: int, l2: int, l3: int) -> NamedMachine:
-    return NamedMachine(frozenset(isa), l1, l2, l3)
+def _m(isa: frozenset[str], l1: int, l2: int, l3: int, fma_bits: int | None = None) -> NamedMachine:
+    return NamedMachine(frozenset(isa), l1, l2, l3, fma_bits)
 
 
 #: The psABI levels: no machine, so caches of a typical server core of the level.
@@ -99,8 +101,9 @@ CPUS: dict[str, NamedMachine] = {
     "sapphirerapids": _m(_SAPPHIRE, 48 * KIB, 2 * MIB, 60 * MIB),
     "emeraldrapids": _m(_SAPPHIRE, 48 * KIB, 2 * MIB, 320 * MIB),
     "graniterapids": _m(_SAPPHIRE | {"amx_fp16"}, 48 * KIB, 2 * MIB, 480 * MIB),
-    # AMD Zen cores (L3 per CCX/CCD).
-    "znver1": _m(_V3, 32 * KIB, 512 * KIB, 8 * MIB),
+    # AMD Zen cores (L3 per CCX/CCD). Zen 1 has 128-bit FMA units: a 256-bit FMA issues as
+    # two halves, one per cycle per core instead of two.
+    "znver1": _m(_V3, 32 * KIB, 512 * KIB, 8 * MIB, fma_bits=128),
     "znver2": _m(_V3, 32 * KIB, 512 * KIB, 16 * MIB),
     "znver3": _m(_V3, 32 * KIB, 512 * KIB, 32 * MIB),
     "znver4": _m(_ZEN4, 32 * KIB, 1 * MIB, 32 * MIB),
@@ -145,6 +148,17 @@ _LLVM_FEATURES = {
 def llvm_features(isa: frozenset[str]) -> list[str]:
     """``+f``/``-f`` for every SIMD feature LLVM knows, from a cpuinfo-spelled ISA set."""
     return [f"{'+' if ours in isa else '-'}{theirs}" for ours, theirs in _LLVM_FEATURES.items()]
+
+
+def host_cpu_name(vendor: str, family: int, model: int) -> str | None:
+    """The LLVM CPU name of a host, from cpuinfo's ``vendor_id``, ``cpu family`` and ``model``,
+    for the cores whose facts differ from what their ISA implies (so far Zen 1's narrow FMA
+    units: AMD family 17h models below 30h, and Hygon's Dhyana, family 18h); else None."""
+    if (vendor == "AuthenticAMD" and family == 0x17 and model < 0x30) or (
+        vendor == "HygonGenuine" and family == 0x18
+    ):
+        return "znver1"
+    return None
 
 
 def known_names() -> list[str]:

@@ -98,6 +98,12 @@ def pack_k_step(k: int) -> int:
     return next(s for s in (8, 4, 2, 1) if k % s == 0)
 
 
+# Register-tile rows preferred on 16 registers when the FMA units are half as wide as the
+# vectors (Zen 1 on AVX2: one 256-bit FMA per cycle, so 8 chains of latency 5 keep it busy),
+# when they divide m (else rows that do, as on other cores: an LSTM's batch of 10 keeps 5).
+# Zen 1, one thread, 4x16 (two k steps per iteration) against 6x16 (one): 384x1536x768
+# 1.016, 768^3 1.015, 1536x512x512 1.039, 3072x1024x256 1.037, 192x768x768 1.008.
+NARROW_FMA_ROWS = 4
 # Blocks per thread the parallel block loop aims for (see _split_for_threads).
 BLOCKS_PER_THREAD = 2
 # Packing cost of an A element relative to a B element: A's panels are a transposition
@@ -143,10 +149,11 @@ def heuristic_matmul_params(
     reg_m = max(1, min(8, (registers - 2 - 1) // 2))
     if registers == 16:
         reg_m = 6
+    preferred = min(NARROW_FMA_ROWS, m) if registers == 16 and target.narrow_fma else None
     # Do not pad a tiny problem up to a big register tile.
     if n <= lanes:
         reg_n = lanes
-    reg_m = _row_tile(m, min(reg_m, m), reg_n // lanes, even_first=lanes == 8)
+    reg_m = _row_tile(m, min(reg_m, m), reg_n // lanes, even_first=lanes == 8, preferred=preferred)
     accumulators = reg_m * (reg_n // lanes)
     k_unroll = next(
         u
@@ -240,10 +247,12 @@ def _worth_packing(
 MIN_ACCUMULATORS = 8
 
 
-def _row_tile(m: int, most: int, vectors: int, even_first: bool = False) -> int:
-    """Rows of the register tile: the most that divide ``m`` while the tile keeps
-    :data:`MIN_ACCUMULATORS` chains, else ``most``; with ``even_first``, an even count
-    that divides m before an odd one.
+def _row_tile(
+    m: int, most: int, vectors: int, even_first: bool = False, preferred: int | None = None
+) -> int:
+    """Rows of the register tile: ``preferred`` if it divides ``m``, else the most that
+    divide ``m`` while the tile keeps :data:`MIN_ACCUMULATORS` chains, else ``preferred``
+    or ``most``; with ``even_first``, an even count that divides m before an odd one.
 
     Rows that divide m leave no partial panel: no padded rows computed, no masked loads
     packing A, no peeled edge tiles. On Zen 1 (AVX2, one thread) 4x16 beat 6x16 by 4% at
@@ -257,10 +266,12 @@ def _row_tile(m: int, most: int, vectors: int, even_first: bool = False) -> int:
     counts = list(range(most, min(fewest, most) - 1, -1))
     if even_first:
         counts.sort(key=lambda rows: rows % 2)  # stable: the most even rows first
+    if preferred and m % preferred == 0:
+        return preferred
     for rows in counts:
         if m % rows == 0:
             return rows
-    return most
+    return preferred or most
 
 
 def _balanced(extent: int, most: int, step: int) -> int:

@@ -13,7 +13,6 @@ from collections import defaultdict
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.matmul_params import MatmulParams
 
-_FMA_PORTS = 2
 _FMA_LATENCY = 4
 # Sustained bytes per cycle per core from each level (typical recent x86 cores).
 _BYTES_PER_CYCLE = {"l1": 128.0, "l2": 48.0, "l3": 16.0, "mem": 4.0}
@@ -32,10 +31,11 @@ def _level(nbytes: float, target: Target) -> str:
 
 def peak_flops(target: Target, threads: int = 1, lanes: int | None = None) -> float:
     """FMA peak (flop/s) of ``threads`` cores at ``lanes`` f32 lanes (default: the target's
-    vector width): two FMA ports, two flops per lane each cycle."""
+    vector width): the lanes the FMA units complete per cycle
+    (:meth:`~stagegraph.stages.target.Target.fma_lanes_per_cycle`), two flops each."""
     ghz = target.frequency_ghz or 2.5
-    lanes = lanes or max(1, target.vector_bits // 32)
-    return ghz * 1e9 * lanes * 2 * _FMA_PORTS * max(1, min(threads, target.cores))
+    per_cycle = target.fma_lanes_per_cycle(lanes)
+    return ghz * 1e9 * per_cycle * 2 * max(1, min(threads, target.cores))
 
 
 def estimate_seconds(p: MatmulParams, m: int, n: int, k: int, elem: int, target: Target) -> float:
@@ -45,7 +45,9 @@ def estimate_seconds(p: MatmulParams, m: int, n: int, k: int, elem: int, target:
     mp, np_ = math.ceil(m / p.reg_m) * p.reg_m, math.ceil(n / p.reg_n) * p.reg_n
     flops = 2.0 * mp * np_ * k
     accumulators = p.accumulator_registers
-    efficiency = min(1.0, accumulators / (_FMA_PORTS * _FMA_LATENCY))
+    # Independent FMA chains that keep the units busy: vector FMAs per cycle x latency.
+    chains = target.fma_lanes_per_cycle(lanes) / lanes * _FMA_LATENCY
+    efficiency = min(1.0, accumulators / chains)
     # Each k step of the micro-kernel loads reg_m broadcasts and reg_n/lanes vectors.
     loads = p.reg_m + p.reg_n / lanes
     efficiency *= min(1.0, accumulators / max(loads, 1.0))
