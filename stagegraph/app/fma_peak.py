@@ -24,9 +24,9 @@ from stagegraph.stages.target import Target, detect_target
 # Loop trips per call: long enough (half a millisecond on one Zen 1 core) that a call's fork
 # and join on several threads cost little beside its FMAs.
 TRIPS = 1 << 17
-# Each chain is x <- SCALE x + OFFSET (= 1 - SCALE): it decays towards 1 (SCALE^TRIPS = 0.07, so the
-# result still tells a chain that ran from one that did not). No chain may start at the
-# fixed point 1: LLVM folds such a chain away (one FMA fewer per trip than counted).
+# Each chain is x <- SCALE x + OFFSET (= 1 - SCALE): it decays towards 1 (SCALE^TRIPS = 0.07,
+# so the result still tells a chain that ran from one that did not). No chain may start at
+# the fixed point 1: LLVM folds such a chain away (one FMA fewer per trip than counted).
 SCALE, OFFSET = 0.99998, 0.00002
 
 
@@ -118,9 +118,9 @@ def fma_peak_gflops(threads: int = 1, target: Target | None = None, seconds: flo
     host's vector width and register count unless ``target`` says otherwise; it must run
     here).
 
-    Sustained, not the best call: on a VM the speed of single 0.1 ms calls spreads by a
-    quarter (Zen 1, one thread: 40.6 GFLOP/s at the 10th percentile, 51.8 at best, 44.0
-    median), while a kernel that runs for milliseconds sees the average."""
+    Sustained, not the best call: on a VM the speed of single short calls spreads widely
+    (Zen 1, one thread, 0.1 ms calls: 10th percentile and best 25% apart), while a kernel
+    that runs for milliseconds sees the average."""
     loop = build_fma_loop(threads, target)
     loop.run()  # warm up the threads
     calls, start = 0, time.perf_counter()
