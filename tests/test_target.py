@@ -145,9 +145,13 @@ def test_override_validates() -> None:
         target_from_override(cache_lines=64)
 
 
-ZEN1_CPUINFO = (
-    "vendor_id\t: AuthenticAMD\ncpu family\t: 23\nmodel\t\t: 1\nflags\t: sse2 avx avx2 fma\n"
-)
+def cpuinfo_with_model(path: Path, vendor: str, family: int | None, model: int) -> Path:
+    """A fake AVX2 /proc/cpuinfo naming the CPU's vendor, family (None: left out) and model."""
+    family_line = f"cpu family\t: {family}\n" if family is not None else ""
+    path.write_text(
+        f"vendor_id\t: {vendor}\n{family_line}model\t\t: {model}\nflags\t: sse2 avx avx2 fma\n"
+    )
+    return path
 
 
 @pytest.mark.parametrize(
@@ -165,11 +169,7 @@ def test_fma_width_from_the_cpu_model(tmp_path: Path, vendor, family, model, fma
                                       lanes_per_cycle) -> None:  # fmt: skip
     """Zen 1 runs a 256-bit FMA as two 128-bit halves: half the FMA lanes per cycle of a core
     whose units are as wide as its vectors, read from cpuinfo's vendor, family and model."""
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(
-        f"vendor_id\t: {vendor}\ncpu family\t: {family}\nmodel\t\t: {model}\n"
-        "flags\t: sse2 avx avx2 fma\n"
-    )
+    cpuinfo = cpuinfo_with_model(tmp_path / "cpuinfo", vendor, family, model)
     target = read_target(cpuinfo, tmp_path / "none", tmp_path / "none")
     assert target.fma_bits == fma_bits
     assert target.narrow_fma is (fma_bits is not None)
@@ -179,6 +179,5 @@ def test_fma_width_from_the_cpu_model(tmp_path: Path, vendor, family, model, fma
 
 
 def test_no_cpu_model_means_full_width_fma(tmp_path: Path) -> None:
-    cpuinfo = tmp_path / "cpuinfo"
-    cpuinfo.write_text(ZEN1_CPUINFO.replace("cpu family\t: 23\n", ""))
+    cpuinfo = cpuinfo_with_model(tmp_path / "cpuinfo", "AuthenticAMD", None, 1)
     assert read_target(cpuinfo, tmp_path / "none", tmp_path / "none").fma_bits is None

@@ -233,14 +233,14 @@ def read_target(
     text = _read(cpuinfo) or ""
     isa, cpuinfo_ghz = parse_cpuinfo(text)
     model = parse_cpu_model(text)
-    known = CPUS.get(host_cpu_name(*model) or "") if model else None
+    cpu = host_cpu_name(*model) if model else None
     fields: dict[str, Any] = {
         "arch": platform.machine() or Target.model_fields["arch"].default,
         "isa": isa,
         "cores": usable_cores(cgroup_cpu_max),
         "vector_bits": vector_bits_for(isa),
         "frequency_ghz": read_frequency_ghz(cpu_dir) or cpuinfo_ghz,
-        "fma_bits": known.fma_bits if known else None,
+        "fma_bits": CPUS[cpu].fma_bits if cpu else None,
         **read_caches(cpu_dir),
     }
     return Target(**fields)
