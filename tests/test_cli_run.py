@@ -256,7 +256,7 @@ def test_x86_matmul_verifies_on_shapes_no_test_names(capsys, m, n, k, threads):
 
 @pytest.mark.parametrize(
     "blocking",
-    [["--param", "tile_k=64"], ["--param", "tile_k=64", "--param", "tile_m=12",
+    [["--param", "tile_k=64"], ["--param", "tile_k=64", "--param", "tile_m=24",
                                 "--param", "block_m=48"]],
     ids=["k-blocks", "k-and-m-blocks"],
 )  # fmt: skip

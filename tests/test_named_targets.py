@@ -138,19 +138,56 @@ func.func @main(%x: tensor<16xf32>) -> tensor<16xbf16> {
 """
 
 
-@pytest.mark.parametrize("graph", ["naive", "x86"])
-def test_bf16_truncation_rounds_to_nearest_even_on_any_host(graph):
-    """Ties, values that round up into the next binade, infinities and NaN."""
-    values = np.array(
-        [1.0, 1.00390625, 1.01171875, 1.0078125, -2.5, 3.0e38, 3.4e38, np.inf, -np.inf,
-         np.nan, 1e-40, -0.0, 65504.0, 0.1, -0.3, 7.0], dtype=np.float32,
-    )  # fmt: skip
-    result = Engine().run(load_graph(graph), {"payload": TRUNCATE})
-    (out,) = result.binary.call("main", [values])
-    expected = to_bf16(values)
-    finite = ~np.isnan(values)
-    assert np.array_equal(out.view(np.uint16)[finite], expected[finite])
-    assert np.isnan(from_bf16(out.view(np.uint16))[~finite]).all()
+# Ties, values that round up into the next binade, infinities, NaN, a subnormal (1e-40).
+TRUNCATION_INPUTS = np.array(
+    [1.0, 1.00390625, 1.01171875, 1.0078125, -2.5, 3.0e38, 3.4e38, np.inf, -np.inf,
+     np.nan, 1e-40, -0.0, 65504.0, 0.1, -0.3, 7.0], dtype=np.float32,
+)  # fmt: skip
+
+
+def truncate(graph_name: str, target: str | None) -> np.ndarray:
+    """TRUNCATE's bf16 bits, built by the graph for the target (None: the graph's own)."""
+    graph = with_target(load_graph(graph_name), target)
+    result = Engine().run(graph, {"payload": TRUNCATE})
+    (out,) = result.binary.call("main", [TRUNCATION_INPUTS])
+    return out.view(np.uint16)
+
+
+def assert_rounded_to_nearest_even(bits: np.ndarray, subnormals_flushed: bool) -> None:
+    expected = to_bf16(TRUNCATION_INPUTS)
+    if subnormals_flushed:  # to zero, keeping the sign
+        subnormal = (TRUNCATION_INPUTS != 0) & (
+            np.abs(TRUNCATION_INPUTS) < np.finfo(np.float32).tiny
+        )
+        expected = np.where(subnormal, expected & 0x8000, expected)
+    finite = ~np.isnan(TRUNCATION_INPUTS)
+    assert np.array_equal(bits[finite], expected[finite])
+    assert np.isnan(from_bf16(bits)[~finite]).all()
+
+
+@pytest.mark.parametrize(("graph", "target"), [("naive", None), ("x86", "x86-64-v3")])
+def test_bf16_truncation_rounds_to_nearest_even_on_any_host(graph, target):
+    """Without native bf16 instructions (the naive graph; x86 pinned to AVX2) the conversion
+    is expanded or calls the project's builtins: round to nearest even, subnormals kept."""
+    assert_rounded_to_nearest_even(truncate(graph, target), subnormals_flushed=False)
+
+
+@pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) not installed")
+def test_native_bf16_truncation_flushes_subnormal_inputs(tmp_path, capsys):
+    """AVX512_BF16's ``vcvtneps2bf16`` rounds to nearest even but treats subnormal inputs as
+    zero whatever MXCSR says: the x86 graph on such a target uses it (the fast path) and
+    keeps that behaviour. Any host checks the instruction is emitted; a host that has it
+    also runs the code."""
+    payload = tmp_path / "truncate.mlir"
+    payload.write_text(TRUNCATE)
+    obj = tmp_path / "truncate.o"
+    code = main(["run", "x86", str(payload), "--target", "cooperlake", "--emit", "object",
+                 "-o", str(obj)])  # fmt: skip
+    assert code == 0, capsys.readouterr().err
+    listing = subprocess.run(["objdump", "-d", str(obj)], capture_output=True, text=True).stdout
+    assert "vcvtneps2bf16" in listing
+    if resolve_target("cooperlake").isa <= detect_target().isa:
+        assert_rounded_to_nearest_even(truncate("x86", "cooperlake"), subnormals_flushed=True)
 
 
 CALLS_UNDEFINED = """

@@ -91,11 +91,12 @@ def test_space_streams_distinct_valid_solutions(problem):
 def test_empty_space_names_conflicts(problem):
     from stagegraph.core.search_space import build_space
 
-    # 12 lanes is a multiple of no vector width from AVX2 (8 f32 lanes) up: any host.
-    space = build_space(problem.base, problem.facts, problem.target, {"reg_n": 12})
+    # 20 lanes lies inside reg_n's domain on every tier (8..128 on AVX2, 16..256 on
+    # AVX-512) but is a multiple of no vector width from AVX2 (8 f32 lanes) up: any host.
+    space = build_space(problem.base, problem.facts, problem.target, {"reg_n": 20})
     with pytest.raises(EmptySearchSpaceError) as info:
         space.require_nonempty()
-    assert "fixed matmul0.reg_n=12" in info.value.conflicts
+    assert "fixed matmul0.reg_n=20" in info.value.conflicts
     # Either rule on reg_n's vectors excludes 12 (the solver names a minimal core).
     assert {
         "matmul0.reg_n_multiple_of_vector_width",
@@ -246,9 +247,9 @@ def test_tune_on_local_dask_cluster(tmp_path, capsys):
 
 
 def test_empty_space_cli_exit_2(tmp_path, capsys):
-    code = main(["tune", "x86", SMALL, "--fix", "reg_n=12", "--db", str(tmp_path / "e.db")])
+    code = main(["tune", "x86", SMALL, "--fix", "reg_n=20", "--db", str(tmp_path / "e.db")])
     err = capsys.readouterr().err
-    assert code == 2 and "reg_n_" in err and "vectors" in err and "fixed matmul0.reg_n=12" in err
+    assert code == 2 and "reg_n_" in err and "vectors" in err and "fixed matmul0.reg_n=20" in err
 
 
 def test_unreachable_cluster_exit_2_db_intact(tmp_path, capsys):
