@@ -44,13 +44,17 @@ def test_named_target_facts(name, bits, registers, tier):
     assert target.l1d_bytes <= target.l2_bytes <= target.l3_bytes
 
 
-def test_znver1_names_its_narrow_fma_units():
+def test_zen1_and_zen4_name_their_narrow_fma_units():
     """``--target znver1`` gives what a Zen 1 host gives: 256-bit vectors on 128-bit FMA
-    units, so half the FMA lanes per cycle of ``x86-64-v3``'s full-width units."""
-    zen1, v3 = resolve_target("znver1"), resolve_target("x86-64-v3")
+    units, so half the FMA lanes per cycle of ``x86-64-v3``'s full-width units. Zen 4 has
+    512-bit vectors on 256-bit units: the FMA lanes per cycle of AVX2, half of
+    ``x86-64-v4``'s (Intel's two 512-bit units)."""
+    zen1, zen4 = resolve_target("znver1"), resolve_target("znver4")
+    v3, v4 = resolve_target("x86-64-v3"), resolve_target("x86-64-v4")
     assert (zen1.vector_bits, zen1.fma_bits, zen1.fma_lanes_per_cycle()) == (256, 128, 8)
     assert (v3.vector_bits, v3.fma_bits, v3.fma_lanes_per_cycle()) == (256, None, 16)
-    assert resolve_target("x86-64-v4").fma_lanes_per_cycle() == 32
+    assert (zen4.vector_bits, zen4.fma_bits, zen4.fma_lanes_per_cycle()) == (512, 256, 16)
+    assert (v4.vector_bits, v4.fma_bits, v4.fma_lanes_per_cycle()) == (512, None, 32)
 
 
 def test_feature_sets_follow_the_levels():

@@ -145,31 +145,42 @@ def test_override_validates() -> None:
         target_from_override(cache_lines=64)
 
 
-def cpuinfo_with_model(path: Path, vendor: str, family: int | None, model: int) -> Path:
-    """A fake AVX2 /proc/cpuinfo naming the CPU's vendor, family (None: left out) and model."""
+AVX2_FLAGS = "sse2 avx avx2 fma"
+AVX512_FLAGS = AVX2_FLAGS + " avx512f avx512bw avx512cd avx512dq avx512vl"
+
+
+def cpuinfo_with_model(
+    path: Path, vendor: str, family: int | None, model: int, flags: str = AVX2_FLAGS
+) -> Path:
+    """A fake /proc/cpuinfo naming the CPU's vendor, family (None: left out), model and
+    flags (AVX2 by default)."""
     family_line = f"cpu family\t: {family}\n" if family is not None else ""
-    path.write_text(
-        f"vendor_id\t: {vendor}\n{family_line}model\t\t: {model}\nflags\t: sse2 avx avx2 fma\n"
-    )
+    path.write_text(f"vendor_id\t: {vendor}\n{family_line}model\t\t: {model}\nflags\t: {flags}\n")
     return path
 
 
 @pytest.mark.parametrize(
-    ("vendor", "family", "model", "fma_bits", "lanes_per_cycle"),
+    ("vendor", "family", "model", "flags", "fma_bits", "lanes_per_cycle"),
     [
-        ("AuthenticAMD", 23, 1, 128, 8),  # Zen 1 (EPYC 7001): 128-bit FMA units
-        ("AuthenticAMD", 23, 8, 128, 8),  # Zen+
-        ("HygonGenuine", 24, 0, 128, 8),  # Dhyana, a Zen 1 core
-        ("AuthenticAMD", 23, 49, None, 16),  # Zen 2 (EPYC 7002): 256-bit units
-        ("AuthenticAMD", 25, 1, None, 16),  # Zen 3
-        ("GenuineIntel", 6, 85, None, 16),
+        ("AuthenticAMD", 23, 1, AVX2_FLAGS, 128, 8),  # Zen 1 (EPYC 7001): 128-bit FMA units
+        ("AuthenticAMD", 23, 8, AVX2_FLAGS, 128, 8),  # Zen+
+        ("HygonGenuine", 24, 0, AVX2_FLAGS, 128, 8),  # Dhyana, a Zen 1 core
+        ("AuthenticAMD", 23, 49, AVX2_FLAGS, None, 16),  # Zen 2 (EPYC 7002): 256-bit units
+        ("AuthenticAMD", 25, 1, AVX2_FLAGS, None, 16),  # Zen 3 (EPYC 7003)
+        ("AuthenticAMD", 25, 33, AVX2_FLAGS, None, 16),  # Zen 3 (Ryzen 5000)
+        ("AuthenticAMD", 25, 17, AVX512_FLAGS, 256, 16),  # Zen 4 (EPYC 9004): 256-bit units
+        ("AuthenticAMD", 25, 97, AVX512_FLAGS, 256, 16),  # Zen 4 (Ryzen 7000)
+        ("AuthenticAMD", 25, 160, AVX512_FLAGS, 256, 16),  # Zen 4c (EPYC 9754)
+        ("GenuineIntel", 6, 85, AVX512_FLAGS, None, 32),  # Skylake-SP: two 512-bit units
+        ("GenuineIntel", 6, 85, AVX2_FLAGS, None, 16),
     ],
 )
-def test_fma_width_from_the_cpu_model(tmp_path: Path, vendor, family, model, fma_bits,
+def test_fma_width_from_the_cpu_model(tmp_path: Path, vendor, family, model, flags, fma_bits,
                                       lanes_per_cycle) -> None:  # fmt: skip
-    """Zen 1 runs a 256-bit FMA as two 128-bit halves: half the FMA lanes per cycle of a core
-    whose units are as wide as its vectors, read from cpuinfo's vendor, family and model."""
-    cpuinfo = cpuinfo_with_model(tmp_path / "cpuinfo", vendor, family, model)
+    """Zen 1 runs a 256-bit FMA, and Zen 4 a 512-bit one, as two halves: half the FMA lanes
+    per cycle of a core whose units are as wide as its vectors, read from cpuinfo's vendor,
+    family and model."""
+    cpuinfo = cpuinfo_with_model(tmp_path / "cpuinfo", vendor, family, model, flags)
     target = read_target(cpuinfo, tmp_path / "none", tmp_path / "none")
     assert target.fma_bits == fma_bits
     assert target.narrow_fma is (fma_bits is not None)

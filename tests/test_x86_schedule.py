@@ -211,12 +211,30 @@ def test_heuristic_gives_every_thread_a_block():
 
 @pytest.mark.parametrize("shape", [(2048, 2048, 2048), (1000, 1000, 1000), (384, 1536, 768)])
 def test_heuristic_blocks_k_so_the_b_micro_panel_stays_in_l1(shape):
+    """AVX2's tiles (and AVX-512's where m fits one row block): the B and A micro-panels of
+    a K block fit L1, the A slice of a row block half of L2."""
+    m, n, k = shape
+    for target in (AVX2, AVX512) if m < 512 else (AVX2,):
+        p = heuristic_matmul_params(m, n, k, "f32", target)
+        assert 0 < p.tile_k < k and k % p.tile_k == 0 and p.tile_k % p.k_unroll == 0
+        assert (p.reg_n + p.reg_m) * p.tile_k * 4 <= target.l1d_bytes
+        assert p.tile_m * p.tile_k * 4 <= target.l2_bytes // 2
+
+
+@pytest.mark.parametrize(
+    ("shape", "tile_k"), [((2048, 2048, 2048), 512), ((1024, 1024, 1024), 512),
+                          ((768, 768, 768), 384), ((1000, 1000, 1000), 0)]
+)  # fmt: skip
+def test_heuristic_lengthens_k_blocks_for_the_avx512_tile(shape, tile_k):
+    """An 8x32 tile reloads and stores 256 C elements per K block: the block is at least
+    twice that many K steps (the divisor of k nearest it; 1000's is all of k), longer than
+    L1 alone gives, where m spans two row blocks. The row block shrinks to keep its A slice
+    in half of L2."""
     m, n, k = shape
     p = heuristic_matmul_params(m, n, k, "f32", AVX512)
-    assert 0 < p.tile_k < k and k % p.tile_k == 0 and p.tile_k % p.k_unroll == 0
-    assert (p.reg_n + p.reg_m) * p.tile_k * 4 <= AVX512.l1d_bytes
-    # The A slice of a block (tile_m x tile_k) stays within L2.
-    assert p.tile_m * p.tile_k * 4 <= AVX512.l2_bytes // 2
+    assert (p.reg_m, p.reg_n, p.tile_k) == (8, 32, tile_k)
+    assert (p.reg_n + p.reg_m) * (tile_k or k) * 4 > AVX512.l1d_bytes
+    assert p.tile_m * (tile_k or k) * 4 <= AVX512.l2_bytes // 2 and m >= 2 * p.tile_m
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -265,7 +283,7 @@ def test_heuristic_gives_each_thread_a_second_block_when_its_packing_is_cheap(sh
 
 
 @pytest.mark.parametrize(
-    "shape, threads", [((1000, 1000, 1000), 2), ((4096, 1024, 1024), 2), ((4096, 1024, 1024), 8)]
+    "shape, threads", [((2048, 2048, 2048), 2), ((4096, 1024, 1024), 2), ((4096, 1024, 1024), 8)]
 )
 def test_heuristic_shares_b_when_row_blocks_would_each_pack_it(shape, threads):
     """Several K blocks and a split into row blocks only (each of which would pack every K

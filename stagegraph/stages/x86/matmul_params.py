@@ -104,6 +104,15 @@ def pack_k_step(k: int) -> int:
 # Zen 1, one thread, 4x16 (two k steps per iteration) against 6x16 (one): 384x1536x768
 # 1.016, 768^3 1.015, 1536x512x512 1.039, 3072x1024x256 1.037, 192x768x768 1.008.
 NARROW_FMA_ROWS = 4
+# K steps of a K block per C element of the register tile, which reloads and stores its C
+# once per K block: kc >= C_TILE_K_STEPS x reg_m x reg_n. L1 alone sizes AVX-512's 8x32
+# tile a K block of 128, where the C tile's reloads stall the FMAs (Zen 4, one thread:
+# kc 512 and 256 rows over kc 128 and 1024 rows, 1024^3 1.13x, 2048^3 1.20x, 1000^3 one K
+# block 1.04-1.05x; kc 256 gains less). AVX2's tiles (6x16, 4x16) keep their L1 blocks,
+# which are longer: 6x16 with kc 384 over 256 read 0.99 at 384x1536x768 (Zen 4, AVX2).
+# Only where m spans two or more row blocks of the longer K block: with one (m 256 and
+# 384) it lost 1-4%, the B micro-panel then streaming from L2 for nothing.
+C_TILE_K_STEPS = 2
 # Blocks per thread the parallel block loop aims for (see _split_for_threads).
 BLOCKS_PER_THREAD = 2
 # Packing cost of an A element relative to a B element: A's panels are a transposition
@@ -166,8 +175,17 @@ def heuristic_matmul_params(
     # Register tiles are static: kc is the divisor of k nearest it that is a multiple of
     # k_unroll and of the vectorized packing step (else every packing step of a K block
     # is masked in k: 1000 = 4 x 250 with 8-wide steps).
-    kc_target = max(k_unroll, target.l1d_bytes * 3 // 4 // ((reg_n + reg_m) * elem))
-    kc = _nearest_divisor(k, kc_target, max(k_unroll, pack_k_step(k)))
+    l1_target = max(k_unroll, target.l1d_bytes * 3 // 4 // ((reg_n + reg_m) * elem))
+    step = max(k_unroll, pack_k_step(k))
+    kc = _nearest_divisor(k, l1_target, step)
+    # ... but long enough that reloading and storing the register tile's C once per K block
+    # is spread over enough K steps (see C_TILE_K_STEPS),
+    # where m spans two or more row blocks of that length.
+    reuse_target = C_TILE_K_STEPS * reg_m * reg_n
+    if reuse_target > l1_target:
+        long_kc = _nearest_divisor(k, reuse_target, step)
+        if m >= 2 * target.l2_bytes // 2 // (long_kc * elem):
+            kc = long_kc
 
     def blocked(kc: int) -> MatmulParams:
         # Row block: its A slice (tile_m x kc) takes half of L2, beside the B micro-panel
@@ -214,7 +232,9 @@ def heuristic_matmul_params(
     # f32): no packed C, no pass zeroing it or reading it back, for a B micro-panel that
     # streams from L2 instead of L1. Zen 1, one thread: 512^3 1.02x, 1024x1024x512
     # 1.02-1.03x; three blocks (768) 1.01x and four (1024) 1.00x are left as they are.
-    if dtype == "f32" and k == 2 * kc:
+    # Not where C_TILE_K_STEPS already lengthened the blocks past L1 (Zen 4, 8x32 at 1024^3:
+    # one K block of 1024 over two of 512, 0.96x).
+    if dtype == "f32" and k == 2 * kc and kc == _nearest_divisor(k, l1_target, step):
         single = blocked(k)
         if single.whole_register_tiles(m, n):
             return single
