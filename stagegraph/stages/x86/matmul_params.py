@@ -184,7 +184,10 @@ def heuristic_matmul_params(
     reuse_target = C_TILE_K_STEPS * reg_m * reg_n
     if reuse_target > l1_target:
         long_kc = _nearest_divisor(k, reuse_target, step)
-        if m >= 2 * target.l2_bytes // 2 // (long_kc * elem):
+        # Several threads share B's K blocks (share_b below); one K block would give each
+        # thread its own copy of all of B to pack (Zen 4, two threads, 1000^3: 0.99x).
+        spans_rows = m >= 2 * target.l2_bytes // 2 // (long_kc * elem)
+        if spans_rows and (threads == 1 or long_kc < k):
             kc = long_kc
 
     def blocked(kc: int) -> MatmulParams:
