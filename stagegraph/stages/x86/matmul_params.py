@@ -143,7 +143,8 @@ def heuristic_matmul_params(
     far as the unrolled steps' B vectors and broadcasts still fit beside the accumulators
     (with 16 registers a 6x16 tile leaves room for one step; unrolling further makes LLVM
     load ahead and spill accumulators). K block (tile_k): the B micro-panel (kc x reg_n)
-    and the A micro-panel stay in L1 while the register tile sweeps the m panels. Row block
+    and the A micro-panel stay in L1 while the register tile sweeps the m panels, unless the
+    tile's C then reloads too often (``C_TILE_K_STEPS``: AVX-512's 8x32 tile). Row block
     (tile_m): its A slice (tile_m x kc) in half of L2. Column block (tile_n): its B slice
     (kc x tile_n) in half of this core's share of L3 (it is re-read from there once per row
     block). The parallel block takes all rows (block_m), so B is packed once per K block;
@@ -177,17 +178,17 @@ def heuristic_matmul_params(
     # is masked in k: 1000 = 4 x 250 with 8-wide steps).
     l1_target = max(k_unroll, target.l1d_bytes * 3 // 4 // ((reg_n + reg_m) * elem))
     step = max(k_unroll, pack_k_step(k))
-    kc = _nearest_divisor(k, l1_target, step)
-    # ... but long enough that reloading and storing the register tile's C once per K block
-    # is spread over enough K steps (see C_TILE_K_STEPS),
-    # where m spans two or more row blocks of that length.
+    kc = l1_kc = _nearest_divisor(k, l1_target, step)
+    # ... but long enough that the register tile's C, reloaded and stored once per K block,
+    # is spread over enough K steps (C_TILE_K_STEPS), where m spans two or more row blocks
+    # of that length (a row block's A slice takes half of L2, as in blocked()).
     reuse_target = C_TILE_K_STEPS * reg_m * reg_n
     if reuse_target > l1_target:
         long_kc = _nearest_divisor(k, reuse_target, step)
+        long_row_block = target.l2_bytes // 2 // (long_kc * elem)
         # Several threads share B's K blocks (share_b below); one K block would give each
         # thread its own copy of all of B to pack (Zen 4, two threads, 1000^3: 0.99x).
-        spans_rows = m >= 2 * target.l2_bytes // 2 // (long_kc * elem)
-        if spans_rows and (threads == 1 or long_kc < k):
+        if m >= 2 * long_row_block and (threads == 1 or long_kc < k):
             kc = long_kc
 
     def blocked(kc: int) -> MatmulParams:
@@ -237,7 +238,7 @@ def heuristic_matmul_params(
     # 1.02-1.03x; three blocks (768) 1.01x and four (1024) 1.00x are left as they are.
     # Not where C_TILE_K_STEPS already lengthened the blocks past L1 (Zen 4, 8x32 at 1024^3:
     # one K block of 1024 over two of 512, 0.96x).
-    if dtype == "f32" and k == 2 * kc and kc == _nearest_divisor(k, l1_target, step):
+    if dtype == "f32" and k == 2 * kc and kc == l1_kc:
         single = blocked(k)
         if single.whole_register_tiles(m, n):
             return single
