@@ -12,10 +12,16 @@ both sides reached: the best speed of a loop of independent vector FMAs
 (``stagegraph.app.fma_peak``) on the row's threads, measured just before and just after the
 row (the clock a core really runs at is in no file). A bf16 matmul (f32 accumulation) has no
 numpy equivalent: it is compared with the x86 graph's f32 matmul of the same shape. Prints
-markdown tables. Usage:
+markdown tables.
+
+``--emulate x86-64-v3`` measures an AVX2 host's comparison on a wider host: the x86 graph is
+compiled for ``--target x86-64-v3`` (ymm vectors, 16 registers, the level's documented caches),
+numpy's OpenBLAS is forced to its AVX2 kernel (``OPENBLAS_CORETYPE=Haswell``, the kernel it
+picks on Haswell and Zen 1-3) and the FMA limit is measured with ymm FMAs. The tables say so.
+Usage:
 
     python benchmarks/matmul.py [--sizes 256,512,1024,2048] [--bf16-sizes 1024,2048]
-                                [--budget 5] [--naive-max 512]
+                                [--budget 5] [--naive-max 512] [--emulate x86-64-v3]
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import sys
 
 MLP = "mlp:batch=256,widths=1024-1024-1024"
 ODD = ["matmul:m=1000,n=1000,k=1000", "matmul:m=384,n=1536,k=768"]
+# The OpenBLAS kernel a host of each x86-64 level runs (DYNAMIC_ARCH picks it by CPUID).
+OPENBLAS_KERNEL_OF_LEVEL = {"x86-64-v3": "Haswell", "x86-64-v4": "SkylakeX"}
 
 
 def workloads(sizes: list[int], bf16_sizes: list[int]) -> list[str]:
@@ -35,26 +43,31 @@ def workloads(sizes: list[int], bf16_sizes: list[int]) -> list[str]:
     return square + ODD + [MLP] + [f"matmul:m={s},n={s},k={s},dtype=bf16" for s in bf16_sizes]
 
 
-def child(specs: list[str], threads: int, budget: float, naive_max: int) -> None:
-    """Measure in this process and print one JSON line per workload."""
+def child(specs: list[str], threads: int, budget: float, naive_max: int, level: str | None) -> None:
+    """Measure in this process and print one JSON line per workload (the x86 graph and the
+    FMA limit for the x86-64 ``level`` when it is given, else for the host)."""
     from stagegraph.app.bench import BenchOptions
     from stagegraph.app.fma_peak import fma_peak_gflops
     from stagegraph.app.session import Session, SessionRequest
+    from stagegraph.stages.target import resolve_target
+
+    target = resolve_target(level) if level else None
 
     # Every comparison alternates for its whole budget: stopping as soon as the interval is
     # tight (a second or two) let the VM's slow drift decide ratios within a few percent
     # (384x1536x768 at 1 thread read 0.96 so, 1.03 over 20 s; session 10).
     options = BenchOptions(warmup=3, repeat=10, budget_s=budget, min_time_s=budget)
     for spec in specs:
-        session = Session(SessionRequest(graph="x86", workload=spec, threads=threads))
-        before = fma_peak_gflops(threads)
+        request = SessionRequest(graph="x86", workload=spec, threads=threads, target=level)
+        session = Session(request)
+        before = fma_peak_gflops(threads, target)
         if "dtype=bf16" in spec:
             row = bf16_row(session, threads, options)
         else:
             row = f32_row(session, threads, options, naive_max)
         # The best FMA-loop speed seen around the row (the VM's clock drifts): the fraction
         # of the FMA limit each side reached.
-        peak = max(before, fma_peak_gflops(threads))
+        peak = max(before, fma_peak_gflops(threads, target))
         row["fma_peak_gflops"] = peak
         for side in ("x86", "numpy", "bf16"):
             if f"{side}_gflops" in row:
@@ -124,12 +137,12 @@ def f32_row(session, threads: int, options, naive_max: int) -> dict:
     return row
 
 
-def table(rows: list[dict], note: str | None = None) -> str:
+def table(rows: list[dict], note: str | None = None, level: str | None = None) -> str:
     """The machine, then the f32 table, then the bf16 one when there are bf16 rows, then
     why any ratio marked noisy is not to be trusted."""
     f32 = [r for r in rows if "dtype=bf16" not in r["workload"]]
     bf16 = [r for r in rows if "dtype=bf16" in r["workload"]]
-    text = machine(rows, note) + "\n\n" + f32_table(f32)
+    text = machine(rows, note, level) + "\n\n" + f32_table(f32)
     text += "\n\n" + bf16_table(bf16) if bf16 else ""
     noisy = [r for r in rows if r.get("trustworthy") is False]
     for r in noisy:
@@ -137,14 +150,21 @@ def table(rows: list[dict], note: str | None = None) -> str:
     return text
 
 
-def machine(rows: list[dict], note: str | None) -> str:
-    """What the numbers depend on: CPU, ISA tier, OpenBLAS core type and thread pinning."""
+def machine(rows: list[dict], note: str | None, level: str | None = None) -> str:
+    """What the numbers depend on: CPU, ISA tier, OpenBLAS core type and thread pinning (and
+    the emulated x86-64 level, if any)."""
     from stagegraph.app.host import HostInfo, describe
 
     hosts = [HostInfo.model_validate(r["host"]) for r in rows if r.get("host")]
     lines = [describe(hosts[0]) if hosts else "host: not measured"]
     lines.append("OpenBLAS (numpy) runs on the row's thread count, pinned with threadpoolctl")
-    if hosts and hosts[0].openblas_coretype:
+    if level:
+        lines.append(
+            f"emulating an {level} host: x86 graph compiled for --target {level}, OpenBLAS "
+            f"forced to its {OPENBLAS_KERNEL_OF_LEVEL[level]} kernel, FMA limit of {level}'s "
+            "vectors"
+        )
+    elif hosts and hosts[0].openblas_coretype:
         lines.append(f"warning: OPENBLAS_CORETYPE={hosts[0].openblas_coretype}: numpy is slowed")
     if note:
         lines.append(note)
@@ -208,6 +228,11 @@ def main() -> int:
     )
     parser.add_argument("--naive-max", type=int, default=512, help="largest m run on naive")
     parser.add_argument("--threads", default=None, help="comma list (default: 1 and all cores)")
+    parser.add_argument(
+        "--emulate",
+        choices=sorted(OPENBLAS_KERNEL_OF_LEVEL),
+        help="compare as on a host of this x86-64 level (it must run here)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--json", action="store_true")
     parser.add_argument("specs", nargs="*", help="workloads (default: the standard set)")
@@ -215,7 +240,7 @@ def main() -> int:
     sizes = [[int(s) for s in text.split(",") if s] for text in (args.sizes, args.bf16_sizes)]
     specs = args.specs or workloads(*sizes)
     if args.child:
-        child(specs, int(args.threads), args.budget, args.naive_max)
+        child(specs, int(args.threads), args.budget, args.naive_max, args.emulate)
         return 0
     cores = len(os.sched_getaffinity(0))
     counts = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, cores})
@@ -224,13 +249,20 @@ def main() -> int:
         # OpenMP by environment; OpenBLAS by threadpoolctl in the child (NumpyMeasurement).
         env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
         options = ["--budget", str(args.budget), "--naive-max", str(args.naive_max)]
+        if args.emulate:
+            env["OPENBLAS_CORETYPE"] = OPENBLAS_KERNEL_OF_LEVEL[args.emulate]
+            options += ["--emulate", args.emulate]
         cmd = [sys.executable, __file__, "--child", "--threads", str(threads), *options, *specs]
         out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
         if out.returncode:
             print(out.stderr, file=sys.stderr)
             return out.returncode
         rows += [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    print(json.dumps({"note": note, "rows": rows}, indent=1) if args.json else table(rows, note))
+    print(
+        json.dumps({"note": note, "rows": rows}, indent=1)
+        if args.json
+        else table(rows, note, args.emulate)
+    )
     return 0
 
 

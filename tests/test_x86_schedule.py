@@ -173,15 +173,27 @@ def test_heuristic_uses_the_register_file():
 
 
 @pytest.mark.parametrize(
-    ("m", "reg_m"), [(1024, 4), (1000, 4), (1005, 5), (768, 6), (1021, 6), (3, 3), (13, 6)]
+    ("m", "reg_m"), [(1024, 6), (1000, 5), (1005, 5), (768, 6), (1021, 6), (3, 3), (13, 6)]
 )
 def test_heuristic_register_rows_divide_m_when_enough_chains_remain(m, reg_m):
     """Rows dividing m leave no partial panel (no padding, masked packing or edge tiles);
-    below 4 rows (8 accumulators with two 8-lane vectors) the FMA chains fall short, so a
-    prime m keeps the full 6 rows. With 8 lanes an even row count comes first (1000: 4,
-    not 5), an odd one only when no even one divides (1005)."""
+    below 5 rows (10 accumulators with two 8-lane vectors) the chains fall short of two
+    full-width FMA units of latency 5, so 1024 and a prime m keep the full 6 rows (with
+    an edge tile). With 8 lanes an even row count comes first, an odd one only when no even
+    one divides (1000, 1005)."""
     assert heuristic_matmul_params(m, 1024, 512, "f32", AVX2).reg_m == reg_m
     assert heuristic_matmul_params(m, 1024, 512, "f32", AVX512).reg_m in (reg_m, 8, 7, m)
+
+
+@pytest.mark.parametrize(("m", "full_rows", "narrow_rows"), [(1024, 6, 4), (1000, 5, 4)])
+def test_heuristic_keeps_ten_chains_on_full_width_fma_units(m, full_rows, narrow_rows):
+    """Two full-width FMAs issue per cycle (Haswell on, Zen 2-4's AVX2): a 4x16 tile's 8
+    chains leave them idle, so m = 1024 and 1000 take 6 and 5 rows. Half-width units (Zen
+    1) issue one per cycle, and 4 rows dividing m keep them busy."""
+    full = heuristic_matmul_params(m, m, m, "f32", AVX2)
+    narrow = heuristic_matmul_params(m, m, m, "f32", ZEN1)
+    assert (full.reg_m, narrow.reg_m) == (full_rows, narrow_rows)
+    assert full.accumulator_registers >= 10 and narrow.accumulator_registers == 8
 
 
 @pytest.mark.parametrize(
@@ -218,7 +230,8 @@ def test_heuristic_blocks_k_so_the_b_micro_panel_stays_in_l1(shape):
         p = heuristic_matmul_params(m, n, k, "f32", target)
         assert 0 < p.tile_k < k and k % p.tile_k == 0 and p.tile_k % p.k_unroll == 0
         assert (p.reg_n + p.reg_m) * p.tile_k * 4 <= target.l1d_bytes
-        assert p.tile_m * p.tile_k * 4 <= target.l2_bytes // 2
+        # Half of L2, rounded up to whole register tiles.
+        assert (p.tile_m - p.reg_m) * p.tile_k * 4 < target.l2_bytes // 2
 
 
 @pytest.mark.parametrize(
@@ -243,15 +256,17 @@ def test_heuristic_lengthens_k_blocks_for_the_avx512_tile(shape, tile_k):
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_heuristic_makes_two_k_blocks_one_when_tiles_write_c_directly(threads):
-    """512 = two K blocks of 256 on AVX2: with whole register tiles they become one (the
-    tiles then write C directly); three blocks (768), a partial tile (n = 500) or bf16
-    keep their K blocks. The one K block's A slice still takes at most half of L2."""
-    p = heuristic_matmul_params(512, 512, 512, "f32", AVX2, threads)
+    """512 = two K blocks of 256 on Zen 1's AVX2 (4x16 tiles): with whole register tiles
+    they become one (the tiles then write C directly); three blocks (768), a partial tile
+    (n = 500, or m = 512 in 6-row tiles) or bf16 keep their K blocks. The one K block's A
+    slice still takes at most half of L2."""
+    p = heuristic_matmul_params(512, 512, 512, "f32", ZEN1, threads)
     assert p.tile_k == 0 and p.whole_register_tiles(512, 512)
-    assert p.tile_m * 512 * 4 <= AVX2.l2_bytes // 2
-    assert heuristic_matmul_params(512, 512, 768, "f32", AVX2, threads).tile_k == 256
-    assert heuristic_matmul_params(512, 500, 512, "f32", AVX2, threads).tile_k == 256
-    assert heuristic_matmul_params(512, 512, 512, "bf16", AVX2, threads).tile_k > 0
+    assert p.tile_m * 512 * 4 <= ZEN1.l2_bytes // 2
+    assert heuristic_matmul_params(512, 512, 768, "f32", ZEN1, threads).tile_k == 256
+    assert heuristic_matmul_params(512, 500, 512, "f32", ZEN1, threads).tile_k == 256
+    assert heuristic_matmul_params(512, 512, 512, "bf16", ZEN1, threads).tile_k > 0
+    assert heuristic_matmul_params(512, 512, 512, "f32", AVX2, threads).tile_k == 256
 
 
 def test_heuristic_leaves_a_short_k_whole():
@@ -320,9 +335,31 @@ def test_heuristic_packs_b_once_per_k_block(target, shape):
     m, n, k = shape
     p = heuristic_matmul_params(m, n, k, "f32", target)
     assert p.block_rows >= m  # one block of all rows: B packed once per K block
-    assert p.tile_m * (p.tile_k or k) * 4 <= target.l2_bytes // 2  # the A slice in L2
+    # The A slice in half of L2 (rounded up to whole register tiles).
+    assert (p.tile_m - p.reg_m) * (p.tile_k or k) * 4 < target.l2_bytes // 2
     blocks = -(-m // p.tile_m)
     assert m - (blocks - 1) * p.tile_m > p.tile_m // 2  # balanced: no sliver of a block
+
+
+def test_row_block_budget_rounds_up_to_whole_register_tiles():
+    """Half of a 512 KiB L2 is 256 rows of a 256-long K block: 6-row tiles make it one block
+    of 258, not two of 132 that would walk B's micro-panels twice (256^3 1.03x, Zen 4)."""
+    p = heuristic_matmul_params(
+        256, 256, 256, "f32", AVX2.model_copy(update={"l2_bytes": 512 * 1024})
+    )
+    assert (p.reg_m, p.tile_m, p.block_rows) == (6, 258, 258)
+
+
+@pytest.mark.parametrize(("target", "shape"), [(ZEN1, (2048, 256, 1000)), (AVX2, (768, 256, 512))])
+def test_threads_sharing_b_take_only_row_blocks_that_exist(target, shape):
+    """Sharing B, the threads split all rows into a multiple of the threads' row blocks;
+    the parallel block is those blocks, with no empty block past m for a thread to take."""
+    m, n, k = shape
+    target = target.model_copy(update={"l2_bytes": 512 * 1024, "l3_bytes": 16 * 1024 * 1024})
+    p = heuristic_matmul_params(m, n, k, "f32", target, threads=2)
+    assert p.share_b
+    assert p.block_rows == -(-m // p.tile_m) * p.tile_m
+    assert (p.block_rows // p.tile_m) % 2 == 0
 
 
 def test_heuristic_k_block_is_whole_packing_steps():

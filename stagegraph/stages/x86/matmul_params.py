@@ -163,7 +163,10 @@ def heuristic_matmul_params(
     # Do not pad a tiny problem up to a big register tile.
     if n <= lanes:
         reg_n = lanes
-    reg_m = _row_tile(m, min(reg_m, m), reg_n // lanes, even_first=lanes == 8, preferred=preferred)
+    chains = NARROW_FMA_MIN_ACCUMULATORS if target.narrow_fma else MIN_ACCUMULATORS
+    reg_m = _row_tile(
+        m, min(reg_m, m), reg_n // lanes, lanes == 8, preferred, min_accumulators=chains
+    )
     accumulators = reg_m * (reg_n // lanes)
     k_unroll = next(
         u
@@ -193,8 +196,10 @@ def heuristic_matmul_params(
 
     def blocked(kc: int) -> MatmulParams:
         # Row block: its A slice (tile_m x kc) takes half of L2, beside the B micro-panel
-        # streaming through and the accumulators of the register tiles.
-        tile_m = _balanced(m, target.l2_bytes // 2 // (kc * elem), reg_m)
+        # streaming through and the accumulators of the register tiles. The budget is
+        # rounded up to whole register tiles: 256 rows of 6 are 258 in one block, not two
+        # blocks of 132 that pack B's micro-panels twice.
+        tile_m = _balanced(m, _round_up(target.l2_bytes // 2 // (kc * elem), reg_m), reg_m)
         # Column block: its B slice (kc x tile_n) in half of one core's share of L3.
         l3_share = target.l3_bytes // max(1, target.cores)
         tile_n = _balanced(n, l3_share // 2 // (kc * elem), reg_n)
@@ -213,6 +218,7 @@ def heuristic_matmul_params(
             if share_b:
                 blocks = _round_up(-(-m // tile_m), threads)
                 tile_m = _balanced(m, _round_up(-(-m // blocks), reg_m), reg_m)
+                block_m = _round_up(m, tile_m)
             else:
                 block_m, tile_n = split_m, split_n
                 tile_m = _balanced(block_m, tile_m, reg_m)
@@ -267,15 +273,26 @@ def _worth_packing(
 
 
 # Independent FMA chains a register tile needs to keep the FMA units busy: latency (4-5
-# cycles) x FMA ports (1-2 per cycle for full-width vectors on current x86 cores).
-MIN_ACCUMULATORS = 8
+# cycles) x full-width vector FMAs issued per cycle (2 on Haswell and later, Zen 2-4's
+# AVX2). 8 chains fall short: Zen 4 on AVX2 (x86-64-v3), one thread, 6x16 (with a 4-row
+# edge tile) over 4x16: 1024^3 1.07x, 2048^3 1.08x, the MLP 256 x 1024 layers 1.08x;
+# 5x16 over 4x16 at 1000^3 1.12x; 256^3 and 512^3 tie.
+MIN_ACCUMULATORS = 10
+# ... where the FMA units are half the vector width (Zen 1's AVX2, Zen 4's AVX-512), one
+# vector FMA issues per cycle and 8 chains keep them busy (see NARROW_FMA_ROWS).
+NARROW_FMA_MIN_ACCUMULATORS = 8
 
 
 def _row_tile(
-    m: int, most: int, vectors: int, even_first: bool = False, preferred: int | None = None
+    m: int,
+    most: int,
+    vectors: int,
+    even_first: bool = False,
+    preferred: int | None = None,
+    min_accumulators: int = MIN_ACCUMULATORS,
 ) -> int:
     """Rows of the register tile: ``preferred`` if it divides ``m``, else the most that
-    divide ``m`` while the tile keeps :data:`MIN_ACCUMULATORS` chains, else ``preferred``
+    divide ``m`` while the tile keeps ``min_accumulators`` chains, else ``preferred``
     or ``most``; with ``even_first``, an even count that divides m before an odd one.
 
     Rows that divide m leave no partial panel: no padded rows computed, no masked loads
@@ -286,7 +303,7 @@ def _row_tile(
     rows take upstream's AVX2 in-lane sequence, 5 a generic 40-element shuffle. At 1000^3
     4x16 beat 5x16 by 1% (A's packing: 2.0% of the time with 5 rows).
     """
-    fewest = max(1, -(-MIN_ACCUMULATORS // vectors))
+    fewest = max(1, -(-min_accumulators // vectors))
     counts = list(range(most, min(fewest, most) - 1, -1))
     if even_first:
         counts.sort(key=lambda rows: rows % 2)  # stable: the most even rows first
