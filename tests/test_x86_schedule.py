@@ -235,14 +235,16 @@ def test_heuristic_blocks_k_so_the_b_micro_panel_stays_in_l1(shape):
 
 
 @pytest.mark.parametrize(
-    ("shape", "tile_k"), [((2048, 2048, 2048), 512), ((1024, 1024, 1024), 512),
-                          ((768, 768, 768), 384), ((1000, 1000, 1000), 0)]
+    ("shape", "tile_k", "shared_tile_k"),
+    [((2048, 2048, 2048), 512, 512), ((1024, 1024, 1024), 512, 512),
+     ((768, 768, 768), 384, 384), ((1000, 1000, 1000), 0, 500)],
 )  # fmt: skip
-def test_heuristic_lengthens_k_blocks_for_the_avx512_tile(shape, tile_k):
+def test_heuristic_lengthens_k_blocks_for_the_avx512_tile(shape, tile_k, shared_tile_k):
     """An 8x32 tile reloads and stores 256 C elements per K block: the block is at least
     twice that many K steps (the divisor of k nearest it; 1000's is all of k), longer than
     L1 alone gives, where m spans two row blocks. The row block shrinks to keep its A slice
-    in half of L2."""
+    in half of L2. Threads sharing B need several K blocks: 1000 takes two of 500, packed
+    in 4-wide steps."""
     m, n, k = shape
     p = heuristic_matmul_params(m, n, k, "f32", AVX512)
     assert (p.reg_m, p.reg_n, p.tile_k) == (8, 32, tile_k)
@@ -250,8 +252,8 @@ def test_heuristic_lengthens_k_blocks_for_the_avx512_tile(shape, tile_k):
     assert p.tile_m * (tile_k or k) * 4 <= AVX512.l2_bytes // 2 and m >= 2 * p.tile_m
     # Two threads share B's K blocks: a single K block would give each its own B to pack.
     shared = heuristic_matmul_params(m, n, k, "f32", AVX512, threads=2)
-    assert shared.share_b and 0 < shared.tile_k < k
-    assert shared.tile_k == (tile_k or shared.tile_k)
+    assert shared.share_b and shared.tile_k == shared_tile_k
+    assert shared.tile_m * shared_tile_k * 4 <= AVX512.l2_bytes // 2
 
 
 @pytest.mark.parametrize("threads", [1, 2])
