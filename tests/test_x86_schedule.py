@@ -196,6 +196,14 @@ def test_heuristic_keeps_ten_chains_on_full_width_fma_units(m, full_rows, narrow
     assert full.accumulator_registers >= 10 and narrow.accumulator_registers == 8
 
 
+@pytest.mark.parametrize(("n", "k"), [(256, 64), (256, 32), (48, 32), (32, 1024), (128, 128)])
+def test_heuristic_keeps_four_rows_dividing_m_for_short_loops(n, k):
+    """Below 256 K steps or 256 columns the edge tile and the 6-row packing of A cost more
+    than two more chains save: rows dividing m (4 of 256 or 1024) stay."""
+    for m in (256, 1024):
+        assert heuristic_matmul_params(m, n, k, "f32", AVX2).reg_m == 4
+
+
 @pytest.mark.parametrize(
     ("m", "narrow_rows", "full_rows"),
     [(768, 4, 6), (384, 4, 6), (1200, 4, 6), (1021, 4, 6), (10, 5, 5), (30, 6, 6)],

@@ -163,7 +163,10 @@ def heuristic_matmul_params(
     # Do not pad a tiny problem up to a big register tile.
     if n <= lanes:
         reg_n = lanes
-    chains = NARROW_FMA_MIN_ACCUMULATORS if target.narrow_fma else MIN_ACCUMULATORS
+    long_loops = min(n, k) >= LONG_LOOPS
+    chains = MIN_ACCUMULATORS
+    if long_loops and not target.narrow_fma:
+        chains = FULL_WIDTH_FMA_ACCUMULATORS
     reg_m = _row_tile(
         m, min(reg_m, m), reg_n // lanes, lanes == 8, preferred, min_accumulators=chains
     )
@@ -276,14 +279,17 @@ def _worth_packing(
 
 
 # Independent FMA chains a register tile needs to keep the FMA units busy: latency (4-5
-# cycles) x full-width vector FMAs issued per cycle (2 on Haswell and later, Zen 2-4's
-# AVX2). 8 chains fall short: Zen 4 on AVX2 (x86-64-v3), one thread, 6x16 (with a 4-row
-# edge tile) over 4x16: 1024^3 1.07x, 2048^3 1.08x, the MLP 256 x 1024 layers 1.08x;
-# 5x16 over 4x16 at 1000^3 1.12x; 256^3 and 512^3 tie.
-MIN_ACCUMULATORS = 10
-# ... where the FMA units are half the vector width (Zen 1's AVX2, Zen 4's AVX-512), one
-# vector FMA issues per cycle and 8 chains keep them busy (see NARROW_FMA_ROWS).
-NARROW_FMA_MIN_ACCUMULATORS = 8
+# cycles) x vector FMAs issued per cycle (one where the units are half the vector width:
+# Zen 1's AVX2, Zen 4's AVX-512; see NARROW_FMA_ROWS).
+MIN_ACCUMULATORS = 8
+# Two full-width FMAs a cycle (Haswell on, Zen 2-4's AVX2) at latency 5 need 10 chains, once
+# the tile's k loop and the panels reusing each packed A panel are long (k and n at least
+# LONG_LOOPS). Zen 4 on AVX2 (x86-64-v3), one thread, 6x16 (with a 4-row edge tile) over
+# 4x16: 1024^3 1.07x, 2048^3 1.08x, the MLP 256 x 1024 layers 1.08x; 5x16 over 4x16 at
+# 1000^3 1.12x; 256^3 and 512^3 tie. Shorter loops pay more for the edge tile and A's 6-row
+# packing than the chains save: 128^3 0.98x, 256x256x64 0.93x, 1024x48x32 0.80x, 32^3 0.6x.
+FULL_WIDTH_FMA_ACCUMULATORS = 10
+LONG_LOOPS = 256
 
 
 def _row_tile(
