@@ -219,7 +219,9 @@ def naive_cell(r: dict) -> str:
 def main() -> int:
     from stagegraph.app.host import reexec_without_openblas_overrides
 
-    note = reexec_without_openblas_overrides()  # before any numpy is timed, here or in a child
+    # Before any numpy is timed, here or in a child (which inherits the cleaned environment,
+    # or is given OPENBLAS_CORETYPE on purpose by --emulate).
+    note = None if "--child" in sys.argv[1:] else reexec_without_openblas_overrides()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="256,512,1024,2048")
     parser.add_argument("--bf16-sizes", default="1024,2048", help="'' for none")

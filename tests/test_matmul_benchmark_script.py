@@ -1,0 +1,45 @@
+"""benchmarks/matmul.py: the AVX2-tier emulation really forces OpenBLAS's AVX2 kernel and
+compiles for the tier, while a plain run drops an inherited OPENBLAS_CORETYPE."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "matmul.py"
+TINY = ["--budget", "0.2", "--threads", "1", "--naive-max", "0", "--json", "matmul:m=32,n=32,k=32"]
+
+
+def _run(*args: str, env: dict[str, str] | None = None) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(SCRIPT), *args, *TINY],
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(out.stdout)
+
+
+def test_emulating_x86_64_v3_forces_openblas_haswell_kernel():
+    """The child measuring numpy keeps OPENBLAS_CORETYPE=Haswell (a restart that drops it
+    would compare the tier's code with the host's wider BLAS kernel)."""
+    report = _run("--emulate", "x86-64-v3")
+    (row,) = report["rows"]
+    assert row["verified"]
+    assert row["host"]["openblas_coretype"] == "Haswell"
+    assert row["host"]["blas"]["architecture"] == "Haswell"
+    # The FMA limit is the tier's: 8-lane FMAs, the same loop the x86 graph's code runs.
+    assert row["fma_peak_gflops"] > 0
+
+
+def test_plain_run_drops_an_inherited_coretype_and_says_so():
+    report = _run(env={"OPENBLAS_CORETYPE": "Prescott"})
+    (row,) = report["rows"]
+    assert row["host"]["openblas_coretype"] is None
+    assert row["host"]["blas"]["architecture"] != "Prescott"
+    assert "OPENBLAS_CORETYPE=Prescott" in report["note"]
