@@ -244,6 +244,12 @@ def main() -> int:
     if args.child:
         child(specs, int(args.threads), args.budget, args.naive_max, args.emulate)
         return 0
+    if args.emulate:
+        from stagegraph.stages.target import detect_target, resolve_target
+
+        missing = resolve_target(args.emulate).missing_on(detect_target())
+        if missing:
+            parser.error(f"--emulate {args.emulate}: this host lacks {', '.join(missing)}")
     cores = len(os.sched_getaffinity(0))
     counts = [int(t) for t in args.threads.split(",")] if args.threads else sorted({1, cores})
     rows = []

@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "matmul.py"
 TINY = ["--budget", "0.2", "--threads", "1", "--naive-max", "0", "--json", "matmul:m=32,n=32,k=32"]
 
@@ -43,3 +45,24 @@ def test_plain_run_drops_an_inherited_coretype_and_says_so():
     assert row["host"]["openblas_coretype"] is None
     assert row["host"]["blas"]["architecture"] != "Prescott"
     assert "OPENBLAS_CORETYPE=Prescott" in report["note"]
+
+
+def test_emulating_a_level_the_host_lacks_is_refused(monkeypatch, capsys):
+    """On an AVX2 host, --emulate x86-64-v4 stops with exit 2 naming the missing features,
+    before any child compiles code it could not run."""
+    import importlib.util
+
+    import stagegraph.stages.target as target_module
+
+    avx2_host = target_module.resolve_target("x86-64-v3")
+    monkeypatch.setattr(target_module, "detect_target", lambda: avx2_host)
+    spec = importlib.util.spec_from_file_location("matmul_benchmark", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    monkeypatch.setattr(sys, "argv", [str(SCRIPT), "--emulate", "x86-64-v4", *TINY])
+    monkeypatch.delenv("OPENBLAS_CORETYPE", raising=False)
+    monkeypatch.delenv("OPENBLAS_L2_SIZE", raising=False)
+    with pytest.raises(SystemExit) as stop:
+        script.main()
+    assert stop.value.code == 2
+    assert "--emulate x86-64-v4: this host lacks avx512bw" in capsys.readouterr().err

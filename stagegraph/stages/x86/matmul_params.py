@@ -139,7 +139,9 @@ def heuristic_matmul_params(
     for each B micro-panel.
 
     Register tile: two vectors wide (two independent FMA chains per broadcast) and as many
-    rows as fit the register file after the B vectors and one broadcast. K unroll: only as
+    rows as fit the register file after the B vectors and one broadcast, or fewer that
+    divide m while enough FMA chains remain (``_row_tile``: 10 on full-width FMA units over
+    long loops, else 8). K unroll: only as
     far as the unrolled steps' B vectors and broadcasts still fit beside the accumulators
     (with 16 registers a 6x16 tile leaves room for one step; unrolling further makes LLVM
     load ahead and spill accumulators). K block (tile_k): the B micro-panel (kc x reg_n)
@@ -309,8 +311,9 @@ def _row_tile(
     128x1024x512 and 256^3 (6 leaves 2 and 4 rows over) and tied at 1024^3.
 
     ``even_first`` (8-lane targets): packing A transposes ``rows x 8`` blocks; 4 and 8
-    rows take upstream's AVX2 in-lane sequence, 5 a generic 40-element shuffle. At 1000^3
-    4x16 beat 5x16 by 1% (A's packing: 2.0% of the time with 5 rows).
+    rows take upstream's AVX2 in-lane sequence, 5 a generic 40-element shuffle. On Zen 1
+    (8 chains enough) 4x16 beat 5x16 by 1% at 1000^3 (A's packing: 2.0% of the time with 5
+    rows); full-width units need the 10 chains of 5x16 (1.12x on Zen 4's AVX2).
     """
     fewest = max(1, -(-min_accumulators // vectors))
     counts = list(range(most, min(fewest, most) - 1, -1))
