@@ -145,6 +145,7 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
         ClusterUnreachableError: ``options.cluster`` cannot be reached (before the DB opens).
     """
     from stagegraph.tune.executor import make_executor
+    from stagegraph.tune.interrupt import catch_interrupt
     from stagegraph.tune.search import make_strategy
     from stagegraph.tune.worker import BatchTask
 
@@ -159,64 +160,69 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
     history: dict[str, CandidateResult] = {}
     seen: set[str] = set()
     exhausted = interrupted = False
-    try:
-        workers = options.jobs if options.cluster is None else max(1, options.jobs)
-        size = options.batch_size or max(1, min(4, math.ceil(options.budget / workers)))
-        while sum(counts.values()) < options.budget:
-            want = min(options.budget - sum(counts.values()), size * workers)
-            proposals = strategy.propose(want, seen, history)
-            if not proposals:
-                exhausted = True
-                break
-            fresh = []
-            for params in proposals:
-                h = params.content_hash()[:16]
-                known = db.get(problem.key, h)
-                if known is not None:
-                    history[h] = known
-                    counts["reused"] += 1
-                    _tick(bar, counts, history)
-                else:
-                    fresh.append(params.model_dump(mode="json"))
-            tasks = [
-                BatchTask(
-                    session=problem.request.model_copy(update={"cost_model": None}),
-                    params_model=problem.params_model,
-                    key=problem.key,
-                    baseline=problem.base.model_dump(mode="json"),
-                    candidates=fresh[i : i + size],
-                    db=str(db.path) if executor.shares_filesystem else None,
-                    compile_timeout_s=options.compile_timeout_s,
-                    run_timeout_s=options.run_timeout_s,
-                    memory_bytes=options.memory_bytes,
-                    samples=options.samples,
-                    faults=options.faults,
-                    measure=options.measure,
-                )
-                for i in range(0, len(fresh), size)
-            ]
-            for results in executor.run(tasks):
-                for result in results:
-                    db.record(problem.key, result)
-                    history[result.params_hash] = result
-                    counts["measured" if result.status == "ok" else "failed"] += 1
-                    _tick(bar, counts, history)
-    except KeyboardInterrupt:
-        interrupted = True  # every finished candidate is in the DB: report the best so far
-    finally:
-        if bar is not None:
-            bar.close()
+    with catch_interrupt() as stop:
         try:
-            executor.close()
+            workers = options.jobs if options.cluster is None else max(1, options.jobs)
+            size = options.batch_size or max(1, min(4, math.ceil(options.budget / workers)))
+            while sum(counts.values()) < options.budget:
+                stop.check()
+                want = min(options.budget - sum(counts.values()), size * workers)
+                proposals = strategy.propose(want, seen, history)
+                stop.check()  # a Ctrl-C during proposing may have been lost in a __del__
+                if not proposals:
+                    exhausted = True
+                    break
+                fresh = []
+                for params in proposals:
+                    h = params.content_hash()[:16]
+                    known = db.get(problem.key, h)
+                    if known is not None:
+                        history[h] = known
+                        counts["reused"] += 1
+                        _tick(bar, counts, history)
+                    else:
+                        fresh.append(params.model_dump(mode="json"))
+                tasks = [
+                    BatchTask(
+                        session=problem.request.model_copy(update={"cost_model": None}),
+                        params_model=problem.params_model,
+                        key=problem.key,
+                        baseline=problem.base.model_dump(mode="json"),
+                        candidates=fresh[i : i + size],
+                        db=str(db.path) if executor.shares_filesystem else None,
+                        compile_timeout_s=options.compile_timeout_s,
+                        run_timeout_s=options.run_timeout_s,
+                        memory_bytes=options.memory_bytes,
+                        samples=options.samples,
+                        faults=options.faults,
+                        measure=options.measure,
+                    )
+                    for i in range(0, len(fresh), size)
+                ]
+                for results in executor.run(tasks):
+                    for result in results:
+                        db.record(problem.key, result)
+                        history[result.params_hash] = result
+                        counts["measured" if result.status == "ok" else "failed"] += 1
+                        _tick(bar, counts, history)
+                    stop.check()
         except KeyboardInterrupt:
-            interrupted = True
-        if interrupted:  # workers record as they finish: results we had not collected yet
-            for result in db.results(problem.key):
-                if result.params_hash not in history and result.params_hash in seen:
-                    history[result.params_hash] = result
-                    counts["measured" if result.status == "ok" else "failed"] += 1
-        tuned_ops = _record_tuned_sites(db, problem, history)
-        db.close()
+            interrupted = True  # every finished candidate is in the DB: report the best so far
+        finally:
+            if bar is not None:
+                bar.close()
+            try:
+                executor.close()
+            except KeyboardInterrupt:
+                interrupted = True
+            interrupted = interrupted or stop.requested
+            if interrupted:  # workers record as they finish: results we had not collected yet
+                for result in db.results(problem.key):
+                    if result.params_hash not in history and result.params_hash in seen:
+                        history[result.params_hash] = result
+                        counts["measured" if result.status == "ok" else "failed"] += 1
+            tuned_ops = _record_tuned_sites(db, problem, history)
+            db.close()
     report = _report(options, problem, history, counts, exhausted, time.perf_counter() - start)
     return report.model_copy(update={"interrupted": interrupted, "tuned_ops": tuned_ops})
 
