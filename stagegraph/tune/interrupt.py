@@ -36,11 +36,8 @@ def catch_interrupt() -> Iterator[InterruptFlag]:
     shell's background job), the flag just stays down and nothing else changes.
     """
     flag = InterruptFlag()
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
-        return
     previous = signal.getsignal(signal.SIGINT)
-    if previous is signal.SIG_IGN:
+    if threading.current_thread() is not threading.main_thread() or previous is signal.SIG_IGN:
         yield flag
         return
 

@@ -165,10 +165,8 @@ def heuristic_matmul_params(
     # Do not pad a tiny problem up to a big register tile.
     if n <= lanes:
         reg_n = lanes
-    long_loops = min(n, k) >= LONG_LOOPS
-    chains = MIN_ACCUMULATORS
-    if long_loops and not target.narrow_fma:
-        chains = FULL_WIDTH_FMA_ACCUMULATORS
+    full_width_long = min(n, k) >= LONG_LOOPS and not target.narrow_fma
+    chains = FULL_WIDTH_FMA_ACCUMULATORS if full_width_long else MIN_ACCUMULATORS
     reg_m = _row_tile(
         m, min(reg_m, m), reg_n // lanes, lanes == 8, preferred, min_accumulators=chains
     )
