@@ -265,3 +265,30 @@ def test_bf16_widening_inside_k_and_m_block_loops(capsys, blocking):
     code, report = run_json(capsys, "x86", "matmul:m=48,n=32,k=128,dtype=bf16",
                             "--threads", "1", *blocking)  # fmt: skip
     assert code == 0 and report["verified"] is True, report
+
+
+_FILLED_MATMUL = """
+func.func @main(%a: tensor<64x64xf32>, %b: tensor<64x40xf32>) -> tensor<64x40xf32> {
+  %c = arith.constant 1.5 : f32
+  %e = tensor.empty() : tensor<64x40xf32>
+  %f = linalg.fill ins(%c : f32) outs(%e : tensor<64x40xf32>) -> tensor<64x40xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<64x64xf32>, tensor<64x40xf32>)
+                     outs(%f : tensor<64x40xf32>) -> tensor<64x40xf32>
+  return %r : tensor<64x40xf32>
+}
+"""
+
+
+@pytest.mark.parametrize(
+    "blocking",
+    [[], ["--param", "tile_k=16"], ["--param", "tile_k=16", "--threads", "2"]],
+    ids=["default", "k-blocks", "k-blocks-2-threads"],
+)
+def test_matmul_starting_from_a_nonzero_fill_verifies(capsys, tmp_path, blocking):
+    """C = 1.5 + A B: only a zero fill folds into packed C (a pack of this one keeps its
+    zero padding); this one is C's initial value. It failed the schedule stage with "too
+    many tiles provided" before; over four K blocks the fill must count once."""
+    path = tmp_path / "filled.mlir"
+    path.write_text(_FILLED_MATMUL)
+    code, report = run_json(capsys, "x86", str(path), "--target", "x86-64-v3", *blocking)
+    assert code == 0 and report["verified"] is True, report.get("message")

@@ -37,6 +37,7 @@ from stagegraph.mlir.bindings import (
     transform,
 )
 from stagegraph.mlir.build import named_structured_op
+from stagegraph.mlir.constants import is_zero
 from stagegraph.stages.analysis import OpFacts, declared_iterator_types
 from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
 from stagegraph.stages.x86.first_k_block import K_BLOCKS_ATTR, start_first_k_block_from_fill
@@ -97,7 +98,7 @@ def find_matmuls(payload: ir.Module) -> list[MatmulSite]:
             a, b = (ir.RankedTensorType(op.operands[i].type) for i in (0, 1))
             m, k = (a.shape[1], a.shape[0]) if transpose_a else (a.shape[0], a.shape[1])
             n = b.shape[0] if transpose_b else b.shape[1]
-            has_fill = _defining_op_name(op.operands[2]) == "linalg.fill"
+            has_fill = _zero_fill(op.operands[2])
             source = None
             if SOURCE_ATTR in op.attributes:
                 source = ir.IntegerAttr(op.attributes[SOURCE_ATTR]).value
@@ -325,6 +326,14 @@ def _strip(payload: ir.Module, *names: str) -> None:
 def _defining_op(value: ir.Value) -> ir.Operation | None:
     owner = value.owner
     return owner.operation if isinstance(owner, ir.Operation | ir.OpView) else None
+
+
+def _zero_fill(value: ir.Value) -> bool:
+    """Whether ``value`` is a ``linalg.fill`` of zero: the one fill the schedule fuses into
+    packed C (a pack of any other fill keeps its zero padding, so it does not fold into a
+    fill of the packed tiles; such a fill is C's initial value, like any other)."""
+    fill = _defining_op(value)
+    return fill is not None and fill.name == "linalg.fill" and is_zero(fill.operands[0])
 
 
 def _defining_op_name(value: ir.Value) -> str | None:

@@ -21,6 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from stagegraph.mlir.constants import zeros
 from stagegraph.stages.target import Target
 
 # math op -> (libm base name of the f64 function, number of vector operands).
@@ -198,13 +199,6 @@ def call_vector_math(module: Any, target: Target | Iterable[str]) -> set[str]:
     return used
 
 
-def _zeros(vtype: Any) -> Any:
-    from stagegraph.mlir.bindings import arith, ir
-
-    zero = ir.FloatAttr.get(vtype.element_type, 0.0)
-    return arith.ConstantOp(vtype, ir.DenseElementsAttr.get_splat(vtype, zero)).result
-
-
 def _rewrite(
     module: Any,
     vtype: Any,
@@ -223,7 +217,7 @@ def _rewrite(
     n = vtype.shape[-1]
     if vtype.rank > 1:
         row = ir.VectorType.get([n], elem)
-        value = _zeros(vtype)
+        value = zeros(vtype)
         for pos in itertools.product(*(range(d) for d in vtype.shape[:-1])):
             rows = [vector.extract(o, [], list(pos)) for o in operands]
             out = _rewrite(module, row, rows, chunks, arity, declared)
@@ -233,7 +227,7 @@ def _rewrite(
         symbol = chunks[0][2]
         _declare(module, symbol, vtype, arity, declared)
         return func.CallOp([vtype], ir.FlatSymbolRefAttr.get(symbol), operands).results[0]
-    value = _zeros(vtype)
+    value = zeros(vtype)
     for offset, lanes, symbol in chunks:
         ctype = ir.VectorType.get([lanes], elem)
         _declare(module, symbol, ctype, arity, declared)
