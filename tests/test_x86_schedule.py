@@ -1183,6 +1183,42 @@ def test_b_packing_masks_only_the_partial_panel():
     _run_matmul(32, 40, 64, **_AVX2_PANELS)
 
 
+def test_a_packing_masks_only_the_partial_panel():
+    """With M = 30 in one row block (seven whole 4-row panels and 2 rows), A's whole
+    panels pack with plain loads, as B's do: no step computes the rows left (an
+    ``affine.min`` that lowering turns into a mask), and the partial panel is its own
+    packing loop (one more read)."""
+    override = _AVX2_PANELS | {"tile_n": 32}
+    names = [name for name, _ in _scheduled_ops(_matmul(30, 32, 64), override)]
+    assert "affine.min" not in names and "vector.create_mask" not in names
+    assert names.count("vector.transfer_read") == 8
+    _run_matmul(30, 32, 64, **override)
+
+
+@pytest.mark.parametrize("transposed", [False, True], ids=["a", "a-transposed"])
+@pytest.mark.parametrize("shape", [(30, 40, 24), (9, 16, 8), (62, 33, 20)])
+def test_a_packing_split_is_correct(shape, transposed):
+    """Both panels' splits at once (M and N not whole panels), A stored [m, k] or [k, m]."""
+    m, n, k = shape
+    override = _AVX2_PANELS | {"tile_m": 64, "tile_n": 48}
+    if not transposed:
+        _run_matmul(m, n, k, **override)
+        return
+    text = _named(
+        "linalg.matmul indexing_maps = [affine_map<(d0, d1, d2) -> (d2, d0)>, "
+        "affine_map<(d0, d1, d2) -> (d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1)>]",
+        (k, m),
+        (k, n),
+        (m, n),
+    )
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((k, m), np.float32)
+    b = rng.standard_normal((k, n), np.float32)
+    c = np.full((m, n), np.nan, np.float32)
+    _call(_compile(text, "mm", override), "mm", [a, b, c])
+    np.testing.assert_allclose(c, a.T @ b, rtol=1e-4, atol=1e-4 * np.sqrt(k))
+
+
 @pytest.mark.parametrize("shape", [(12, 47, 30), (32, 33, 8)])
 def test_b_packing_split_is_correct(shape):
     _run_matmul(*shape, **_AVX2_PANELS)

@@ -570,18 +570,22 @@ def _packed_kernel(
             structured.FuseIntoContainingOp(producer, tile_nest.loops[1])
     # Pack steps must tile the K block evenly, or every step gets a k mask.
     kp = pack_k_step(tk or site.k)
+    partial_a = partial_b = None
+    if widenings[0] is None:
+        pack_a, partial_a = _split_partial_panel(pack_a, site.m, p.tile_m, p.reg_m)
     # A widened input is converted per packing step, into the panel being packed.
     tiled_a = structured.TileUsingForOp(pack_a, sizes=[1, kp])
     # B[k, n] packs k-outer: each step reads kp rows of B along n (contiguous), instead of
     # walking one reg_n-wide column strip down all of K (a new page every row).
     b_order = [0, 1] if site.transpose_b else [1, 0]
-    partial_b = None
     if widenings[1] is None:
-        pack_b, partial_b = _split_partial_b_panel(pack_b, site, p)
+        pack_b, partial_b = _split_partial_panel(pack_b, site.n, p.tile_n, p.reg_n)
     if shared:  # the threads pack B's whole panels together (the partial one follows)
         pack_b = structured.TileUsingForallOp(pack_b, num_threads=[p.threads, 0]).tiled_op
     tiled_b = structured.TileUsingForOp(pack_b, sizes=[1, kp], interchange=b_order)
     pack_a, pack_b = tiled_a.tiled_linalg_op, tiled_b.tiled_linalg_op
+    if partial_a is not None:
+        partial_a = structured.TileUsingForOp(partial_a, sizes=[1, kp]).tiled_linalg_op
     if partial_b is not None:
         partial_b = structured.TileUsingForOp(
             partial_b, sizes=[1, kp], interchange=b_order
@@ -626,14 +630,16 @@ def _packed_kernel(
         consumers = [_match(piece, "linalg.generic") for piece in pieces] if site.consumers else []
     unpacks = [_match(piece, "linalg.unpack") for piece in pieces]
     _cleanup(func)
-    if partial_b is not None:
-        # The whole panels' column counts are min(reg_n, columns left): loop bounds prove
-        # them reg_n, so those steps vectorize without a mask.
+    if partial_a is not None or partial_b is not None:
+        # The whole panels' row (column) counts are min(reg, rows left): loop bounds prove
+        # them reg, so those steps vectorize without a mask.
         _patterns(func, loop.ApplyForLoopCanonicalizationPatternsOp)
     structured.VectorizeOp(kernel)
     for step, panel in steps:
         structured.VectorizeOp(step, panel)
     structured.VectorizeOp(pack_a, [1, kp, p.reg_m])
+    if partial_a is not None:
+        structured.VectorizeOp(partial_a, [1, kp, p.reg_m])
     structured.VectorizeOp(pack_b, [1, kp, p.reg_n])
     if partial_b is not None:
         structured.VectorizeOp(partial_b, [1, kp, p.reg_n])
@@ -747,21 +753,24 @@ def _direct_tiles(
     return tiled, kernel, zero, consumers, pack_a
 
 
-def _split_partial_b_panel(
-    pack_b: ir.Value, site: MatmulSite, p: MatmulParams
+def _split_partial_panel(
+    pack: ir.Value, extent: int, block: int, reg: int
 ) -> tuple[ir.Value, ir.Value | None]:
-    """Split B's packing into its whole ``reg_n``-column panels and the partial last one,
-    when one column block spans all of N and N is not whole panels: returns the packs of
-    the whole panels and of the partial one (``pack_b`` and None when there is no split).
+    """Split a packing (A's ``reg_m``-row or B's ``reg_n``-column panels) into its whole
+    panels and the partial last one, when one block spans the dimension (``block`` >=
+    ``extent``, so the panel count is static) and the extent is not whole panels: returns
+    the packs of the whole panels and of the partial one (``pack`` and None when there is
+    no split).
 
-    Otherwise every packing step reads B through a mask computed from the columns left
-    (``vmaskmovps``), not only the last panel's. Zen 1, one thread: the masked B packing
-    took 2.0% of 1000^3, the unmasked one 0.8% of 1024^3."""
-    whole = site.n // p.reg_n
-    # (One whole panel: the split loop would have no remainder to peel; B is tiny then.)
-    if p.tile_n < site.n or whole < 2 or site.n % p.reg_n == 0:
-        return pack_b, None
-    split = structured.TileUsingForOp(pack_b, sizes=[whole, 0])
+    Otherwise every packing step reads through a mask computed from the rows or columns
+    left (``vmaskmovps``), not only the last panel's. Zen 1, one thread: the masked B
+    packing took 2.0% of 1000^3, the unmasked one 0.8% of 1024^3."""
+    whole = extent // reg
+    # (One whole panel: the split loop would have no remainder to peel; the operand is
+    # tiny then.)
+    if block < extent or whole < 2 or extent % reg == 0:
+        return pack, None
+    split = structured.TileUsingForOp(pack, sizes=[whole, 0])
     peeled = loop.LoopPeelOp(_any(), _any(), split.loops[0])
     return (
         _match(peeled.peeled_loop, "linalg.pack"),
