@@ -292,3 +292,41 @@ def test_matmul_starting_from_a_nonzero_fill_verifies(capsys, tmp_path, blocking
     path.write_text(_FILLED_MATMUL)
     code, report = run_json(capsys, "x86", str(path), "--target", "x86-64-v3", *blocking)
     assert code == 0 and report["verified"] is True, report.get("message")
+
+
+@pytest.mark.parametrize(("a_type", "prefetches"), [("f32", 6), ("f32-transposed", 0)])
+def test_x86_lowering_prefetches_the_rows_a_packs(capsys, tmp_path, a_type, prefetches):
+    """AVX2's A packing reads 6 rows of A per step: the lowered code prefetches each of
+    them ahead (one ``llvm.intr.prefetch`` per row). A stored [k, m] is read along k, not
+    along its rows: no prefetch."""
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.mlir.walk import collect
+
+    path = tmp_path / "mm.mlir"
+    a_map = "(d2, d0)" if a_type.endswith("transposed") else "(d0, d2)"
+    a_shape = "512x60" if a_type.endswith("transposed") else "60x512"
+    path.write_text(
+        f"""
+func.func @main(%a: tensor<{a_shape}xf32>, %b: tensor<512x64xf32>) -> tensor<60x64xf32> {{
+  %c0 = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<60x64xf32>
+  %f = linalg.fill ins(%c0 : f32) outs(%e : tensor<60x64xf32>) -> tensor<60x64xf32>
+  %r = linalg.matmul indexing_maps = [affine_map<(d0, d1, d2) -> {a_map}>,
+      affine_map<(d0, d1, d2) -> (d2, d1)>, affine_map<(d0, d1, d2) -> (d0, d1)>]
+      ins(%a, %b : tensor<{a_shape}xf32>, tensor<512x64xf32>)
+      outs(%f : tensor<60x64xf32>) -> tensor<60x64xf32>
+  return %r : tensor<60x64xf32>
+}}
+"""
+    )
+    dump = tmp_path / "dump"
+    code, report = run_json(
+        capsys, "x86", str(path), "--target", "x86-64-v3", "--threads", "1", "--dump-ir", str(dump)
+    )
+    assert code == 0 and report["verified"] is True, report.get("message")
+    (lower,) = [
+        s["file"] for s in json.loads((dump / "index.json").read_text()) if s["stage"] == "lower"
+    ]
+    with new_context():
+        lowered = ir.Module.parse((dump / lower).read_text())
+        assert len(collect(lowered, "llvm.intr.prefetch")) == prefetches

@@ -43,6 +43,7 @@ from stagegraph.stages.common.transform import apply_schedule_module, new_schedu
 from stagegraph.stages.x86.first_k_block import K_BLOCKS_ATTR, start_first_k_block_from_fill
 from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step, partial_tiles
 from stagegraph.stages.x86.matmul_sites import canonicalizable, matmul_like_ops  # noqa: F401
+from stagegraph.stages.x86.prefetch_rows import PREFETCH_ROWS_ATTR
 
 _tvec = dialect("transform.vector")
 _ttensor = dialect("transform.tensor")
@@ -575,6 +576,8 @@ def _packed_kernel(
         pack_a, partial_a = _split_partial_panel(pack_a, site.m, p.tile_m, p.reg_m)
     # A widened input is converted per packing step, into the panel being packed.
     tiled_a = structured.TileUsingForOp(pack_a, sizes=[1, kp])
+    if not site.transpose_a:  # each step reads reg_m rows of A: prefetch ahead along them
+        transform.AnnotateOp(tiled_a.loops[1], PREFETCH_ROWS_ATTR)
     # B[k, n] packs k-outer: each step reads kp rows of B along n (contiguous), instead of
     # walking one reg_n-wide column strip down all of K (a new page every row).
     b_order = [0, 1] if site.transpose_b else [1, 0]

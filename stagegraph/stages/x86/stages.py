@@ -477,8 +477,10 @@ def lower(
     )
     from stagegraph.stages.common.serial_loops import serialize_small_parallel_loops
     from stagegraph.stages.x86.generic_schedule import vectorize_copies
+    from stagegraph.stages.x86.prefetch_rows import prefetch_rows
     from stagegraph.stages.x86.vector_math import call_vector_math
 
+    prefetch_rows(module.ir)
     if copies_to_linalg(module.ir):
         lanes = max(1, target.vector_bits // 32)  # f32 lanes: the rows' unit of measure
         vectorize_copies(module.ir, COPY_ROW_VECTORS * lanes, lanes)
