@@ -1186,12 +1186,10 @@ def test_b_packing_masks_only_the_partial_panel():
 def test_a_packing_masks_only_the_partial_panel():
     """With M = 30 in one row block (seven whole 4-row panels and 2 rows), A's whole
     panels pack with plain loads, as B's do: no step computes the rows left (an
-    ``affine.min`` that lowering turns into a mask), and the partial panel is its own
-    packing loop (one more read)."""
+    ``affine.min`` that lowering turns into a mask)."""
     override = _AVX2_PANELS | {"tile_n": 32}
     names = [name for name, _ in _scheduled_ops(_matmul(30, 32, 64), override)]
     assert "affine.min" not in names and "vector.create_mask" not in names
-    assert names.count("vector.transfer_read") == 8
     _run_matmul(30, 32, 64, **override)
 
 
@@ -1282,11 +1280,26 @@ def _check_bias_relu(rows: int, k: int, n: int, override: dict, seed: int) -> No
     np.testing.assert_allclose(out, np.maximum(x @ w + b, 0), rtol=1e-4, atol=1e-3)
 
 
-def test_edge_tiles_keep_packed_c():
-    """Partial register tiles are peeled into separate loops; those keep packed C."""
+@pytest.mark.parametrize("shape", [(30, 40, 64), (28, 40, 64), (30, 48, 64), (3, 9, 16)])
+def test_edge_tiles_write_c_directly_in_peeled_pieces(shape):
+    """With one K block, partial register tiles (rows, columns or both left over) are
+    peeled into pieces that each compute their tiles inside the pass over C: no packed C,
+    every piece's kernel vectorized (no linalg op left), and the values are right."""
     edges = _AVX2_PANELS | {"tile_m": 32, "tile_n": 48}
-    assert _packed_c_buffers(_matmul(30, 40, 64), edges) == 1
-    _run_matmul(30, 40, 64, **edges)
+    assert _packed_c_buffers(_matmul(*shape), edges) == 0
+    names = [name for name, _ in _scheduled_ops(_matmul(*shape), edges)]
+    assert not [name for name in names if name.startswith("linalg.")]
+    _run_matmul(*shape, **edges)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_edge_tiles_with_consumers_keep_packed_c(threads):
+    """An MLP layer (bias + ReLU) whose rows and columns leave partial tiles keeps packed
+    C (its pieces would slice a whole packed C anyway); whole tiles write C directly."""
+    override = _AVX2_PANELS | {"tile_m": 16, "tile_n": 48, "threads": threads}
+    assert _packed_c_buffers(_mlp(30, [64, 40]), override) == 1
+    assert _packed_c_buffers(_mlp(32, [64, 48]), override) == 0
+    _check_bias_relu(30, 64, 40, override, seed=3)
 
 
 # Two threads sharing B: K blocks of 16, row blocks of 16 in one block spanning C (N = 40:

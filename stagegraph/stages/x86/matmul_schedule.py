@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from typing import Any
 
 from stagegraph.core.ports import Facts
 from stagegraph.mlir.bindings import (
@@ -46,6 +47,9 @@ from stagegraph.stages.x86.matmul_sites import canonicalizable, matmul_like_ops 
 from stagegraph.stages.x86.prefetch_rows import PREFETCH_ROWS_ATTR
 
 _tvec = dialect("transform.vector")
+# Marks on the direct tiles' kernel and consumers (see _peel_direct_edges).
+_DIRECT_KERNEL_ATTR = "stagegraph.direct_kernel"
+_DIRECT_CONSUMER_ATTR = "stagegraph.direct_consumer"
 _ttensor = dialect("transform.tensor")
 
 # Set by find_matmuls on every site (its position): the schedule addresses sites by it.
@@ -544,6 +548,10 @@ def _packed_kernel(
         tile_nest, kernel, zero, consumers, pack_a = _direct_tiles(
             chain, kernel, zero, pack_a, site, p
         )
+        # Marked, to be found again in each edge piece peeled below.
+        transform.AnnotateOp(kernel, _DIRECT_KERNEL_ATTR)
+        for consumer in consumers:
+            transform.AnnotateOp(consumer, _DIRECT_CONSUMER_ATTR)
     else:
         kernel = structured.TileUsingForOp(
             kernel, sizes=[1, 1, p.k_unroll, 0, 0], interchange=[1, 0, 2, 3, 4]
@@ -613,23 +621,19 @@ def _packed_kernel(
     # Peel the partial last row and column of tiles: the full tiles then have static
     # shapes and store to C unmasked (a masked vmaskmovps store is slow, several uops).
     # (Peeling fails on a loop whose static trip count has no remainder: skip those.)
-    full, pieces = tile_nest.loops[0], []
-    if partial_tiles(site.m, p.tile_m if shared else p.block_rows, p.reg_m):
-        rows = loop.LoopPeelOp(_any(), _any(), full)
-        full, pieces = rows.peeled_loop, [rows.remainder_loop]
-    columns = tile_nest.loops[1]
-    if pieces:  # the column loop of the full rows
-        columns = transform.GetParentOp(
-            _any(), _match(full, "linalg.unpack"), op_name="scf.for", deduplicate=True
-        ).result
-    if partial_tiles(site.n, pass_n if shared else p.tile_n, p.reg_n):
-        peeled = loop.LoopPeelOp(_any(), _any(), columns)
-        pieces.append(peeled.remainder_loop)
-        columns = peeled.peeled_loop
-    pieces.append(columns)
-    # Consumers first: lowering the unpacks below adds ops. (The direct tiles are whole:
-    # one piece, whose consumers _direct_tiles returned.)
-    if not direct:
+    if direct:
+        pieces = _peel_direct_edges(tile_nest, site, p)
+        kernel = _merged([_match_marked(piece, _DIRECT_KERNEL_ATTR) for piece in pieces])
+        zero = _merged(
+            [_match(piece, "linalg.fill" if site.has_fill else "linalg.pack") for piece in pieces]
+        )
+        consumers = (
+            [_match_marked(piece, _DIRECT_CONSUMER_ATTR) for piece in pieces]
+            if site.consumers
+            else []
+        )
+    else:
+        pieces = _peel_edges(tile_nest, site, p, shared, pass_n)
         consumers = [_match(piece, "linalg.generic") for piece in pieces] if site.consumers else []
     unpacks = [_match(piece, "linalg.unpack") for piece in pieces]
     _cleanup(func)
@@ -671,24 +675,77 @@ def _packed_kernel(
     _hoist_accumulators(func)
 
 
+def _peel_edges(
+    tile_nest: Any, site: MatmulSite, p: MatmulParams, shared: bool, pass_n: int
+) -> list[ir.Value]:
+    """Peel the pass over C's partial last row and column of register tiles (rows outer);
+    returns the pieces: the partial row, the partial column of the full rows, the rest."""
+    full, pieces = tile_nest.loops[0], []
+    if partial_tiles(site.m, p.tile_m if shared else p.block_rows, p.reg_m):
+        rows = loop.LoopPeelOp(_any(), _any(), full)
+        full, pieces = rows.peeled_loop, [rows.remainder_loop]
+    columns = tile_nest.loops[1]
+    if pieces:  # the column loop of the full rows
+        columns = transform.GetParentOp(
+            _any(), _match(full, "linalg.unpack"), op_name="scf.for", deduplicate=True
+        ).result
+    if partial_tiles(site.n, pass_n if shared else p.tile_n, p.reg_n):
+        peeled = loop.LoopPeelOp(_any(), _any(), columns)
+        pieces.append(peeled.remainder_loop)
+        columns = peeled.peeled_loop
+    pieces.append(columns)
+    return pieces
+
+
+def _peel_direct_edges(tile_nest: Any, site: MatmulSite, p: MatmulParams) -> list[ir.Value]:
+    """Peel the direct tiles' partial last column and row (columns outer, rows inner, each
+    tile's kernel fused inside); returns the pieces: the partial column, the partial row
+    of the full columns, the full tiles."""
+    columns, rows = tile_nest.loops
+    pieces = []
+    if partial_tiles(site.n, p.tile_n, p.reg_n):
+        peeled = loop.LoopPeelOp(_any(), _any(), columns)
+        pieces.append(peeled.remainder_loop)
+        # (The row loop's handle went with the peeled one: found again in the full part.)
+        rows = transform.GetParentOp(
+            _any(), _match(peeled.peeled_loop, "linalg.unpack"), op_name="scf.for", deduplicate=True
+        ).result
+    if partial_tiles(site.m, p.tile_m, p.reg_m):
+        peeled = loop.LoopPeelOp(_any(), _any(), rows)
+        pieces.append(peeled.remainder_loop)
+        rows = peeled.peeled_loop
+    pieces.append(rows)
+    return pieces
+
+
+def _match_marked(target: ir.Value, attribute: str) -> ir.Value:
+    """The ops in ``target`` carrying the unit attribute ``attribute``."""
+    return structured.MatchOp(_any(), target, op_attrs={attribute: ir.UnitAttr.get()}).result
+
+
 def _writes_c_directly(
     site: MatmulSite, p: MatmulParams, tk: int, widenings: Sequence[ir.Value | None]
 ) -> bool:
     """Whether the register tiles can be computed inside the pass that writes C: one K
-    block (the accumulators need no packed C between blocks), whole register tiles (no
-    peeled edge pieces to fuse into) and, with several row blocks, no widening copy of A
-    (it would have to follow A's packing into the row-block loop).
+    block (the accumulators need no packed C between blocks) and, with several row blocks,
+    no widening copy of A (it would have to follow A's packing into the row-block loop).
+    Partial edge tiles are peeled into pieces of their own, each with its kernel
+    (:func:`_peel_direct_edges`), unless an elementwise chain follows: the pieces' tiles
+    then still slice a whole packed C (left allocated), so such a matmul keeps packed C.
 
     Then no packed C exists: no zeroing pass, no pass that reads it back to write C. Zen 1,
     one thread: 256^3 1.4% faster, 1024x1024x256 (four row blocks) 6%, 2048x512x128 14%;
-    the dev set's matmuls 1.01-1.15x (l1_009 tall-skinny 1.13x, l1_010 3-D 1.15x).
+    the dev set's matmuls 1.01-1.15x (l1_009 tall-skinny 1.13x, l1_010 3-D 1.15x). With
+    edge tiles (Zen 4, one thread): x86-64-v3 256^3 (6-row tiles, 4 rows left) 1.025x;
+    AVX-512 1000^3 (32-column tiles, 8 columns left) 1.021x; 100x70x200, 256x250x256,
+    500x500x250 and a 100-row MLP 0.99-1.01x.
 
     Several K blocks keep packed C: computing the last block's tiles in the pass over C
     (its kernel split off, its packing fused into one-trip loops) measured 0.98-0.99x at
     512^3 and 1024^3, the strided stores to C costing what the unpack pass saved."""
     return (
         not tk
-        and p.whole_register_tiles(site.m, site.n)
+        and (p.whole_register_tiles(site.m, site.n) or not site.consumers)
         and not (p.block_rows > p.tile_m and widenings[0] is not None)
     )
 
