@@ -112,19 +112,26 @@ def _lower(payload, prefix: str, threads: int) -> list[str]:
     returns the shared libraries the JIT needs."""
     from stagegraph.mlir.bindings import passmanager
     from stagegraph.stages.common import lowering
-    from stagegraph.stages.common.rewrites import define_bf16_builtins, expand_bf16_truncation
+    from stagegraph.stages.common.rewrites import (
+        copies_to_linalg,
+        define_bf16_builtins,
+        expand_bf16_truncation,
+    )
 
     def run(pipeline: str) -> None:
         passmanager.PassManager.parse(f"builtin.module({pipeline})").run(payload.operation)
 
     expand_bf16_truncation(payload)  # as x86.lower does for hosts without AVX-512 BF16
     define_bf16_builtins(payload)
+    run(prefix)
+    if copies_to_linalg(payload):  # as x86.lower does (else a memrefCopy runtime call)
+        run(lowering.LINALG_TO_LOOPS)
     if threads <= 1:
-        run(f"{prefix},{lowering.LOWER_TO_LLVM}")
+        run(lowering.LOWER_TO_LLVM)
         return []
     from stagegraph.runtime import openmp
 
-    run(f"{prefix},{lowering.TO_OPENMP}")
+    run(lowering.TO_OPENMP)
     lowering.schedule_guided(payload)  # a one-block loop has no omp.wsloop left
     run(lowering.OPENMP_TO_LLVM)
     return [openmp.library_path()]

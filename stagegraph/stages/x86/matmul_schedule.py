@@ -738,7 +738,9 @@ def _writes_c_directly(
     the dev set's matmuls 1.01-1.15x (l1_009 tall-skinny 1.13x, l1_010 3-D 1.15x). With
     edge tiles (Zen 4, one thread): x86-64-v3 256^3 (6-row tiles, 4 rows left) 1.025x;
     AVX-512 1000^3 (32-column tiles, 8 columns left) 1.021x; 100x70x200, 256x250x256,
-    500x500x250 and a 100-row MLP 0.99-1.01x.
+    500x500x250 and a 100-row MLP 0.99-1.01x. (With row blocks and a partial column, the
+    unpack's row-block tiling still writes a padded temporary that is copied to C, as on
+    the packed-C path; 1000^3 on AVX-512 is that case.)
 
     Several K blocks keep packed C: computing the last block's tiles in the pass over C
     (its kernel split off, its packing fused into one-trip loops) measured 0.98-0.99x at
