@@ -330,3 +330,13 @@ func.func @main(%a: tensor<{a_shape}xf32>, %b: tensor<512x64xf32>) -> tensor<60x
     with new_context():
         lowered = ir.Module.parse((dump / lower).read_text())
         assert len(collect(lowered, "llvm.intr.prefetch")) == prefetches
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_edge_tiles_in_row_blocks_of_a_parallel_block_verify(capsys, threads):
+    """229x65x571 on two AVX2 threads: parallel blocks of 120 rows in 60-row blocks, the
+    last partial, and a partial column. One K block, but such blocks keep packed C (direct
+    edge tiles failed the schedule: "could not find next producer to fuse")."""
+    spec = "matmul:m=229,n=65,k=571"
+    code, report = run_json(capsys, "x86", spec, "--target", "x86-64-v3", "--threads", threads)
+    assert code == 0 and report["verified"] is True, report.get("message")

@@ -730,8 +730,10 @@ def _writes_c_directly(
     block (the accumulators need no packed C between blocks) and, with several row blocks,
     no widening copy of A (it would have to follow A's packing into the row-block loop).
     Partial edge tiles are peeled into pieces of their own, each with its kernel
-    (:func:`_peel_direct_edges`), unless an elementwise chain follows: the pieces' tiles
-    then still slice a whole packed C (left allocated), so such a matmul keeps packed C.
+    (:func:`_peel_direct_edges`), unless an elementwise chain follows (the pieces' tiles
+    then still slice a whole packed C, left allocated) or several parallel blocks each
+    hold several row blocks (229x65x571 on two threads: 120-row blocks of 60-row blocks,
+    the last partial; the fusion into the peeled row loop fails). Those keep packed C.
 
     Then no packed C exists: no zeroing pass, no pass that reads it back to write C. Zen 1,
     one thread: 256^3 1.4% faster, 1024x1024x256 (four row blocks) 6%, 2048x512x128 14%;
@@ -745,9 +747,11 @@ def _writes_c_directly(
     Several K blocks keep packed C: computing the last block's tiles in the pass over C
     (its kernel split off, its packing fused into one-trip loops) measured 0.98-0.99x at
     512^3 and 1024^3, the strided stores to C costing what the unpack pass saved."""
+    one_row_block_loop = p.block_rows <= p.tile_m or p.block_rows >= site.m
+    edges_ok = not site.consumers and one_row_block_loop
     return (
         not tk
-        and (p.whole_register_tiles(site.m, site.n) or not site.consumers)
+        and (p.whole_register_tiles(site.m, site.n) or edges_ok)
         and not (p.block_rows > p.tile_m and widenings[0] is not None)
     )
 
