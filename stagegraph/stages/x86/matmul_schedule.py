@@ -47,10 +47,10 @@ from stagegraph.stages.x86.matmul_sites import canonicalizable, matmul_like_ops 
 from stagegraph.stages.x86.prefetch_rows import PREFETCH_ROWS_ATTR
 
 _tvec = dialect("transform.vector")
+_ttensor = dialect("transform.tensor")
 # Marks on the direct tiles' kernel and consumers (see _peel_direct_edges).
 _DIRECT_KERNEL_ATTR = "stagegraph.direct_kernel"
 _DIRECT_CONSUMER_ATTR = "stagegraph.direct_consumer"
-_ttensor = dialect("transform.tensor")
 
 # Set by find_matmuls on every site (its position): the schedule addresses sites by it.
 SITE_ATTR = "stagegraph.matmul_site"
