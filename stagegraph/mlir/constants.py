@@ -29,10 +29,16 @@ def zeros(shaped_type: Any) -> Any:
 def is_zero(value: Any) -> bool:
     """Whether ``value`` is an ``arith.constant`` whose every element (or itself, a scalar)
     is 0."""
+    op = defining_op(value)
+    return op is not None and is_zero_constant(op)
+
+
+def is_zero_constant(op: Any) -> bool:
+    """Whether ``op`` is an ``arith.constant`` whose every element (or itself, a scalar) is
+    0: for a caller that found the defining op itself (a ``DefUse`` map, say)."""
     from stagegraph.mlir.bindings import ir
 
-    op = defining_op(value)
-    if op is None or op.name != "arith.constant":
+    if op.name != "arith.constant":
         return False
     attr = op.attributes["value"]
     if isinstance(attr, ir.DenseElementsAttr):

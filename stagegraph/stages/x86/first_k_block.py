@@ -174,16 +174,12 @@ def _add_after_k_loop(read: Any, first: Any, value: Any) -> None:
     and add ``first ? value : read`` to its result, loading only when not first."""
     (use,) = list(read.results[0].uses)
     kloop, operand = use.owner, use.operand_number
-    vtype = read.results[0].type
+    vtype = ir.VectorType(read.results[0].type)
     with ir.InsertionPoint(kloop), kloop.location:
-        kloop.operands[operand] = zeros(ir.VectorType(vtype))
+        kloop.operands[operand] = zeros(vtype)
     product = kloop.results[operand - _first_init(kloop)]
     users = [u.owner for u in product.uses]
-    add = (
-        arith.AddFOp
-        if isinstance(ir.VectorType(vtype).element_type, ir.FloatType)
-        else arith.AddIOp
-    )
+    add = arith.AddFOp if isinstance(vtype.element_type, ir.FloatType) else arith.AddIOp
     with ir.InsertionPoint.after(kloop), kloop.location:
         choice = scf.IfOp(first, [vtype], has_else=True)
         with ir.InsertionPoint(choice.then_block):

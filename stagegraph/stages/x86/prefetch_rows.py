@@ -52,6 +52,7 @@ def _prefetch_ahead_of(read: Any) -> int:
     rows = vector_shape[-2] if len(vector_shape) >= 2 else 1
     indices = list(read.operands[1 : 1 + rank])
     index = ir.IndexType.get()
+    memref = dialect("memref")
     with ir.InsertionPoint(read), read.location:
         distance = arith.ConstantOp(index, PREFETCH_BYTES // element_bytes).result
         ahead = arith.AddIOp(indices[-1], distance).result
@@ -60,7 +61,7 @@ def _prefetch_ahead_of(read: Any) -> int:
             if row:
                 offset = arith.ConstantOp(index, row).result
                 leading = [*leading[:-1], arith.AddIOp(leading[-1], offset).result]
-            dialect("memref").PrefetchOp(
+            memref.PrefetchOp(
                 source, [*leading, ahead], isWrite=False, localityHint=3, isDataCache=True
             )
     return rows

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stagegraph.mlir.build import named_structured_op
+from stagegraph.mlir.constants import is_zero_constant
 from stagegraph.mlir.walk import DefUse, children, top_level_ops
 from stagegraph.stages.x86.pointwise import window_attr
 
@@ -100,33 +101,17 @@ def _array(op: Any, name: str) -> list[int]:
     return list(ir.DenseI64ArrayAttr(op.attributes[name]))
 
 
-def _is_float_zero(value: Any, uses: DefUse) -> bool:
-    """Whether ``value`` is an ``arith.constant`` float 0 (either sign: a product with a
-    signed zero still adds nothing)."""
-    from stagegraph.mlir.bindings import ir
-
-    owner = uses.owner(value)
-    if owner is None or owner.name != "arith.constant":
-        return False
-    attr = owner.attributes["value"]
-    return isinstance(attr, ir.FloatAttr) and attr.value == 0.0
-
-
 def _zero_tensor(value: Any, uses: DefUse) -> Any | None:
     """The op making ``value`` if it is provably all zero (a fill of constant 0, or a
-    splat constant 0), else ``None``."""
-    from stagegraph.mlir.bindings import ir
-
+    splat constant 0; either sign: a product with a signed zero still adds nothing), else
+    ``None``."""
     owner = uses.owner(value)
     if owner is None:
         return None
     if owner.name == "linalg.fill" and len(owner.operands) == 2:
-        return owner if _is_float_zero(owner.operands[0], uses) else None
-    if owner.name == "arith.constant":
-        attr = owner.attributes["value"]
-        if isinstance(attr, ir.DenseFPElementsAttr) and attr.is_splat:
-            return owner if ir.FloatAttr(attr.get_splat_value()).value == 0.0 else None
-    return None
+        scalar = uses.owner(owner.operands[0])
+        return owner if scalar is not None and is_zero_constant(scalar) else None
+    return owner if is_zero_constant(owner) else None
 
 
 def _match(op: Any, uses: DefUse) -> _Match | None:
