@@ -66,3 +66,52 @@ def test_emulating_a_level_the_host_lacks_is_refused(monkeypatch, capsys):
         script.main()
     assert stop.value.code == 2
     assert "--emulate x86-64-v4: this host lacks avx512bw" in capsys.readouterr().err
+
+
+def _script():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("matmul_benchmark", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    return script
+
+
+def _row(workload: str, ratio: float, verified: bool = True, threads: int = 1) -> dict:
+    return {"workload": workload, "threads": threads, "verified": verified,
+            "vs_numpy": ratio, "vs_numpy_low": ratio - 0.01, "vs_numpy_high": ratio + 0.01,
+            "trustworthy": True}  # fmt: skip
+
+
+def test_several_processes_report_the_median_row_and_every_ratio():
+    """--processes: the row of the median ratio (the lower of an even count) is reported,
+    with each process's ratio; rows are kept apart by workload and thread count."""
+    script = _script()
+    runs = [
+        [_row("a", 0.90), _row("b", 1.2), _row("a", 1.5, threads=2)],
+        [_row("a", 1.10), _row("b", 1.0)],
+        [_row("a", 1.00)],
+    ]
+    merged = {(r["workload"], r["threads"]): r for r in script.median_rows(runs)}
+    assert merged["a", 1]["vs_numpy"] == 1.00
+    assert merged["a", 1]["vs_numpy_per_process"] == [0.90, 1.10, 1.00]
+    assert merged["b", 1]["vs_numpy"] == 1.0  # lower median of two
+    assert merged["a", 2]["vs_numpy_per_process"] == [1.5]
+    cell = script.ratio_cell(merged["a", 1], "vs_numpy")
+    assert cell == "1.00 [0.99, 1.01]; 3 processes 0.90-1.10"
+    assert script.ratio_cell(merged["a", 2], "vs_numpy") == "1.50 [1.49, 1.51]"
+
+
+def test_a_row_that_failed_to_verify_in_any_process_is_reported_failed():
+    script = _script()
+    runs = [[_row("a", 1.0)], [_row("a", 0.0, verified=False)], [_row("a", 1.1)]]
+    (merged,) = script.median_rows(runs)
+    assert merged["verified"] is False
+
+
+def test_processes_option_runs_fresh_children():
+    report = _run("--processes", "2")
+    (row,) = report["rows"]
+    assert row["verified"]
+    assert len(row["vs_numpy_per_process"]) == 2
+    assert row["vs_numpy"] == min(row["vs_numpy_per_process"])
