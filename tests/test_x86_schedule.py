@@ -476,8 +476,8 @@ def test_schedule_is_a_named_sequence_and_leaves_other_functions_alone():
         payload = ir.Module.parse(_matmul(100, 37, 53))
         sites = find_matmuls(payload)
         schedule = build_matmul_schedule(_params(100, 37, 53), sites)
-        names = [op.operation.name for op in schedule.body.operations]
-        assert names == ["transform.named_sequence"]
+        sequences = [op.attributes["sym_name"].value for op in schedule.body.operations]
+        assert sequences == ["__transform_main", "lower_vectors"]
         bench_before = str(payload.body.operations[1])
         apply_schedule(payload, schedule)
         mm, bench = payload.body.operations
@@ -486,6 +486,7 @@ def test_schedule_is_a_named_sequence_and_leaves_other_functions_alone():
         assert "linalg.matmul" not in ops
         assert "vector.fma" in ops
         assert "linalg.pack" not in ops and "linalg.unpack" not in ops
+        assert all(name not in mm.attributes for name in ("stagegraph.lower_vectors",))
 
 
 def _walk(op):
@@ -1174,6 +1175,19 @@ def test_a_packing_transposes_with_the_avx2_sequence_on_eight_lanes():
     wide = avx2 | {"vector_width": 16, "vector_registers": 32}
     assert 32 in _shuffle_widths(_matmul(32, 32, 64), wide)
     _run_matmul(32, 32, 64, **avx2)
+
+
+@pytest.mark.parametrize(("reg_m", "reg_n"), [(5, 16), (6, 16), (7, 8)])
+def test_a_packing_pads_five_to_seven_rows_to_the_eight_by_eight_sequence(reg_m, reg_n):
+    """A reg_m x 8 block of A (5-7 rows: no AVX2 sequence of its own) is transposed as an
+    8x8 block padded with zero rows: 8-element shuffles only, not one flat reg_m*8-element
+    shuffle. M is not whole panels (a partial panel reads through a mask) and spans two row
+    blocks."""
+    rows = {"reg_m": reg_m, "reg_n": reg_n, "vector_width": 8, "vector_registers": 16}
+    rows |= {"k_unroll": 1, "tile_m": 2 * reg_m, "tile_n": 32, "tile_k": 0, "block_m": 0}
+    assert _shuffle_widths(_matmul(3 * reg_m + 2, 32, 64), rows | {"pack": True}) == {8}
+    _run_matmul(3 * reg_m + 2, 32, 64, **rows, pack=True)
+    _run_matmul(4 * reg_m, 40, 24, **rows | {"tile_m": 8 * reg_m}, pack=True)
 
 
 # 8 f32 lanes, 4x16 register tiles, one 48-column block: the last of 3 B panels is partial.

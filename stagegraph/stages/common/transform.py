@@ -34,18 +34,26 @@ def new_schedule() -> tuple[Any, Any]:
     Build inside the payload's context; end the sequence's body with ``transform.YieldOp``.
     """
     from stagegraph.mlir.bindings import ir
-    from stagegraph.mlir.bindings import transform as t
 
     module = ir.Module.create()
     module.operation.attributes["transform.with_named_sequence"] = ir.UnitAttr.get()
+    return module, add_sequence(module, ENTRY)
+
+
+def add_sequence(module: Any, name: str) -> Any:
+    """Append a named sequence ``name`` on the payload root to the transform ``module`` (one
+    from :func:`new_schedule`): a second step that a Python rewrite between the two applies
+    (:func:`apply_schedule_module` with ``entry=name``). End its body with ``YieldOp``."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.bindings import transform as t
+
     with ir.InsertionPoint(module.body):
-        sequence = t.NamedSequenceOp(
-            ENTRY,
+        return t.NamedSequenceOp(
+            name,
             [t.AnyOpType.get()],
             [],
             arg_attrs=[{"transform.readonly": ir.UnitAttr.get()}],
         )
-    return module, sequence
 
 
 def apply_schedule_module(payload: Any, schedule: Any, entry: str = ENTRY) -> None:

@@ -40,10 +40,11 @@ from stagegraph.mlir.bindings import (
 from stagegraph.mlir.build import named_structured_op
 from stagegraph.mlir.constants import is_zero
 from stagegraph.stages.analysis import OpFacts, declared_iterator_types
-from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
+from stagegraph.stages.common.transform import add_sequence, apply_schedule_module, new_schedule
 from stagegraph.stages.x86.first_k_block import K_BLOCKS_ATTR, start_first_k_block_from_fill
 from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step, partial_tiles
 from stagegraph.stages.x86.matmul_sites import canonicalizable, matmul_like_ops  # noqa: F401
+from stagegraph.stages.x86.pad_transposes import PAD_TRANSPOSES_ATTR, pad_transposes
 from stagegraph.stages.x86.prefetch_rows import PREFETCH_ROWS_ATTR
 
 _tvec = dialect("transform.vector")
@@ -51,6 +52,10 @@ _ttensor = dialect("transform.tensor")
 # Marks on the direct tiles' kernel and consumers (see _peel_direct_edges).
 _DIRECT_KERNEL_ATTR = "stagegraph.direct_kernel"
 _DIRECT_CONSUMER_ATTR = "stagegraph.direct_consumer"
+# The functions a schedule's second sequence lowers the vectors of (see apply_schedule).
+_LOWER_VECTORS_ATTR = "stagegraph.lower_vectors"
+#: The named sequence of a matmul schedule that lowers its vectors.
+LOWER_VECTORS_ENTRY = "lower_vectors"
 
 # Set by find_matmuls on every site (its position): the schedule addresses sites by it.
 SITE_ATTR = "stagegraph.matmul_site"
@@ -241,7 +246,7 @@ def canonicalize_contractions(payload: ir.Module, candidates: Sequence[Candidate
             for candidate in candidates:
                 _canonicalize_one(seq.bodyTarget, candidate.op, candidate.has_fill)
             transform.YieldOp([])
-        apply_schedule(payload, module)
+        apply_schedule_module(payload, module)
     _strip(payload, _LABEL_ATTR)
 
 
@@ -910,7 +915,8 @@ def _lower_vectors(func: ir.Value, avx2_transposes: bool = False) -> None:
     8`` block of rows becomes eight ``reg_m``-wide columns) with upstream's AVX2 sequence of
     in-lane unpacks and shuffles, not one flat 32- or 64-element shuffle that LLVM turns
     into lane-crossing permutes (3 uops each on Zen 1). Zen 1, one thread: 256^3 1.3%
-    faster, 1024^3 0.5%."""
+    faster, 1024^3 0.5%. A 5-7 row block was padded to 8x8 before this runs (see
+    pad_transposes), so it takes the 8x8 sequence too."""
     _patterns(func, _tvec.ApplyLowerMaskedTransfersPatternsOp, _tvec.ApplyLowerMasksPatternsOp)
     _patterns(
         func,
@@ -968,7 +974,22 @@ def build_matmul_schedule(
     module, seq = new_schedule()
     with ir.InsertionPoint(seq.body):
         if sites:
-            _lower_vectors(_merged(_schedule_all(seq.bodyTarget, sites, per_site)), avx2_transposes)
+            funcs = _merged(_schedule_all(seq.bodyTarget, sites, per_site))
+            transform.AnnotateOp(funcs, _LOWER_VECTORS_ATTR)
+            if avx2_transposes:
+                transform.AnnotateOp(funcs, PAD_TRANSPOSES_ATTR)
+        transform.YieldOp([])
+    # Vector lowering is a second sequence: apply_schedule pads A's packing transposes
+    # between the two (see pad_transposes).
+    lower = add_sequence(module, LOWER_VECTORS_ENTRY)
+    with ir.InsertionPoint(lower.body):
+        marked = structured.MatchOp(
+            _any(),
+            lower.bodyTarget,
+            ops=["func.func"],
+            op_attrs={_LOWER_VECTORS_ATTR: ir.UnitAttr.get()},
+        ).result
+        _lower_vectors(marked, avx2_transposes)
         transform.YieldOp([])
     return module
 
@@ -1073,9 +1094,13 @@ def _broadcast_element(op: ir.Operation) -> bool:
 
 
 def apply_schedule(payload: ir.Module, schedule: ir.Module) -> None:
-    """Run ``__transform_main`` of ``schedule`` on ``payload`` (in place)."""
+    """Run a schedule from :func:`build_matmul_schedule` on ``payload`` (in place): its
+    ``__transform_main`` (tiling, packing, vectorization), the padding of A's packing
+    transposes, then its vector lowering."""
     apply_schedule_module(payload, schedule)
-    _strip(payload, SITE_ATTR)
+    pad_transposes(payload)
+    apply_schedule_module(payload, schedule, LOWER_VECTORS_ENTRY)
+    _strip(payload, SITE_ATTR, _LOWER_VECTORS_ATTR)
     start_first_k_block_from_fill(payload)
 
 
