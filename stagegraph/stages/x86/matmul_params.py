@@ -220,7 +220,20 @@ def heuristic_matmul_params(
             # Then the threads share B instead (MatmulParams.share_b) and take the row
             # blocks of each K block: as many as fit L2, in a multiple of the threads
             # (each K block ends in a join; an odd block out leaves a thread idle).
-            share_b = pack and kc < k and split_n >= tile_n >= n and -(-m // split_m) >= threads
+            # Not when a K block of B fits in half of L2: each thread then packs its own copy
+            # and keeps it (and its A slice) in its own L2, while shared panels packed by the
+            # other threads come from their caches. Zen 4 (1 MiB L2), two threads:
+            # 2048x384x512 1.015x (twice), 1024x256x1024 1.07x and 0.995x (noisy); the
+            # AVX2 code's 512^3 with a private B 1.06x and 1.22x (its tier's documented
+            # 512 KiB L2 keeps sharing it there, as on a Zen 3).
+            private_b_fits = kc * n * elem <= target.l2_bytes // 2
+            share_b = (
+                pack
+                and kc < k
+                and split_n >= tile_n >= n
+                and -(-m // split_m) >= threads
+                and not private_b_fits
+            )
             if share_b:
                 blocks = _round_up(-(-m // tile_m), threads)
                 tile_m = _balanced(m, _round_up(-(-m // blocks), reg_m), reg_m)
