@@ -39,6 +39,7 @@ from stagegraph.mlir.bindings import (
 )
 from stagegraph.mlir.build import named_structured_op
 from stagegraph.mlir.constants import is_zero
+from stagegraph.mlir.walk import strip_attributes
 from stagegraph.stages.analysis import OpFacts, declared_iterator_types
 from stagegraph.stages.common.transform import add_sequence, apply_schedule_module, new_schedule
 from stagegraph.stages.x86.first_k_block import K_BLOCKS_ATTR, start_first_k_block_from_fill
@@ -247,12 +248,12 @@ def canonicalize_contractions(payload: ir.Module, candidates: Sequence[Candidate
                 _canonicalize_one(seq.bodyTarget, candidate.op, candidate.has_fill)
             transform.YieldOp([])
         apply_schedule_module(payload, module)
-    _strip(payload, _LABEL_ATTR)
+    strip_attributes(payload, _LABEL_ATTR)
 
 
 def strip_labels(payload: ir.Module) -> None:
     """Drop the attributes this module's functions put on payload ops."""
-    _strip(payload, SITE_ATTR, SOURCE_ATTR, _LABEL_ATTR, _WIDEN_ATTR)
+    strip_attributes(payload, SITE_ATTR, SOURCE_ATTR, _LABEL_ATTR, _WIDEN_ATTR)
 
 
 def _entry_linalg_ops(payload: ir.Module, entry: str) -> list[ir.Operation]:
@@ -321,16 +322,6 @@ def _canonicalize_one(root: ir.Value, f: OpFacts, has_fill: bool) -> None:
         ).param
         transform.AnnotateOp(made, SOURCE_ATTR, param=value)
         transform.YieldOp([])
-
-
-def _strip(payload: ir.Module, *names: str) -> None:
-    def visit(op):
-        for name in names:
-            if name in op.attributes:
-                del op.attributes[name]
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit)
 
 
 def _defining_op(value: ir.Value) -> ir.Operation | None:
@@ -1100,7 +1091,7 @@ def apply_schedule(payload: ir.Module, schedule: ir.Module) -> None:
     apply_schedule_module(payload, schedule)
     pad_transposes(payload)
     apply_schedule_module(payload, schedule, LOWER_VECTORS_ENTRY)
-    _strip(payload, SITE_ATTR, _LOWER_VECTORS_ATTR)
+    strip_attributes(payload, SITE_ATTR, _LOWER_VECTORS_ATTR)
     start_first_k_block_from_fill(payload)
 
 
@@ -1170,7 +1161,7 @@ def schedule_matmuls(
             apply_schedule(scope.module, schedule)
         finally:
             scope.inline()
-    _strip(payload, SITE_ATTR)
+    strip_attributes(payload, SITE_ATTR)
     if not in_place:
         return
     for i, (mm, _, _) in enumerate(in_place):
