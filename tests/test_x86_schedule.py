@@ -346,15 +346,21 @@ def test_heuristic_keeps_the_k_loop_within_the_register_file():
     assert heuristic_matmul_params(1024, 1024, 1024, "f32", AVX512).k_unroll == 4
 
 
-def test_threads_pack_their_own_b_when_a_k_block_of_it_fits_half_of_l2():
-    """Two threads, several K blocks: a K block of B that fits in half of L2 (1 MiB here)
-    is packed by each thread for its own rows, not shared; a larger one is shared."""
+def test_threads_pack_their_own_b_when_a_k_block_of_it_fits_l2():
+    """Two threads, several K blocks: a K block of B that fits in L2 is packed by each thread
+    for its own rows, not shared; a larger one is shared."""
     small = heuristic_matmul_params(1024, 256, 1024, "f32", AVX512, 2)
     assert small.tile_k and small.tile_k * 256 * 4 <= AVX512.l2_bytes // 2
     assert not small.share_b
     assert 0 < small.block_m < 1024  # the threads take row blocks of their own
+    # 512^3 on AVX2: a 256 x 512 K block of B is all of a 512 KiB L2 (more than half of it).
+    zen3 = AVX2.model_copy(update={"l2_bytes": 512 * 1024, "l3_bytes": 16 * 1024 * 1024})
+    whole_l2 = heuristic_matmul_params(512, 512, 512, "f32", zen3, 2)
+    assert whole_l2.tile_k * 512 * 4 == zen3.l2_bytes
+    assert not whole_l2.share_b
+    assert whole_l2.block_rows < 512 and whole_l2.tile_n == 512  # a row block per thread
     wide = heuristic_matmul_params(1024, 1024, 1024, "f32", AVX512, 2)
-    assert wide.share_b and wide.tile_k * 1024 * 4 > AVX512.l2_bytes // 2
+    assert wide.share_b and wide.tile_k * 1024 * 4 > AVX512.l2_bytes
 
 
 @pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])
@@ -378,7 +384,9 @@ def test_row_block_budget_rounds_up_to_whole_register_tiles():
     assert (p.reg_m, p.tile_m, p.block_rows) == (6, 258, 258)
 
 
-@pytest.mark.parametrize(("target", "shape"), [(ZEN1, (2048, 768, 1000)), (AVX2, (1536, 512, 512))])
+@pytest.mark.parametrize(
+    ("target", "shape"), [(ZEN1, (2048, 768, 1000)), (AVX2, (1536, 1024, 512))]
+)
 def test_threads_sharing_b_take_only_row_blocks_that_exist(target, shape):
     """Sharing B, the threads split all rows into a multiple of the threads' row blocks;
     the parallel block is those blocks, with no empty block past m for a thread to take."""

@@ -220,13 +220,14 @@ def heuristic_matmul_params(
             # Then the threads share B instead (MatmulParams.share_b) and take the row
             # blocks of each K block: as many as fit L2, in a multiple of the threads
             # (each K block ends in a join; an odd block out leaves a thread idle).
-            # Not when a K block of B fits in half of L2: each thread then packs its own copy
-            # and keeps it (and its A slice) in its own L2, while shared panels packed by the
-            # other threads come from their caches. Zen 4 (1 MiB L2), two threads:
-            # 2048x384x512 1.015x (twice), 1024x256x1024 1.07x and 0.995x (noisy); the
-            # AVX2 code's 512^3 with a private B 1.06x and 1.22x (its tier's documented
-            # 512 KiB L2 keeps sharing it there, as on a Zen 3).
-            private_b_fits = kc * n * elem <= target.l2_bytes // 2
+            # Not when a K block of B fits in L2: each thread then packs its own copy and
+            # keeps it in its own L2, while shared panels packed by the other threads come
+            # from their caches, and every K block ends in a join. Zen 4 (1 MiB L2), two
+            # threads, steady back-to-back calls, private / shared: 512^3 AVX2 code (512 KiB
+            # of B) 1.06x (every run), 768^3 1.03x, 1000^3 1.02-1.03x, 1536x512x512 1.02x,
+            # 1024^3 1.01x; shared 768^3 also ran 10% slow in some processes, private never.
+            # Past L2 sharing wins: 2048^3 (2 MiB) 0.99x, AVX-512 1024^3 (2 MiB) 0.99x.
+            private_b_fits = kc * n * elem <= target.l2_bytes
             share_b = (
                 pack
                 and kc < k
