@@ -126,11 +126,6 @@ PACK_ELEMENT_FMAS = 8
 # Blocks beyond one per thread (for balance) are split only while the packing each split
 # adds stays below this fraction of the matmul's FMAs.
 BALANCE_PACKING = 0.01
-# Threads that split only rows pack a private copy of B's K block each (instead of sharing
-# it) only while the copies the other threads add stay below this fraction of the FMAs:
-# two threads on 512 rows add 1.6% and measured 1.06x (see heuristic_matmul_params); four
-# threads on 512 rows would add 4.7% (not measured: this VM has two cores), and share B.
-PRIVATE_B_PACKING = 0.02
 
 
 def heuristic_matmul_params(
@@ -231,18 +226,14 @@ def heuristic_matmul_params(
             # threads, steady back-to-back calls, private / shared: 512^3 AVX2 code (512 KiB
             # of B) 1.06x (every run), 768^3 1.03x, 1000^3 1.02-1.03x, 1536x512x512 1.02x,
             # 1024^3 1.01x; shared 768^3 also ran 10% slow in some processes, private never.
-            # Past L2 sharing wins: 2048^3 (2 MiB) 0.99x, AVX-512 1024^3 (2 MiB) 0.99x. So
-            # does a split into many short row blocks, each packing all of B (PRIVATE_B_PACKING).
-            private_b = (
-                kc * n * elem <= target.l2_bytes
-                and (threads - 1) * PACK_ELEMENT_FMAS <= PRIVATE_B_PACKING * m
-            )
+            # Past L2 sharing wins: 2048^3 (2 MiB) 0.99x, AVX-512 1024^3 (2 MiB) 0.99x.
+            private_b_fits = kc * n * elem <= target.l2_bytes
             share_b = (
                 pack
                 and kc < k
                 and split_n >= tile_n >= n
                 and -(-m // split_m) >= threads
-                and not private_b
+                and not private_b_fits
             )
             if share_b:
                 blocks = _round_up(-(-m // tile_m), threads)
