@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.matmul_params import (
+    SHARE_B_MIN_ROWS,
     MatmulParams,
     heuristic_matmul_params,
     pack_k_step,
@@ -250,25 +251,25 @@ def test_heuristic_blocks_k_so_the_b_micro_panel_stays_in_l1(shape):
 
 
 @pytest.mark.parametrize(
-    ("shape", "tile_k", "shared_tile_k"),
-    [((2048, 2048, 2048), 512, 512), ((1024, 1024, 1024), 512, 512),
-     ((768, 768, 768), 384, 384), ((1000, 1000, 1000), 0, 500)],
+    ("shape", "tile_k", "threads_tile_k", "shares_b"),
+    [((2048, 2048, 2048), 512, 512, True), ((1024, 1024, 1024), 512, 512, True),
+     ((768, 768, 768), 384, 384, False), ((1000, 1000, 1000), 0, 500, False)],
 )  # fmt: skip
-def test_heuristic_lengthens_k_blocks_for_the_avx512_tile(shape, tile_k, shared_tile_k):
+def test_heuristic_lengthens_k_blocks_for_the_avx512_tile(shape, tile_k, threads_tile_k, shares_b):
     """An 8x32 tile reloads and stores 256 C elements per K block: the block is at least
     twice that many K steps (the divisor of k nearest it; 1000's is all of k), longer than
     L1 alone gives, where m spans two row blocks. The row block shrinks to keep its A slice
-    in half of L2. Threads sharing B need several K blocks: 1000 takes two of 500, packed
-    in 4-wide steps."""
+    in half of L2. Two threads keep several K blocks: 1000 takes two of 500, packed in
+    4-wide steps. They share B's only with SHARE_B_MIN_ROWS rows each."""
     m, n, k = shape
     p = heuristic_matmul_params(m, n, k, "f32", AVX512)
     assert (p.reg_m, p.reg_n, p.tile_k) == (8, 32, tile_k)
     assert (p.reg_n + p.reg_m) * (tile_k or k) * 4 > AVX512.l1d_bytes
     assert p.tile_m * (tile_k or k) * 4 <= AVX512.l2_bytes // 2 and m >= 2 * p.tile_m
-    # Two threads share B's K blocks: a single K block would give each its own B to pack.
-    shared = heuristic_matmul_params(m, n, k, "f32", AVX512, threads=2)
-    assert shared.share_b and shared.tile_k == shared_tile_k
-    assert shared.tile_m * shared_tile_k * 4 <= AVX512.l2_bytes // 2
+    two = heuristic_matmul_params(m, n, k, "f32", AVX512, threads=2)
+    assert (two.share_b, two.tile_k) == (shares_b, threads_tile_k)
+    assert shares_b == (m >= 2 * SHARE_B_MIN_ROWS)
+    assert two.tile_m * threads_tile_k * 4 <= AVX512.l2_bytes // 2
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -316,8 +317,8 @@ def test_heuristic_gives_each_thread_a_second_block_when_its_packing_is_cheap(sh
         assert -(-m // two.block_rows) * -(-n // two.tile_n) == 2 * per_thread
     assert min(two.tile_m, two.tile_n) >= min(128, m, n)  # blocks stay big enough to pack
     assert (two.reg_m, two.reg_n) == (one.reg_m, one.reg_n)
-    # The same K block, unless one thread's is all of k: threads sharing B take L1's.
-    assert two.tile_k == one.tile_k or (one.tile_k == 0 and two.share_b)
+    # The same K block, unless one thread's is all of k: threads keep several K blocks.
+    assert two.tile_k == one.tile_k or (one.tile_k == 0 and 0 < two.tile_k < k)
 
 
 @pytest.mark.parametrize(
@@ -346,9 +347,10 @@ def test_heuristic_keeps_the_k_loop_within_the_register_file():
     assert heuristic_matmul_params(1024, 1024, 1024, "f32", AVX512).k_unroll == 4
 
 
-def test_threads_pack_their_own_b_when_a_k_block_of_it_fits_l2():
+def test_threads_pack_their_own_b_when_it_fits_l2_or_they_have_few_rows():
     """Two threads, several K blocks: a K block of B that fits in L2 is packed by each thread
-    for its own rows, not shared; a larger one is shared."""
+    for its own rows, not shared; so is a larger one when each thread has fewer than
+    SHARE_B_MIN_ROWS rows. Otherwise B is shared."""
     small = heuristic_matmul_params(1024, 256, 1024, "f32", AVX512, 2)
     assert small.tile_k and small.tile_k * 256 * 4 <= AVX512.l2_bytes // 2
     assert not small.share_b
@@ -361,6 +363,10 @@ def test_threads_pack_their_own_b_when_a_k_block_of_it_fits_l2():
     assert whole_l2.block_rows < 512 and whole_l2.tile_n == 512  # a row block per thread
     wide = heuristic_matmul_params(1024, 1024, 1024, "f32", AVX512, 2)
     assert wide.share_b and wide.tile_k * 1024 * 4 > AVX512.l2_bytes
+    assert 2 * SHARE_B_MIN_ROWS == 1024
+    few_rows = heuristic_matmul_params(512, 1024, 1024, "f32", AVX512, 2)
+    assert few_rows.tile_k * 1024 * 4 > AVX512.l2_bytes
+    assert not few_rows.share_b and few_rows.block_rows < 512  # a row block per thread
 
 
 @pytest.mark.parametrize("target", [AVX512, AVX2], ids=["avx512", "avx2"])

@@ -126,6 +126,9 @@ PACK_ELEMENT_FMAS = 8
 # Blocks beyond one per thread (for balance) are split only while the packing each split
 # adds stays below this fraction of the matmul's FMAs.
 BALANCE_PACKING = 0.01
+# Threads sharing B's K blocks (MatmulParams.share_b) have at least this many rows each;
+# with fewer, each packs its own copy (see heuristic_matmul_params).
+SHARE_B_MIN_ROWS = 512
 
 
 def heuristic_matmul_params(
@@ -191,9 +194,10 @@ def heuristic_matmul_params(
     reuse_target = C_TILE_K_STEPS * reg_m * reg_n
     if reuse_target > l1_target:
         long_kc = _nearest_divisor(k, reuse_target, step)
-        # Several threads share B's K blocks (share_b below); one K block would give each
-        # thread its own copy of all of B to pack (Zen 4, two threads, 1000^3: 0.99x). A
-        # K block packed in 4-wide steps beats L1's there: 1000 = 2 x 500, 1.06x over 200.
+        # Several threads keep several K blocks (whether they share B's or pack their own,
+        # share_b below): Zen 4, two threads, 1000^3, a K block packed in 4-wide steps,
+        # 1000 = 2 x 500, measured 1.06x over L1's 200 (shared) and 1.025x over one K
+        # block (each thread packing its own B either way).
         if threads > 1 and long_kc == k:
             long_kc = _nearest_divisor(k, reuse_target, max(k_unroll, min(step, 4)))
         long_row_block = target.l2_bytes // 2 // (long_kc * elem)
@@ -220,20 +224,26 @@ def heuristic_matmul_params(
             # Then the threads share B instead (MatmulParams.share_b) and take the row
             # blocks of each K block: as many as fit L2, in a multiple of the threads
             # (each K block ends in a join; an odd block out leaves a thread idle).
-            # Not when a K block of B fits in L2: each thread then packs its own copy and
-            # keeps it in its own L2, while shared panels packed by the other threads come
-            # from their caches, and every K block ends in a join. Zen 4 (1 MiB L2), two
-            # threads, steady back-to-back calls, private / shared: 512^3 AVX2 code (512 KiB
-            # of B) 1.06x (every run), 768^3 1.03x, 1000^3 1.02-1.03x, 1536x512x512 1.02x,
-            # 1024^3 1.01x; shared 768^3 also ran 10% slow in some processes, private never.
-            # Past L2 sharing wins: 2048^3 (2 MiB) 0.99x, AVX-512 1024^3 (2 MiB) 0.99x.
-            private_b_fits = kc * n * elem <= target.l2_bytes
+            # Not when each thread does better packing its own copy of B's K block: when the
+            # copy fits its own L2, or when the threads have few rows each (under
+            # SHARE_B_MIN_ROWS). (The copies fit L3: the column block keeps a K block of B
+            # in half of a core's share of it.) A thread with its own copy needs no join per
+            # K block and reads no panel from another core's cache; with few rows each,
+            # those joins and remote reads cost more than the copy. Zen 4
+            # (1 MiB L2), two threads, steady back-to-back calls, private / shared:
+            # - AVX2 code: 512^3 (a 512 KiB K block) 1.06x in every run, 384x768x1024 1.07x,
+            #   600x800x1200 1.06x, 768^3 1.03x, 1000^3 1.02-1.03x, 1536x512x512 1.02x,
+            #   1024^3 1.01x, 2048^3 0.99x;
+            # - AVX-512 code: 512x1024x1024 (a 2 MiB K block, 256 rows each) 1.13x, 1000^3
+            #   1.01x, 1200x600x900 1.01x, 1024^3 (2 MiB, 512 rows each) 0.99x.
+            # Shared runs of 768^3 were also 10% slow in some processes, private ones never.
+            private_b = kc * n * elem <= target.l2_bytes or m < SHARE_B_MIN_ROWS * threads
             share_b = (
                 pack
                 and kc < k
                 and split_n >= tile_n >= n
                 and -(-m // split_m) >= threads
-                and not private_b_fits
+                and not private_b
             )
             if share_b:
                 blocks = _round_up(-(-m // tile_m), threads)
