@@ -179,7 +179,7 @@ def test_transform_failure_carries_diagnostics():
 
 
 def test_memo_key_covers_the_modules_a_stage_imports():
-    """x86.schedule's code lives mostly in x86_schedule.py (imported inside the function):
+    """x86.schedule's code lives mostly in matmul_schedule.py (imported inside the function):
     its version must change when that module does, and the stage's own module is no key."""
     from stagegraph.core.stage import get_factory
     from stagegraph.core.versioning import _imported_modules, dependency_version

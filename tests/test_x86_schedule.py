@@ -83,11 +83,8 @@ def _params(m: int, n: int, k: int, **override) -> MatmulParams:
 def _schedule(payload, override: dict) -> None:
     """Apply the matmul schedule to every matmul of ``payload``, with the AVX-512
     heuristic's params updated by ``override``."""
-    from stagegraph.stages.x86.matmul_schedule import (
-        apply_schedule,
-        build_matmul_schedule,
-        find_matmuls,
-    )
+    from stagegraph.stages.x86.matmul_canonical import find_matmuls
+    from stagegraph.stages.x86.matmul_schedule import apply_schedule, build_matmul_schedule
 
     sites = find_matmuls(payload)
     params = [_params(s.m, s.n, s.k, **override) for s in sites]
@@ -479,7 +476,7 @@ def test_register_tiles_are_a_power_of_two_vectors_wide():
 
 def test_find_matmuls_sees_fill_and_fusable_consumers():
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_schedule import find_matmuls
+    from stagegraph.stages.x86.matmul_canonical import find_matmuls
 
     with new_context():
         sites = find_matmuls(ir.Module.parse(_mlp(8, [16, 32, 24])))
@@ -491,11 +488,8 @@ def test_find_matmuls_sees_fill_and_fusable_consumers():
 
 def test_schedule_is_a_named_sequence_and_leaves_other_functions_alone():
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_schedule import (
-        apply_schedule,
-        build_matmul_schedule,
-        find_matmuls,
-    )
+    from stagegraph.stages.x86.matmul_canonical import find_matmuls
+    from stagegraph.stages.x86.matmul_schedule import apply_schedule, build_matmul_schedule
 
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(_matmul(100, 37, 53))
@@ -791,7 +785,7 @@ func.func @mm(%a: {ts[0]}, %b: {ts[1]}) -> {ts[2]} {{
 }}
 """
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_schedule import find_matmuls
+    from stagegraph.stages.x86.matmul_canonical import find_matmuls
 
     with new_context():
         (site,) = find_matmuls(ir.Module.parse(text))
@@ -983,8 +977,8 @@ def test_fold_transposed_operands_reads_the_weights_through_the_maps():
     """The transpose becomes the matmul's B map: the site is ``transpose_b`` on W itself
     and no transposed copy is left to materialise."""
     from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.stages.x86.matmul_canonical import SOURCE_ATTR, find_matmuls
     from stagegraph.stages.x86.matmul_operands import fold_transposed_operands
-    from stagegraph.stages.x86.matmul_schedule import SOURCE_ATTR, find_matmuls
 
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(_linear(23, 40, 13))

@@ -1,4 +1,4 @@
-"""Operand rewrites on canonicalized matmuls, before :func:`matmul_schedule.find_matmuls`.
+"""Operand rewrites on canonicalized matmuls, before :func:`matmul_canonical.find_matmuls`.
 
 :func:`fold_transposed_operands`: a ``linalg.matmul`` operand that is a 2-D
 ``linalg.transpose`` (PyTorch's ``nn.Linear`` computes ``x @ W.T``) is read through the

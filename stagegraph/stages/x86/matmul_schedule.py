@@ -18,6 +18,9 @@ of B is packed twice (see ``_shares_b``).
 
 Without packing (``pack=False``) the block is register-tiled in place and the edge tiles are
 vectorized with masks. The schedule stays on tensors; ``lowering.BUFFERIZE`` follows.
+
+The sites come from :mod:`stagegraph.stages.x86.matmul_canonical` (labelled, canonicalized,
+described); :mod:`stagegraph.stages.x86.broadcast_reads` runs on the scheduled payload.
 """
 
 from __future__ import annotations
@@ -26,25 +29,23 @@ import functools
 from collections.abc import Sequence
 from typing import Any
 
-from stagegraph.core.ports import Facts
-from stagegraph.mlir.bindings import (
-    arith,
-    dialect,
-    ir,
-    linalg_native,
-    loop,
-    structured,
-    tensor,
-    transform,
-)
-from stagegraph.mlir.build import named_structured_op
-from stagegraph.mlir.constants import is_zero
-from stagegraph.mlir.walk import strip_attributes
-from stagegraph.stages.analysis import OpFacts, declared_iterator_types
+from stagegraph.mlir.bindings import dialect, ir, loop, structured, transform
+from stagegraph.mlir.walk import defining_op, strip_attributes
 from stagegraph.stages.common.transform import add_sequence, apply_schedule_module, new_schedule
+from stagegraph.stages.common.transform_build import (
+    any_op,
+    apply_patterns,
+    match_name,
+    producer_of,
+)
 from stagegraph.stages.x86.first_k_block import K_BLOCKS_ATTR, start_first_k_block_from_fill
+from stagegraph.stages.x86.matmul_canonical import (
+    SITE_ATTR,
+    WIDEN_ATTR,
+    WIDEN_LANES,
+    MatmulSite,
+)
 from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step, partial_tiles
-from stagegraph.stages.x86.matmul_sites import canonicalizable, matmul_like_ops  # noqa: F401
 from stagegraph.stages.x86.pad_transposes import PAD_TRANSPOSES_ATTR, pad_transposes
 from stagegraph.stages.x86.prefetch_rows import PREFETCH_ROWS_ATTR
 
@@ -58,356 +59,12 @@ _LOWER_VECTORS_ATTR = "stagegraph.lower_vectors"
 #: The named sequence of a matmul schedule that lowers its vectors.
 LOWER_VECTORS_ENTRY = "lower_vectors"
 
-# Set by find_matmuls on every site (its position): the schedule addresses sites by it.
-SITE_ATTR = "stagegraph.matmul_site"
-# Set by canonicalize_contractions on the linalg.matmul made from a matmul-like op: the
-# index (in PayloadFacts.ops) of the op it came from.
-SOURCE_ATTR = "stagegraph.matmul_source"
-# Set by widen_inputs on each widening copy: 2 * (the matmul's SOURCE_ATTR) + operand.
-_WIDEN_ATTR = "stagegraph.widen"
-_WIDEN_LANES = 64  # elements per vector step of a widening copy the packing does not absorb
-_LABEL_ATTR = "stagegraph.matmul_like"  # ops to canonicalize, during canonicalize_contractions
-
-
-class MatmulSite(Facts):
-    """One ``linalg.matmul`` of a payload, in walk order, with what can be fused around it.
-
-    ``transpose_a``: A is stored ``[k, m]``; ``transpose_b``: B is stored ``[n, k]`` (the
-    matmul's ``indexing_maps``). ``source``: the index in ``PayloadFacts.ops`` of the
-    matmul-like op this matmul was made from by :func:`canonicalize_contractions`, if any.
-    """
-
-    function: str
-    m: int
-    n: int
-    k: int
-    dtype: str = "f32"
-    has_fill: bool = False
-    consumers: int = 0  # elementwise linalg.generic ops chained on the result, fused into blocks
-    transpose_a: bool = False
-    transpose_b: bool = False
-    source: int | None = None
-    widened: tuple[bool, bool] = (False, False)  # A / B come from widen_inputs' copies
-
-
-def find_matmuls(payload: ir.Module) -> list[MatmulSite]:
-    """Walk the payload's functions and describe every ``linalg.matmul`` (walk order) whose
-    operands are plain or transposed matrices; label each with ``SITE_ATTR``."""
-    sites: list[MatmulSite] = []
-    i64 = ir.IntegerType.get_signless(64, payload.context)
-    for fn in payload.body.operations:
-        if fn.operation.name != "func.func":
-            continue
-        name = ir.StringAttr(fn.attributes["sym_name"]).value
-        for op in _walk(fn.operation):
-            if op.name != "linalg.matmul":
-                continue
-            layout = _matmul_layout(op)
-            if layout is None:
-                continue
-            transpose_a, transpose_b = layout
-            a, b = (ir.RankedTensorType(op.operands[i].type) for i in (0, 1))
-            m, k = (a.shape[1], a.shape[0]) if transpose_a else (a.shape[0], a.shape[1])
-            n = b.shape[0] if transpose_b else b.shape[1]
-            has_fill = _zero_fill(op.operands[2])
-            source = None
-            if SOURCE_ATTR in op.attributes:
-                source = ir.IntegerAttr(op.attributes[SOURCE_ATTR]).value
-            op.attributes[SITE_ATTR] = ir.IntegerAttr.get(i64, len(sites))
-            sites.append(
-                MatmulSite(
-                    function=name,
-                    m=m,
-                    n=n,
-                    k=k,
-                    dtype=str(a.element_type),
-                    has_fill=has_fill,
-                    consumers=_elementwise_chain(op),
-                    transpose_a=transpose_a,
-                    transpose_b=transpose_b,
-                    source=source,
-                    widened=(_widening_copy(op.operands[0]), _widening_copy(op.operands[1])),
-                )
-            )
-    return sites
-
-
-def _positions(amap: ir.AffineMap) -> list[int | None]:
-    return [e.position if isinstance(e, ir.AffineDimExpr) else None for e in amap.results]
-
-
-def _matmul_layout(op: ir.Operation) -> tuple[bool, bool] | None:
-    """(transpose_a, transpose_b) of a 2-D ``linalg.matmul`` on ranked tensors whose maps are
-    ``C[m, n] += A[m, k] * B[k, n]`` up to a transposition of A and/or B, else None
-    (broadcasts, memrefs, other loop orders)."""
-    if len(op.operands) != 3 or len(op.results) != 1:
-        return None
-    if not all(isinstance(v.type, ir.RankedTensorType) for v in op.operands):
-        return None
-    maps = [ir.AffineMapAttr(a).value for a in linalg_native.get_indexing_maps(op)]
-    if len(maps) != 3 or any(m.n_dims != 3 for m in maps):
-        return None
-    a, b, c = (_positions(m) for m in maps)
-    if c != [0, 1] or a not in ([0, 2], [2, 0]) or b not in ([2, 1], [1, 2]):
-        return None
-    return a == [2, 0], b == [1, 2]
-
-
-def widen_inputs(payload: ir.Module) -> int:
-    """Give every canonicalized matmul whose inputs are narrower than its accumulator (e.g.
-    bf16 -> f32) a ``linalg.copy`` that widens each such input, so that it is scheduled as
-    a matmul of the accumulator's type (``x86.compute_dtype``). The widening is exact and is
-    fused into the packing of A and B (no widened copy of a whole matrix is stored); the
-    FMA micro-kernel then runs at the f32 rate instead of a mixed-type contraction that
-    lowers to shuffles and scalar reductions. Returns the number of inputs widened."""
-    mixed = []
-
-    def visit(op):
-        if op.name == "linalg.matmul" and SOURCE_ATTR in op.attributes:
-            mixed.append(op)
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit)
-    i64 = ir.IntegerType.get_signless(64, payload.context)
-    widened = 0
-    for op in mixed:
-        wide = ir.RankedTensorType(op.operands[2].type).element_type
-        source = ir.IntegerAttr(op.attributes[SOURCE_ATTR]).value
-        operands = list(op.operands)
-        with ir.InsertionPoint(op), op.location:
-            for i in (0, 1):
-                narrow = ir.RankedTensorType(operands[i].type)
-                if narrow.element_type == wide:
-                    continue
-                empty = tensor.EmptyOp(narrow.shape, wide).result
-                operands[i] = named_structured_op("linalg.copy", [operands[i]], [empty])
-                operands[i].owner.attributes[_WIDEN_ATTR] = ir.IntegerAttr.get(i64, 2 * source + i)
-                widened += 1
-            if operands == list(op.operands):
-                continue
-            # A new op: the body's block arguments have the operands' element types.
-            attributes = {}
-            if "indexing_maps" in op.attributes:
-                attributes["indexing_maps"] = op.attributes["indexing_maps"]
-            made = named_structured_op("linalg.matmul", operands[:2], [operands[2]], attributes)
-        for name in (SOURCE_ATTR, SITE_ATTR):
-            if name in op.attributes:
-                made.owner.attributes[name] = op.attributes[name]
-        op.result.replace_all_uses_with(made)
-        op.erase()
-    return widened
-
-
-def _widening_copy(value: ir.Value) -> bool:
-    owner = _defining_op(value)
-    return owner is not None and _WIDEN_ATTR in owner.attributes
-
-
-class Candidate(Facts):
-    """A matmul-like op labelled for :func:`canonicalize_contractions`."""
-
-    op: OpFacts
-    has_fill: bool = False
-
-
-def label_contractions(payload: ir.Module, facts) -> list[Candidate]:
-    """Label the entry's matmul-like ops (:func:`matmul_like_ops`) for
-    :func:`canonicalize_contractions`: a ``linalg.matmul`` already in canonical form gets
-    ``SOURCE_ATTR`` directly; the others are returned. Run it while the payload is still the
-    one ``facts`` describe (before the generic schedule, which leaves these ops alone).
-    """
-    ops = _entry_linalg_ops(payload, facts.entry)
-    if [op.name for op in ops] != [f.name for f in facts.ops]:
-        raise ValueError("payload linalg ops differ from the facts; re-run the analysis")
-    i64 = ir.IntegerType.get_signless(64, payload.context)
-    todo = []
-    for op, f in zip(ops, facts.ops, strict=True):
-        if not canonicalizable(f):
-            continue
-        if f.name == "linalg.matmul" and _matmul_layout(op) is not None:
-            op.attributes[SOURCE_ATTR] = ir.IntegerAttr.get(i64, f.index)
-            continue
-        op.attributes[_LABEL_ATTR] = ir.IntegerAttr.get(i64, f.index)
-        todo.append(Candidate(op=f, has_fill=_defining_op_name(op.operands[2]) == "linalg.fill"))
-    return todo
-
-
-def canonicalize_contractions(payload: ir.Module, candidates: Sequence[Candidate]) -> None:
-    """Rewrite the labelled matmul-like ops into ``linalg.matmul`` in place.
-
-    Batch loops become an ``scf.forall`` with one matmul per batch element (the zero fill
-    fused in), loops are reordered to (m, n, k), unit dims dropped, and the op specialized to
-    ``linalg.matmul`` (a transposed operand becomes its ``indexing_maps``). Each matmul made
-    carries ``SOURCE_ATTR`` (its op's facts index); an op that cannot be rewritten stays a
-    correct, unscheduled op.
-    """
-    if candidates:
-        module, seq = new_schedule()
-        with ir.InsertionPoint(seq.body):
-            for candidate in candidates:
-                _canonicalize_one(seq.bodyTarget, candidate.op, candidate.has_fill)
-            transform.YieldOp([])
-        apply_schedule_module(payload, module)
-    strip_attributes(payload, _LABEL_ATTR)
-
-
-def strip_labels(payload: ir.Module) -> None:
-    """Drop the attributes this module's functions put on payload ops."""
-    strip_attributes(payload, SITE_ATTR, SOURCE_ATTR, _LABEL_ATTR, _WIDEN_ATTR)
-
-
-def _entry_linalg_ops(payload: ir.Module, entry: str) -> list[ir.Operation]:
-    fn = next(
-        op.operation
-        for op in payload.body.operations
-        if op.operation.name == "func.func"
-        and ir.StringAttr(op.attributes["sym_name"]).value == entry
-        and "stagegraph.wrapper" not in op.attributes
-    )
-    found: list[ir.Operation] = []
-
-    def visit(op):
-        if op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index"):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    fn.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return found
-
-
-def _canonicalize_one(root: ir.Value, f: OpFacts, has_fill: bool) -> None:
-    """One failure-suppressing sub-sequence: batch loops to an scf.forall of unit-batch ops,
-    unit dims dropped, (m, n, k) loop order, specialized to linalg.matmul, labelled."""
-    c = f.contraction
-    assert c is not None
-    seq = transform.SequenceOp(transform.FailurePropagationMode.Suppress, [], root)
-    with ir.InsertionPoint(seq.body):
-        body_root = seq.bodyTarget
-        i64 = ir.IntegerType.get_signless(64)
-        op = structured.MatchOp(
-            _any(), body_root, op_attrs={_LABEL_ATTR: ir.IntegerAttr.get(i64, f.index)}
-        ).result
-        func = transform.GetParentOp(_any(), op, op_name="func.func").result
-        fill = _producer(op, 2) if has_fill else None
-        order = [*c.batch_dims, *c.m_dims, *c.n_dims, *c.k_dims]
-        if f.name != "linalg.generic":
-            op = structured.GeneralizeOp(op).result
-        if order != list(range(len(order))):
-            op = structured.InterchangeOp(op, iterator_interchange=order).result
-        scope = func
-        nb = len(c.batch_dims)
-        if nb:
-            tiled = structured.TileUsingForallOp(op, tile_sizes=[1] * nb + [0, 0, 0])
-            scope = tiled.forall_op
-            if fill is not None:
-                fused = structured.FuseIntoContainingOp(fill, scope)
-                scope = fused.new_containing_op
-                structured.GeneralizeOp(fused.fused_op)
-            _patterns(
-                scope,
-                structured.ApplyFoldUnitExtentDimsViaSlicesPatternsOp,
-                _ttensor.ApplyMergeConsecutiveInsertExtractSlicePatternsOp,
-                transform.ApplyCanonicalizationPatternsOp,
-            )
-            generics = _match(scope, "linalg.generic")
-            each = transform.ForeachOp([], [generics])
-            with ir.InsertionPoint(each.body):
-                structured.SpecializeOp(_any(), each.body.arguments[0])
-                transform.YieldOp([])
-            made = _match(scope, "linalg.matmul")
-        else:
-            made = structured.SpecializeOp(_any(), op).result
-        value = transform.ParamConstantOp(
-            transform.AnyParamType.get(), ir.IntegerAttr.get(i64, f.index)
-        ).param
-        transform.AnnotateOp(made, SOURCE_ATTR, param=value)
-        transform.YieldOp([])
-
-
-def _defining_op(value: ir.Value) -> ir.Operation | None:
-    owner = value.owner
-    return owner.operation if isinstance(owner, ir.Operation | ir.OpView) else None
-
-
-def _zero_fill(value: ir.Value) -> bool:
-    """Whether ``value`` is a ``linalg.fill`` of zero: the one fill the schedule fuses into
-    packed C (a pack of any other fill keeps its zero padding, so it does not fold into a
-    fill of the packed tiles; such a fill is C's initial value, like any other)."""
-    fill = _defining_op(value)
-    return fill is not None and fill.name == "linalg.fill" and is_zero(fill.operands[0])
-
-
-def _defining_op_name(value: ir.Value) -> str | None:
-    owner = _defining_op(value)
-    return owner.name if owner is not None else None
-
-
-def _walk(op: ir.Operation):
-    for region in op.regions:
-        for block in region.blocks:
-            for child in block.operations:
-                yield child.operation
-                yield from _walk(child.operation)
-
-
-def _elementwise_chain(op: ir.Operation) -> int:
-    """Number of single-use, all-parallel generics of the same shape consuming ``op`` in turn."""
-    count = 0
-    shape = ir.RankedTensorType(op.results[0].type).shape
-    while len(op.results) == 1:
-        uses = list(op.results[0].uses)
-        if len(uses) != 1:
-            break
-        user = uses[0].owner.operation
-        if user.name != "linalg.generic" or len(user.results) != 1:
-            break
-        if any(it != "parallel" for it in declared_iterator_types(user)):
-            break
-        if ir.RankedTensorType(user.results[0].type).shape != shape:
-            break
-        if any(_is_i1_tensor(v.type) for v in user.operands):
-            break  # vectors of i1 are bit-packed, memrefs of i1 are bytes: leave it unfused
-        # The matmul result must be an input (not the init) of the consumer.
-        n_inputs = len(user.operands) - 1
-        if uses[0].operand_number >= n_inputs:
-            break
-        count += 1
-        op = user
-    return count
-
-
-def _is_i1_tensor(value_type: ir.Type) -> bool:
-    if not isinstance(value_type, ir.ShapedType):
-        return False
-    element = ir.ShapedType(value_type).element_type
-    return isinstance(element, ir.IntegerType) and ir.IntegerType(element).width == 1
-
-
-def _any() -> ir.Type:
-    return transform.AnyOpType.get()
-
-
-def _patterns(target: ir.Value, *builders) -> None:
-    """One ``transform.apply_patterns`` region holding the given pattern-set ops."""
-    op = transform.ApplyPatternsOp(target)
-    with ir.InsertionPoint(op.regions[0].blocks[0]):
-        for build in builders:
-            build()
-
-
-def _producer(op: ir.Value, operand: int) -> ir.Value:
-    return transform.GetProducerOfOperand(_any(), op, operand).result
-
-
-def _match(target: ir.Value, name: str) -> ir.Value:
-    return structured.MatchOp.match_op_names(target, [name]).result
-
 
 def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, p: MatmulParams) -> None:
     chain = [mm]
     for _ in range(site.consumers):
-        chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
-    fill = _producer(mm, 2) if site.has_fill else None
+        chain.append(transform.GetConsumersOfResult(any_op(), chain[-1], 0).result)
+    fill = producer_of(mm, 2) if site.has_fill else None
     tiled = structured.TileUsingForallOp(chain[-1], tile_sizes=[p.block_rows, p.tile_n])
     forall = tiled.forall_op
     block_mm = tiled.tiled_op
@@ -425,8 +82,8 @@ def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, p: MatmulPara
             widenings.append(None)
             continue
         i64 = ir.IntegerType.get_signless(64)
-        mark = {_WIDEN_ATTR: ir.IntegerAttr.get(i64, 2 * (site.source or 0) + operand)}
-        copy = structured.MatchOp(_any(), func, ops=["linalg.copy"], op_attrs=mark).result
+        mark = {WIDEN_ATTR: ir.IntegerAttr.get(i64, 2 * (site.source or 0) + operand)}
+        copy = structured.MatchOp(any_op(), func, ops=["linalg.copy"], op_attrs=mark).result
         fused = structured.FuseIntoContainingOp(copy, forall)
         forall = fused.new_containing_op
         widenings.append(fused.fused_op)
@@ -435,13 +92,13 @@ def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, p: MatmulPara
     else:
         for copy in widenings:
             if copy is not None:
-                tiled = structured.TileUsingForOp(copy, sizes=[1, _WIDEN_LANES])
-                structured.VectorizeOp(tiled.tiled_linalg_op, [1, _WIDEN_LANES])
+                tiled = structured.TileUsingForOp(copy, sizes=[1, WIDEN_LANES])
+                structured.VectorizeOp(tiled.tiled_linalg_op, [1, WIDEN_LANES])
         _unpacked_kernel(func, forall, block_mm, block_fill, site, p)
 
 
 def _cleanup(func: ir.Value) -> None:
-    _patterns(
+    apply_patterns(
         func,
         structured.ApplyFoldIntoPackAndUnpackPatternsOp,
         structured.ApplyTilingCanonicalizationPatternsOp,
@@ -458,34 +115,34 @@ def _packed_kernel(
     widenings: Sequence[ir.Value | None],
 ) -> None:
     packed = structured.PackOp(
-        _any(), block_mm, static_packed_sizes=[p.reg_m, p.reg_n, 0], packed_sizes=[]
+        any_op(), block_mm, static_packed_sizes=[p.reg_m, p.reg_n, 0], packed_sizes=[]
     ).packed_op
     # B[k, n] is packed as [K, N/reg_n, reg_n]; make each reg_n-wide panel contiguous over
     # k. A transposed B[n, k] packs as [N/reg_n, K, reg_n] already; a transposed A[k, m]
     # packs as [K, M/reg_m, reg_m] and needs the transposition instead.
     if site.transpose_a:
-        pack_a = _producer(packed, 0)
+        pack_a = producer_of(packed, 0)
         packed = structured.PackTransposeOp(
-            _any(), _any(), _any(), pack_a, packed, outer_perm=[1, 0]
+            any_op(), any_op(), any_op(), pack_a, packed, outer_perm=[1, 0]
         ).results[0]
     if not site.transpose_b:
-        pack_b = _producer(packed, 1)
+        pack_b = producer_of(packed, 1)
         packed = structured.PackTransposeOp(
-            _any(), _any(), _any(), pack_b, packed, outer_perm=[1, 0]
+            any_op(), any_op(), any_op(), pack_b, packed, outer_perm=[1, 0]
         ).results[0]
     # C packs as [N/reg_n, M/reg_m, reg_m, reg_n]: the register tiles of one B micro-panel
     # (the inner loop runs over M) are then adjacent in memory, so their accumulators load
     # and store sequentially (prefetchable) rather than a whole packed row apart.
-    unpack_c = transform.GetConsumersOfResult(_any(), packed, 0).result
-    structured.PackTransposeOp(_any(), _any(), _any(), unpack_c, packed, outer_perm=[1, 0])
+    unpack_c = transform.GetConsumersOfResult(any_op(), packed, 0).result
+    structured.PackTransposeOp(any_op(), any_op(), any_op(), unpack_c, packed, outer_perm=[1, 0])
     _cleanup(func)
     # Re-find the ops from the unpack (patterns replace ops; a one-block forall is even
     # inlined). Earlier sites' unpacks are vectorized already, so the match is this site's.
-    unpack = _match(func, "linalg.unpack")
-    kernel = _producer(unpack, 0)
-    pack_a, pack_b = _producer(kernel, 0), _producer(kernel, 1)
+    unpack = match_name(func, "linalg.unpack")
+    kernel = producer_of(unpack, 0)
+    pack_a, pack_b = producer_of(kernel, 0), producer_of(kernel, 1)
     # The packed C starts as zeros (a fused fill) or as the packed init (C += A B).
-    zero = _producer(kernel, 2)
+    zero = producer_of(kernel, 2)
     # Kernel dims: (mo, no, k, mi, ni); loops: no, mo, k.
     tk = p.tile_k if p.tile_k and p.tile_k < site.k else 0
     # One K block and whole register tiles: the tiles write C themselves (see
@@ -536,10 +193,10 @@ def _packed_kernel(
     if tk or p.block_rows > p.tile_m:
         # Each K (and M) block packs into its own buffer (a slice of an empty tensor is an
         # empty tensor), so every block rewrites the same cache-resident lines.
-        _patterns(func, _ttensor.ApplyFoldTensorEmptyPatternsOp)
+        apply_patterns(func, _ttensor.ApplyFoldTensorEmptyPatternsOp)
     chain = [unpack]
     for _ in range(site.consumers):
-        chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
+        chain.append(transform.GetConsumersOfResult(any_op(), chain[-1], 0).result)
     if direct:
         tile_nest, kernel, zero, consumers, pack_a = _direct_tiles(
             chain, kernel, zero, pack_a, site, p
@@ -610,8 +267,8 @@ def _packed_kernel(
         if tk or p.block_rows > p.tile_m:
             # Inside the K (and M) block loops the copy widens its block's slice once, in
             # vector steps, just before the packing reads it (still in cache).
-            step = structured.TileUsingForOp(copy, sizes=[1, _WIDEN_LANES]).tiled_linalg_op
-            steps.append((step, [1, _WIDEN_LANES]))
+            step = structured.TileUsingForOp(copy, sizes=[1, WIDEN_LANES]).tiled_linalg_op
+            steps.append((step, [1, WIDEN_LANES]))
         else:
             steps.append((structured.FuseIntoContainingOp(copy, tiled.loops[1]).fused_op, panel))
     # Peel the partial last row and column of tiles: the full tiles then have static
@@ -621,7 +278,10 @@ def _packed_kernel(
         pieces = _peel_direct_edges(tile_nest, site, p)
         kernel = _merged([_match_marked(piece, _DIRECT_KERNEL_ATTR) for piece in pieces])
         zero = _merged(
-            [_match(piece, "linalg.fill" if site.has_fill else "linalg.pack") for piece in pieces]
+            [
+                match_name(piece, "linalg.fill" if site.has_fill else "linalg.pack")
+                for piece in pieces
+            ]
         )
         consumers = (
             [_match_marked(piece, _DIRECT_CONSUMER_ATTR) for piece in pieces]
@@ -630,13 +290,15 @@ def _packed_kernel(
         )
     else:
         pieces = _peel_edges(tile_nest, site, p, shared, pass_n)
-        consumers = [_match(piece, "linalg.generic") for piece in pieces] if site.consumers else []
-    unpacks = [_match(piece, "linalg.unpack") for piece in pieces]
+        consumers = (
+            [match_name(piece, "linalg.generic") for piece in pieces] if site.consumers else []
+        )
+    unpacks = [match_name(piece, "linalg.unpack") for piece in pieces]
     _cleanup(func)
     if partial_a is not None or partial_b is not None:
         # The whole panels' row (column) counts are min(reg, rows left): loop bounds prove
         # them reg, so those steps vectorize without a mask.
-        _patterns(func, loop.ApplyForLoopCanonicalizationPatternsOp)
+        apply_patterns(func, loop.ApplyForLoopCanonicalizationPatternsOp)
     structured.VectorizeOp(kernel)
     for step, panel in steps:
         structured.VectorizeOp(step, panel)
@@ -656,11 +318,11 @@ def _packed_kernel(
             # consumers: a masked unpack write then a masked read would make bufferization
             # copy.
             structured.LowerUnPackOp(
-                _any(),
-                _any(),
-                _any(),
-                _any(),
-                _any(),
+                any_op(),
+                any_op(),
+                any_op(),
+                any_op(),
+                any_op(),
                 piece_unpack,
                 lowerUnpadLikeWithExtractSlice=True,
             )
@@ -678,15 +340,15 @@ def _peel_edges(
     returns the pieces: the partial row, the partial column of the full rows, the rest."""
     full, pieces = tile_nest.loops[0], []
     if partial_tiles(site.m, p.tile_m if shared else p.block_rows, p.reg_m):
-        rows = loop.LoopPeelOp(_any(), _any(), full)
+        rows = loop.LoopPeelOp(any_op(), any_op(), full)
         full, pieces = rows.peeled_loop, [rows.remainder_loop]
     columns = tile_nest.loops[1]
     if pieces:  # the column loop of the full rows
         columns = transform.GetParentOp(
-            _any(), _match(full, "linalg.unpack"), op_name="scf.for", deduplicate=True
+            any_op(), match_name(full, "linalg.unpack"), op_name="scf.for", deduplicate=True
         ).result
     if partial_tiles(site.n, pass_n if shared else p.tile_n, p.reg_n):
-        peeled = loop.LoopPeelOp(_any(), _any(), columns)
+        peeled = loop.LoopPeelOp(any_op(), any_op(), columns)
         pieces.append(peeled.remainder_loop)
         columns = peeled.peeled_loop
     pieces.append(columns)
@@ -700,14 +362,17 @@ def _peel_direct_edges(tile_nest: Any, site: MatmulSite, p: MatmulParams) -> lis
     columns, rows = tile_nest.loops
     pieces = []
     if partial_tiles(site.n, p.tile_n, p.reg_n):
-        peeled = loop.LoopPeelOp(_any(), _any(), columns)
+        peeled = loop.LoopPeelOp(any_op(), any_op(), columns)
         pieces.append(peeled.remainder_loop)
         # (The row loop's handle went with the peeled one: found again in the full part.)
         rows = transform.GetParentOp(
-            _any(), _match(peeled.peeled_loop, "linalg.unpack"), op_name="scf.for", deduplicate=True
+            any_op(),
+            match_name(peeled.peeled_loop, "linalg.unpack"),
+            op_name="scf.for",
+            deduplicate=True,
         ).result
     if partial_tiles(site.m, p.tile_m, p.reg_m):
-        peeled = loop.LoopPeelOp(_any(), _any(), rows)
+        peeled = loop.LoopPeelOp(any_op(), any_op(), rows)
         pieces.append(peeled.remainder_loop)
         rows = peeled.peeled_loop
     pieces.append(rows)
@@ -716,7 +381,7 @@ def _peel_direct_edges(tile_nest: Any, site: MatmulSite, p: MatmulParams) -> lis
 
 def _match_marked(target: ir.Value, attribute: str) -> ir.Value:
     """The ops in ``target`` carrying the unit attribute ``attribute``."""
-    return structured.MatchOp(_any(), target, op_attrs={attribute: ir.UnitAttr.get()}).result
+    return structured.MatchOp(any_op(), target, op_attrs={attribute: ir.UnitAttr.get()}).result
 
 
 def _writes_c_directly(
@@ -833,10 +498,10 @@ def _split_partial_panel(
     if block < extent or whole < 2 or extent % reg == 0:
         return pack, None
     split = structured.TileUsingForOp(pack, sizes=[whole, 0])
-    peeled = loop.LoopPeelOp(_any(), _any(), split.loops[0])
+    peeled = loop.LoopPeelOp(any_op(), any_op(), split.loops[0])
     return (
-        _match(peeled.peeled_loop, "linalg.pack"),
-        _match(peeled.remainder_loop, "linalg.pack"),
+        match_name(peeled.peeled_loop, "linalg.pack"),
+        match_name(peeled.remainder_loop, "linalg.pack"),
     )
 
 
@@ -851,9 +516,9 @@ def _unpacked_kernel(
     """Register tiles in place (no packing): edge tiles are vectorized with masks."""
     outputs = []
     if site.consumers:
-        chain = [transform.GetConsumersOfResult(_any(), block_mm, 0).result]
+        chain = [transform.GetConsumersOfResult(any_op(), block_mm, 0).result]
         for _ in range(site.consumers - 1):
-            chain.append(transform.GetConsumersOfResult(_any(), chain[-1], 0).result)
+            chain.append(transform.GetConsumersOfResult(any_op(), chain[-1], 0).result)
         tiled = structured.TileUsingForOp(chain[-1], sizes=[p.reg_m, p.reg_n])
         outputs = [tiled.tiled_linalg_op]
         for producer in reversed(chain[:-1]):
@@ -877,7 +542,7 @@ def _unpacked_kernel(
 
 def _hoist_accumulators(func: ir.Value) -> None:
     """Keep the register tile in registers across the k loop."""
-    _patterns(
+    apply_patterns(
         func,
         _tvec.ApplyVectorReductionToContractPatternsOp,
         _tvec.ApplyTransferPermutationPatternsOp,
@@ -885,15 +550,15 @@ def _hoist_accumulators(func: ir.Value) -> None:
     )
     # Only now drop unit dims (earlier it hides broadcasts from the contraction folding), so
     # the hoisted accumulator is a plain reg_m x reg_n vector.
-    _patterns(
+    apply_patterns(
         func,
         _tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp,
         transform.ApplyCanonicalizationPatternsOp,
     )
-    contract = _match(func, "vector.contract")
+    contract = match_name(func, "vector.contract")
     # No k loop is left when k fits one step; then there is nothing to hoist.
     kloop = transform.GetParentOp(
-        _any(), contract, op_name="scf.for", allow_empty_results=True
+        any_op(), contract, op_name="scf.for", allow_empty_results=True
     ).result
     loop.HoistLoopInvariantSubsetsOp(kloop)
     loop.HoistLoopInvariantSubsetsOp(kloop)
@@ -908,22 +573,22 @@ def _lower_vectors(func: ir.Value, avx2_transposes: bool = False) -> None:
     into lane-crossing permutes (3 uops each on Zen 1). Zen 1, one thread: 256^3 1.3%
     faster, 1024^3 0.5%. A 5-7 row block was padded to 8x8 before this runs (see
     pad_transposes), so it takes the 8x8 sequence too."""
-    _patterns(func, _tvec.ApplyLowerMaskedTransfersPatternsOp, _tvec.ApplyLowerMasksPatternsOp)
-    _patterns(
+    apply_patterns(func, _tvec.ApplyLowerMaskedTransfersPatternsOp, _tvec.ApplyLowerMasksPatternsOp)
+    apply_patterns(
         func,
         _ttensor.ApplyFoldTensorSubsetOpsIntoVectorTransfersPatternsOp,
         _tvec.ApplyCastAwayVectorLeadingOneDimPatternsOp,
         _tvec.ApplyTransferPermutationPatternsOp,
         transform.ApplyCanonicalizationPatternsOp,
     )
-    _patterns(
+    apply_patterns(
         func,
         lambda: _tvec.ApplyLowerContractionPatternsOp(
             lowering_strategy=_tvec.VectorContractLowering.OuterProduct
         ),
     )
-    _patterns(func, _tvec.ApplyLowerOuterProductPatternsOp)
-    _patterns(
+    apply_patterns(func, _tvec.ApplyLowerOuterProductPatternsOp)
+    apply_patterns(
         func,
         lambda: _tvec.ApplyLowerTransposePatternsOp(
             lowering_strategy=_tvec.VectorTransposeLowering.Shuffle16x16,
@@ -931,12 +596,12 @@ def _lower_vectors(func: ir.Value, avx2_transposes: bool = False) -> None:
         ),
         _tvec.ApplyLowerShapeCastPatternsOp,
     )
-    _patterns(
+    apply_patterns(
         func,
         _tvec.ApplyTransferPermutationPatternsOp,
         lambda: _tvec.ApplyLowerTransferPatternsOp(max_transfer_rank=1),
     )
-    _patterns(func, transform.ApplyCanonicalizationPatternsOp)
+    apply_patterns(func, transform.ApplyCanonicalizationPatternsOp)
     # Equal block offsets must be one SSA value, or bufferization copies each block.
 
 
@@ -975,7 +640,7 @@ def build_matmul_schedule(
     lower = add_sequence(module, LOWER_VECTORS_ENTRY)
     with ir.InsertionPoint(lower.body):
         marked = structured.MatchOp(
-            _any(),
+            any_op(),
             lower.bodyTarget,
             ops=["func.func"],
             op_attrs={_LOWER_VECTORS_ATTR: ir.UnitAttr.get()},
@@ -997,91 +662,14 @@ def _schedule_all(
     i64 = ir.IntegerType.get_signless(64)
     handles = [
         structured.MatchOp(
-            _any(), root, ops=["linalg.matmul"], op_attrs={SITE_ATTR: ir.IntegerAttr.get(i64, i)}
+            any_op(), root, ops=["linalg.matmul"], op_attrs={SITE_ATTR: ir.IntegerAttr.get(i64, i)}
         ).result
         for i in range(len(sites))
     ]
-    funcs = [transform.GetParentOp(_any(), h, op_name="func.func").result for h in handles]
+    funcs = [transform.GetParentOp(any_op(), h, op_name="func.func").result for h in handles]
     for func, mm, site, p in zip(funcs, handles, sites, params, strict=True):
         _schedule_site(func, mm, site, p)
     return funcs
-
-
-def scalarize_broadcast_reads(payload: ir.Module) -> int:
-    """Read each broadcast element of the A panel on its own: a 1-D in-bounds, unmasked
-    ``vector.transfer_read`` of a tensor whose every use is a ``vector.extract`` of one
-    element that is only broadcast becomes one ``tensor.extract`` per element.
-
-    The outer-product lowering broadcasts every element of the ``reg_m``-element A vector
-    read per k step. LLVM legalizes a ``vector<6xf32>`` load as a 4- and a 2-element load
-    and broadcasts the elements of the latter with shuffles (``vmovsd`` + ``vshufps`` +
-    two register ``vbroadcastss``), shuffle uops that compete with the FMAs for the vector
-    pipes. Scalar loads that are broadcast fold into memory ``vbroadcastss`` instead (one
-    load uop each): about 6% more FMAs per cycle for the 6x16 AVX2 tile. Returns the count
-    of reads rewritten.
-    """
-    reads: list[ir.Operation] = []
-
-    def visit(op):
-        if op.name == "vector.transfer_read":
-            reads.append(op)
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit)
-    index = ir.IndexType.get(payload.context)
-    changed = 0
-    for op in reads:
-        read = op.opview
-        source = read.base
-        if not isinstance(source.type, ir.RankedTensorType) or read.mask is not None:
-            continue
-        vtype = ir.VectorType(read.result.type)
-        rank = ir.RankedTensorType(source.type).rank
-        identity = ir.AffineMap.get_minor_identity(rank, 1, payload.context)
-        if (
-            vtype.rank != 1
-            or vtype.scalable
-            or ir.AffineMapAttr(read.permutation_map).value != identity
-            or not all(ir.BoolAttr(b).value for b in read.in_bounds)
-        ):
-            continue
-        extracts = [use.owner for use in read.result.uses]
-        if not extracts or not all(_broadcast_element(e) for e in extracts):
-            continue
-        indices = list(read.indices)
-        for e in extracts:
-            position = _static_position(e)
-            with ir.InsertionPoint(e), e.location:
-                last = indices[-1]
-                if position:
-                    offset = arith.ConstantOp(index, position).result
-                    last = arith.AddIOp(indices[-1], offset).result
-                scalar = tensor.ExtractOp(source, [*indices[:-1], last]).result
-            e.results[0].replace_all_uses_with(scalar)
-            e.erase()
-        op.erase()
-        changed += 1
-    return changed
-
-
-def _static_position(op: ir.Operation) -> int | None:
-    positions = ir.DenseI64ArrayAttr(op.attributes["static_position"])
-    if len(positions) != 1 or positions[0] < 0 or len(op.operands) != 1:
-        return None  # a dynamic position
-    return positions[0]
-
-
-def _broadcast_element(op: ir.Operation) -> bool:
-    """A ``vector.extract`` of one static element whose every use is a broadcast."""
-    op = op.operation if hasattr(op, "operation") else op
-    if op.name != "vector.extract" or isinstance(op.results[0].type, ir.VectorType):
-        return False
-    uses = list(op.results[0].uses)
-    return (
-        _static_position(op) is not None
-        and bool(uses)
-        and all(u.owner.name == "vector.broadcast" for u in uses)
-    )
 
 
 def apply_schedule(payload: ir.Module, schedule: ir.Module) -> None:
@@ -1102,7 +690,7 @@ def _site_ops(mm: ir.Operation, site: MatmulSite) -> list[ir.Operation]:
     ops = []
     producers = [(2, site.has_fill)] + [(i, w) for i, w in enumerate(site.widened)]
     for operand, present in producers:
-        owner = _defining_op(mm.operands[operand]) if present else None
+        owner = defining_op(mm.operands[operand]) if present else None
         if owner is not None and owner.block == block and len(list(owner.results[0].uses)) == 1:
             ops.append(owner)
     ops.sort(key=functools.cmp_to_key(lambda a, b: -1 if a.is_before_in_block(b) else 1))

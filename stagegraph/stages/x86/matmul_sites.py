@@ -1,5 +1,5 @@
 """Which ops the x86 matmul schedule takes: pure facts, no MLIR, so a cost model can ask
-without loading the transform dialects (:mod:`stagegraph.stages.x86.matmul_schedule`)."""
+without loading the transform dialects (:mod:`stagegraph.stages.x86.matmul_canonical`)."""
 
 from __future__ import annotations
 

@@ -377,31 +377,33 @@ def _schedule_payload(
     propagate_failures: bool,
 ) -> None:
     """The generic schedule, then the matmul schedule, on ``facts.entry`` of ``payload``."""
-    from stagegraph.stages.x86 import matmul_schedule as mm
+    from stagegraph.stages.x86 import matmul_canonical as canonical
+    from stagegraph.stages.x86.broadcast_reads import scalarize_broadcast_reads
     from stagegraph.stages.x86.generic_schedule import (
         apply_generic_schedule,
         build_generic_schedule,
     )
     from stagegraph.stages.x86.matmul_operands import fold_transposed_operands
+    from stagegraph.stages.x86.matmul_schedule import schedule_matmuls
 
-    candidates = mm.label_contractions(payload, facts)
+    candidates = canonical.label_contractions(payload, facts)
     generic = build_generic_schedule(
         facts, params.generic, per_op=params.op_params, propagate_failures=propagate_failures
     )
     applied.append(generic.operation.get_asm(assume_verified=True))
     apply_generic_schedule(payload, generic, facts)
-    mm.canonicalize_contractions(payload, candidates)
+    canonical.canonicalize_contractions(payload, candidates)
     fold_transposed_operands(payload)
-    mm.widen_inputs(payload)
+    canonical.widen_inputs(payload)
     order = {op.index for op in matmul_ops(facts)}
     # A matmul the cost model made no params for stays on the generic path: correct,
     # lowered to loops.
-    labelled = [(i, s) for i, s in enumerate(mm.find_matmuls(payload)) if s.source in order]
+    labelled = [(i, s) for i, s in enumerate(canonical.find_matmuls(payload)) if s.source in order]
     if labelled:
         sites = [s for _, s in labelled]
-        mm.schedule_matmuls(payload, labelled, _site_params(params, facts, sites), applied)
-        mm.scalarize_broadcast_reads(payload)
-    mm.strip_labels(payload)
+        schedule_matmuls(payload, labelled, _site_params(params, facts, sites), applied)
+        scalarize_broadcast_reads(payload)
+    canonical.strip_labels(payload)
 
 
 def describe_schedule(inputs: dict[str, Any], config: Config) -> str:
