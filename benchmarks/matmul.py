@@ -23,7 +23,9 @@ picks on Haswell and Zen 1-3) and the FMA limit is measured with ymm FMAs. The t
 reports the row of the median ratio, with the range over the processes. A ratio can depend on
 the process: where the kernel put its pages decides cache-set conflicts and prefetch
 distances, so the same code read 0.96 and 0.99 at 2048^3 in two processes on one VM (session
-15), a spread a single process's confidence interval cannot show.
+15), a spread a single process's confidence interval cannot show. A row whose processes
+disagree by more than 10% (max/min, ``stagegraph.runtime.stats.MAX_REPEAT_SPREAD``) is
+marked noisy, with the range, instead of quoting the median process's tight interval.
 Usage:
 
     python benchmarks/matmul.py [--sizes 256,512,1024,2048] [--bf16-sizes 1024,2048]
@@ -195,7 +197,11 @@ def median_rows(runs: list[list[dict]]) -> list[dict]:
     """One row per (workload, threads) from several processes' rows: the row whose ratio
     (``vs_numpy``, or ``vs_f32`` for bf16) is the median (the lower one of an even count),
     with every process's ratio in ``<ratio>_per_process``. A row that failed to verify in
-    any process is that failing row: a wrong result is never hidden by a median."""
+    any process is that failing row: a wrong result is never hidden by a median. A row whose
+    processes disagree beyond ``MAX_REPEAT_SPREAD`` (max/min) is marked not to be trusted:
+    each process's interval is tight, but the median is one phase's number."""
+    from stagegraph.runtime.stats import assess_repeats
+
     grouped: dict[tuple[str, int], list[dict]] = {}
     for rows in runs:
         for row in rows:
@@ -208,8 +214,12 @@ def median_rows(runs: list[list[dict]]) -> list[dict]:
             continue
         key = "vs_f32" if "vs_f32" in rows[0] else "vs_numpy"
         ordered = sorted(rows, key=lambda r: r[key])
-        merged.append({**ordered[(len(ordered) - 1) // 2],
-                       f"{key}_per_process": [r[key] for r in rows]})  # fmt: skip
+        row = {**ordered[(len(ordered) - 1) // 2], f"{key}_per_process": [r[key] for r in rows]}
+        repeats = assess_repeats(row[f"{key}_per_process"], what="processes")
+        if not repeats.trustworthy:
+            warnings = (row.get("warning"), repeats.warning)
+            row |= {"trustworthy": False, "warning": "; ".join(w for w in warnings if w)}
+        merged.append(row)
     return merged
 
 

@@ -88,18 +88,34 @@ def test_several_processes_report_the_median_row_and_every_ratio():
     with each process's ratio; rows are kept apart by workload and thread count."""
     script = _script()
     runs = [
-        [_row("a", 0.90), _row("b", 1.2), _row("a", 1.5, threads=2)],
-        [_row("a", 1.10), _row("b", 1.0)],
+        [_row("a", 0.96), _row("b", 1.05), _row("a", 1.5, threads=2)],
+        [_row("a", 1.04), _row("b", 1.0)],
         [_row("a", 1.00)],
     ]
     merged = {(r["workload"], r["threads"]): r for r in script.median_rows(runs)}
     assert merged["a", 1]["vs_numpy"] == 1.00
-    assert merged["a", 1]["vs_numpy_per_process"] == [0.90, 1.10, 1.00]
+    assert merged["a", 1]["vs_numpy_per_process"] == [0.96, 1.04, 1.00]
     assert merged["b", 1]["vs_numpy"] == 1.0  # lower median of two
     assert merged["a", 2]["vs_numpy_per_process"] == [1.5]
     cell = script.ratio_cell(merged["a", 1], "vs_numpy")
-    assert cell == "1.00 [0.99, 1.01]; 3 processes 0.90-1.10"
+    assert cell == "1.00 [0.99, 1.01]; 3 processes 0.96-1.04"
     assert script.ratio_cell(merged["a", 2], "vs_numpy") == "1.50 [1.49, 1.51]"
+
+
+def test_processes_that_disagree_mark_the_row_noisy():
+    """Each process's interval is tight, but the processes read 1.01 to 1.36: the table
+    gives a rough value and the range, and says why, instead of the median's interval."""
+    script = _script()
+    runs = [[_row("a", 1.01)], [_row("a", 1.36)], [_row("a", 1.34)]]
+    (merged,) = script.median_rows(runs)
+    assert merged["trustworthy"] is False
+    assert merged["warning"] == "3 processes read 1.01-1.36 (max/min 1.35, bound 1.10)"
+    assert script.ratio_cell(merged, "vs_numpy") == "~1.3 (noisy); 3 processes 1.01-1.36"
+    merged |= {"x86_gflops": 100.0, "numpy_gflops": 80.0, "fma_peak_gflops": 117.0,
+               "x86_of_peak": 0.85, "numpy_of_peak": 0.68, "compile_s": 0.1}  # fmt: skip
+    report = script.table([merged])
+    assert "| a | 1 | 100 | 80 | ~1.3 (noisy); 3 processes 1.01-1.36 |" in report
+    assert "noisy: a, threads=1: 3 processes read 1.01-1.36 (max/min 1.35" in report
 
 
 def test_a_row_that_failed_to_verify_in_any_process_is_reported_failed():

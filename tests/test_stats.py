@@ -177,3 +177,15 @@ def test_too_few_samples_are_flagged_even_when_identical():
 
     trust = assess(summarize([1e-3, 1e-3]))  # a zero-width interval from two samples
     assert not trust.trustworthy and "only 2 samples" in trust.warning
+
+
+def test_repeats_that_disagree_beyond_the_bound_are_not_trusted():
+    from stagegraph.runtime.stats import MAX_REPEAT_SPREAD, assess_repeats
+
+    assert assess_repeats([1.0]).trustworthy  # one repeat: nothing to compare
+    assert assess_repeats([0.96, 1.0, 1.04]).trustworthy  # max/min 1.083
+    assert MAX_REPEAT_SPREAD == 1.10
+    wide = assess_repeats([0.90, 1.08, 1.0], what="processes")
+    assert not wide.trustworthy
+    assert wide.warning == "3 processes read 0.90-1.08 (max/min 1.20, bound 1.10)"
+    assert not assess_repeats([0.0, 1.0]).trustworthy  # a zero ratio is no agreement

@@ -9,7 +9,7 @@ on the ratio of medians rather than two numbers to eyeball.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -26,6 +26,11 @@ MAX_REL_HALFWIDTH = 0.05
 MAX_SPREAD = 1.5
 #: Fewest samples whose interval means anything: with one or two, it is zero-width or a guess.
 MIN_SAMPLES = 5
+#: Largest max/min of one ratio measured again in fresh processes. Each process can land in
+#: another phase (where the kernel put its pages, what the VM's neighbours did), and then
+#: every process's own interval is tight while the processes disagree. A median of them is
+#: then one phase's number, and a rerun may give another.
+MAX_REPEAT_SPREAD = 1.10
 
 
 class Stats(Schema):
@@ -97,6 +102,28 @@ def assess_ratio(
         )
     problems += [side.warning for side in sides if not side.trustworthy]
     return Trust(trustworthy=not problems, warning="; ".join(problems))
+
+
+def assess_repeats(
+    values: Sequence[float], max_spread: float = MAX_REPEAT_SPREAD, what: str = "repeats"
+) -> Trust:
+    """Flag one quantity measured several times over (a ratio in fresh processes, say)
+    whose largest and smallest values differ by more than ``max_spread`` (max/min);
+    ``what`` names the repeats in the warning.
+
+    Each repeat's own interval says nothing about this: the spread between processes
+    is the uncertainty a single process cannot see."""
+    if len(values) < 2:
+        return Trust(trustworthy=True)
+    low, high = min(values), max(values)
+    spread = high / low if low > 0 else float("inf")
+    if spread <= max_spread:
+        return Trust(trustworthy=True)
+    return Trust(
+        trustworthy=False,
+        warning=f"{len(values)} {what} read {low:.2f}-{high:.2f} "
+        f"(max/min {spread:.2f}, bound {max_spread:.2f})",
+    )
 
 
 def _clean(samples: np.ndarray | list[float], name: str = "samples") -> np.ndarray:
