@@ -169,13 +169,15 @@ class _Builder:
         fused_roots: Collection[int] | None = None,
     ) -> None:
         from stagegraph.mlir.bindings import dialect, ir, structured, transform
+        from stagegraph.stages.common.transform_build import any_op, apply_patterns
 
         self.params = params
         self.fused_roots = fused_roots
         self.propagate_failures = propagate_failures
         self.ir, self.structured, self.transform = ir, structured, transform
         self.tv = dialect("transform.vector")
-        self.any = transform.AnyOpType.get()
+        self.any = any_op()
+        self.apply_patterns = apply_patterns
         self.i64 = ir.IntegerType.get_signless(64)
 
     def match(self, root: Any, attr: str, index: int) -> Any:
@@ -193,15 +195,10 @@ class _Builder:
     def lower_vectors(self, target: Any, inner_reduction: bool = True) -> None:
         """Lower the vector ops under ``target`` to 1-D transfers and arithmetic."""
         tv, transform = self.tv, self.transform
-        ir = self.ir
 
         def patterns(*makers: Any, canonicalize: bool = True) -> None:
-            op = transform.ApplyPatternsOp(target)
-            with ir.InsertionPoint(op.patterns):
-                for make in makers:
-                    make()
-                if canonicalize:
-                    transform.ApplyCanonicalizationPatternsOp()
+            canonicalization = [transform.ApplyCanonicalizationPatternsOp] if canonicalize else []
+            self.apply_patterns(target, *makers, *canonicalization)
 
         strategy = (
             tv.VectorMultiReductionLowering.InnerReduction
@@ -234,11 +231,12 @@ class _Builder:
     def drop_unit_dims(self, target: Any) -> None:
         """Drop the unit dims of the vector ops under ``target`` (shape casts instead), so a
         one-channel convolution's ``vector<Wx1>`` values become ``vector<W>``."""
-        op = self.transform.ApplyPatternsOp(target)
-        with self.ir.InsertionPoint(op.patterns):
-            self.tv.ApplyDropUnitDimWithShapeCastPatternsOp()
-            self.tv.ApplyDropInnerMostUnitDimsFromXferOpsPatternsOp()
-            self.transform.ApplyCanonicalizationPatternsOp()
+        self.apply_patterns(
+            target,
+            self.tv.ApplyDropUnitDimWithShapeCastPatternsOp,
+            self.tv.ApplyDropInnerMostUnitDimsFromXferOpsPatternsOp,
+            self.transform.ApplyCanonicalizationPatternsOp,
+        )
 
     # -- per class ---------------------------------------------------------------------
 
@@ -302,10 +300,11 @@ class _Builder:
             # A matvec tile reads its vector operand along a unit dim: fold the unit dims
             # so the read is contiguous (else it is unrolled into one load per element).
             fuse = False
-            folding = transform.ApplyPatternsOp(forall)
-            with self.ir.InsertionPoint(folding.patterns):
-                structured.ApplyFoldUnitExtentDimsViaSlicesPatternsOp()
-                transform.ApplyCanonicalizationPatternsOp()
+            self.apply_patterns(
+                forall,
+                structured.ApplyFoldUnitExtentDimsViaSlicesPatternsOp,
+                transform.ApplyCanonicalizationPatternsOp,
+            )
             computes = [structured.MatchOp(self.any, forall, ops=["linalg.generic"]).result]
             extents = [t or r for t, r in zip(tile, op.loop_ranges, strict=True)]
             kept = [extent != 1 for extent in extents]
