@@ -311,6 +311,7 @@ def decompose_aggregated_ops(module: Any) -> int:
         return 0
     from stagegraph.mlir.bindings import ir, structured, transform
     from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
+    from stagegraph.stages.common.transform_build import any_op
 
     with module.context, ir.Location.unknown():
         schedule, sequence = new_schedule()
@@ -318,7 +319,7 @@ def decompose_aggregated_ops(module: Any) -> int:
             ops = structured.MatchOp.match_op_names(sequence.bodyTarget, list(AGGREGATED_OPS))
             each = transform.ForeachOp([], [ops.result])
             with ir.InsertionPoint(each.body):
-                structured.DecomposeInterfaceOp(transform.AnyOpType.get(), each.body.arguments[0])
+                structured.DecomposeInterfaceOp(any_op(), each.body.arguments[0])
                 transform.YieldOp([])
             transform.YieldOp([])
         apply_schedule_module(module, schedule)

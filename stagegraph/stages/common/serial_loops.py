@@ -133,6 +133,7 @@ def serialize_small_parallel_loops(module: Any, min_work: int) -> int:
     from stagegraph.mlir.bindings import ir, loop, structured, transform
     from stagegraph.mlir.walk import collect, strip_attributes
     from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
+    from stagegraph.stages.common.transform_build import any_op
 
     count = mark_small_parallel_loops(module, min_work)
     if count:
@@ -144,18 +145,18 @@ def serialize_small_parallel_loops(module: Any, min_work: int) -> int:
         with module.context, ir.Location.unknown(module.context):
             schedule, sequence = new_schedule()
             with ir.InsertionPoint(sequence.body):
-                any_op = transform.AnyOpType.get()
+                handle = any_op()
                 i64 = ir.IntegerType.get_signless(64)
                 for rank in sorted(ranks):  # one handle per loop made: one match per rank
                     loops = structured.MatchOp(
-                        any_op,
+                        handle,
                         sequence.bodyTarget,
                         ops=["scf.forall"],
                         op_attrs={SERIAL_ATTR: ir.IntegerAttr.get(i64, rank)},
                     ).result
                     each = transform.ForeachOp([], [loops])
                     with ir.InsertionPoint(each.body):
-                        loop.ForallToForOp([any_op] * rank, each.body.arguments[0])
+                        loop.ForallToForOp([handle] * rank, each.body.arguments[0])
                         transform.YieldOp([])
                 transform.YieldOp([])
             apply_schedule_module(module, schedule)

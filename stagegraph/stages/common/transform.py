@@ -46,11 +46,12 @@ def add_sequence(module: Any, name: str) -> Any:
     (:func:`apply_schedule_module` with ``entry=name``). End its body with ``YieldOp``."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.bindings import transform as t
+    from stagegraph.stages.common.transform_build import any_op
 
     with ir.InsertionPoint(module.body):
         return t.NamedSequenceOp(
             name,
-            [t.AnyOpType.get()],
+            [any_op()],
             [],
             arg_attrs=[{"transform.readonly": ir.UnitAttr.get()}],
         )

@@ -132,14 +132,7 @@ def widen_inputs(payload: ir.Module) -> int:
     fused into the packing of A and B (no widened copy of a whole matrix is stored); the
     FMA micro-kernel then runs at the f32 rate instead of a mixed-type contraction that
     lowers to shuffles and scalar reductions. Returns the number of inputs widened."""
-    mixed = []
-
-    def visit(op):
-        if op.name == "linalg.matmul" and SOURCE_ATTR in op.attributes:
-            mixed.append(op)
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit)
+    mixed = collect(payload, lambda op: op.name == "linalg.matmul" and SOURCE_ATTR in op.attributes)
     i64 = ir.IntegerType.get_signless(64, payload.context)
     widened = 0
     for op in mixed:
@@ -235,15 +228,12 @@ def _entry_linalg_ops(payload: ir.Module, entry: str) -> list[ir.Operation]:
         and ir.StringAttr(op.attributes["sym_name"]).value == entry
         and "stagegraph.wrapper" not in op.attributes
     )
-    found: list[ir.Operation] = []
-
-    def visit(op):
-        if op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index"):
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    fn.walk(visit, ir.WalkOrder.PRE_ORDER)
-    return found
+    return collect(
+        fn,
+        lambda op: (
+            op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index")
+        ),
+    )
 
 
 def _canonicalize_one(root: ir.Value, f: OpFacts, has_fill: bool) -> None:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from stagegraph.mlir.bindings import dialect, ir, loop, structured, transform
-from stagegraph.mlir.walk import defining_op, strip_attributes
+from stagegraph.mlir.walk import collect, defining_op, strip_attributes
 from stagegraph.stages.common.transform import add_sequence, apply_schedule_module, new_schedule
 from stagegraph.stages.common.transform_build import (
     any_op,
@@ -723,14 +723,12 @@ def schedule_matmuls(
     """
     from stagegraph.stages.common.scope import outline
 
-    by_label: dict[int, ir.Operation] = {}
-
-    def visit(op):
-        if op.name == "linalg.matmul" and SITE_ATTR in op.attributes:
-            by_label[ir.IntegerAttr(op.attributes[SITE_ATTR]).value] = op
-        return ir.WalkResult.ADVANCE
-
-    payload.operation.walk(visit)
+    by_label = {
+        ir.IntegerAttr(op.attributes[SITE_ATTR]).value: op
+        for op in collect(
+            payload, lambda op: op.name == "linalg.matmul" and SITE_ATTR in op.attributes
+        )
+    }
     i64 = ir.IntegerType.get_signless(64, payload.context)
     in_place: list[tuple[ir.Operation, MatmulSite, MatmulParams]] = []
     for (label, site), p in zip(sites, params, strict=True):
