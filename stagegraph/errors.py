@@ -320,3 +320,8 @@ class ClusterUnreachableError(StagegraphError, ConnectionError):
 
 class TuneDBError(StagegraphError, RuntimeError):
     """The tuning database cannot be opened, read or written."""
+
+
+class ArtifactError(StagegraphError, ValueError):
+    """An artifact folder cannot be used: a missing or unreadable file, a manifest of another
+    schema version or kind, or inputs that do not match what the manifest declares."""

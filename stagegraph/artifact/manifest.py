@@ -1,0 +1,334 @@
+"""The artifact manifest (``manifest.json``): a versioned schema with one ``kind`` per device.
+
+An artifact folder holds compiled code and the manifest that says how to call it. The
+manifest is what a runner reads instead of the IR: ``stagegraph exec`` (CPU) and the GPU
+runtime load the code, check the inputs and allocate the outputs from it alone.
+
+Every manifest carries ``schema_version`` (:data:`SCHEMA_VERSION`) and ``kind``:
+
+``cpu``
+    a shared library and an object file exporting one entry (``entry.symbol``: plain
+    pointers; ``entry.ciface_symbol``: memref descriptors), a C header, the arguments and
+    results in calling order, the target's ISA features, the thread count and the run-time
+    libraries the code needs (bundled next to it or from the system).
+``cuda``
+    a set of kernels (a PTX file each, its entry and launch configuration) and a host-side
+    ``plan``: the allocations, copies and launches that run them, in order, with device
+    buffers named and kernel arguments given as buffer references or scalars.
+
+The JSON is plain dicts and lists, readable without pydantic (:func:`load_manifest_dict`);
+these models validate it and write it. Values (``Value``) are row-major dense arrays:
+``strides`` are in elements, ``shape`` ``None`` marks a scalar passed by value.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, Field, TypeAdapter, ValidationError, model_validator
+
+from stagegraph.artifact.manifest_json import (
+    KINDS,
+    MANIFEST_NAME,
+    SCHEMA_VERSION,
+    load_manifest_dict,
+    manifest_path,
+)
+from stagegraph.core.ports import Schema
+from stagegraph.errors import ArtifactError
+
+__all__ = [
+    "KINDS",
+    "MANIFEST_NAME",
+    "SCHEMA_VERSION",
+    "CpuManifest",
+    "CudaManifest",
+    "Manifest",
+    "load_manifest",
+    "load_manifest_dict",
+    "row_major_strides",
+    "write_manifest",
+]
+
+
+C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _plain_file_name(name: str) -> str:
+    """A file inside the artifact folder: no directories, so the folder can move."""
+    if not name or "/" in name or "\\" in name or name in (".", ".."):
+        raise ValueError(f"{name!r} must be a file name inside the artifact folder")
+    return name
+
+
+def _c_identifier(name: str) -> str:
+    if not C_IDENTIFIER.fullmatch(name):
+        raise ValueError(f"{name!r} is not a C identifier")
+    return name
+
+
+FileName = Annotated[str, AfterValidator(_plain_file_name)]
+CIdentifier = Annotated[str, AfterValidator(_c_identifier)]
+
+
+def row_major_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a dense row-major (C-order) array of ``shape``."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
+
+
+class Value(Schema):
+    """One argument or result on the host side: a dense array or a by-value scalar."""
+
+    name: str
+    #: Position in the C call (inputs and caller-allocated outputs share one list).
+    position: int = Field(ge=0)
+    #: MLIR element type name (``f32``, ``bf16`` as uint16 bit patterns, ``i64``, ...).
+    dtype: str
+    #: ``None``: a scalar passed by value; ``[]``: a rank-0 array.
+    shape: tuple[int, ...] | None
+    strides: tuple[int, ...] | None = None
+    layout: Literal["row-major"] = "row-major"
+
+    @model_validator(mode="after")
+    def _dense(self) -> Value:
+        if self.shape is not None and self.strides != row_major_strides(self.shape):
+            raise ValueError(
+                f"{self.name}: strides {self.strides} are not the row-major strides "
+                f"{row_major_strides(self.shape)} of shape {self.shape}"
+            )
+        return self
+
+
+class Producer(Schema):
+    """What built the artifact (for reproducing it, not for running it)."""
+
+    stagegraph: str
+    mlir: str
+    graph: str
+    workload: str
+    params: dict[str, Any] | None = None
+
+
+class _Common(Schema):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    #: The artifact's name (a C identifier: the default entry symbol and file stem).
+    name: CIdentifier
+    producer: Producer
+    arguments: tuple[Value, ...]
+    results: tuple[Value, ...]
+
+    def _check_positions(self) -> None:
+        positions = sorted(v.position for v in (*self.arguments, *self.results))
+        if positions != list(range(len(positions))):
+            raise ValueError(
+                f"argument/result positions {positions} are not 0..{len(positions) - 1}"
+            )
+        names = [v.name for v in (*self.arguments, *self.results)]
+        if len(set(names)) != len(names):
+            raise ValueError(f"argument/result names {names} repeat")
+
+
+# --------------------------------------------------------------------------- cpu
+
+
+class CpuTarget(Schema):
+    """The CPU the code was built for; a host lacking any of ``isa`` must not run it."""
+
+    name: str
+    arch: Literal["x86_64"] = "x86_64"
+    isa: tuple[str, ...]
+
+
+class CpuEntry(Schema):
+    """The exported functions (the only global symbols of the library and the object)."""
+
+    #: ``void symbol(const T *in..., T *out...)``; ``None`` when a shape is dynamic.
+    symbol: CIdentifier | None
+    #: ``void ciface_symbol(memref descriptor *...)`` in the same argument order.
+    ciface_symbol: CIdentifier
+
+
+class RuntimeLibrary(Schema):
+    """A shared library the code calls at run time.
+
+    ``file`` set: bundled in the artifact folder (found through the library's
+    ``rpath``); ``None``: a system library (``libm``, glibc's ``libmvec``).
+    """
+
+    name: str
+    purpose: Literal["openmp", "libm", "libmvec"]
+    file: FileName | None = None
+
+
+class CpuManifest(_Common):
+    kind: Literal["cpu"] = "cpu"
+    library: FileName
+    object: FileName | None = None
+    header: FileName | None = None
+    entry: CpuEntry
+    target: CpuTarget
+    threads: int = Field(ge=1)
+    runtime: tuple[RuntimeLibrary, ...] = ()
+    #: The library's run path: bundled runtime libraries sit next to it.
+    rpath: Literal["$ORIGIN"] = "$ORIGIN"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> CpuManifest:
+        self._check_positions()
+        return self
+
+
+# --------------------------------------------------------------------------- cuda
+
+
+class CudaTarget(Schema):
+    """The GPU architecture the PTX was assembled for (``sm_90``: ``sm=90``)."""
+
+    name: str = Field(pattern=r"^sm_\d+a?$")
+    sm: int = Field(ge=10)
+
+
+class LaunchConfig(Schema):
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem_bytes: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _positive(self) -> LaunchConfig:
+        if min(*self.grid, *self.block) < 1:
+            raise ValueError(f"grid {self.grid} and block {self.block} must be positive")
+        return self
+
+
+class Kernel(Schema):
+    """One kernel: the PTX file holding it, its entry name and how it is launched."""
+
+    name: str
+    ptx: FileName
+    entry: str
+    launch: LaunchConfig
+
+
+class BufferArg(Schema):
+    buffer: str
+
+
+class ScalarArg(Schema):
+    scalar: int | float
+    dtype: str
+
+
+class Alloc(Schema):
+    op: Literal["alloc"] = "alloc"
+    buffer: str
+    bytes: int = Field(ge=0)
+
+
+class CopyH2D(Schema):
+    """Copy the host argument ``src`` (an argument's name) into device buffer ``dst``."""
+
+    op: Literal["copy_h2d"] = "copy_h2d"
+    src: str
+    dst: str
+
+
+class Launch(Schema):
+    op: Literal["launch"] = "launch"
+    kernel: str
+    args: tuple[BufferArg | ScalarArg, ...]
+
+
+class CopyD2H(Schema):
+    """Copy device buffer ``src`` into the host result ``dst`` (a result's name)."""
+
+    op: Literal["copy_d2h"] = "copy_d2h"
+    src: str
+    dst: str
+
+
+class Free(Schema):
+    op: Literal["free"] = "free"
+    buffer: str
+
+
+Step = Annotated[Alloc | CopyH2D | Launch | CopyD2H | Free, Field(discriminator="op")]
+
+
+class CudaManifest(_Common):
+    kind: Literal["cuda"] = "cuda"
+    target: CudaTarget
+    kernels: tuple[Kernel, ...]
+    plan: tuple[Step, ...]
+
+    @model_validator(mode="after")
+    def _plan_refers_to_known_names(self) -> CudaManifest:
+        """Every step names a live buffer, a kernel, an argument or a result that exists."""
+        self._check_positions()
+        kernels = {k.name for k in self.kernels}
+        inputs, outputs = {v.name for v in self.arguments}, {v.name for v in self.results}
+        live: set[str] = set()
+
+        def need(buffer: str, step: int) -> None:
+            if buffer not in live:
+                raise ValueError(f"plan step {step} uses buffer {buffer!r} before alloc")
+
+        for i, step in enumerate(self.plan):
+            if isinstance(step, Alloc):
+                live.add(step.buffer)
+            elif isinstance(step, CopyH2D):
+                need(step.dst, i)
+                if step.src not in inputs:
+                    raise ValueError(f"plan step {i} copies unknown argument {step.src!r}")
+            elif isinstance(step, CopyD2H):
+                need(step.src, i)
+                if step.dst not in outputs:
+                    raise ValueError(f"plan step {i} copies into unknown result {step.dst!r}")
+            elif isinstance(step, Launch):
+                if step.kernel not in kernels:
+                    raise ValueError(f"plan step {i} launches unknown kernel {step.kernel!r}")
+                for arg in step.args:
+                    if isinstance(arg, BufferArg):
+                        need(arg.buffer, i)
+            else:
+                need(step.buffer, i)
+                live.discard(step.buffer)
+        return self
+
+
+Manifest = Annotated[CpuManifest | CudaManifest, Field(discriminator="kind")]
+_MANIFEST: TypeAdapter[CpuManifest | CudaManifest] = TypeAdapter(Manifest)
+
+
+def load_manifest(location: str | Path, kind: str | None = None) -> CpuManifest | CudaManifest:
+    """The validated manifest of an artifact folder (or manifest file).
+
+    Raises:
+        ArtifactError: what :func:`load_manifest_dict` refuses, or a manifest whose keys do
+            not match its kind's schema (the first few problems are named).
+    """
+    data = load_manifest_dict(location, kind)
+    try:
+        return _MANIFEST.validate_python(data)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(map(str, _where(e['loc'])))}: {e['msg']}" for e in error.errors()[:5]
+        )
+        raise ArtifactError(f"{manifest_path(location)}: invalid manifest: {problems}") from None
+
+
+def _where(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """An error's location without the union's tag (``cpu.threads`` is ``threads``)."""
+    return loc[1:] if loc and loc[0] in KINDS else loc
+
+
+def write_manifest(directory: str | Path, manifest: CpuManifest | CudaManifest) -> Path:
+    """Write ``manifest.json`` into ``directory`` (indented, keys in schema order)."""
+    path = Path(directory) / MANIFEST_NAME
+    path.write_text(manifest.model_dump_json(indent=1) + "\n")
+    return path
