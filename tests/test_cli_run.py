@@ -83,7 +83,12 @@ def test_emit_shared_library_runs_with_plain_ctypes(capsys, tmp_path):
     c = np.zeros((4, 3), dtype=np.float32)
     descs = [desc(a), desc(b), desc(c)]
     library = ctypes.CDLL(str(lib))
-    library._mlir_ciface_main(*[ctypes.byref(d) for d in descs])
+    # The entry is exported under the workload's C name only: no `main` to collide with.
+    assert not hasattr(library, "main") and not hasattr(library, "_mlir_ciface_main")
+    library._mlir_ciface_stagegraph_matmul(*[ctypes.byref(d) for d in descs])
+    np.testing.assert_allclose(c, a @ b)
+    c[:] = 0
+    library.stagegraph_matmul(*[ctypes.c_void_p(x.ctypes.data) for x in (a, b, c)])
     np.testing.assert_allclose(c, a @ b)
 
 

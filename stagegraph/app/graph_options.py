@@ -82,22 +82,34 @@ def with_target(graph: Graph, name: str | None) -> Graph:
     return graph
 
 
-def with_emit(graph: Graph, kind: str, path: str | None) -> Graph:
-    """Swap the graph's emit stage for ``jit``, ``object`` or ``shared`` (to ``path``)."""
+def with_emit(graph: Graph, kind: str, path: str | None, workload: str = "") -> Graph:
+    """Swap the graph's emit stage for ``jit``, ``object`` or ``shared`` (to ``path``,
+    exporting the entry as the default symbol of the ``workload`` spec)."""
     if kind == "jit":
         return graph
+    from stagegraph.artifact.cabi import default_symbol
     from stagegraph.stages.common.emit import object_file, shared_library
 
     if not path:
         raise ConfigError(f"--emit {kind} needs -o PATH")
-    emit = [s for s in graph.stages.values() if s.kind == "emit"]
-    if len(emit) != 1:
-        raise ConfigError(f"graph {graph.name!r} has {len(emit)} emit stages; expected one")
+    name = the_emit_stage(graph).name
     target = Path(path)
     if not target.parent.exists() or not target.parent.is_dir():
         raise StagegraphError(f"cannot write {path}: directory {target.parent} does not exist")
     factory = object_file if kind == "object" else shared_library
-    return graph.replace(emit[0].name, factory(emit[0].name, path=str(target)))
+    return graph.replace(name, factory(name, path=str(target), symbol=default_symbol(workload)))
+
+
+def the_emit_stage(graph: Graph) -> Stage:
+    """The graph's one emit stage (found by kind).
+
+    Raises:
+        ConfigError: none, or several.
+    """
+    emit = [s for s in graph.stages.values() if s.kind == "emit"]
+    if len(emit) != 1:
+        raise ConfigError(f"graph {graph.name!r} has {len(emit)} emit stages; expected one")
+    return emit[0]
 
 
 def with_cost_model(

@@ -198,7 +198,7 @@ def resolve_graph(graph: Graph, request: SessionRequest, workload_spec: str) -> 
         params_file=request.params_file,
     )
     graph = with_params(graph, request.params, request.threads)
-    return with_emit(graph, request.emit, request.output)
+    return with_emit(graph, request.emit, request.output, workload_spec)
 
 
 def inspection_hooks(

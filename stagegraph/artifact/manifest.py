@@ -122,6 +122,9 @@ class _Common(Schema):
     producer: Producer
     arguments: tuple[Value, ...]
     results: tuple[Value, ...]
+    #: The longest chain of accumulated terms per output element: how far rounding may
+    #: move a float result (a checker's tolerance grows with its square root).
+    reduction_length: int = Field(1, ge=1)
 
     def _check_positions(self) -> None:
         positions = sorted(v.position for v in (*self.arguments, *self.results))

@@ -165,13 +165,14 @@ def schema() -> None:
 
 
 def _register_extensions() -> None:
-    """Commands that live in their own modules (run, bench, tune, repro)."""
+    """Commands that live in their own modules (run, bench, tune, repro, compile, exec)."""
+    from stagegraph.cli.artifact import compile_command, exec_command
     from stagegraph.cli.bench import bench
     from stagegraph.cli.repro import repro
     from stagegraph.cli.run import run
     from stagegraph.cli.tune import tune
 
-    for command in (run, bench, repro, tune):
+    for command in (run, bench, repro, tune, compile_command, exec_command):
         if command.name not in cli.commands:
             cli.add_command(command)
 

@@ -91,10 +91,19 @@ def emit_shared_library(
         obj = emit_object(module, Path(tmp) / "module.o", opt_level=opt_level,
                           shared_libs=shared_libs)  # fmt: skip
         link_shared([obj, *shared_libs], path)
-    signature_path(path).write_text(
-        json.dumps({name: sig.model_dump(mode="json") for name, sig in sigs.items()}, indent=1)
-    )
+    write_signatures(path, sigs)
     return SharedLibraryBinary(path, sigs)
+
+
+def write_signatures(library: str | Path, signatures: Mapping[str, Signature]) -> Path:
+    """Save ``signatures`` beside ``library`` for :meth:`SharedLibraryBinary.load`."""
+    path = signature_path(library)
+    path.write_text(
+        json.dumps(
+            {name: sig.model_dump(mode="json") for name, sig in signatures.items()}, indent=1
+        )
+    )
+    return path
 
 
 def signature_path(library: str | Path) -> Path:
@@ -109,12 +118,19 @@ class SharedLibraryBinary(CallableBinary):
     ``key`` is the SHA-256 of the library file.
     """
 
-    def __init__(self, path: str | Path, signatures: Mapping[str, Signature] | None = None):
+    def __init__(
+        self,
+        path: str | Path,
+        signatures: Mapping[str, Signature] | None = None,
+        symbols: Mapping[str, str] | None = None,
+    ):
         self.path = Path(path)
         super().__init__(hashlib.sha256(self.path.read_bytes()).hexdigest())
         keep_heap_pages()
         self.library = ctypes.CDLL(str(self.path.resolve()))
         self.signatures = dict(signatures or {})
+        #: entry -> the exported C-interface symbol, where the library renamed it.
+        self.symbols = dict(symbols or {})
 
     @classmethod
     def load(cls, path: str | Path) -> SharedLibraryBinary:
@@ -127,12 +143,13 @@ class SharedLibraryBinary(CallableBinary):
         return cls(path, sigs)
 
     def function(self, entry: str) -> Any:
-        """The ``_mlir_ciface_<entry>`` symbol of the library."""
+        """The ``_mlir_ciface_<entry>`` symbol of the library (or the one it was renamed)."""
+        name = self.symbols.get(entry, CIFACE_PREFIX + entry)
         try:
-            return getattr(self.library, CIFACE_PREFIX + entry)
+            return getattr(self.library, name)
         except AttributeError:
             raise SignatureError(
-                f"{self.path} exports no {CIFACE_PREFIX}{entry}; set llvm.emit_c_interface "
+                f"{self.path} exports no {name}; set llvm.emit_c_interface "
                 "(record_signature) on the entry before lowering"
             ) from None
 
