@@ -40,6 +40,7 @@ _EXPORTS = {
     "parse_workload": "stagegraph.workload.registry",
     "run": "stagegraph.api",
     "bench": "stagegraph.api",
+    "build_artifact": "stagegraph.api",
     "register_graph": "stagegraph.core.catalog",
     "register_workload": "stagegraph.workload.registry",
     "register_cost_model": "stagegraph.stages.common.costmodel",
@@ -70,6 +71,7 @@ __all__ = [
     "Workload",
     "WorkloadRef",
     "bench",
+    "build_artifact",
     "declare_space",
     "load_graph",
     "load_plugin",
@@ -83,7 +85,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from stagegraph.api import bench, run, tune
+    from stagegraph.api import bench, build_artifact, run, tune
     from stagegraph.core.catalog import load_graph, register_graph
     from stagegraph.core.engine import Engine
     from stagegraph.core.graph import Graph, GraphInput

@@ -283,3 +283,34 @@ def tune(
 
 
 __all__ = ["bench", "run", "tune"]
+
+
+def build_artifact(
+    graph: str | Graph,
+    workload: str,
+    directory: str,
+    *,
+    entry_symbol: str | None = None,
+    param: Assignments = None,
+    threads: int | None = None,
+    target: str | None = None,
+    cost_model: str | None = None,
+    db: str | None = None,
+    params_file: str | None = None,
+) -> Any:
+    """``stagegraph compile GRAPH WORKLOAD -o DIRECTORY``: write an artifact folder (shared
+    library, object file, C header, ``manifest.json``) that C programs link and
+    ``stagegraph exec`` runs. Returns the :class:`~stagegraph.app.artifact.ArtifactReport`.
+
+    Raises:
+        StagegraphError: as the CLI reports it (unknown names, a bad entry symbol, a
+            missing C compiler or binutils).
+    """
+    from stagegraph.app.artifact import build_artifact as build
+
+    request = _request(
+        graph, workload, param=param, threads=threads, target=target, cost_model=cost_model,
+        db=db, params_file=params_file,
+    )  # fmt: skip
+    return build(request, directory, entry_symbol=entry_symbol,
+                 graph=graph if isinstance(graph, Graph) else None)  # fmt: skip

@@ -125,7 +125,8 @@ def cpu_manifest(exported: Any, session: Any, params: Any) -> Any:
     from stagegraph.stages.target import effective_threads
 
     parallel = any(r.purpose == "openmp" for r in exported.runtime)
-    threads = getattr(params, "threads", None) or effective_threads(session.request.threads)
+    chosen = getattr(params, "payload_threads", None)  # the x86 params: the widest loop's
+    threads = chosen() if callable(chosen) else effective_threads(session.request.threads)
     files = exported.files
     return CpuManifest(
         name=exported.symbol or exported.ciface,
