@@ -49,7 +49,7 @@ def read_array(path: str | Path) -> np.ndarray:
     """
     try:
         array = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError) as error:
         raise ArtifactError(f"{path}: cannot read a .npy array ({error})") from None
     if not isinstance(array, np.ndarray):
         raise ArtifactError(f"{path}: holds several arrays; pass one .npy file per --input")
@@ -67,7 +67,7 @@ def read_reference(path: str | Path) -> dict[str, np.ndarray]:
             if not hasattr(data, "files"):
                 raise ArtifactError(f"{path}: a reference is an .npz file (out0, out1, ...)")
             return {name: data[name] for name in data.files}
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, EOFError) as error:
         raise ArtifactError(f"{path}: cannot read a reference .npz ({error})") from None
 
 
