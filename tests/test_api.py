@@ -16,7 +16,7 @@ PUBLIC = [
     "Config", "Engine", "Facts", "Graph", "GraphInput", "Module", "Params", "StagegraphError",
     "Workload", "bench", "load_graph", "load_plugin", "parse_workload", "register_cost_model",
     "register_graph", "register_workload", "run", "stage", "tune", "Binary", "WorkloadRef",
-    "declare_space", "Range", "Choice", "TuningSite",
+    "declare_space", "Range", "Choice", "TuningSite", "build_artifact",
 ]  # fmt: skip
 
 

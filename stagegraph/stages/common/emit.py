@@ -19,6 +19,7 @@ from stagegraph.stages.common.lowering import (
     raise_not_lowered,
     survey_llvm_level,
 )
+from stagegraph.stages.common.runtime_libs import runtime_libraries
 
 
 class JitConfig(Config):
@@ -149,24 +150,6 @@ def check_runnable(module: Any) -> None:
             f"{', '.join(missing)}; emit it instead (--emit object|shared -o PATH) or pick "
             "a target this host runs (--target host)"
         )
-
-
-def runtime_libraries(module: Any, omp: bool | None = None) -> list[str]:
-    """Shared libraries the module needs at run time: an OpenMP runtime for ``omp`` ops
-    (translated to ``__kmpc_*`` calls only when the engine is created) and glibc's libmvec
-    for the vector math functions the lowering called. ``omp``: whether the module holds
-    ``omp`` ops, when the caller walked it already (else it is walked here)."""
-    from stagegraph.mlir.walk import contains
-    from stagegraph.stages.x86.vector_math import declared_vector_functions, libmvec_path
-
-    libraries = [libmvec_path()] if declared_vector_functions(module) else []
-    if omp is None:
-        omp = contains(module, lambda op: op.name.startswith("omp."))
-    if not omp:
-        return libraries
-    from stagegraph.runtime.openmp import library_path
-
-    return [library_path(), *libraries]
 
 
 def check_external_symbols(module: Any, libraries: list[str]) -> None:

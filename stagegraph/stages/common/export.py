@@ -103,7 +103,7 @@ def module_target(module: Any) -> CpuTarget:
 
 def runtime_needs(module: Any, omp: bool) -> tuple[list[str], tuple[RuntimeLibrary, ...]]:
     """Paths of the libraries the code calls, and how a manifest names them."""
-    from stagegraph.stages.common.emit import runtime_libraries
+    from stagegraph.stages.common.runtime_libs import runtime_libraries
 
     paths = runtime_libraries(module, omp)
     described = [RuntimeLibrary(name="libm.so.6", purpose="libm")]
