@@ -14,6 +14,7 @@ import pytest
 
 from stagegraph.artifact.cabi import default_symbol
 from stagegraph.cli.main import main
+from stagegraph.workload import parse_workload
 from tests.artifact_cases import CASES, build_once
 
 pytestmark = pytest.mark.skipif(
@@ -196,3 +197,24 @@ def test_emit_object_exports_no_main(capsys, tmp_path):
                         text=True, check=True).stdout  # fmt: skip
     names = sorted(line.split()[-1] for line in nm.splitlines())
     assert names == ["_mlir_ciface_stagegraph_matmul", "stagegraph_matmul"]
+
+
+def test_named_target_is_recorded_and_runs_here(capsys, tmp_path):
+    folder = tmp_path / "v3"
+    assert main(["compile", "x86", "matmul:m=16,n=8,k=4", "-o", str(folder),
+                 "--target", "x86-64-v3"]) == 0  # fmt: skip
+    capsys.readouterr()
+    target = json.loads((folder / "manifest.json").read_text())["target"]
+    assert target["name"] == "x86-64-v3" and target["arch"] == "x86_64"
+    assert {"avx2", "fma"} <= set(target["isa"]) and "avx512f" not in target["isa"]
+    workload = parse_workload("matmul:m=16,n=8,k=4")
+    np.savez(tmp_path / "ref.npz", in0=workload.inputs()[0], in1=workload.inputs()[1],
+             out0=workload.reference()[0])  # fmt: skip
+    code, report = exec_json(capsys, folder, "--check", tmp_path / "ref.npz")
+    assert code == 0 and report["verified"] is True
+
+
+def test_missing_binutils_exit_2(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("OBJCOPY", "no-such-objcopy")
+    err = error_of(capsys, "compile", "naive", "matmul:m=4,n=3,k=2", "-o", tmp_path / "a")
+    assert "building an artifact needs 'no-such-objcopy' on PATH" in err
