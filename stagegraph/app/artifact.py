@@ -28,7 +28,7 @@ class ArtifactReport(Schema):
 
     directory: str
     files: list[str]
-    entry_symbol: str | None
+    entry_symbol: str
     ciface_symbol: str
     graph: str
     workload: str
@@ -129,7 +129,7 @@ def cpu_manifest(exported: Any, session: Any, params: Any) -> Any:
     threads = chosen() if callable(chosen) else effective_threads(session.request.threads)
     files = exported.files
     return CpuManifest(
-        name=exported.symbol or exported.ciface,
+        name=exported.symbol,
         producer=Producer(
             stagegraph=_version("stagegraph"),
             mlir=f"torch-mlir {_version('torch-mlir')}",

@@ -12,6 +12,7 @@ See ``docs/guides/c-abi.md`` for the convention as a user reads it.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -87,11 +88,6 @@ def manifest_values(signature: Signature) -> tuple[tuple[Value, ...], tuple[Valu
     return tuple(inputs), tuple(outputs)
 
 
-def is_static(values: Sequence[Value]) -> bool:
-    """Whether every array has a static shape (then the plain-pointer form exists)."""
-    return all(v.shape is None or None not in v.shape for v in values)
-
-
 def _descriptor(rank: int) -> str:
     return f"stagegraph_memref_{rank}d"
 
@@ -106,12 +102,11 @@ def _descriptor_typedef(rank: int) -> str:
     )
 
 
-def _plain_param(value: Value) -> str:
+def _plain_param(value: Value, output: bool) -> str:
     ctype = C_TYPES[value.dtype]
     if value.shape is None:
         return f"{ctype} {value.name}"
-    const = "" if value.name.startswith("out") else "const "
-    return f"{const}{ctype} *{value.name}"
+    return f"{'' if output else 'const '}{ctype} *{value.name}"
 
 
 def _ciface_param(value: Value) -> str:
@@ -120,79 +115,69 @@ def _ciface_param(value: Value) -> str:
     return f"{_descriptor(len(value.shape))} *{value.name}"
 
 
-def _describe(value: Value) -> str:
+def _describe(value: Value, output: bool) -> str:
     if value.shape is None:
         return f"{value.name}: {value.dtype} scalar, by value"
-    dims = "".join(f"[{d if d is not None else '?'}]" for d in value.shape) or " scalar array"
-    role = "output, caller-allocated" if value.name.startswith("out") else "input"
+    dims = "".join(f"[{d}]" for d in value.shape) or " rank-0 array"
+    role = "output, caller-allocated" if output else "input"
     return f"{value.name}: {value.dtype}{dims} row-major ({role})"
 
 
-def _in_order(values: Sequence[Value]) -> list[Value]:
-    return sorted(values, key=lambda v: v.position)
+def _in_order(arguments: Sequence[Value], results: Sequence[Value]) -> list[tuple[Value, bool]]:
+    """Every value in calling order, with whether it is a (caller-allocated) output."""
+    tagged = [(v, False) for v in arguments] + [(v, True) for v in results]
+    return sorted(tagged, key=lambda pair: pair[0].position)
+
+
+def _plain_params(ordered: list[tuple[Value, bool]]) -> str:
+    return ", ".join(_plain_param(v, out) for v, out in ordered) or "void"
 
 
 def header_source(
-    symbol: str | None, ciface: str, values: Sequence[Value], preamble: Sequence[str] = ()
+    symbol: str,
+    ciface: str,
+    arguments: Sequence[Value],
+    results: Sequence[Value],
+    preamble: Sequence[str] = (),
 ) -> str:
-    """The C header declaring ``symbol`` (plain pointers; None: shapes are dynamic) and the
-    descriptor form ``ciface``; ``preamble``: comment lines (what built it)."""
-    ordered = _in_order(values)
-    stem = symbol or ciface
-    guard = re.sub(r"[^A-Z0-9_]", "_", stem.upper()) + "_H"
-    ranks = sorted({len(v.shape) for v in ordered if v.shape is not None})
+    """The C header declaring ``symbol`` (plain pointers) and the descriptor form
+    ``ciface``, with each array's element count as a macro; ``preamble``: comment lines."""
+    ordered = _in_order(arguments, results)
+    guard = symbol.upper() + "_H"
+    ranks = sorted({len(v.shape) for v, _ in ordered if v.shape is not None})
     lines = ["/* " + line + " */" for line in preamble]
-    lines += [
-        f"#ifndef {guard}",
-        f"#define {guard}",
-        "",
-        "#include <stdbool.h>",
-        "#include <stdint.h>",
-        "",
-        "#ifdef __cplusplus",
-        'extern "C" {',
-        "#endif",
-        "",
-    ]
+    lines += [f"#ifndef {guard}", f"#define {guard}", "", "#include <stdbool.h>",
+              "#include <stdint.h>", "", "#ifdef __cplusplus", 'extern "C" {', "#endif",
+              ""]  # fmt: skip
     lines += [_descriptor_typedef(rank) for rank in ranks]
     lines += ["/* Arguments, in calling order:"]
-    lines += [f" *   {_describe(v)}" for v in ordered] + [" */"]
-    for v in ordered:
-        if v.shape is not None and None not in v.shape:
-            count = 1
-            for d in v.shape:
-                count *= d
-            lines.append(f"#define {guard[:-2]}_{v.name.upper()}_ELEMENTS {count}")
-    if symbol is not None:
-        plain = ", ".join(_plain_param(v) for v in ordered) or "void"
-        lines += ["", "/* Plain pointers to dense row-major arrays. */", f"void {symbol}({plain});"]
-    descs = ", ".join(_ciface_param(v) for v in ordered) or "void"
+    lines += [f" *   {_describe(v, out)}" for v, out in ordered] + [" */"]
     lines += [
-        "",
-        "/* MLIR memref descriptors (sizes and strides in elements). */",
-        f"void {ciface}({descs});",
-        "",
-        "#ifdef __cplusplus",
-        "}",
-        "#endif",
-        "",
-        f"#endif /* {guard} */",
-        "",
+        f"#define {symbol.upper()}_{v.name.upper()}_ELEMENTS {math.prod(v.shape)}"
+        for v, _ in ordered
+        if v.shape is not None
     ]
+    lines += ["", "/* Plain pointers to dense row-major arrays. */",
+              f"void {symbol}({_plain_params(ordered)});"]  # fmt: skip
+    descs = ", ".join(_ciface_param(v) for v, _ in ordered) or "void"
+    lines += ["", "/* MLIR memref descriptors (sizes and strides in elements). */",
+              f"void {ciface}({descs});", "", "#ifdef __cplusplus", "}", "#endif", "",
+              f"#endif /* {guard} */", ""]  # fmt: skip
     return "\n".join(lines)
 
 
-def wrapper_source(header_name: str, symbol: str, ciface: str, values: Sequence[Value]) -> str:
-    """C source of ``symbol``: descriptors of the dense arrays, then a call of ``ciface``.
-
-    Raises:
-        ArtifactError: a dynamic shape (no plain-pointer form exists).
-    """
-    ordered = _in_order(values)
-    if not is_static(ordered):
-        raise ArtifactError(f"{symbol}: dynamic shapes have no plain-pointer form")
+def wrapper_source(
+    header_name: str,
+    symbol: str,
+    ciface: str,
+    arguments: Sequence[Value],
+    results: Sequence[Value],
+) -> str:
+    """C source of ``symbol``: descriptors of the dense row-major arrays, then a call of
+    ``ciface``."""
+    ordered = _in_order(arguments, results)
     body, args = [], []
-    for i, v in enumerate(ordered):
+    for i, (v, _) in enumerate(ordered):
         if v.shape is None:
             args.append(v.name)
             continue
@@ -203,15 +188,6 @@ def wrapper_source(header_name: str, symbol: str, ciface: str, values: Sequence[
             init += f", {{{sizes}}}, {{{strides}}}"
         body.append(f"  {_descriptor(len(v.shape))} d{i} = {{{init}}};")
         args.append(f"&d{i}")
-    plain = ", ".join(_plain_param(v) for v in ordered) or "void"
-    return "\n".join(
-        [
-            f'#include "{header_name}"',
-            "",
-            f"void {symbol}({plain}) {{",
-            *body,
-            f"  {ciface}({', '.join(args)});",
-            "}",
-            "",
-        ]
-    )
+    lines = [f'#include "{header_name}"', "", f"void {symbol}({_plain_params(ordered)}) {{",
+             *body, f"  {ciface}({', '.join(args)});", "}", ""]  # fmt: skip
+    return "\n".join(lines)

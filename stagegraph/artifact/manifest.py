@@ -151,8 +151,8 @@ class CpuTarget(Schema):
 class CpuEntry(Schema):
     """The exported functions (the only global symbols of the library and the object)."""
 
-    #: ``void symbol(const T *in..., T *out...)``; ``None`` when a shape is dynamic.
-    symbol: CIdentifier | None
+    #: ``void symbol(const T *in..., T *out...)``: dense row-major arrays (static shapes).
+    symbol: CIdentifier
     #: ``void ciface_symbol(memref descriptor *...)`` in the same argument order.
     ciface_symbol: CIdentifier
 

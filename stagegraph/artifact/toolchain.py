@@ -43,60 +43,29 @@ def run_tool(cmd: Sequence[str]) -> None:
 
 
 def export_object(
-    raw: Path,
-    out: Path,
-    *,
-    entry: str,
-    ciface: str,
-    wrapper: tuple[str, str] | None,
-    work: Path,
+    raw: Path, out: Path, *, entry: str, symbol: str, ciface: str, wrapper: str, work: Path
 ) -> Path:
     """Write ``out``: ``raw`` with ``entry``'s descriptor form renamed ``ciface``, the
-    plain-pointer ``wrapper`` (its symbol and C source, compiled here) linked in, and every
+    plain-pointer form ``symbol`` (C source ``wrapper``, compiled here) linked in, and every
     symbol but those two made local.
 
     Args:
         raw: the execution engine's object file.
         entry: the MLIR function exported (its ``_mlir_ciface_`` form is renamed).
-        ciface: the exported name of the descriptor form.
-        wrapper: (symbol, C source) of the plain-pointer form, or None (dynamic shapes).
         work: a scratch folder (the wrapper's header must already be in it).
     """
     from stagegraph.runtime.memref import CIFACE_PREFIX
 
     objcopy = tool("objcopy", "OBJCOPY")
-    renamed = work / "renamed.o"
-    run_tool(
-        [
-            objcopy,
-            f"--redefine-sym={CIFACE_PREFIX}{entry}={ciface}",
-            f"--redefine-sym={entry}={ciface}_expanded",
-            str(raw),
-            str(renamed),
-        ]
-    )
-    keep = [ciface]
-    combined = renamed
-    if wrapper is not None:
-        symbol, source = wrapper
-        (work / "wrapper.c").write_text(source)
-        wrapped = work / "wrapper.o"
-        run_tool(
-            [
-                tool("cc", "CC"),
-                "-std=c11",
-                "-O2",
-                "-fPIC",
-                "-c",
-                str(work / "wrapper.c"),
-                "-o",
-                str(wrapped),
-            ]
-        )
-        combined = work / "combined.o"
-        run_tool([tool("ld", "LD"), "-r", str(renamed), str(wrapped), "-o", str(combined)])
-        keep.insert(0, symbol)
-    run_tool([objcopy, *(f"--keep-global-symbol={s}" for s in keep), str(combined), str(out)])
+    renamed, wrapped, combined = work / "renamed.o", work / "wrapper.o", work / "combined.o"
+    run_tool([objcopy, f"--redefine-sym={CIFACE_PREFIX}{entry}={ciface}",
+              f"--redefine-sym={entry}={ciface}_expanded", str(raw), str(renamed)])  # fmt: skip
+    (work / "wrapper.c").write_text(wrapper)
+    run_tool([tool("cc", "CC"), "-std=c11", "-O2", "-fPIC", "-c", str(work / "wrapper.c"),
+              "-o", str(wrapped)])  # fmt: skip
+    run_tool([tool("ld", "LD"), "-r", str(renamed), str(wrapped), "-o", str(combined)])
+    run_tool([objcopy, f"--keep-global-symbol={symbol}", f"--keep-global-symbol={ciface}",
+              str(combined), str(out)])  # fmt: skip
     return out
 
 

@@ -116,7 +116,7 @@ def exported_library(exported: Any, path: Path, *, sidecar: bool = True) -> Bina
     from stagegraph.runtime.shared import SharedLibraryBinary, write_signatures
 
     sig = exported.signature
-    public = exported.symbol or exported.ciface
+    public = exported.symbol
     if sidecar:
         write_signatures(path, {public: sig.model_copy(update={"entry": public})})
     binary = SharedLibraryBinary(

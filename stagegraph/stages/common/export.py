@@ -19,7 +19,6 @@ from typing import Any
 from stagegraph.artifact.cabi import (
     ciface_symbol,
     header_source,
-    is_static,
     manifest_values,
     wrapper_source,
 )
@@ -37,7 +36,7 @@ class Exported:
     """What :func:`export_module` wrote and what a manifest says about it."""
 
     entry: str
-    symbol: str | None
+    symbol: str
     ciface: str
     signature: Signature
     arguments: tuple[Value, ...]
@@ -145,46 +144,25 @@ def export_module(
     with module.context:
         signature = pick_entry(read_signatures(module), entry)
     arguments, results = manifest_values(signature)
-    values = (*arguments, *results)
-    plain = symbol if is_static(values) else None
     ciface = ciface_symbol(symbol)
     paths, runtime = runtime_needs(module, omp)
     header_name = header_path.name if header_path else f"{symbol}.h"
-    header = header_source(plain, ciface, values, preamble)
-    exported = Exported(
-        signature.entry,
-        plain,
-        ciface,
-        signature,
-        arguments,
-        results,
-        module_target(module),
-        runtime,
-    )
+    header = header_source(symbol, ciface, arguments, results, preamble)
+    exported = Exported(signature.entry, symbol, ciface, signature, arguments, results,
+                        module_target(module), runtime)  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="stagegraph-export-") as scratch:
         work = Path(scratch)
         raw = emit_object(module, work / "raw.o", opt_level=opt_level, shared_libs=paths)
         (work / header_name).write_text(header)
-        wrapper = (plain, wrapper_source(header_name, plain, ciface, values)) if plain else None
-        obj = export_object(
-            raw,
-            object_path or work / "export.o",
-            entry=signature.entry,
-            ciface=ciface,
-            wrapper=wrapper,
-            work=work,
-        )
+        wrapper = wrapper_source(header_name, symbol, ciface, arguments, results)
+        obj = export_object(raw, object_path or work / "export.o", entry=signature.entry,
+                            symbol=symbol, ciface=ciface, wrapper=wrapper, work=work)  # fmt: skip
         if object_path:
             exported.files["object"] = object_path
         if library_path:
             linked = [bundle(p, library_path.parent) if "mvec" not in p else p for p in paths]
-            exported.files["library"] = link_library(
-                obj,
-                library_path,
-                exported=[s for s in (plain, ciface) if s],
-                libraries=linked,
-                work=work,
-            )
+            exported.files["library"] = link_library(obj, library_path, exported=[symbol, ciface],
+                                                     libraries=linked, work=work)  # fmt: skip
     if header_path:
         header_path.write_text(header)
         exported.files["header"] = header_path
