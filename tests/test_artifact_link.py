@@ -16,7 +16,7 @@ import pytest
 from stagegraph.artifact.cabi import C_TYPES
 from tests.artifact_cases import CASES, build_once
 
-TOOLS = ("gcc", "g++", "nm", "objcopy", "ld")
+TOOLS = ("gcc", "g++", "nm", "objcopy", "ld", "ldd", "readelf")
 pytestmark = pytest.mark.skipif(
     any(shutil.which(t) is None for t in TOOLS), reason=f"needs {', '.join(TOOLS)}"
 )
@@ -141,6 +141,12 @@ def test_c_program_links_the_library(artifacts, case, tmp_path):
     outputs = run_program(exe, tmp_path, data, workload.inputs())
     verdict = workload.verify(outputs)
     assert verdict.ok, verdict.message
+    # A bundled runtime resolves to the folder's copy, not to the one stagegraph installed.
+    resolved = subprocess.run(["ldd", str(exe)], env={"PATH": "/usr/bin:/bin"},
+                              capture_output=True, text=True, check=True).stdout  # fmt: skip
+    for lib in data["runtime"]:
+        if lib["file"]:
+            assert f"{lib['name']} => {folder / lib['file']}" in resolved, resolved
 
 
 @pytest.mark.parametrize("case", list(CASES))
