@@ -2,8 +2,8 @@
 
 ``jit`` keeps machine code in-process (ExecutionEngine); ``object`` writes an object file;
 ``shared`` links a shared library that ctypes loads and calls like the JIT. Both export the
-entry under a C symbol and nothing else (:mod:`.export`); the ``artifact`` stage
-(:mod:`.emit_artifact`) writes both, a header, and what a manifest needs.
+entry under a C symbol and nothing else (:mod:`.export`); ``artifact`` writes both and a
+header into a folder, and returns what the manifest says of them.
 """
 
 from __future__ import annotations
