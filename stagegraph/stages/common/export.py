@@ -100,19 +100,22 @@ def module_target(module: Any) -> CpuTarget:
     return CpuTarget(name=name, isa=tuple(sorted(isa)))
 
 
-def runtime_needs(module: Any, omp: bool) -> tuple[list[str], tuple[RuntimeLibrary, ...]]:
-    """Paths of the libraries the code calls, and how a manifest names them."""
+def runtime_needs(module: Any, omp: bool) -> list[tuple[str | None, RuntimeLibrary]]:
+    """The libraries the code calls (their paths; None: ``libm``, which the link names
+    itself), each with how a manifest names it: the OpenMP runtime travels with the
+    artifact (``file``); glibc's libraries come from the system."""
     from stagegraph.stages.common.runtime_libs import runtime_libraries
 
-    paths = runtime_libraries(module, omp)
-    described = [RuntimeLibrary(name="libm.so.6", purpose="libm")]
-    for path in paths:
+    needs: list[tuple[str | None, RuntimeLibrary]] = [
+        (None, RuntimeLibrary(name="libm.so.6", purpose="libm"))
+    ]
+    for path in runtime_libraries(module, omp):
         name = Path(path).name
         if "mvec" in name:
-            described.append(RuntimeLibrary(name=name, purpose="libmvec"))
+            needs.append((path, RuntimeLibrary(name=name, purpose="libmvec")))
         else:
-            described.append(RuntimeLibrary(name=name, purpose="openmp", file=name))
-    return paths, tuple(described)
+            needs.append((path, RuntimeLibrary(name=name, purpose="openmp", file=name)))
+    return needs
 
 
 def export_module(
@@ -145,11 +148,12 @@ def export_module(
         signature = pick_entry(read_signatures(module), entry)
     arguments, results = manifest_values(signature)
     ciface = ciface_symbol(symbol)
-    paths, runtime = runtime_needs(module, omp)
+    needs = runtime_needs(module, omp)
+    paths = [path for path, _ in needs if path]
     header_name = header_path.name if header_path else f"{symbol}.h"
     header = header_source(symbol, ciface, arguments, results, preamble)
     exported = Exported(signature.entry, symbol, ciface, signature, arguments, results,
-                        module_target(module), runtime)  # fmt: skip
+                        module_target(module), tuple(lib for _, lib in needs))  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="stagegraph-export-") as scratch:
         work = Path(scratch)
         raw = emit_object(module, work / "raw.o", opt_level=opt_level, shared_libs=paths)
@@ -160,7 +164,8 @@ def export_module(
         if object_path:
             exported.files["object"] = object_path
         if library_path:
-            linked = [bundle(p, library_path.parent) if "mvec" not in p else p for p in paths]
+            linked = [bundle(path, library_path.parent) if lib.file else path
+                      for path, lib in needs if path]  # fmt: skip
             exported.files["library"] = link_library(obj, library_path, exported=[symbol, ciface],
                                                      libraries=linked, work=work)  # fmt: skip
     if header_path:
