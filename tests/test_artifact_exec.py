@@ -16,6 +16,7 @@ from stagegraph.artifact.cabi import default_symbol
 from stagegraph.cli.main import main
 from stagegraph.workload import parse_workload
 from tests.artifact_cases import CASES, build_once
+from tests.conftest import kernelbench_or_skip
 
 pytestmark = pytest.mark.skipif(
     any(shutil.which(t) is None for t in ("cc", "objcopy", "ld")), reason="needs cc, binutils"
@@ -218,3 +219,20 @@ def test_missing_binutils_exit_2(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("OBJCOPY", "no-such-objcopy")
     err = error_of(capsys, "compile", "naive", "matmul:m=4,n=3,k=2", "-o", tmp_path / "a")
     assert "building an artifact needs 'no-such-objcopy' on PATH" in err
+
+
+def test_reference_without_the_results_exits_2(artifacts, capsys, tmp_path):
+    folder, _ = artifacts["two_results"]
+    with np.load(folder / "ref.npz") as data:
+        np.savez(tmp_path / "part.npz", in0=data["in0"], in1=data["in1"], out0=data["out0"])
+    err = error_of(capsys, "exec", folder, "--check", tmp_path / "part.npz")
+    assert "part.npz: the artifact has 2 results and the file lacks out1" in err
+
+
+def test_kernelbench_training_norm_reference(capsys, tmp_path):
+    """A KernelBench reference lists the updated statistics (mut0..) before out0."""
+    payload = kernelbench_or_skip() / "l1_033_BatchNorm.mlir"
+    assert main(["compile", "x86", str(payload), "-o", str(tmp_path / "bn")]) == 0
+    capsys.readouterr()
+    code, report = exec_json(capsys, tmp_path / "bn", "--check", payload.with_suffix(".npz"))
+    assert code == 0 and report["verified"] is True

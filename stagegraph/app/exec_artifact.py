@@ -96,6 +96,24 @@ def gather_inputs(
     return artifact.check_inputs(arrays, sources), sources
 
 
+def expected_results(reference: dict[str, np.ndarray], count: int, ref: str) -> list[np.ndarray]:
+    """The ``count`` expected results: ``out0, out1, ...``, or in a KernelBench reference
+    of a training-mode norm, the updated statistics ``mut0, ...`` and then ``out0, ...``.
+
+    Raises:
+        ArtifactError: neither layout holds ``count`` arrays.
+    """
+    muts = [f"mut{i}" for i in range(count) if f"mut{i}" in reference]
+    for names in (
+        [f"out{i}" for i in range(count)],
+        [*muts, *(f"out{i}" for i in range(count - len(muts)))],
+    ):
+        if all(name in reference for name in names):
+            return [reference[name] for name in names]
+    lacking = ", ".join(f"out{i}" for i in range(count) if f"out{i}" not in reference)
+    raise ArtifactError(f"{ref}: the artifact has {count} results and the file lacks {lacking}")
+
+
 def check_outputs(
     artifact: Any, inputs: Sequence[Any], outputs: list[np.ndarray], reference: dict, ref: str
 ) -> Any:
@@ -108,9 +126,7 @@ def check_outputs(
 
     manifest = artifact.manifest
     results = sorted(manifest.results, key=lambda v: v.position)
-    absent = [v.name for v in results if v.name not in reference]
-    if absent:
-        raise ArtifactError(f"{ref}: has no {', '.join(absent)} (expected results out0, ...)")
+    expected = expected_results(reference, len(results), ref)
     specs = sorted(manifest.arguments, key=lambda v: v.position)
     floor = max(
         (rms(decode(np.asarray(a), v.dtype)) for a, v in zip(inputs, specs, strict=True)
@@ -119,7 +135,7 @@ def check_outputs(
     )  # fmt: skip
     return compare(
         outputs,
-        [reference[v.name] for v in results],
+        expected,
         [TensorSpec(shape=tuple(v.shape or ()), dtype=v.dtype) for v in results],
         reduction_length=manifest.reduction_length,
         magnitudes=[floor] * len(results),
