@@ -98,6 +98,13 @@ if TYPE_CHECKING:
     from stagegraph.workload.registry import register as register_workload
 
 
+# The built-in stage library registers itself (its stage modules, and each target package
+# its cost models and hooks) when a registry first answers: core names no stage package.
+from stagegraph.core.registry import provide  # noqa: E402  (light: errors only)
+
+provide("stagegraph.stages")
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:

@@ -6,11 +6,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pydantic import Field
 
 from stagegraph.core.ports import Binary, Config, LLVMModule
+from stagegraph.core.registry import Registry
 from stagegraph.core.stage import stage
 from stagegraph.stages.common.lowering import (
     raise_not_lowered,
@@ -87,15 +89,22 @@ def check_runnable(module: Any) -> None:
         )
 
 
+#: Hooks naming the shared libraries a lowered module needs, each ``(module) -> [path]``:
+#: a target package registers those its lowering calls into (x86: glibc's libmvec for the
+#: vector math functions), so this generic emitter names no target.
+RUNTIME_LIBRARIES: Registry[Callable[[Any], list[str]]] = Registry(
+    "runtime-library hook", plural="runtime-libraries"
+)
+
+
 def runtime_libraries(module: Any, omp: bool | None = None) -> list[str]:
     """Shared libraries the module needs at run time: an OpenMP runtime for ``omp`` ops
-    (translated to ``__kmpc_*`` calls only when the engine is created) and glibc's libmvec
-    for the vector math functions the lowering called. ``omp``: whether the module holds
-    ``omp`` ops, when the caller walked it already (else it is walked here)."""
+    (translated to ``__kmpc_*`` calls only when the engine is created) and those the
+    target packages' :data:`RUNTIME_LIBRARIES` hooks ask for. ``omp``: whether the module
+    holds ``omp`` ops, when the caller walked it already (else it is walked here)."""
     from stagegraph.mlir.walk import contains
-    from stagegraph.stages.x86.vector_math import declared_vector_functions, libmvec_path
 
-    libraries = [libmvec_path()] if declared_vector_functions(module) else []
+    libraries = [path for _, needs in RUNTIME_LIBRARIES.items() for path in needs(module)]
     if omp is None:
         omp = contains(module, lambda op: op.name.startswith("omp."))
     if not omp:
