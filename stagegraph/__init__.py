@@ -98,11 +98,11 @@ if TYPE_CHECKING:
     from stagegraph.workload.registry import register as register_workload
 
 
-# The built-in stage library registers itself (its stage modules, and each target package
-# its cost models and hooks) when a registry first answers: core names no stage package.
-from stagegraph.core.registry import provide  # noqa: E402  (light: errors only)
-
-provide("stagegraph.stages")
+#: The packages whose import registers the built-in entries (the stage library's modules,
+#: and each target package its cost models and hooks). Every registry imports them before it
+#: first answers (:func:`stagegraph.core.registry.load_providers`), so core names no stage
+#: package, and ``import stagegraph`` stays lazy.
+PROVIDERS = ("stagegraph.stages",)
 
 
 def __getattr__(name: str) -> Any:

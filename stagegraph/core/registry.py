@@ -16,8 +16,7 @@ Every registry has the same three rules:
 
 Registries fill lazily: before answering a lookup or a listing each one runs its
 ``discover`` hooks, loads the built-in providers (packages such as ``stagegraph.stages``
-that register themselves; the package façade names them with :func:`provide`) and the
-plugins. Every registry joins an index (:func:`registries`) by its plural name, which is
+that register themselves, named by ``stagegraph.PROVIDERS``) and the plugins. Every registry joins an index (:func:`registries`) by its plural name, which is
 what ``stagegraph list KIND`` lists.
 """
 
@@ -42,16 +41,16 @@ _INDEX: dict[str, Registry[Any]] = {}
 
 
 def provide(module: str) -> None:
-    """Name a package whose import registers built-in entries (``stagegraph.stages``
-    registers its stage modules, and each target package its cost models and hooks).
-    Imported before any registry answers, so ``core`` itself names no stage library."""
+    """Name one more package whose import registers built-in entries (loaded with those of
+    ``stagegraph.PROVIDERS``, the package's own)."""
     if module not in _PROVIDERS:
         _PROVIDERS.append(module)
 
 
 def load_providers() -> None:
     """Import the built-in providers (once each), then the plugins."""
-    for module in list(_PROVIDERS):
+    package = importlib.import_module(__name__.partition(".")[0])
+    for module in [*getattr(package, "PROVIDERS", ()), *_PROVIDERS]:
         if module not in _providers_loaded:
             _providers_loaded.add(module)
             importlib.import_module(module)
