@@ -195,6 +195,15 @@ def _session_keys(command: str) -> list[str]:
     return [k for k in (RUN if command == "run" else BENCH) if k in session]
 
 
+def merged_trace(values: Mapping[str, Any]) -> contextlib.AbstractContextManager[None]:
+    """Around a whole command: with ``trace``, every process's stage events (children,
+    ranks, workers) are merged into that file when the command ends."""
+    from stagegraph.app.session import absolute_path
+    from stagegraph.instrument.trace_events import collecting
+
+    return collecting(absolute_path(values.get("trace")))
+
+
 def run(
     graph: str | Graph, workload: str, values: Mapping[str, Any], console: Console | None = None
 ) -> Outcome:
@@ -204,7 +213,11 @@ def run(
         ConfigError: options that cannot combine (see :func:`refuse`), and what resolving
             or running the request raises.
     """
-    console = console or Console()
+    with merged_trace(values):
+        return _run(graph, workload, values, console or Console())
+
+
+def _run(graph: str | Graph, workload: str, values: Mapping[str, Any], console: Console) -> Outcome:
     refuse("run", values)
     if values.get("ranks") is not None:
         from stagegraph.app.mpi_launch import run_on_ranks
@@ -255,9 +268,15 @@ def bench(
         ConfigError: options that cannot combine (see :func:`refuse`), a sharded workload
             outside ``ranks``, and what resolving or running the request raises.
     """
+    with merged_trace(values):
+        return _bench(graph, workload, values, console or Console())
+
+
+def _bench(
+    graph: str | Graph, workload: str, values: Mapping[str, Any], console: Console
+) -> Outcome:
     from stagegraph.app.bench import append_csv
 
-    console = console or Console()
     refuse("bench", values)
     options = BenchOptions(**model_values(option_specs(BenchOptions), values))
     if values.get("ranks") is not None:

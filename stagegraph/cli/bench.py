@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from stagegraph.app.commands import bench_options
-from stagegraph.cli.options import collect_trace, console, json_option, model_options
+from stagegraph.cli.options import console, json_option, model_options
 from stagegraph.cli.output import (
     emit_json,
     note_cost_model,
@@ -24,7 +24,6 @@ from stagegraph.cli.output import (
 @click.argument("workload")
 @model_options(bench_options())
 @json_option
-@collect_trace
 def bench(graph: str, workload: str, as_json: bool, **options: Any) -> None:
     """Benchmark WORKLOAD through GRAPH with the timing wrapper spliced at a tag."""
     from stagegraph.app import commands

@@ -4,7 +4,6 @@ default and help come from the model field that declares it (see
 
 from __future__ import annotations
 
-import functools
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -61,21 +60,6 @@ def model_options(specs: Mapping[str, OptionSpec]) -> Callable[[Callable], Calla
 def json_option(command: Callable) -> Callable:
     """``--json``: the command prints one JSON document instead of text."""
     return click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")(command)
-
-
-def collect_trace(command: Callable) -> Callable:
-    """With ``--trace FILE.json`` the command merges every process's stage events into
-    FILE.json when it ends."""
-
-    @functools.wraps(command)
-    def traced(**options: Any) -> Any:
-        from stagegraph.app.session import absolute_path
-        from stagegraph.instrument.trace_events import collecting
-
-        with collecting(absolute_path(options.get("trace"))):
-            return command(**options)
-
-    return traced
 
 
 def console(as_json: bool, describe_cost_model: bool = True) -> Any:

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from stagegraph.app.commands import run_options
-from stagegraph.cli.options import collect_trace, console, json_option, model_options
+from stagegraph.cli.options import console, json_option, model_options
 from stagegraph.cli.output import emit_json, print_run_report
 
 
@@ -17,7 +17,6 @@ from stagegraph.cli.output import emit_json, print_run_report
 @click.argument("workload")
 @model_options(run_options())
 @json_option
-@collect_trace
 def run(graph: str, workload: str, as_json: bool, **options: Any) -> None:
     """Compile WORKLOAD through GRAPH, run it and verify it against the reference."""
     from stagegraph.app import commands

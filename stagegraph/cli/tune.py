@@ -6,7 +6,7 @@ from typing import Any
 
 import click
 
-from stagegraph.cli.options import collect_trace, model_options
+from stagegraph.cli.options import model_options
 from stagegraph.cli.output import emit_json
 from stagegraph.tune.command import tune_options
 
@@ -17,7 +17,6 @@ from stagegraph.tune.command import tune_options
 @model_options(tune_options())
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report (no progress bar).")
 @click.option("--explain", is_flag=True, help="Print the space and its size; measure nothing.")
-@collect_trace
 def tune(graph: str, workload: str, as_json: bool, explain: bool, **options: Any) -> None:
     """Search params for WORKLOAD through GRAPH; every candidate isolated, recorded in --db.
 

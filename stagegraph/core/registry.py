@@ -16,8 +16,9 @@ Every registry has the same three rules:
 
 Registries fill lazily: before answering a lookup or a listing each one runs its
 ``discover`` hooks, loads the built-in providers (packages such as ``stagegraph.stages``
-that register themselves, named by ``stagegraph.PROVIDERS``) and the plugins. Every registry joins an index (:func:`registries`) by its plural name, which is
-what ``stagegraph list KIND`` lists.
+that register themselves, named by ``stagegraph.PROVIDERS``) and the plugins. Every
+registry joins an index (:func:`registries`) by its plural name, which is what
+``stagegraph list KIND`` lists.
 """
 
 from __future__ import annotations

@@ -59,10 +59,12 @@ def tune(
 ) -> Any:  # fmt: skip
     """``stagegraph tune`` / ``sg.tune``: the search space as a dict (``explain``), or the
     :class:`~stagegraph.tune.runner.TuneReport` of a search."""
+    from stagegraph.app.commands import merged_trace
     from stagegraph.tune.runner import explain as explain_space
     from stagegraph.tune.runner import tune as run_tune
 
     options = build(graph, workload, values)
-    if explain:
-        return explain_space(options)
-    return run_tune(options, progress=progress)
+    with merged_trace(values):
+        if explain:
+            return explain_space(options)
+        return run_tune(options, progress=progress)
