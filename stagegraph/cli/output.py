@@ -26,7 +26,7 @@ def print_run_report(report: Any, as_json: bool, extra: dict[str, Any] | None = 
         for stage in report.stages:
             click.echo(f"  {stage.name:<14} {stage.kind:<9} {stage.seconds * 1e3:9.2f} ms")
         if report.run_seconds is not None:
-            click.echo(f"  run            {report.run_seconds * 1e3:9.2f} ms")
+            click.echo(f"  run            {report.run_seconds * 1e3:9.2f} ms{_threads(report)}")
     if report.verified is False:
         raise SystemExit(1)
 
@@ -61,8 +61,16 @@ def print_bench_report(report: Any) -> None:
         f"{head}: median {report.median_s * 1e3:.4f} ms [{report.ci_low_s * 1e3:.4f}, "
         f"{report.ci_high_s * 1e3:.4f}] over {report.samples} samples{speed}; "
         f"min {report.min_s * 1e3:.4f} ms, cv {report.cv:.3f}, "
-        f"compile {report.compile_seconds:.3f} s"
+        f"compile {report.compile_seconds:.3f} s{_threads(report)}"
     )
+
+
+def _threads(report: Any) -> str:
+    """`` on N of M threads``: what the payload ran on, of what it was granted."""
+    ran, granted = getattr(report, "payload_threads", None), report.threads
+    if ran is None or granted is None:
+        return ""
+    return f" on {ran} of {granted} threads" if ran != granted else f" on {ran} threads"
 
 
 def print_ratio(result: Any) -> None:

@@ -216,6 +216,17 @@ def effective_threads(threads: int | None) -> int:
     return usable_cores()
 
 
+def payload_threads(params: Any) -> int | None:
+    """The threads a compiled payload's parallel loops run on, as its params chose them
+    (``payload_threads()`` of a params model, else its ``threads`` field); None for a graph
+    without params that say (the granted count is :func:`effective_threads`)."""
+    count = getattr(params, "payload_threads", None)
+    if callable(count):
+        return count()
+    value = getattr(params, "threads", None)
+    return value if isinstance(value, int) else None
+
+
 def vector_bits_for(isa: frozenset[str]) -> int:
     """Widest SIMD register the feature set allows."""
     if "avx512f" in isa:
