@@ -70,10 +70,11 @@ BENCH = (
     *_LIMITS, *_RECORD,
 )  # fmt: skip
 
-#: What a multi-rank job honours; any other option given with ``ranks`` is refused.
+#: What a multi-rank job honours (``trace``: every rank writes its stages); any other
+#: option given with ``ranks`` is refused.
 RANKS_HONOUR = {
-    "run": {"ranks"},
-    "bench": {"ranks", "splice_at", "warmup", "repeat", "min_time", "budget", "csv"},
+    "run": {"ranks", "trace"},
+    "bench": {"ranks", "splice_at", "warmup", "repeat", "min_time", "budget", "csv", "trace"},
 }
 #: What an isolated child cannot honour, and why.
 ISOLATE_REFUSES = {
