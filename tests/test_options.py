@@ -188,7 +188,7 @@ BENCH_CASES = [
      "bench --isolate cannot be combined with --vs, --cost-model"),
     ("naive", {**FAST, "ranks": 2, "vs": "numpy", "threads": 1},
      "--ranks cannot be combined with --vs, --threads"),
-    ("naive", {**FAST, "vs": "nump"}, "unknown graph 'nump'"),
+    ("naive", {**FAST, "vs": "nump"}, "unknown --vs graph or peer 'nump' (did you mean 'numpy'"),
 ]
 # fmt: on
 

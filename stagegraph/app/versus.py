@@ -86,10 +86,26 @@ PEERS.register(
 
 
 def check_versus(versus: str) -> None:
-    """Run a peer's check (a missing extra fails before anything compiles)."""
-    peer = PEERS.get(versus) if versus in PEERS else None
-    if peer is not None and peer.check:
-        import_entry(peer.check)()
+    """Before anything compiles: an unknown name fails (with a "did you mean" over graphs
+    and peers), and a peer's check runs (a missing extra fails, a misleading environment
+    warns).
+
+    Raises:
+        UnknownGraphError: ``versus`` is neither a peer, a graph name nor a graph file.
+        PeerUnavailableError: the peer's optional packages are missing.
+    """
+    from pathlib import Path
+
+    from stagegraph.core.catalog import GRAPH_SUFFIXES, GRAPHS
+    from stagegraph.errors import UnknownGraphError, unknown_name_message
+
+    if versus in PEERS:
+        peer = PEERS.get(versus)
+        if peer.check:
+            import_entry(peer.check)()
+    elif versus not in GRAPHS and Path(versus).suffix not in (".py", *GRAPH_SUFFIXES):
+        known = [*GRAPHS.names(), *PEERS.names()]
+        raise UnknownGraphError(unknown_name_message("--vs graph or peer", versus, known))
 
 
 def versus_measurements(
