@@ -271,3 +271,25 @@ def test_tune_refuses_alike(capsys):
     with pytest.raises(StagegraphError) as raised:
         sg.tune("x86", W, print_ir_after=["all"])
     assert code == 2 and f"error: {raised.value}" in err and "give --dump-ir" in err
+
+
+def test_a_new_command_takes_session_options_from_the_same_declarations():
+    import click
+    from click.testing import CliRunner
+
+    from stagegraph.cli.options import session_options, session_request
+
+    requests = []
+
+    @click.command()
+    @click.argument("graph")
+    @click.argument("workload")
+    @session_options("param", "threads", "compile_timeout")
+    def command(**options):
+        requests.append(session_request(options))
+
+    done = CliRunner().invoke(command, ["x86", W, "--param", "tile_m=8", "--threads", "2"])
+    assert done.exit_code == 0, done.output
+    assert requests[0].params == {"tile_m": 8} and requests[0].threads == 2
+    assert requests[0].compile_timeout_s == 600.0  # the command line's default
+    assert CliRunner().invoke(command, ["x86", W, "--threads", "0"]).exit_code == 2

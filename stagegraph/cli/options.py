@@ -57,6 +57,23 @@ def model_options(specs: Mapping[str, OptionSpec]) -> Callable[[Callable], Calla
     return decorate
 
 
+def session_options(*keywords: str) -> Callable[[Callable], Callable]:
+    """Some of the session request's options (``session_options("param", "target")``), for
+    a command of its own that opens a session (its values go to :func:`session_request`)."""
+    from stagegraph.app.session import SessionRequest
+    from stagegraph.core.options import option_specs, select
+
+    return model_options(select(option_specs(SessionRequest), keywords))
+
+
+def session_request(options: Mapping[str, Any]) -> Any:
+    """The :class:`~stagegraph.app.session.SessionRequest` of a command's click values
+    (``graph``, ``workload`` and the keywords of :func:`session_options`)."""
+    from stagegraph.app.session import request_from_options
+
+    return request_from_options(options["graph"], options["workload"], options)
+
+
 def json_option(command: Callable) -> Callable:
     """``--json``: the command prints one JSON document instead of text."""
     return click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")(command)
