@@ -100,6 +100,13 @@ if TYPE_CHECKING:
     from stagegraph.workload.registry import register as register_workload
 
 
+#: The packages whose import registers the built-in entries (the stage library's modules,
+#: and each target package its cost models and hooks). Every registry imports them before it
+#: first answers (:func:`stagegraph.core.registry.load_providers`), so core names no stage
+#: package, and ``import stagegraph`` stays lazy.
+PROVIDERS = ("stagegraph.stages",)
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:

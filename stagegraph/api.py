@@ -15,44 +15,26 @@ in Python. A Graph object lives in this process only: what runs elsewhere (``iso
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from stagegraph.app.commands import bench_options, run_options
 from stagegraph.core.graph import Graph
-from stagegraph.errors import ConfigError
+from stagegraph.tune.command import tune_options
 
 if TYPE_CHECKING:
     from stagegraph.app.bench import BenchReport, Comparison
     from stagegraph.app.run import RunReport
-    from stagegraph.app.session import SessionRequest
     from stagegraph.core.engine import RunResult
     from stagegraph.tune.runner import TuneReport
 
 Assignments = Mapping[str, Any] | Sequence[str] | None
 
-
-def _request(graph: str | Graph, workload: str, **options: Any) -> SessionRequest:
-    from stagegraph.app.session import request_from_options
-
-    name = graph.name if isinstance(graph, Graph) else str(graph)
-    return request_from_options(name, workload, options)
-
-
-def _by_name(graph: str | Graph, option: str) -> str:
-    """The graph's name for an option that rebuilds it in another process."""
-    if not isinstance(graph, Graph):
-        return str(graph)
-    from stagegraph.core.catalog import load_graph
-
-    with contextlib.suppress(Exception):  # not loadable under its name: refused below
-        if load_graph(graph.name) == graph:
-            return graph.name
-    raise ConfigError(
-        f"graph {graph.name!r}: {option} rebuilds the graph by name in another process, and "
-        f"a Graph object cannot cross; register it (stagegraph.register_graph in a plugin "
-        f"module) and pass its name"
-    )
+# The defaults below are the request models' (SessionRequest, BenchOptions, TuneOptions,
+# Launch): written there once; tests/test_options.py checks every signature against them.
+_RUN = {keyword: spec.default for keyword, spec in run_options().items()}
+_BENCH = {keyword: spec.default for keyword, spec in bench_options().items()}
+_TUNE = {keyword: spec.default for keyword, spec in tune_options().items()}
 
 
 def run(
@@ -60,182 +42,120 @@ def run(
     workload: str,
     *,
     param: Assignments = None,
-    threads: int | None = None,
-    target: str | None = None,
-    cost_model: str | None = None,
-    db: str | None = None,
-    params_file: str | None = None,
-    until: str | None = None,
-    emit: str = "jit",
-    output: str | None = None,
-    dump_ir: str | None = None,
-    print_ir_after: Sequence[str] = (),
-    verify_each: bool = False,
-    repro_dir: str | None = None,
-    isolate: bool = False,
-    timeout: float = 300.0,
-    memory: float = 8.0,
-    ranks: int | None = None,
-    compile_timeout: float | None = None,
-    run_timeout: float | None = None,
+    threads: int | None = _RUN["threads"],
+    target: str | None = _RUN["target"],
+    cost_model: str | None = _RUN["cost_model"],
+    db: str | None = _RUN["db"],
+    params_file: str | None = _RUN["params_file"],
+    until: str | None = _RUN["until"],
+    emit: str = _RUN["emit"],
+    output: str | None = _RUN["output"],
+    dump_ir: str | None = _RUN["dump_ir"],
+    print_ir_after: Sequence[str] = _RUN["print_ir_after"],
+    verify_each: bool = _RUN["verify_each"],
+    repro_dir: str | None = _RUN["repro_dir"],
+    isolate: bool = _RUN["isolate"],
+    timeout: float = _RUN["timeout"],
+    memory: float = _RUN["memory"],
+    ranks: int | None = _RUN["ranks"],
+    compile_timeout: float | None = _RUN["compile_timeout"],
+    run_timeout: float | None = _RUN["run_timeout"],
+    cache: str | None = _RUN["cache"],
+    trace: str | None = _RUN["trace"],
 ) -> RunReport | RunResult | Any:
     """``stagegraph run``: compile ``workload`` through ``graph``, run it once and verify.
 
     Returns the :class:`~stagegraph.app.run.RunReport` (``report.verified``); with
     ``until=TAG`` the engine's :class:`~stagegraph.core.engine.RunResult` after that tag
     (``result.module.text()`` is the IR); with ``ranks`` the MPI report. ``param`` is
-    ``{"tile_m": 32}`` or ``["tile_m=32"]``; time limits are off unless given.
+    ``{"tile_m": 32}`` or ``["tile_m=32"]``; time limits are off unless given. Options
+    that cannot combine (``ranks`` with ``threads``, ``isolate`` with ``until``, ...) are
+    refused exactly as on the command line (:func:`stagegraph.app.commands.refuse`).
 
     Raises:
-        StagegraphError: as the CLI reports it (unknown names, bad params, a failing
-            stage, a crash in the ``isolate`` child).
+        StagegraphError: as the CLI reports it (unknown names, bad params, options that
+            cannot combine, a failing stage, a crash in the ``isolate`` child).
     """
-    if ranks is not None:
-        from stagegraph.app.mpi_launch import run_on_ranks
+    from stagegraph.app import commands
 
-        return run_on_ranks(_by_name(graph, "ranks"), workload, ranks)
-    request = _request(
-        graph, workload, param=param, threads=threads, target=target, cost_model=cost_model,
-        db=db, params_file=params_file, emit=emit, output=output, dump_ir=dump_ir,
-        print_ir_after=print_ir_after, verify_each=verify_each, repro_dir=repro_dir,
-        compile_timeout=compile_timeout, run_timeout=run_timeout,
-    )  # fmt: skip
-    if isolate:
-        request = request.model_copy(update={"graph": _by_name(graph, "isolate")})
-        return _isolated(request, timeout, memory)
-    from stagegraph.app.run import run_report
-    from stagegraph.app.session import Session
-
-    with Session(request, graph=graph if isinstance(graph, Graph) else None) as session:
-        if until is not None:
-            return session.compile(until=until)
-        return run_report(session)
+    options = {k: v for k, v in locals().items() if k in _RUN}
+    return commands.run(graph, workload, options).result
 
 
 def bench(
     graph: str | Graph,
     workload: str,
     *,
-    splice_at: str | None = None,
-    warmup: int = 3,
-    repeat: int = 10,
-    min_time: float = 0.0,
-    budget: float = 10.0,
-    vs: str | None = None,
+    splice_at: str | None = _BENCH["splice_at"],
+    warmup: int = _BENCH["warmup"],
+    repeat: int = _BENCH["repeat"],
+    min_time: float = _BENCH["min_time"],
+    budget: float = _BENCH["budget"],
+    vs: str | None = _BENCH["vs"],
     param: Assignments = None,
-    threads: int | None = None,
-    target: str | None = None,
-    cost_model: str | None = None,
-    db: str | None = None,
-    params_file: str | None = None,
-    csv: str | None = None,
-    dump_ir: str | None = None,
-    print_ir_after: Sequence[str] = (),
-    verify_each: bool = False,
-    repro_dir: str | None = None,
-    isolate: bool = False,
-    timeout: float = 300.0,
-    memory: float = 8.0,
-    ranks: int | None = None,
-    compile_timeout: float | None = None,
-    run_timeout: float | None = None,
+    threads: int | None = _BENCH["threads"],
+    target: str | None = _BENCH["target"],
+    cost_model: str | None = _BENCH["cost_model"],
+    db: str | None = _BENCH["db"],
+    params_file: str | None = _BENCH["params_file"],
+    csv: str | None = _BENCH["csv"],
+    dump_ir: str | None = _BENCH["dump_ir"],
+    print_ir_after: Sequence[str] = _BENCH["print_ir_after"],
+    verify_each: bool = _BENCH["verify_each"],
+    repro_dir: str | None = _BENCH["repro_dir"],
+    isolate: bool = _BENCH["isolate"],
+    timeout: float = _BENCH["timeout"],
+    memory: float = _BENCH["memory"],
+    ranks: int | None = _BENCH["ranks"],
+    compile_timeout: float | None = _BENCH["compile_timeout"],
+    run_timeout: float | None = _BENCH["run_timeout"],
+    cache: str | None = _BENCH["cache"],
+    trace: str | None = _BENCH["trace"],
 ) -> BenchReport | Comparison | Any:
     """``stagegraph bench``: verify, then time ``workload`` through ``graph`` with the
     wrapper spliced after ``splice_at`` (default: the graph's own choice).
 
-    Returns a :class:`~stagegraph.app.bench.BenchReport`; with ``vs`` (a graph name or
-    ``"numpy"``) a :class:`~stagegraph.app.bench.Comparison` of both, measured interleaved
-    (``.ratio`` with ``.ratio_low``/``.ratio_high``); with ``ranks`` the MPI report. A
-    variant that does not verify is not timed: its report (``verified`` false) is
-    returned. ``csv`` appends one row per report.
+    Returns a :class:`~stagegraph.app.bench.BenchReport`; with ``vs`` (a graph name or a
+    peer: ``"numpy"``, ``"iree"``) a :class:`~stagegraph.app.bench.Comparison` of both,
+    measured interleaved (``.ratio`` with ``.ratio_low``/``.ratio_high``); with ``ranks``
+    the MPI report. A variant that does not verify is not timed: its report (``verified``
+    false) is returned. ``csv`` appends one row per report. Options that cannot combine
+    are refused exactly as on the command line.
     """
-    from stagegraph.app.bench import BenchOptions, append_csv
+    from stagegraph.app import commands
 
-    options = BenchOptions(warmup=warmup, repeat=repeat, min_time_s=min_time, budget_s=budget)
-    if ranks is not None:
-        from stagegraph.app.mpi_launch import bench_on_ranks
-
-        result = bench_on_ranks(_by_name(graph, "ranks"), workload, ranks, splice_at, options)
-        reports = [result]
-    else:
-        request = _request(
-            graph, workload, param=param, threads=threads, target=target,
-            cost_model=cost_model, db=db, params_file=params_file, dump_ir=dump_ir,
-            print_ir_after=print_ir_after, verify_each=verify_each, repro_dir=repro_dir,
-            compile_timeout=compile_timeout, run_timeout=run_timeout,
-        )  # fmt: skip
-        if isolate:
-            if vs is not None:
-                raise ConfigError("bench isolate measures one variant; drop vs")
-            request = request.model_copy(update={"graph": _by_name(graph, "isolate")})
-            result = _isolated(request, timeout, memory, options, splice_at)
-        else:
-            result = _bench_in_process(graph, request, options, splice_at, vs)
-        reports = [result.a, result.b] if hasattr(result, "ratio") else [result]
-    if csv:
-        for report in reports:
-            append_csv(csv, report)
-    return result
-
-
-def _bench_in_process(
-    graph: str | Graph, request: Any, options: Any, splice_at: str | None, vs: str | None
-) -> Any:
-    from stagegraph.app.bench import benchmark, compare
-    from stagegraph.app.run import check_single_process
-    from stagegraph.app.session import Session
-    from stagegraph.app.versus import versus_measurements
-
-    own = graph if isinstance(graph, Graph) else None
-    with Session(request, graph=own, run_budget_s=options.budget_s) as session:
-        check_single_process(session.workload)
-        threads = request.threads
-        if vs is None:
-            return benchmark(
-                session.engine, session.graph, session.workload, splice_at, options, threads
-            )
-        first, second = versus_measurements(session, vs, splice_at)
-        failed = [m for m in (first, second) if hasattr(m, "verdict") and not m.verdict.ok]
-        if failed:  # nothing is timed: the variant that does not verify, as the CLI shows it
-            return failed[0].report(None, threads)
-        return compare(first, second, options, threads)
-
-
-def _isolated(
-    request: Any, timeout: float, memory: float, bench: Any = None, splice_at: str | None = None
-) -> Any:
-    from stagegraph.app.isolated import run_in_child
-
-    request = request.model_copy(update={"bench": bench, "splice_at": splice_at})
-    return run_in_child(request, timeout, memory)
+    options = {k: v for k, v in locals().items() if k in _BENCH}
+    return commands.bench(graph, workload, options).result
 
 
 def tune(
     graph: str | Graph,
     workload: str,
     *,
-    budget: int = 12,
-    jobs: int = 1,
-    cluster: str | None = None,
-    db: str = "stagegraph-tune.db",
-    strategy: str = "model",
-    seed: int = 0,
-    cost_model: str | None = None,
+    budget: int = _TUNE["budget"],
+    jobs: int = _TUNE["jobs"],
+    cluster: str | None = _TUNE["cluster"],
+    db: str = _TUNE["db"],
+    strategy: str = _TUNE["strategy"],
+    seed: int = _TUNE["seed"],
+    cost_model: str | None = _TUNE["cost_model"],
     fix: Assignments = None,
-    per_op: bool = False,
-    measure: str | None = None,
-    threads: int | None = None,
-    batch_size: int | None = None,
-    samples: int = 20,
-    compile_timeout: float = 60.0,
-    run_timeout: float = 60.0,
-    memory: float = 4.0,
+    per_op: bool = _TUNE["per_op"],
+    measure: str | None = _TUNE["measure"],
+    threads: int | None = _TUNE["threads"],
+    batch_size: int | None = _TUNE["batch_size"],
+    samples: int = _TUNE["samples"],
+    compile_timeout: float = _TUNE["compile_timeout"],
+    run_timeout: float = _TUNE["run_timeout"],
+    memory: float = _TUNE["memory"],
     explain: bool = False,
-    dump_ir: str | None = None,
-    print_ir_after: Sequence[str] = (),
-    verify_each: bool = False,
-    repro_dir: str | None = None,
-    target: str | None = None,
+    dump_ir: str | None = _TUNE["dump_ir"],
+    print_ir_after: Sequence[str] = _TUNE["print_ir_after"],
+    verify_each: bool = _TUNE["verify_each"],
+    repro_dir: str | None = _TUNE["repro_dir"],
+    target: str | None = _TUNE["target"],
+    cache: str | None = _TUNE["cache"],
+    trace: str | None = _TUNE["trace"],
     progress: bool = False,
 ) -> TuneReport | dict[str, Any]:
     """``stagegraph tune``: search the graph's params for ``workload``; every candidate is
@@ -247,42 +167,13 @@ def tune(
     ``measure`` names a registered stage of kind measure to time candidates with.
     ``graph`` must be a name: workers rebuild it.
     """
-    from stagegraph.app.session import parse_assignments
-    from stagegraph.tune.runner import TuneOptions
-    from stagegraph.tune.runner import explain as explain_space
-    from stagegraph.tune.runner import tune as run_tune
+    from stagegraph.app.commands import graph_name
+    from stagegraph.tune import command
 
-    if print_ir_after and not dump_ir:
-        raise ConfigError("tune print_ir_after writes each candidate's IR to "
-                          "DIR/<params hash>/printed.mlir: give dump_ir=DIR")  # fmt: skip
-    session = _request(
-        _by_name(graph, "tune"), workload, target=target, cost_model=cost_model,
-        dump_ir=dump_ir, print_ir_after=print_ir_after, verify_each=verify_each,
-        repro_dir=repro_dir, threads=threads,
-    )  # fmt: skip
-    options = TuneOptions(
-        session=session,
-        budget=budget,
-        jobs=jobs,
-        cluster=cluster,
-        db=db,
-        strategy=strategy,
-        seed=seed,
-        fixes=parse_assignments(fix or ()),
-        per_op=per_op,
-        measure=measure,
-        batch_size=batch_size,
-        samples=samples,
-        compile_timeout_s=compile_timeout,
-        run_timeout_s=run_timeout,
-        memory_bytes=int(memory * 2**30),
-    )
-    if explain:
-        return explain_space(options)
-    return run_tune(options, progress=progress)
+    options = {k: v for k, v in locals().items() if k in _TUNE}
+    name = graph_name(graph, "tune")
+    return command.tune(name, workload, options, explain=explain, progress=progress)
 
-
-__all__ = ["bench", "run", "tune"]
 
 
 def build_artifact(
@@ -307,10 +198,15 @@ def build_artifact(
             missing C compiler or binutils).
     """
     from stagegraph.app.artifact import build_artifact as build
+    from stagegraph.app.session import request_from_options
 
-    request = _request(
-        graph, workload, param=param, threads=threads, target=target, cost_model=cost_model,
-        db=db, params_file=params_file,
-    )  # fmt: skip
+    name = graph.name if isinstance(graph, Graph) else str(graph)
+    request = request_from_options(name, workload, {
+        "param": param, "threads": threads, "target": target, "cost_model": cost_model,
+        "db": db, "params_file": params_file,
+    })  # fmt: skip
     return build(request, directory, entry_symbol=entry_symbol,
                  graph=graph if isinstance(graph, Graph) else None)  # fmt: skip
+
+
+__all__ = ["bench", "build_artifact", "run", "tune"]

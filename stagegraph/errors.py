@@ -306,6 +306,11 @@ class UnknownCostModelError(StagegraphError, KeyError):
     """A ``--cost-model`` name that is not registered."""
 
 
+class UnknownNameError(StagegraphError, KeyError):
+    """A name no registry of its kind holds (the kinds without an error of their own:
+    stage-library modules, peers, artifact kinds, ...)."""
+
+
 class EmptySearchSpaceError(StagegraphError, ValueError):
     """The tuning constraints admit no parameters; ``conflicts`` names the clashing ones."""
 

@@ -406,3 +406,17 @@ def test_text_output_warns_instead_of_a_precise_number(capsys):
     _print_ratio(result)
     out = capsys.readouterr().out
     assert "NOT TRUSTWORTHY" in out and "speedup" not in out
+
+
+def test_reports_state_the_threads_the_payload_ran_on():
+    """The granted count and the count the payload ran on: a cost model takes one thread for
+    a payload too small to split, whatever it was granted; numpy's side states its BLAS."""
+    import stagegraph as sg
+
+    small = "matmul:m=8,n=8,k=8"
+    report = sg.run("x86", small, threads=2)
+    assert report.threads == 2 and report.payload_threads == 1 == report.params["threads"]
+    assert sg.run("x86", small, threads=2, param={"threads": 2}).payload_threads == 2
+    assert sg.run("naive", small).payload_threads is None  # no params that say
+    comparison = sg.bench("x86", small, vs="numpy", threads=1, warmup=0, repeat=2, budget=0.05)
+    assert comparison.a.payload_threads == 1 and comparison.b.payload_threads == 1

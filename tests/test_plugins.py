@@ -121,7 +121,7 @@ def test_bad_plugins_are_user_errors(tmp_path):
     clash = tmp_path / "clash_plugin.py"
     clash.write_text("import stagegraph as sg\nsg.register_graph('naive', lambda: None)\n")
     done = cli("--plugin", str(clash), "list", "graphs")
-    assert done.returncode == 2 and "graph name 'naive' is already taken" in done.stderr
+    assert done.returncode == 2 and "graph name 'naive' is already registered" in done.stderr
 
 
 def test_export_round_trips_a_plugin_graph(plugin, tmp_path, capsys):

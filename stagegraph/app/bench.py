@@ -18,7 +18,7 @@ from stagegraph.core.engine import Engine, RunResult
 from stagegraph.core.graph import Graph
 from stagegraph.core.ports import Module, Schema
 from stagegraph.errors import StagegraphError
-from stagegraph.stages.target import effective_threads
+from stagegraph.stages.target import effective_threads, payload_threads
 
 WRAPPER_STAGE = "bench"
 
@@ -45,7 +45,11 @@ class BenchReport(Schema):
     gbps: float | None = None
     compile_seconds: float = 0.0
     stage_seconds: dict[str, float] = Field(default_factory=dict)
+    #: The threads granted (``--threads``, or all usable cores) ...
     threads: int | None = None
+    #: ... and those the payload ran on: what its params chose (a cost model may take fewer
+    #: for a small payload), numpy's pinned BLAS count, IREE's workers (None: not known).
+    payload_threads: int | None = None
     # Too-spread samples are flagged rather than quoted to four digits (None: not timed).
     trustworthy: bool | None = None
     warning: str = ""
@@ -160,6 +164,7 @@ class Measurement:
             "compile_seconds": trace.compile_seconds(),
             "stage_seconds": {r.name: r.seconds for r in trace.records},
             "threads": effective_threads(threads),
+            "payload_threads": payload_threads(self.result.params),
             "host": host_info(),
         }
         if samples is None or not self.verdict.ok:
@@ -258,6 +263,7 @@ class NumpyMeasurement:
             verified=True,
             compile_seconds=0.0,
             threads=self.threads,
+            payload_threads=host.blas.num_threads if host.blas else self.threads,
             host=host,
             **timing_fields(samples, self.workload.complexity),
         )

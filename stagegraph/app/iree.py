@@ -286,6 +286,7 @@ class IreeMeasurement:
             ),
             "compile_seconds": self.compile_seconds,
             "threads": self.threads,
+            "payload_threads": self.threads,
             "host": host_info(),
         }
         if samples is None or not self.verdict.ok:

@@ -246,17 +246,6 @@ def _launch(
         raise RankFailedError(_failure_message(Path(scratch), ranks, returncode, stderr))
 
 
-def refuse_options(unsupported: dict[str, Any]) -> None:
-    """Options a multi-rank job cannot honour are an error, never silently dropped.
-
-    Raises:
-        ConfigError: any value in ``unsupported`` (option name → given value) is set.
-    """
-    given = [name for name, value in unsupported.items() if value]
-    if given:
-        raise ConfigError(f"--ranks cannot be combined with {', '.join(given)}")
-
-
 def _run_group(
     command: list[str], env: dict[str, str], timeout: float, scratch: Path, ranks: int
 ) -> tuple[int, str]:

@@ -10,7 +10,7 @@ from pydantic import Field
 from stagegraph.core.engine import RunResult
 from stagegraph.core.ports import Schema
 from stagegraph.errors import ConfigError
-from stagegraph.stages.target import effective_threads
+from stagegraph.stages.target import effective_threads, payload_threads
 
 if TYPE_CHECKING:
     from stagegraph.app.session import Session
@@ -35,7 +35,11 @@ class RunReport(Schema):
     stages: list[StageTime]
     compile_seconds: float
     run_seconds: float | None = None
+    #: The threads granted (``--threads``, or all usable cores), and those the payload ran
+    #: on: what its params chose (a cost model may take fewer for a small payload; None
+    #: for a graph without params that say).
     threads: int | None = None
+    payload_threads: int | None = None
     params: dict[str, Any] | None = None
     emitted: str | None = None
     specialized: dict[str, list[int]] = Field(default_factory=dict)
@@ -100,6 +104,7 @@ def run_report(session: Session) -> RunReport:
         "stages": stages,
         "compile_seconds": result.trace.compile_seconds(),
         "threads": effective_threads(session.request.threads),
+        "payload_threads": payload_threads(result.params),
         "params": result.params.model_dump(mode="json") if result.params else None,
         "specialized": workload.specialization,
         "warnings": warned,

@@ -11,58 +11,19 @@ process boundaries (pickle, JSON) where graphs and modules cannot.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field
 
 from stagegraph.app.bench_options import BenchOptions
 from stagegraph.core.engine import Engine, Hook, RunResult
 from stagegraph.core.graph import Graph
+from stagegraph.core.options import Option
 from stagegraph.core.plugins import load_plugins, loaded_plugins
 from stagegraph.core.ports import Schema
 
 if TYPE_CHECKING:
     from stagegraph.instrument.watchdog import Watchdog
-
-
-class Inspection(Schema):
-    """What to record or check while stages run (``--print-ir-after`` and friends)."""
-
-    print_ir_after: tuple[str, ...] = ()
-    verify_each: bool = False
-    repro_dir: str | None = None
-    dump_ir: str | None = None
-
-
-class SessionRequest(Schema):
-    """Everything that decides how a workload is compiled and run (the command line as data).
-
-    ``graph`` is a graph name or file (a :class:`Session` may be given the Graph object
-    itself; ``graph`` then only names it in reports); ``params`` are ``--param`` overrides
-    of the cost model's choice; ``compile_timeout_s``/``run_timeout_s`` bound an in-process
-    run (the CLI's defaults; ``None`` for no limit, as in library use). ``plugins`` are
-    loaded before anything is resolved: by default the ones this process loaded, so a child
-    process that rebuilds the graph by name sees the same plugin registrations.
-    """
-
-    graph: str
-    workload: str
-    target: str | None = None
-    params: dict[str, Any] = Field(default_factory=dict)
-    threads: int | None = Field(None, ge=1)
-    cost_model: str | None = None
-    db: str | None = None
-    params_file: str | None = None
-    emit: Literal["jit", "object", "shared"] = "jit"
-    output: str | None = None
-    inspection: Inspection = Field(default_factory=Inspection)
-    compile_timeout_s: float | None = Field(None, gt=0)
-    run_timeout_s: float | None = Field(None, gt=0)
-    plugins: tuple[str, ...] = Field(default_factory=loaded_plugins)
-    cache_dir: str | None = None
-    trace_file: str | None = None
-    bench: BenchOptions | None = None
-    splice_at: str | None = None
 
 
 def parse_assignments(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
@@ -90,6 +51,117 @@ def parse_assignments(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any
         except yaml.YAMLError:
             result[key.strip()] = raw
     return result
+
+
+def absolute_path(path: str | None) -> str | None:
+    """An absolute path, so child processes (other working directories) agree on it."""
+    import os
+
+    return os.path.abspath(path) if path else None
+
+
+class Inspection(Schema):
+    """What to record or check while stages run (``--print-ir-after`` and friends)."""
+
+    print_ir_after: Annotated[
+        tuple[str, ...], Option("--print-ir-after", metavar="STAGE|TAG|all")
+    ] = Field((), description="Print the IR after these stages (repeatable).")
+    verify_each: Annotated[bool, Option("--verify-each")] = Field(
+        False, description="Verify the IR after every stage."
+    )
+    repro_dir: Annotated[str | None, Option("--repro-dir", path="dir")] = Field(
+        None, description="Where failing stages write reproducers (default: a temp dir)."
+    )
+    dump_ir: Annotated[str | None, Option("--dump-ir", path="dir")] = Field(
+        None,
+        description="Write the IR after every stage into DIR (tune: each candidate's, in "
+        "DIR/HASH, after every stage that changed it).",
+    )
+
+
+class SessionRequest(Schema):
+    """Everything that decides how a workload is compiled and run (the command line as data).
+
+    ``graph`` is a graph name or file (a :class:`Session` may be given the Graph object
+    itself; ``graph`` then only names it in reports); ``params`` are ``--param`` overrides
+    of the cost model's choice; ``compile_timeout_s``/``run_timeout_s`` bound an in-process
+    run (on by default on the command line; ``None`` for no limit, as in library use).
+    ``plugins`` are loaded before anything is resolved: by default the ones this process
+    loaded, so a child process that rebuilds the graph by name sees the same plugin
+    registrations. The :class:`~stagegraph.core.options.Option` on a field makes it a
+    command-line option and an API keyword (see :mod:`stagegraph.app.commands`).
+    """
+
+    graph: str
+    workload: str
+    target: Annotated[str | None, Option("--target", metavar="NAME")] = Field(
+        None,
+        description="host (default, or $STAGEGRAPH_TARGET), x86-64-v2|v3|v4, or an LLVM CPU "
+        "name (znver3, skylake-avx512, sapphirerapids, ...); 'stagegraph list targets'.",
+    )
+    params: Annotated[
+        dict[str, Any],
+        Option("--param", keyword="param", metavar="KEY=VALUE", parse=parse_assignments),
+    ] = Field(
+        default_factory=dict,
+        description="Override a field of the cost model's params (validated; repeatable).",
+    )
+    threads: Annotated[int | None, Option("--threads")] = Field(
+        None, ge=1, description="Threads (default: all cores)."
+    )
+    cost_model: Annotated[str | None, Option("--cost-model", metavar="NAME")] = Field(
+        None,
+        description="The params stage by name: heuristic (default), analytical, tuned (needs "
+        "--db) or fixed (needs --params-file); 'stagegraph list cost-models'. For tune: the "
+        "baseline's.",
+    )
+    db: Annotated[str | None, Option("--db", path="file")] = Field(
+        None, description="Tuning database (SQLite) for --cost-model tuned."
+    )
+    params_file: Annotated[str | None, Option("--params-file", path="file")] = Field(
+        None, description="JSON params for --cost-model fixed."
+    )
+    emit: Annotated[Literal["jit", "object", "shared"], Option("--emit")] = Field(
+        "jit",
+        description="What the emit stage makes: in-process code, an object file or a "
+        "shared library.",
+    )
+    output: Annotated[str | None, Option("--output", short="-o", path="file")] = Field(
+        None, description="Path for --emit object|shared."
+    )
+    inspection: Inspection = Field(default_factory=Inspection)
+    compile_timeout_s: Annotated[float | None, Option("--compile-timeout", cli_default=600.0)] = (
+        Field(
+            None,
+            gt=0,
+            description="Without --isolate: end the run if compiling takes longer (s; off in "
+            "library calls unless given).",
+        )
+    )
+    run_timeout_s: Annotated[float | None, Option("--run-timeout", cli_default=300.0)] = Field(
+        None,
+        gt=0,
+        description="Without --isolate: end the run if running or timing the compiled code "
+        "takes longer (s; bench adds --budget; off in library calls unless given).",
+    )
+    plugins: tuple[str, ...] = Field(default_factory=loaded_plugins)
+    cache_dir: Annotated[
+        str | None, Option("--cache", metavar="DIR", parse=absolute_path, path="dir")
+    ] = Field(None, description="Keep stage results in DIR: a later run replays unchanged stages.")
+    trace_file: Annotated[
+        str | None, Option("--trace", metavar="FILE.json", parse=absolute_path, path="file")
+    ] = Field(
+        None,
+        description="Write every stage of every process as Chrome trace events (open in "
+        "Perfetto or chrome://tracing; 'stagegraph show GRAPH --trace FILE.json' draws the "
+        "timings on the graph).",
+    )
+    bench: BenchOptions | None = None
+    splice_at: Annotated[str | None, Option("--splice-at", metavar="TAG")] = Field(
+        None,
+        description="Tag after which the timing wrapper is spliced (default: the graph's own "
+        "choice).",
+    )
 
 
 def naive_reference(workload: Any) -> list[Any]:
@@ -220,35 +292,10 @@ def inspection_hooks(
 
 
 def request_from_options(graph: str, workload: str, options: Mapping[str, Any]) -> SessionRequest:
-    """The request for options under the command line's names (``param``/``params`` as
-    ``KEY=VALUE`` strings or a mapping, ``print_ir_after``, ``cache``, ``trace``, ...): one
-    translation for the CLI and the Python API."""
-    return SessionRequest(
-        graph=graph,
-        workload=workload,
-        target=options.get("target"),
-        params=parse_assignments(options.get("params") or options.get("param") or ()),
-        threads=options.get("threads"),
-        cost_model=options.get("cost_model"),
-        db=options.get("db"),
-        params_file=options.get("params_file"),
-        emit=options.get("emit") or "jit",
-        output=options.get("output"),
-        inspection=Inspection(
-            print_ir_after=tuple(options.get("print_ir_after") or ()),
-            verify_each=bool(options.get("verify_each")),
-            repro_dir=options.get("repro_dir"),
-            dump_ir=options.get("dump_ir"),
-        ),
-        compile_timeout_s=options.get("compile_timeout"),
-        run_timeout_s=options.get("run_timeout"),
-        cache_dir=absolute_path(options.get("cache")),
-        trace_file=absolute_path(options.get("trace")),
-    )
+    """The request for options under their keywords (``param`` as ``KEY=VALUE`` strings or
+    a mapping, ``print_ir_after``, ``cache``, ``trace``, ...): one translation, from the
+    fields' :class:`~stagegraph.core.options.Option` declarations, for CLI and API."""
+    from stagegraph.core.options import model_values, option_specs
 
-
-def absolute_path(path: str | None) -> str | None:
-    """An absolute path, so child processes (other working directories) agree on it."""
-    import os
-
-    return os.path.abspath(path) if path else None
+    values = model_values(option_specs(SessionRequest), options)
+    return SessionRequest(graph=graph, workload=workload, **values)

@@ -6,13 +6,7 @@ from typing import Any
 
 import click
 
-from stagegraph.cli.options import (
-    cache_trace_options,
-    cost_model_options,
-    param_option,
-    session_request,
-    target_option,
-)
+from stagegraph.cli.options import session_options, session_request
 from stagegraph.cli.output import emit_json
 
 
@@ -32,12 +26,8 @@ from stagegraph.cli.output import emit_json
     metavar="NAME",
     help="The exported C function (default: stagegraph_ + the workload's name).",
 )
-@param_option
-@click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
+@session_options("param", "threads", "cost_model", "db", "params_file", "target", "cache", "trace")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
-@cost_model_options
-@target_option
-@cache_trace_options
 def compile_command(**options: Any) -> None:
     """Compile WORKLOAD through GRAPH into a folder a C program links and `exec` runs:
     lib<name>.so, <name>.o, <name>.h and manifest.json (plus the OpenMP runtime when the

@@ -34,25 +34,16 @@ def cli(ctx: click.Context, debug: bool, plugins: tuple[str, ...]) -> None:
 
 
 @cli.command("list")
-@click.argument("what", type=click.Choice(["graphs", "workloads", "stages", "cost-models"]))
+@click.argument("kind", metavar="KIND")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def list_command(what: str, as_json: bool) -> None:
-    """List the graphs, workloads, stage factories or cost models that are available."""
-    if what == "graphs":
-        from stagegraph.core.catalog import list_graphs
+def list_command(kind: str, as_json: bool) -> None:
+    """List the names of one registry: graphs, workloads, stages, cost-models, targets,
+    peers, stage-modules, runtime-libraries (every registry of one mechanism)."""
+    from stagegraph.app.registries import registry
 
-        rows = [{"name": n} for n in list_graphs()]
-    elif what == "cost-models":
-        from stagegraph.stages.common.costmodel import cost_model_names
-
-        rows = [{"name": n} for n in cost_model_names()]
-    elif what == "workloads":
-        from stagegraph.workload import list_workloads
-
-        rows = [{"name": n} for n in list_workloads()]
-    else:
+    found = registry(kind)
+    if kind == "stages":
         from stagegraph.core.render import first_sentence
-        from stagegraph.core.stage import registered
 
         rows = [
             {
@@ -61,14 +52,17 @@ def list_command(what: str, as_json: bool) -> None:
                 "inputs": [str(p) for p in f.inputs],
                 "outputs": [str(p) for p in f.outputs],
                 "doc": first_sentence(f.doc),
+                "origin": found.origin(f.name),
             }
-            for f in sorted(registered().values(), key=lambda f: (f.kind, f.name))
+            for f in sorted((f for _, f in found.items()), key=lambda f: (f.kind, f.name))
         ]
+    else:
+        rows = [{"name": n, "origin": found.origin(n)} for n in found.names()]
     if as_json:
         emit_json(rows)
         return
     for row in rows:
-        if what == "stages":
+        if kind == "stages":
             click.echo(
                 f"{row['name']:<24} {row['kind']:<9} ({', '.join(row['inputs'])}) -> "
                 f"({', '.join(row['outputs'])})  {row['doc']}"

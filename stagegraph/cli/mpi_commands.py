@@ -1,4 +1,5 @@
-"""``run`` and ``bench`` on MPI ranks (``--ranks N``): launch through the app, print here."""
+"""``run`` and ``bench`` on MPI ranks (``--ranks N``): what :mod:`stagegraph.app.commands`
+measured on the ranks, printed."""
 
 from __future__ import annotations
 
@@ -6,22 +7,12 @@ from typing import Any
 
 import click
 
-from stagegraph.app.bench import BenchOptions
 from stagegraph.cli.output import emit_json
 
 
-def mpi_run_command(
-    graph: str, workload: str, ranks: int, as_json: bool, unsupported: dict[str, Any]
-) -> None:
-    """``stagegraph run ... --ranks N``: run, print the report, exit 1 on a wrong result.
-
-    Raises:
-        ConfigError: an option that a multi-rank run does not support was given.
-    """
-    from stagegraph.app.mpi_launch import refuse_options, run_on_ranks
-
-    refuse_options(unsupported)
-    report = run_on_ranks(graph, workload, ranks)
+def print_mpi_run(report: Any, as_json: bool) -> None:
+    """A multi-rank run's report; exit 1 on a wrong result."""
+    ranks = report.ranks
     if as_json:
         emit_json(report.model_dump(mode="json"))
     else:
@@ -35,26 +26,11 @@ def mpi_run_command(
         raise SystemExit(1)
 
 
-def mpi_bench_command(
-    graph: str,
-    workload: str,
-    ranks: int,
-    splice_at: str | None,
-    options: BenchOptions,
-    as_json: bool,
-    csv_path: str | None,
-    unsupported: dict[str, Any],
-) -> None:
-    """``stagegraph bench ... --ranks N``: benchmark, print, exit 1 on a wrong result.
+def print_mpi_bench(report: Any, as_json: bool) -> None:
+    """A multi-rank benchmark's report; exit 1 on a wrong result."""
+    from stagegraph.app.bench import rough
 
-    Raises:
-        ConfigError: an option that a multi-rank benchmark does not support was given.
-    """
-    from stagegraph.app.bench import append_csv, rough
-    from stagegraph.app.mpi_launch import bench_on_ranks, refuse_options
-
-    refuse_options(unsupported)
-    report = bench_on_ranks(graph, workload, ranks, splice_at, options)
+    ranks = report.ranks
     if as_json:
         emit_json(report.model_dump(mode="json"))
     else:
@@ -85,7 +61,5 @@ def mpi_bench_command(
                     f"  at most {report.sample_limit} samples: every call leaks communicators "
                     "(MPI_Comm_split, see stagegraph.app.mpi_launch)"
                 )
-    if csv_path:
-        append_csv(csv_path, report)
     if not report.verified:
         raise SystemExit(1)

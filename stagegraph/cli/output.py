@@ -14,6 +14,7 @@ def emit_json(data: Any) -> None:
 
 def print_run_report(report: Any, as_json: bool, extra: dict[str, Any] | None = None) -> None:
     """A run's verdict and stage times; exit 1 on a wrong result."""
+    note_cost_model((extra or {}).get("cost_model"))
     if as_json:
         emit_json({**report.model_dump(mode="json"), **(extra or {})})
     else:
@@ -25,23 +26,9 @@ def print_run_report(report: Any, as_json: bool, extra: dict[str, Any] | None = 
         for stage in report.stages:
             click.echo(f"  {stage.name:<14} {stage.kind:<9} {stage.seconds * 1e3:9.2f} ms")
         if report.run_seconds is not None:
-            click.echo(f"  run            {report.run_seconds * 1e3:9.2f} ms")
+            click.echo(f"  run            {report.run_seconds * 1e3:9.2f} ms{_threads(report)}")
     if report.verified is False:
         raise SystemExit(1)
-
-
-def warn_openblas_overrides() -> None:
-    """Say on stderr when OpenBLAS runs forced kernels: ``--vs numpy`` then undersells numpy."""
-    from stagegraph.app.host import openblas_overrides
-
-    found = openblas_overrides()
-    if found:
-        names = ", ".join(f"{k}={v}" for k, v in found.items())
-        click.echo(
-            f"warning: {names} set: OpenBLAS runs those kernels instead of the ones for this "
-            "CPU, so the numpy numbers are not representative (unset it to compare fairly)",
-            err=True,
-        )
 
 
 def print_host(report: Any) -> None:
@@ -74,8 +61,16 @@ def print_bench_report(report: Any) -> None:
         f"{head}: median {report.median_s * 1e3:.4f} ms [{report.ci_low_s * 1e3:.4f}, "
         f"{report.ci_high_s * 1e3:.4f}] over {report.samples} samples{speed}; "
         f"min {report.min_s * 1e3:.4f} ms, cv {report.cv:.3f}, "
-        f"compile {report.compile_seconds:.3f} s"
+        f"compile {report.compile_seconds:.3f} s{_threads(report)}"
     )
+
+
+def _threads(report: Any) -> str:
+    """`` on N of M threads``: what the payload ran on, of what it was granted."""
+    ran, granted = getattr(report, "payload_threads", None), report.threads
+    if ran is None or granted is None:
+        return ""
+    return f" on {ran} of {granted} threads" if ran != granted else f" on {ran} threads"
 
 
 def print_ratio(result: Any) -> None:
@@ -94,16 +89,10 @@ def print_ratio(result: Any) -> None:
     )
 
 
-def report_cost_model(session: Any, cost_model: str | None) -> dict | None:
-    """Describe the cost model's choice; say on stderr when ``tuned`` fell back."""
-    if cost_model is None:
-        return None
-    from stagegraph.app.cost_model_info import describe_cost_model
-
-    info = describe_cost_model(session.engine, session.graph, session.workload, cost_model)
-    if info["fallback"]:
+def note_cost_model(info: dict | None) -> None:
+    """Say on stderr when the ``tuned`` cost model fell back to the heuristic."""
+    if info is not None and info["fallback"]:
         click.echo(f"cost model 'tuned': {info['note']}", err=True)
-    return info
 
 
 def print_warnings() -> None:

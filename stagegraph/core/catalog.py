@@ -15,33 +15,49 @@ from importlib import resources
 from pathlib import Path
 
 from stagegraph.core.graph import Graph
-from stagegraph.core.plugins import ensure_plugins
-from stagegraph.errors import (
-    DuplicateNameError,
-    GraphError,
-    UnknownGraphError,
-    unknown_name_message,
-)
+from stagegraph.core.registry import Registry, origin_of
+from stagegraph.errors import GraphError, UnknownGraphError
 
 GRAPH_SUFFIXES = (".yaml", ".yml", ".json")
 
-_REGISTERED: dict[str, Callable[[], Graph] | Graph] = {}
+
+class _Shipped:
+    """A graph definition shipped in ``stagegraph.graphs`` (a module or a graph file)."""
+
+    def __init__(self, name: str, path: Path) -> None:
+        self.name, self.path = name, path
+
+    def load(self) -> Graph:
+        if self.path.suffix == ".py":
+            return _from_module(
+                importlib.import_module(f"stagegraph.graphs.{self.name}"), self.name
+            )
+        return _load_path(self.path)
 
 
-def _shipped() -> list[str]:
+def _discover_shipped() -> None:
+    """Index ``graphs/``: a YAML/JSON file wins over a module of the same stem."""
     root = resources.files("stagegraph.graphs")
-    names = {
-        Path(item.name).stem
-        for item in root.iterdir()
-        if item.name.endswith((".py", *GRAPH_SUFFIXES)) and not item.name.startswith("_")
-    }
-    return sorted(names)
+    found: dict[str, Path] = {}
+    for item in sorted(root.iterdir(), key=lambda item: item.name):
+        stem, suffix = Path(item.name).stem, Path(item.name).suffix
+        if item.name.startswith("_") or suffix not in (".py", *GRAPH_SUFFIXES):
+            continue
+        if stem not in found or found[stem].suffix == ".py":
+            found[stem] = Path(str(item))
+    for stem, path in found.items():
+        GRAPHS.add_shipped(stem, _Shipped(stem, path), f"the shipped graph {path.name}")
+
+
+#: Graph names: the shipped ``graphs/`` definitions and those of :func:`register_graph`.
+GRAPHS: Registry[Graph] = Registry(
+    "graph", error=UnknownGraphError, discover=_discover_shipped, discover_first=True
+)
 
 
 def list_graphs() -> list[str]:
     """Names of the shipped graphs and of those registered (by plugins)."""
-    ensure_plugins()
-    return sorted({*_shipped(), *_REGISTERED})
+    return GRAPHS.names()
 
 
 def register_graph(
@@ -60,25 +76,8 @@ def register_graph(
         return lambda fn: register_graph(name, fn)
     if not (callable(build) or isinstance(build, Graph)):
         raise TypeError(f"register_graph({name!r}, ...) needs a Graph or a function building one")
-    if name in _shipped():
-        raise DuplicateNameError(
-            f"graph name {name!r} is already taken by a shipped graph; {_origin(build)} must "
-            f"use another name"
-        )
-    other = _REGISTERED.get(name)
-    if other is not None and other is not build and _origin(other) != _origin(build):
-        raise DuplicateNameError(
-            f"graph name {name!r} is already registered by {_origin(other)}; "
-            f"{_origin(build)} must use another name"
-        )
-    _REGISTERED[name] = build
-    return build
-
-
-def _origin(obj: object) -> str:
-    if isinstance(obj, Graph):
-        return f"graph {obj.name!r}"
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"
+    origin = f"graph {build.name!r}" if isinstance(build, Graph) else origin_of(build)
+    return GRAPHS.register(name, build, origin=origin)
 
 
 def load_graph(name: str) -> Graph:
@@ -89,25 +88,13 @@ def load_graph(name: str) -> Graph:
         if not path.exists():
             raise UnknownGraphError(f"graph file {name} does not exist")
         return _load_path(path)
-    ensure_plugins()
-    if name in _REGISTERED:
-        return _from_registered(name)
-    root = resources.files("stagegraph.graphs")
-    for suffix in GRAPH_SUFFIXES:
-        candidate = root / f"{name}{suffix}"
-        if candidate.is_file():
-            return _load_path(Path(str(candidate)))
-    if (root / f"{name}.py").is_file():
-        return _from_module(importlib.import_module(f"stagegraph.graphs.{name}"), name)
-    raise UnknownGraphError(unknown_name_message("graph", name, list_graphs()))
-
-
-def _from_registered(name: str) -> Graph:
-    build = _REGISTERED[name]
+    build = GRAPHS.entry(name)
+    if isinstance(build, _Shipped):
+        return build.load()
     graph = build if isinstance(build, Graph) else build()
     if not isinstance(graph, Graph):
-        raise GraphError(f"graph {name!r}: {_origin(build)} returned {type(graph).__name__}, "
-                         f"not a Graph")  # fmt: skip
+        raise GraphError(f"graph {name!r}: {GRAPHS.origin(name)} returned "
+                         f"{type(graph).__name__}, not a Graph")  # fmt: skip
     return graph
 
 

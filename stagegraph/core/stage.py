@@ -28,8 +28,9 @@ from stagegraph.core.ports import (
     is_port_type,
     port_name,
 )
+from stagegraph.core.registry import Registry, import_entry, origin_of
 from stagegraph.core.versioning import source_version
-from stagegraph.errors import ConfigError, DuplicateNameError, StageDefinitionError
+from stagegraph.errors import ConfigError, StageDefinitionError, UnknownStageError
 
 KINDS = ("analysis", "params", "schedule", "passes", "wrapper", "emit", "measure")
 MUTATING_KINDS = frozenset({"schedule", "passes", "wrapper"})
@@ -249,7 +250,30 @@ def _coerce(port: Port, value: Any) -> Any:
     return value
 
 
-_REGISTRY: dict[str, StageFactory] = {}
+def _load_stage_modules() -> None:
+    """Import every module of the stage library (registered by the stage packages)."""
+    for name in STAGE_MODULES.names():
+        STAGE_MODULES.get(name)
+
+
+#: The modules that declare the built-in stages, registered by the stage packages
+#: (``stagegraph/stages/__init__.py`` and each target package): only these are imported to
+#: list or look up factories; they load MLIR lazily, inside stage functions, so
+#: ``validate`` and ``list stages`` never pay for the bindings.
+STAGE_MODULES: Registry[Any] = Registry("stage-library module", plural="stage-modules")
+#: Stage factories by registry name (``@stage`` registers each).
+STAGES: Registry[StageFactory] = Registry(
+    "stage",
+    plural="stages",
+    error=UnknownStageError,
+    discover=_load_stage_modules,
+    unknown_as="stage factory",
+)
+
+
+def register_stage_module(module: str) -> None:
+    """Make ``module`` part of the stage library (imported before stages are looked up)."""
+    STAGE_MODULES.register(module, module)
 
 
 def stage(
@@ -291,89 +315,36 @@ def stage(
             version="",  # computed on first use (see code_version): imports stay cheap
             takes_config="config" in inspect.signature(fn).parameters,
         )
-        other = _REGISTRY.get(reg_name)
-        if other is not None and _origin(other.fn) != _origin(fn):
-            raise DuplicateNameError(
-                f"stage name {reg_name!r} is already registered by {_origin(other.fn)}; "
-                f"{_origin(fn)} must use another name"
-            )
-        _REGISTRY[reg_name] = factory
+        STAGES.register(reg_name, factory, origin=origin_of(fn))
         return factory
 
     return declare
 
 
-def _origin(fn: Callable[..., Any]) -> str:
-    """``module.qualname`` of a stage function (a re-import of the same code is no clash)."""
-    fn = getattr(fn, "__func__", fn)
-    owner = getattr(fn, "__self__", None)
-    name = type(owner).__qualname__ if owner is not None else fn.__qualname__
-    return f"{fn.__module__}.{name}"
-
-
 def registered() -> dict[str, StageFactory]:
-    """All registered factories, importing the built-in stage library on first use."""
-    _load_library()
-    return dict(_REGISTRY)
+    """All registered factories, the stage library (and plugins) loaded first."""
+    return dict(STAGES.items())
 
 
 def get_factory(name: str) -> StageFactory:
     """Look a factory up by registry name or by ``module:attribute`` import path (how a
-    graph file names a stage of a plugin or user module)."""
-    from stagegraph.errors import UnknownStageError, unknown_name_message
+    graph file names a stage of a plugin or user module).
 
-    if ":" in name:
-        import importlib
-
-        module_name, _, attr = name.partition(":")
-        try:
-            obj = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise UnknownStageError(
-                f"cannot import stage factory {name!r}: {exc} (load the code that declares it "
-                f"with --plugin or STAGEGRAPH_PLUGINS, or put its module beside the graph file)"
-            ) from exc
-        if not isinstance(obj, StageFactory):
-            raise UnknownStageError(f"{name!r} is not a stage factory (declare it with @stage)")
-        return obj
-    if name not in _REGISTRY:
-        _load_library()
-    if name not in _REGISTRY:
-        from stagegraph.core.plugins import ensure_plugins
-
-        ensure_plugins()  # a plugin's stage, named in a graph file
-    if name not in _REGISTRY:
-        raise UnknownStageError(unknown_name_message("stage factory", name, _REGISTRY))
-    return _REGISTRY[name]
-
-
-_LOADED = False
-
-#: The modules of the built-in stage library that declare stages. Only these are imported
-#: to list or look up factories: they load MLIR lazily, inside stage functions, so
-#: ``validate`` and ``list stages`` never pay for the bindings.
-LIBRARY_MODULES = (
-    "stagegraph.stages.analysis",
-    "stagegraph.stages.target",
-    "stagegraph.stages.sharding",
-    "stagegraph.stages.common.emit",
-    "stagegraph.stages.common.passes",
-    "stagegraph.stages.common.transform",
-    "stagegraph.stages.common.wrapper",
-    "stagegraph.stages.x86.stages",
-    "stagegraph.stages.x86.costmodels",
-)
-
-
-def _load_library() -> None:
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    import importlib
-
-    for module in LIBRARY_MODULES:
-        importlib.import_module(module)
+    Raises:
+        UnknownStageError: no such name (with a "did you mean"), or the import path fails.
+    """
+    if ":" not in name:
+        return STAGES.get(name)
+    try:
+        obj = import_entry(name)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownStageError(
+            f"cannot import stage factory {name!r}: {exc} (load the code that declares it "
+            f"with --plugin or STAGEGRAPH_PLUGINS, or put its module beside the graph file)"
+        ) from exc
+    if not isinstance(obj, StageFactory):
+        raise UnknownStageError(f"{name!r} is not a stage factory (declare it with @stage)")
+    return obj
 
 
 def check_compatible(produced: Port, expected: Port) -> bool:

@@ -13,6 +13,7 @@ import contextlib
 import math
 import os
 import platform
+from collections.abc import Callable
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,9 @@ from typing import Any
 from pydantic import Field, field_serializer
 
 from stagegraph.core.ports import Config, Facts
+from stagegraph.core.registry import Registry
 from stagegraph.core.stage import stage
+from stagegraph.errors import UnknownTargetError
 
 CPUINFO = Path("/proc/cpuinfo")
 CPU_SYSFS = Path("/sys/devices/system/cpu/cpu0")
@@ -213,6 +216,17 @@ def effective_threads(threads: int | None) -> int:
     return usable_cores()
 
 
+def payload_threads(params: Any) -> int | None:
+    """The threads a compiled payload's parallel loops run on, as its params chose them
+    (``payload_threads()`` of a params model, else its ``threads`` field); None for a graph
+    without params that say (the granted count is :func:`effective_threads`)."""
+    count = getattr(params, "payload_threads", None)
+    if callable(count):
+        return count()
+    value = getattr(params, "threads", None)
+    return value if isinstance(value, int) else None
+
+
 def vector_bits_for(isa: frozenset[str]) -> int:
     """Widest SIMD register the feature set allows."""
     if "avx512f" in isa:
@@ -262,21 +276,21 @@ ENV_VAR = "STAGEGRAPH_TARGET"
 
 def resolve_target(name: str | None = None) -> Target:
     """The facts of a named target: ``host`` (read from this machine), an x86-64 level
-    (``x86-64-v3``) or an LLVM CPU name (``znver3``). ``None`` means ``$STAGEGRAPH_TARGET``,
-    else ``host`` (so a whole test run can be pinned to a tier).
+    (``x86-64-v3``), an LLVM CPU name (``znver3``) or any name in :data:`TARGETS`. ``None``
+    means ``$STAGEGRAPH_TARGET``, else ``host`` (so a whole test run can be pinned to a tier).
 
     Raises:
         UnknownTargetError: the name is none of these (with a "did you mean").
     """
-    from stagegraph.errors import UnknownTargetError, unknown_name_message
+    name = (name or os.environ.get(ENV_VAR) or "host").strip().lower()
+    return TARGETS.get(name)(name)
+
+
+def named_x86_target(name: str) -> Target:
+    """A named x86 machine (:mod:`stagegraph.stages.target_names`) with this host's cores."""
     from stagegraph.stages.target_names import NAMED
 
-    name = (name or os.environ.get(ENV_VAR) or "host").strip().lower()
-    if name == "host":
-        return detect_target()
-    machine = NAMED.get(name)
-    if machine is None:
-        raise UnknownTargetError(unknown_name_message("target", name, ["host", *NAMED]))
+    machine = NAMED[name]
     host = detect_target()
     return Target(
         name=name,
@@ -291,6 +305,21 @@ def resolve_target(name: str | None = None) -> Target:
         frequency_ghz=None,
         fma_bits=machine.fma_bits,
     )
+
+
+def _discover_named() -> None:
+    from stagegraph.stages.target_names import NAMED
+
+    for name in NAMED:
+        TARGETS.add_shipped(name, named_x86_target, "stagegraph.stages.target_names")
+
+
+#: Target names, each to a function ``(name) -> Target``: ``host`` and the named x86
+#: machines; a target package (or plugin) registers more with ``TARGETS.register``.
+TARGETS: Registry[Callable[[str], Target]] = Registry(
+    "target", error=UnknownTargetError, discover=_discover_named
+)
+TARGETS.register("host", lambda _name: detect_target(), origin="the host machine")
 
 
 class TargetConfig(Config):

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from stagegraph.app.session import Inspection, SessionRequest
+from stagegraph.app.session import Inspection
 from stagegraph.core.ports import Schema
 from stagegraph.stages.common.tuning_db import (
     CandidateResult,
@@ -20,30 +20,7 @@ from stagegraph.stages.common.tuning_db import (
     best_result,
     target_key,
 )
-
-DEFAULT_DB = "stagegraph-tune.db"
-
-
-class TuneOptions(Schema):
-    """The ``stagegraph tune`` command line, as data: the session to tune (graph, workload,
-    target, the baseline's cost model, inspection) and how to search and measure."""
-
-    session: SessionRequest
-    budget: int = Field(12, ge=1)
-    jobs: int = Field(1, ge=1)
-    cluster: str | None = None
-    db: str = DEFAULT_DB
-    strategy: str = "model"
-    seed: int = 0
-    fixes: dict[str, Any] = Field(default_factory=dict)
-    per_op: bool = False
-    measure: str | None = None
-    batch_size: int | None = Field(None, ge=1)
-    compile_timeout_s: float = Field(60.0, gt=0)
-    run_timeout_s: float = Field(60.0, gt=0)
-    memory_bytes: int | None = 4 * 2**30
-    samples: int = Field(20, ge=4)
-    faults: dict[str, str] = Field(default_factory=dict)
+from stagegraph.tune.options import TuneOptions
 
 
 class Failure(Schema):

@@ -25,8 +25,10 @@ from stagegraph.app.session import Inspection, SessionRequest
 from stagegraph.core.engine import Hook
 from stagegraph.core.ports import Schema
 from stagegraph.stages.common.tuning_db import CandidateResult, TuneKey
+from stagegraph.tune.options import TuneOptions
 
 FAULTS = ("segfault", "hang", "oom", "wrong")
+_TUNE = TuneOptions.model_fields  # a task's limits default to the tune command's
 
 
 class BatchTask(Schema):
@@ -40,10 +42,10 @@ class BatchTask(Schema):
     baseline: dict[str, Any]
     candidates: list[dict[str, Any]]
     db: str | None = None
-    compile_timeout_s: float = 60.0
-    run_timeout_s: float = 60.0
-    memory_bytes: int | None = 4 * 2**30
-    samples: int = 20
+    compile_timeout_s: float = _TUNE["compile_timeout_s"].default
+    run_timeout_s: float = _TUNE["run_timeout_s"].default
+    memory_bytes: int | None = _TUNE["memory_bytes"].default
+    samples: int = _TUNE["samples"].default
     faults: dict[str, str] = Field(default_factory=dict)
     #: A registered stage of kind ``measure`` to time candidates with (default: the
     #: interleaved timer of :mod:`stagegraph.stages.common.measure`).

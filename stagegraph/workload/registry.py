@@ -14,14 +14,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from stagegraph.core.plugins import ensure_plugins
-from stagegraph.errors import (
-    DuplicateNameError,
-    UnknownWorkloadError,
-    WorkloadParamError,
-    did_you_mean,
-    unknown_name_message,
-)
+from stagegraph.core.registry import Registry
+from stagegraph.errors import UnknownWorkloadError, WorkloadParamError, did_you_mean
 from stagegraph.workload.base import Workload, WorkloadParams
 
 PACKAGE = "stagegraph.workloads"
@@ -29,8 +23,28 @@ PACKAGE = "stagegraph.workloads"
 
 # ---------------------------------------------------------------- registry
 
-_REGISTRY: dict[str, type[Workload] | Path] = {}
 _discovered = False
+
+
+def _discover() -> None:
+    """Import every module of the workloads package and index its ``.mlir`` files (once)."""
+    global _discovered
+    if _discovered:
+        return
+    _discovered = True
+    package = importlib.import_module(PACKAGE)
+    for info in pkgutil.iter_modules(package.__path__):
+        importlib.import_module(f"{PACKAGE}.{info.name}")
+    for folder in package.__path__:
+        for path in sorted(Path(folder).glob("*.mlir")):
+            WORKLOADS.add_shipped(path.stem, path, f"the payload {path.name}")
+
+
+#: Workload names: the classes of the ``stagegraph.workloads`` package and of plugins
+#: (:func:`register`), and the package's ``.mlir`` payloads under their stem.
+WORKLOADS: Registry[type[Workload] | Path] = Registry(
+    "workload", error=UnknownWorkloadError, discover=_discover
+)
 
 
 def register(cls: type[Workload]) -> type[Workload]:
@@ -47,55 +61,20 @@ def register(cls: type[Workload]) -> type[Workload]:
         raise TypeError(f"{cls.__qualname__} has no 'name'")
     if cls.__module__ != PACKAGE and not cls.__module__.startswith(PACKAGE + "."):
         _discover()  # a user class must not shadow a shipped one registered later
-    other = _REGISTRY.get(cls.name)
-    if other is not None and other is not cls and _origin(other) != _origin(cls):
-        raise DuplicateNameError(
-            f"workload name {cls.name!r} is already registered by {_origin(other)}; "
-            f"{_origin(cls)} must use another name"
-        )
-    _REGISTRY[cls.name] = cls
-    return cls
-
-
-def _origin(entry: type | Path) -> str:
-    if isinstance(entry, Path):
-        return f"the payload {entry.name}"
-    return f"{entry.__module__}.{entry.__qualname__}"
-
-
-def _discover() -> None:
-    """Import every module of the workloads package and index its ``.mlir`` files (once)."""
-    global _discovered
-    if _discovered:
-        ensure_plugins()
-        return
-    _discovered = True
-    package = importlib.import_module(PACKAGE)
-    for info in pkgutil.iter_modules(package.__path__):
-        importlib.import_module(f"{PACKAGE}.{info.name}")
-    for folder in package.__path__:
-        for path in sorted(Path(folder).glob("*.mlir")):
-            _REGISTRY.setdefault(path.stem, path)
-    ensure_plugins()
+    return WORKLOADS.register(cls.name, cls)
 
 
 def list_workloads() -> list[str]:
     """Names usable in specs (Python workloads and the package's .mlir files)."""
-    _discover()
-    return sorted(_REGISTRY)
+    return WORKLOADS.names()
 
 
 def workload_class(name: str) -> type[Workload]:
     """The class registered under ``name``."""
-    _discover()
-    entry = _REGISTRY.get(name)
-    if entry is None or isinstance(entry, Path):
-        raise UnknownWorkloadError(_unknown(name))
+    entry = WORKLOADS.entry(name)
+    if isinstance(entry, Path):
+        raise WORKLOADS.unknown(name)
     return entry
-
-
-def _unknown(name: str) -> str:
-    return unknown_name_message("workload", name, _REGISTRY)
 
 
 # ---------------------------------------------------------------- spec parsing
@@ -119,10 +98,7 @@ def parse_workload(text: str) -> Workload:
             raise UnknownWorkloadError(f"mlir file workload: no such file {str(path)!r}")
         values = _split(path.stem, MlirFileWorkload.Params, rest if head != text else "")
         return MlirFileWorkload(path, **values)
-    _discover()
-    found = _REGISTRY.get(head)
-    if found is None:
-        raise UnknownWorkloadError(_unknown(head))
+    found = WORKLOADS.entry(head)
     if isinstance(found, Path):
         from stagegraph.workload.mlir_file import MlirFileWorkload
 

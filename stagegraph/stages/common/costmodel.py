@@ -11,15 +11,10 @@ from typing import Any, TypeVar
 
 from pydantic import Field, ValidationError
 
-from stagegraph.core.plugins import ensure_plugins
 from stagegraph.core.ports import Config, Params
+from stagegraph.core.registry import Registry
 from stagegraph.core.stage import StageFactory, get_factory
-from stagegraph.errors import (
-    ConfigError,
-    DuplicateNameError,
-    UnknownCostModelError,
-    unknown_name_message,
-)
+from stagegraph.errors import ConfigError, UnknownCostModelError
 
 P = TypeVar("P", bound=Params)
 
@@ -111,14 +106,18 @@ def unknown_param_message(model: type[Params], name: str) -> str:
 
 # -- the cost models known by name (``--cost-model NAME``) -------------------------------
 
-#: ``--cost-model`` name → the params stage factory (``module:attribute``, or the factory
-#: itself for one registered with :func:`register_cost_model`) that implements it.
-COST_MODELS: dict[str, str | StageFactory] = {
-    "heuristic": "stagegraph.stages.x86.stages:heuristic",
-    "analytical": "stagegraph.stages.x86.costmodels:analytical",
-    "tuned": "stagegraph.stages.x86.costmodels:tuned",
-    "fixed": "stagegraph.stages.x86.costmodels:fixed",
-}
+
+def _factory(name: str, entry: str | StageFactory) -> StageFactory:
+    return entry if isinstance(entry, StageFactory) else get_factory(entry)
+
+
+#: ``--cost-model`` name → the params stage factory (``module:attribute`` or registered
+#: stage name, imported on first use, or the factory itself) that implements it. Each target
+#: package registers its own (``stagegraph/stages/x86/__init__.py``).
+COST_MODELS: Registry[StageFactory] = Registry(
+    "cost model", plural="cost-models", error=UnknownCostModelError, resolve=_factory
+)
+#: The cost model a graph's own params stage stands for when ``--cost-model`` names it.
 DEFAULT_COST_MODEL = "heuristic"
 
 
@@ -139,14 +138,7 @@ def register_cost_model(name: str, factory: StageFactory | str) -> StageFactory 
                         f"not a params stage")  # fmt: skip
     if not isinstance(factory, StageFactory | str):
         raise TypeError(f"cost model {name!r}: expected a stage factory, got {factory!r}")
-    other = COST_MODELS.get(name)
-    if other is not None and _spelling(other) != _spelling(factory):
-        raise DuplicateNameError(
-            f"cost model name {name!r} is already registered by {_spelling(other)}; "
-            f"{_spelling(factory)} must use another name"
-        )
-    COST_MODELS[name] = factory
-    return factory
+    return COST_MODELS.register(name, factory, origin=_spelling(factory))
 
 
 def _spelling(factory: StageFactory | str) -> str:
@@ -157,8 +149,8 @@ def _spelling(factory: StageFactory | str) -> str:
 
 
 def cost_model_names() -> list[str]:
-    ensure_plugins()
-    return list(COST_MODELS)
+    """Every ``--cost-model`` name (the target packages' and the plugins')."""
+    return COST_MODELS.names()
 
 
 def cost_model_factory(name: str) -> Any:
@@ -167,8 +159,4 @@ def cost_model_factory(name: str) -> Any:
     Raises:
         UnknownCostModelError: ``name`` is not registered (with a "did you mean").
     """
-    ensure_plugins()
-    if name not in COST_MODELS:
-        raise UnknownCostModelError(unknown_name_message("cost model", name, COST_MODELS))
-    factory = COST_MODELS[name]
-    return factory if isinstance(factory, StageFactory) else get_factory(factory)
+    return COST_MODELS.get(name)

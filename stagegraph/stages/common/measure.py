@@ -56,10 +56,14 @@ def check(binary: Binary, workload: WorkloadRef) -> Checked:
     return Checked(Verdict(ok=verdict.ok, message=verdict.message))
 
 
+#: Timed samples of each variant when tuning (``--samples``' default).
+DEFAULT_SAMPLES = 20
+
+
 class TimerConfig(Config):
     """Samples of each variant (taken in four interleaved chunks) after a warm-up."""
 
-    samples: int = Field(20, ge=4)
+    samples: int = Field(DEFAULT_SAMPLES, ge=4)
     warmup: int = Field(2, ge=0)
 
 
