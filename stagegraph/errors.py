@@ -107,6 +107,10 @@ class StageDefinitionError(StagegraphError, TypeError):
     """A stage function or class is declared wrongly (missing hints, bad kind)."""
 
 
+class StageOutputError(StageDefinitionError):
+    """A stage returned a value that is not of its output port's type (None, a str...)."""
+
+
 class DuplicateNameError(StageDefinitionError, ValueError):
     """A second, different stage, graph, workload or cost model under a name already taken.
 

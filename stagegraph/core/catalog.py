@@ -7,10 +7,11 @@ a path to such a file works anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from stagegraph.core.plugins import ensure_plugins
 from stagegraph.errors import (
     DuplicateNameError,
     GraphError,
+    StagegraphError,
     UnknownGraphError,
     unknown_name_message,
 )
@@ -104,7 +106,11 @@ def load_graph(name: str) -> Graph:
 
 def _from_registered(name: str) -> Graph:
     build = _REGISTERED[name]
-    graph = build if isinstance(build, Graph) else build()
+    if isinstance(build, Graph):
+        graph = build
+    else:
+        with _user_code(f"graph {name!r}: {_origin(build)}"):
+            graph = build()
     if not isinstance(graph, Graph):
         raise GraphError(f"graph {name!r}: {_origin(build)} returned {type(graph).__name__}, "
                          f"not a Graph")  # fmt: skip
@@ -148,12 +154,38 @@ def _exec_graph_module(path: Path) -> object:
     except SyntaxError as exc:
         sys.modules.pop(module_name, None)
         raise GraphError(f"graph file {path}:{exc.lineno}: {exc.msg}") from exc
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise GraphError(f"graph file {path}: {_failure(exc)}") from exc
     return module
 
 
 def _from_module(module: object, where: str) -> Graph:
     build = getattr(module, "build", None)
-    graph = build() if callable(build) else getattr(module, "graph", None)
+    if callable(build):
+        with _user_code(f"{where}: build()"):
+            graph = build()
+    else:
+        graph = getattr(module, "graph", None)
     if not isinstance(graph, Graph):
         raise GraphError(f"{where}: a graph module must define build() -> Graph or 'graph'")
     return graph
+
+
+@contextlib.contextmanager
+def _user_code(where: str) -> Iterator[None]:
+    """Turn what a user's graph-building code raises into a :class:`GraphError` naming
+    ``where`` and the line that raised, instead of a traceback."""
+    try:
+        yield
+    except StagegraphError as exc:
+        raise GraphError(f"{where}: {exc}") from exc
+    except Exception as exc:
+        raise GraphError(f"{where} raised {_failure(exc)}") from exc
+
+
+def _failure(exc: BaseException) -> str:
+    """``Type: message (at FILE:LINE)`` of an exception raised by user code."""
+    from stagegraph.core.plugins import where_raised
+
+    return f"{type(exc).__name__}: {exc}{where_raised(exc)}"
