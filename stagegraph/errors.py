@@ -213,6 +213,10 @@ class WorkloadParamError(WorkloadError):
     """A workload parameter that is unknown or has an invalid value."""
 
 
+class InsufficientMemoryError(WorkloadError, MemoryError):
+    """The workload's buffers cannot fit in the memory this process may use."""
+
+
 class ReferenceUnavailableError(StagegraphError, RuntimeError):
     """No reference result: no ``.npz`` beside the file and no reference runner installed."""
 

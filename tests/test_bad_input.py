@@ -238,6 +238,21 @@ CATALOGUE = [
         ["cannot write /no/dir/x.so"],
     ),
     (
+        "buffers-exceed-memory",
+        ["run", "x86", "matmul:m=1000000,n=1000000,k=1000000"],
+        [
+            "workload 'matmul:m=1000000,n=1000000,k=1000000",
+            "needs at least 14901.2 GiB",
+            "is available",
+            "refused before compiling",
+        ],
+    ),
+    (
+        "buffers-exceed-isolate-memory",
+        ["run", "x86", "matmul:m=20000,n=20000,k=20000", "--isolate", "--memory", "1"],
+        ["needs at least 6.0 GiB", "address-space limit 1.0 GiB", "--memory with --isolate"],
+    ),
+    (
         "npz-output-wrong-shape",
         ["run", "naive", "{dir}/npz_shape.mlir"],
         ["npz_shape.npz: out0 is float32[4, 5] but result #0 of @main is f32[4, 4]"],
