@@ -78,6 +78,7 @@ def run(
     ranks: int | None = None,
     compile_timeout: float | None = None,
     run_timeout: float | None = None,
+    reference: str | None = None,
 ) -> RunReport | RunResult | Any:
     """``stagegraph run``: compile ``workload`` through ``graph``, run it once and verify.
 
@@ -98,7 +99,7 @@ def run(
         graph, workload, param=param, threads=threads, target=target, cost_model=cost_model,
         db=db, params_file=params_file, emit=emit, output=output, dump_ir=dump_ir,
         print_ir_after=print_ir_after, verify_each=verify_each, repro_dir=repro_dir,
-        compile_timeout=compile_timeout, run_timeout=run_timeout,
+        compile_timeout=compile_timeout, run_timeout=run_timeout, reference=reference,
     )  # fmt: skip
     if isolate:
         request = request.model_copy(update={"graph": _by_name(graph, "isolate")})

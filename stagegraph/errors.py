@@ -221,6 +221,10 @@ class ReferenceUnavailableError(StagegraphError, RuntimeError):
     """No reference result: no ``.npz`` beside the file and no reference runner installed."""
 
 
+class ReferenceFailedError(StagegraphError, RuntimeError):
+    """The reference (another graph's code) could not be computed: not the graph under test."""
+
+
 class VerificationError(StagegraphError, ValueError):
     """Outputs that do not match the workload's reference."""
 

@@ -95,6 +95,9 @@ func.func @main(%a: tensor<4x8xf32>, %b: tensor<8x4xf32>) -> tensor<4x4xf32> {
 """
 
 
+VOID = "func.func @main(%a: tensor<4xf32>) {\n  return\n}\n"
+
+
 def _npz_files(folder):
     """A matmul payload beside each kind of broken .npz (STEM.mlir + STEM.npz)."""
     rng = np.random.default_rng(0)
@@ -110,6 +113,8 @@ def _npz_files(folder):
     for stem, data in arrays.items():
         (folder / f"{stem}.mlir").write_text(MATMUL)
         np.savez(folder / f"{stem}.npz", **data)
+    (folder / "plain.mlir").write_text(MATMUL)
+    (folder / "void.mlir").write_text(VOID)
     for stem, raw in (("npz_corrupt", b"PK\x03\x04 not a zip archive"), ("npz_empty", b"")):
         (folder / f"{stem}.mlir").write_text(MATMUL)
         (folder / f"{stem}.npz").write_bytes(raw)
@@ -285,6 +290,33 @@ CATALOGUE = [
         "npz-pickled",
         ["run", "naive", "{dir}/npz_object.mlir"],
         ["npz_object.npz: array 'in0' holds Python objects (pickled data)"],
+    ),
+    (
+        "no-results-to-verify",
+        ["run", "naive", "{dir}/void.mlir"],
+        ["@main returns no results, so there is nothing to verify", "--reference none"],
+    ),
+    (
+        "unknown-reference-graph",
+        ["run", "x86", "{dir}/plain.mlir", "--reference", "naiv"],
+        ["--reference: unknown graph 'naiv'", "did you mean 'naive'"],
+    ),
+    (
+        "reference-graph-fails",
+        [
+            "--plugin",
+            "{dir}/plugin_bad_stage.py",
+            "run",
+            "naive",
+            "{dir}/plain.mlir",
+            "--reference",
+            "stage-returns-none",
+        ],
+        [
+            "the reference failed, not the graph under test: graph 'stage-returns-none' "
+            "computes the reference",
+            "returned None for its output 'module'",
+        ],
     ),
     (
         "graph-file-raises",

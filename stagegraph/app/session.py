@@ -64,6 +64,9 @@ class SessionRequest(Schema):
     trace_file: str | None = None
     bench: BenchOptions | None = None
     splice_at: str | None = None
+    #: ``--reference``: a graph whose code is the reference (replacing a stored one), or
+    #: ``none`` (run unverified); None: the workload's own, else the naive graph.
+    reference: str | None = None
 
 
 def parse_assignments(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
@@ -93,21 +96,15 @@ def parse_assignments(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any
     return result
 
 
-def naive_reference(workload: Any) -> list[Any]:
-    """Differential testing: a payload without a stored reference is checked against what
-    the naive graph (linalg straight to loops) computes for it."""
-    from stagegraph.core.catalog import load_graph
-
-    result = Engine().run(load_graph("naive"), workload)
-    return result.binary.call(workload.entry, workload.inputs())
-
-
-def open_workload(spec: str) -> Any:
-    """The workload of ``spec`` with the naive graph as its reference of last resort."""
+def open_workload(spec: str, reference: str | None = None) -> Any:
+    """The workload of ``spec`` with the reference ``reference`` asks for (see
+    :func:`stagegraph.app.reference.attach_reference`: by default its own, else the naive
+    graph's code)."""
+    from stagegraph.app.reference import attach_reference
     from stagegraph.workload import parse_workload
 
     workload = parse_workload(spec)
-    workload.reference_runner = naive_reference
+    attach_reference(workload, reference)
     return workload
 
 
@@ -143,7 +140,7 @@ class Session:
 
         load_plugins(request.plugins)
         self.request = request
-        self.workload = open_workload(request.workload)
+        self.workload = open_workload(request.workload, request.reference)
         check_fits(self.workload)
         base = graph if graph is not None else load_graph(request.graph)
         self.graph = resolve_graph(base, request, self.workload.spec)
@@ -246,6 +243,7 @@ def request_from_options(graph: str, workload: str, options: Mapping[str, Any]) 
         run_timeout_s=options.get("run_timeout"),
         cache_dir=absolute_path(options.get("cache")),
         trace_file=absolute_path(options.get("trace")),
+        reference=options.get("reference"),
     )
 
 

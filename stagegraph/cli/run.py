@@ -36,6 +36,12 @@ from stagegraph.cli.output import emit_json, print_run_report, report_cost_model
 )
 @click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+@click.option(
+    "--reference",
+    metavar="GRAPH|none",
+    help="Verify against GRAPH's code instead of the stored reference (default: the .npz, "
+    "numpy or PyTorch result, else the naive graph); none: run without verifying.",
+)
 @isolation_options
 @click.option("--ranks", type=click.IntRange(min=1), help="Run on N MPI ranks (sharded workloads).")
 @cost_model_options

@@ -19,7 +19,13 @@ from pydantic import Field
 
 from stagegraph.dtypes import NAMES
 from stagegraph.errors import PayloadError, ReferenceUnavailableError
-from stagegraph.workload.base import Complexity, TensorSpec, Workload, WorkloadParams
+from stagegraph.workload.base import (
+    Complexity,
+    TensorSpec,
+    Workload,
+    WorkloadParams,
+    runner_source,
+)
 from stagegraph.workload.npz import (
     INPUT_PREFIXES,
     REFERENCE_PREFIXES,
@@ -138,6 +144,13 @@ class MlirFileWorkload(Workload):
                 "reference runner (a Session sets the naive graph as the reference runner)"
             )
         return list(self.reference_runner(self))
+
+    @property
+    def reference_source(self) -> str:
+        if self.prefer_runner or self._npz_names is None:
+            runner = self.reference_runner
+            return "none" if runner is None else runner_source(runner)
+        return "npz"
 
     @property
     def reduction_length(self) -> int:
