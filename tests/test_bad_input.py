@@ -46,6 +46,23 @@ FILES = {
     "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %a : tensor<4xf32>\n}\n"
     "func.func @other(%x: f32) -> f32 {\n"
     "  %y = func.call @no_such_function(%x) : (f32) -> f32\n  return %y : f32\n}\n",
+    "badpass.yaml": GOOD_GRAPH.replace(
+        "{name: load, factory: verify}",
+        "{name: load, factory: verify, config: {pipeline: 'func.func(csee)'}}",
+    ),
+    "badoption.yaml": GOOD_GRAPH.replace(
+        "{name: bufferize, factory: bufferize}",
+        "{name: bufferize, factory: bufferize, config: {pipeline: 'canonicalize{nope=1}'}}",
+    ),
+    "notransform.yaml": GOOD_GRAPH.replace(
+        "{name: load, factory: verify}",
+        "{name: load, factory: transform, config: {file: gone.mlir}}",
+    ),
+    "badtransform.yaml": GOOD_GRAPH.replace(
+        "{name: load, factory: verify}",
+        "{name: load, factory: transform, config: {file: bad.mlir}}",
+    ),
+    "bad.mlir": "module attributes {transform.with_named_sequence} {\n  transform.bogus\n}\n",
     "raises.py": "x = 1\nraise ValueError('top-level boom')\n",
     "buildraises.py": "def build():\n    return {}['missing']\n",
     "plugin_build_raises.py": "import stagegraph as sg\n\n\n@sg.register_graph('broken-build')\n"
@@ -317,6 +334,30 @@ CATALOGUE = [
             "computes the reference",
             "returned None for its output 'module'",
         ],
+    ),
+    (
+        "unknown-pass",
+        ["validate", "{dir}/badpass.yaml"],
+        [
+            "badpass.yaml: graph 'demo': stage 'load' (verify): pass pipeline 'func.func(csee)' "
+            "does not parse",
+            "'csee' does not refer to a registered pass",
+        ],
+    ),
+    (
+        "unknown-pass-option",
+        ["validate", "{dir}/badoption.yaml"],
+        ["stage 'bufferize' (bufferize)", "no such option nope"],
+    ),
+    (
+        "missing-transform-file",
+        ["validate", "{dir}/notransform.yaml"],
+        ["stage 'load' (transform): transform file", "gone.mlir does not exist"],
+    ),
+    (
+        "transform-file-does-not-parse",
+        ["validate", "{dir}/badtransform.yaml"],
+        ["stage 'load' (transform): cannot parse MLIR in", "bad.mlir:2:"],
     ),
     (
         "graph-file-raises",

@@ -113,8 +113,10 @@ def show(graph: str, fmt: str, output: str | None, trace_file: str | None) -> No
 def validate(file: str, as_json: bool) -> None:
     """Check a graph file (or graph name) and summarise it."""
     from stagegraph.core.catalog import load_graph
+    from stagegraph.core.static_check import check_statics
 
     graph = load_graph(file)
+    check_statics(graph, file)
     summary = {
         "graph": graph.name,
         "valid": True,
