@@ -26,6 +26,17 @@ def unknown_name_message(what: str, name: str, known: Iterable[str], where: str 
     return f"unknown {what} {name!r}{place}{did_you_mean(name, known)}; known: {listing}"
 
 
+def validation_details(error: Any) -> str:
+    """A pydantic ``ValidationError`` as ``loc=input: message; ...``: what the user typed and
+    what is wrong with it, without pydantic's documentation URLs and type codes."""
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item.get("loc", ()))
+        shown = f"{where}={item['input']!r}: " if where and "input" in item else ""
+        parts.append(shown + str(item.get("msg", "")))
+    return "; ".join(parts)
+
+
 class StagegraphWarning(UserWarning):
     """Something the user should know that did not stop the run (the CLI prints it as
     ``warning: ...`` on stderr), e.g. a corrupt cache entry that was ignored."""

@@ -63,6 +63,8 @@ FILES = {
         "{name: load, factory: transform, config: {file: bad.mlir}}",
     ),
     "bad.mlir": "module attributes {transform.with_named_sequence} {\n  transform.bogus\n}\n",
+    "notjson.json": "tile_m: 4\n",
+    "badfixed.json": '{"matmul": {"tile_m": "x"}}',
     "raises.py": "x = 1\nraise ValueError('top-level boom')\n",
     "buildraises.py": "def build():\n    return {}['missing']\n",
     "plugin_build_raises.py": "import stagegraph as sg\n\n\n@sg.register_graph('broken-build')\n"
@@ -360,6 +362,52 @@ CATALOGUE = [
         ["stage 'load' (transform): cannot parse MLIR in", "bad.mlir:2:"],
     ),
     (
+        "param-wrong-type",
+        ["run", "x86", "matmul:m=8,n=8,k=8", "--param", "tile_m=abc"],
+        ["stage 'select' of graph 'x86': invalid --param for MatmulParams: tile_m='abc'"],
+    ),
+    (
+        "params-file-not-json",
+        [
+            "run",
+            "x86",
+            "matmul:m=8,n=8,k=8",
+            "--cost-model",
+            "fixed",
+            "--params-file",
+            "{dir}/notjson.json",
+        ],
+        ["--params-file", "notjson.json is not JSON"],
+    ),
+    (
+        "params-file-invalid-params",
+        [
+            "run",
+            "x86",
+            "matmul:m=8,n=8,k=8",
+            "--cost-model",
+            "fixed",
+            "--params-file",
+            "{dir}/badfixed.json",
+        ],
+        ["stage 'select' of graph 'x86': invalid fixed params: matmul={'tile_m': 'x'}"],
+    ),
+    (
+        "fixed-without-params-file",
+        ["run", "x86", "matmul:m=8,n=8,k=8", "--cost-model", "fixed"],
+        ["--cost-model fixed needs --params-file FILE.json"],
+    ),
+    (
+        "tuned-without-db",
+        ["run", "x86", "matmul:m=8,n=8,k=8", "--cost-model", "tuned"],
+        ["--cost-model tuned needs --db FILE"],
+    ),
+    (
+        "tuned-missing-db",
+        ["run", "x86", "matmul:m=8,n=8,k=8", "--cost-model", "tuned", "--db", "{dir}/none.db"],
+        ["none.db: tuning database does not exist", "stagegraph tune"],
+    ),
+    (
         "graph-file-raises",
         ["validate", "{dir}/raises.py"],
         ["graph file", "raises.py: ValueError: top-level boom", "raises.py:2)"],
@@ -416,6 +464,8 @@ def test_catalogue(capsys, folder, argv, fragments):
     assert err.startswith("error: ")
     for fragment in fragments:
         assert fragment in err, f"{fragment!r} not in {err!r}"
+    assert "reproducer:" not in err or "stage 'emit'" in err  # input errors get none
+    assert "errors.pydantic.dev" not in err
 
 
 def test_debug_shows_traceback(capsys):

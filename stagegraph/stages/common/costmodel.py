@@ -19,6 +19,7 @@ from stagegraph.errors import (
     DuplicateNameError,
     UnknownCostModelError,
     unknown_name_message,
+    validation_details,
 )
 
 P = TypeVar("P", bound=Params)
@@ -84,12 +85,7 @@ def apply_overrides(params: P, overrides: dict[str, Any]) -> P:
     try:
         return type(params).model_validate({**params.model_dump(), **overrides})
     except ValidationError as exc:
-        details = "; ".join(
-            f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}"
-            if e["loc"]
-            else e["msg"]
-            for e in exc.errors()
-        )
+        details = validation_details(exc)
         raise ConfigError(f"invalid --param for {type(params).__name__}: {details}") from None
 
 
