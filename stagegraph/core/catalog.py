@@ -114,7 +114,7 @@ def _from_registered(name: str) -> Graph:
     if not isinstance(graph, Graph):
         raise GraphError(f"graph {name!r}: {_origin(build)} returned {type(graph).__name__}, "
                          f"not a Graph")  # fmt: skip
-    return graph
+    return graph.renamed(name)  # a graph derived from another (replace) keeps its own name
 
 
 def _load_path(path: Path) -> Graph:

@@ -11,6 +11,7 @@ from typing import Literal
 from stagegraph.core.ports import AnyModule, BufferModule, Config, LLVMModule, Module, TensorModule
 from stagegraph.core.stage import stage
 from stagegraph.mlir.diagnostics import VERIFY_PASSES
+from stagegraph.mlir.pipelines import anchored
 from stagegraph.stages.common import lowering
 from stagegraph.stages.common.rewrites import (
     copies_to_linalg,
@@ -33,7 +34,7 @@ class PipelineConfig(Config):
         """The pipeline does not parse (an unknown pass or option). A stage's own default
         pipeline is the project's, tested with it: not parsing it keeps ``validate`` of the
         shipped graphs from loading MLIR."""
-        from stagegraph.mlir.static_checks import pipeline_problem
+        from stagegraph.mlir.pipelines import pipeline_problem
 
         if (
             not self.pipeline.strip()
@@ -78,21 +79,6 @@ class GenericPipelineConfig(PipelineConfig):
     def port_levels(self) -> tuple[str | None, str | None]:
         takes, gives = infer_levels(self.pipeline)
         return self.takes or takes, self.gives or gives
-
-
-def anchored(pipeline: str) -> str:
-    """The pipeline as ``PassManager.parse`` takes it: nested in ``builtin.module(...)``
-    unless it is already anchored there (``builtin.module(...)``)."""
-    text = pipeline.strip()
-    if text.startswith("builtin.module(") and text.endswith(")"):
-        depth = 0
-        for i, char in enumerate(text):
-            depth += {"(": 1, ")": -1}.get(char, 0)
-            if depth == 0 and i >= len("builtin.module"):
-                if i == len(text) - 1:
-                    return text  # one anchor around the whole pipeline
-                break
-    return f"builtin.module({text})"
 
 
 def run_pipeline(module: Module, pipeline: str) -> Module:

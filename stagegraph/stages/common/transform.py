@@ -26,7 +26,7 @@ class TransformConfig(Config):
 
     def static_problems(self) -> list[str]:
         """The schedule file is missing, or the schedule does not parse or lacks its entry."""
-        from stagegraph.mlir.static_checks import transform_problem
+        from stagegraph.mlir.pipelines import transform_problem
 
         if self.file is not None:
             path = Path(self.file)

@@ -1,5 +1,6 @@
-"""Checks that need the MLIR bindings but no payload: does a pass pipeline parse (pass names
-and options known to this build), does a transform module parse and hold its entry?
+"""Pass pipelines as text, and checks that need the MLIR bindings but no payload: does a
+pass pipeline parse (pass names and options known to this build), does a transform module
+parse and hold its entry?
 
 ``stagegraph validate`` uses them so that a misspelled pass (``func.func(csee)``) or a
 broken schedule file is reported when the graph is checked, not after a payload has been
@@ -10,6 +11,21 @@ compiled up to that stage. Parsing builds nothing: a pipeline is parsed by
 from __future__ import annotations
 
 from stagegraph.errors import PayloadError
+
+
+def anchored(pipeline: str) -> str:
+    """The pipeline as ``PassManager.parse`` takes it: nested in ``builtin.module(...)``
+    unless it is already anchored there (``builtin.module(...)``)."""
+    text = pipeline.strip()
+    if text.startswith("builtin.module(") and text.endswith(")"):
+        depth = 0
+        for i, char in enumerate(text):
+            depth += {"(": 1, ")": -1}.get(char, 0)
+            if depth == 0 and i >= len("builtin.module"):
+                if i == len(text) - 1:
+                    return text  # one anchor around the whole pipeline
+                break
+    return f"builtin.module({text})"
 
 
 def pipeline_problem(anchored_pipeline: str) -> str | None:
