@@ -137,7 +137,9 @@ def _slice_operand(op: Any, index: int, sizes: list[int]) -> None:
     rank = len(sizes)
     with ir.InsertionPoint(op), op.location:
         result = ir.RankedTensorType.get(sizes, source.element_type, source.encoding)
-        sliced = dialect("tensor").ExtractSliceOp(
-            result, value, [], [], [], [0] * rank, sizes, [1] * rank
-        ).result
+        sliced = (
+            dialect("tensor")
+            .ExtractSliceOp(result, value, [], [], [], [0] * rank, sizes, [1] * rank)
+            .result
+        )
     op.operands[index] = sliced
