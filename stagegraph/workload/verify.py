@@ -150,7 +150,8 @@ def compare(
             return _fail(f"{who}: output {i} at {bad}: got {got[bad]}, expected {want[bad]}")
         norm_tol, elem_tol = tolerances(spec.dtype, reduction_length)
         finite = np.isfinite(want)
-        diff = np.where(finite, np.abs(got - want), 0.0)
+        with np.errstate(invalid="ignore"):  # inf - inf where both are inf: masked here
+            diff = np.where(finite, np.abs(got - want), 0.0)
         scale = max(rms(want), float(floor))
         # tiny keeps 0/0 at 0 when the reference and the floor are both exactly zero
         scaled = diff / (np.where(finite, np.abs(want), 0.0) + scale + np.finfo(np.float64).tiny)
