@@ -354,7 +354,7 @@ CATALOGUE = [
     (
         "missing-transform-file",
         ["validate", "{dir}/notransform.yaml"],
-        ["stage 'load' (transform): transform file", "gone.mlir does not exist"],
+        ["stage 'load' (transform): file:", "gone.mlir does not exist"],
     ),
     (
         "transform-file-does-not-parse",

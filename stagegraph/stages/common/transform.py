@@ -31,7 +31,7 @@ class TransformConfig(Config):
         if self.file is not None:
             path = Path(self.file)
             if not path.is_file():
-                return [f"transform file {path} does not exist"]
+                return []  # reported as a missing file (a GRAPH_PATH field)
             text, source = path.read_text(), str(path)
         else:
             text, source = self.text or "", "<transform text>"
