@@ -50,6 +50,8 @@ class BenchReport(Schema):
     trustworthy: bool | None = None
     warning: str = ""
     host: HostInfo | None = None
+    #: Where the reference came from: ``npz``, ``pytorch``, ``numpy``, ``graph:NAME``.
+    reference: str = ""
 
 
 class Comparison(Schema):
@@ -157,6 +159,7 @@ class Measurement:
             "splice_at": self.splice_at,
             "verified": self.verdict.ok,
             "message": self.verdict.message,
+            "reference": self.workload.reference_source,
             "compile_seconds": trace.compile_seconds(),
             "stage_seconds": {r.name: r.seconds for r in trace.records},
             "threads": effective_threads(threads),
