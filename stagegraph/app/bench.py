@@ -171,7 +171,14 @@ class Measurement:
 
 
 def prepare(engine: Engine, graph: Graph, workload: Any, splice_at: str | None) -> Measurement:
-    """Splice, compile and verify; raises nothing for a wrong result (the report says so)."""
+    """Splice, compile and verify; raises nothing for a wrong result (the report says so).
+
+    Raises:
+        InsufficientMemoryError: the workload's buffers cannot fit (before compiling).
+    """
+    from stagegraph.app.memory_budget import check_fits
+
+    check_fits(workload)
     if splice_at is not None:  # an unknown, ambiguous or LLVM-level tag fails before compiling
         splice_level(graph, splice_at)
     bench_graph, tag = spliced(graph, splice_at, workload.entry)

@@ -89,12 +89,15 @@ def compile_recording_warnings(session: Session) -> tuple[RunResult, list[str]]:
 def run_report(session: Session) -> RunReport:
     """Compile the session's workload through its graph, run it once and verify the outputs
     (an emitted file is written, not run)."""
+    from stagegraph.app.memory_budget import check_fits
     from stagegraph.app.reference import check_verifiable, verifies
 
     workload = session.workload
     check_single_process(workload)
     if verifies(session.request.reference):
         check_verifiable(workload)
+    if session.request.emit == "jit":  # it will run: its buffers must fit
+        check_fits(workload)
     result, warned = compile_recording_warnings(session)
     stages = [
         StageTime(name=r.name, kind=r.kind, seconds=r.seconds, cached=r.cached)

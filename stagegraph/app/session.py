@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, Literal
 from pydantic import Field
 
 from stagegraph.app.bench_options import BenchOptions
-from stagegraph.app.memory_budget import check_fits
 from stagegraph.core.engine import Engine, Hook, RunResult
 from stagegraph.core.graph import Graph
 from stagegraph.core.plugins import load_plugins, loaded_plugins
@@ -141,7 +140,6 @@ class Session:
         load_plugins(request.plugins)
         self.request = request
         self.workload = open_workload(request.workload, request.reference)
-        check_fits(self.workload)
         base = graph if graph is not None else load_graph(request.graph)
         self.graph = resolve_graph(base, request, self.workload.spec)
         self.hooks = inspection_hooks(self.graph, request.inspection, write)
