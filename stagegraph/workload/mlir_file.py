@@ -9,6 +9,7 @@ the workload's ``reference_runner`` (a Session sets the naive graph).
 from __future__ import annotations
 
 import functools
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -155,6 +156,22 @@ class MlirFileWorkload(Workload):
     @property
     def reduction_length(self) -> int:
         return self._costs[1]
+
+    def magnitudes(self) -> list[float]:
+        """The default floor (the inputs' size), times ``sqrt(n)`` for a result that is a
+        sum of ``n`` terms: the size of its partial sums, which its rounding errors follow
+        even when the terms cancel (:mod:`stagegraph.workload.sum_outputs`)."""
+        if self._magnitudes is None:
+            floors = super().magnitudes()
+            terms = self._summed_terms
+            self._magnitudes = [f * math.sqrt(n) for f, n in zip(floors, terms, strict=True)]
+        return self._magnitudes
+
+    @functools.cached_property
+    def _summed_terms(self) -> list[int]:
+        from stagegraph.workload.sum_outputs import summed_terms
+
+        return summed_terms(self.payload(), self.entry)
 
     @property
     def complexity(self) -> Complexity:
