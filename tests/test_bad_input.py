@@ -471,3 +471,20 @@ def test_catalogue(capsys, folder, argv, fragments):
 def test_debug_shows_traceback(capsys):
     assert main(["--debug", "run", "naiv", "matmul"]) == 2
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_an_end_of_file_is_named_not_a_bare_aborted(capsys):
+    """click folds EOFError into Abort; the message says what ended (--debug: where)."""
+    from stagegraph.cli.main import cli
+
+    @cli.command("eof-for-test")
+    def eof_for_test():
+        raise EOFError("No data left in file")
+
+    try:
+        assert main(["eof-for-test"]) == 1
+        assert capsys.readouterr().err.strip() == "aborted: EOFError: No data left in file"
+        assert main(["--debug", "eof-for-test"]) == 1
+        assert "Traceback" in capsys.readouterr().err
+    finally:
+        cli.commands.pop("eof-for-test", None)

@@ -191,8 +191,12 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         exc.show()
         return EXIT_USER_ERROR
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort as exc:  # Ctrl-C, or an EOFError click folded into it
+        if debug:
+            traceback.print_exception(exc.__context__ or exc)
+        cause = exc.__context__
+        detail = f": {type(cause).__name__}: {cause}" if isinstance(cause, EOFError) else ""
+        click.echo(f"aborted{detail}", err=True)
         return 1
     except StagegraphError as exc:
         if debug:
