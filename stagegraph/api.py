@@ -62,6 +62,7 @@ def run(
     run_timeout: float | None = _RUN["run_timeout"],
     cache: str | None = _RUN["cache"],
     trace: str | None = _RUN["trace"],
+    reference: str | None = _RUN["reference"],
 ) -> RunReport | RunResult | Any:
     """``stagegraph run``: compile ``workload`` through ``graph``, run it once and verify.
 

@@ -26,6 +26,17 @@ def unknown_name_message(what: str, name: str, known: Iterable[str], where: str 
     return f"unknown {what} {name!r}{place}{did_you_mean(name, known)}; known: {listing}"
 
 
+def validation_details(error: Any) -> str:
+    """A pydantic ``ValidationError`` as ``loc=input: message; ...``: what the user typed and
+    what is wrong with it, without pydantic's documentation URLs and type codes."""
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item.get("loc", ()))
+        shown = f"{where}={item['input']!r}: " if where and "input" in item else ""
+        parts.append(shown + str(item.get("msg", "")))
+    return "; ".join(parts)
+
+
 class StagegraphWarning(UserWarning):
     """Something the user should know that did not stop the run (the CLI prints it as
     ``warning: ...`` on stderr), e.g. a corrupt cache entry that was ignored."""
@@ -105,6 +116,10 @@ class UnknownGraphError(StagegraphError, KeyError):
 
 class StageDefinitionError(StagegraphError, TypeError):
     """A stage function or class is declared wrongly (missing hints, bad kind)."""
+
+
+class StageOutputError(StageDefinitionError):
+    """A stage returned a value that is not of its output port's type (None, a str...)."""
 
 
 class DuplicateNameError(StageDefinitionError, ValueError):
@@ -209,8 +224,16 @@ class WorkloadParamError(WorkloadError):
     """A workload parameter that is unknown or has an invalid value."""
 
 
+class InsufficientMemoryError(WorkloadError, MemoryError):
+    """The workload's buffers cannot fit in the memory this process may use."""
+
+
 class ReferenceUnavailableError(StagegraphError, RuntimeError):
     """No reference result: no ``.npz`` beside the file and no reference runner installed."""
+
+
+class ReferenceFailedError(StagegraphError, RuntimeError):
+    """The reference (another graph's code) could not be computed: not the graph under test."""
 
 
 class VerificationError(StagegraphError, ValueError):

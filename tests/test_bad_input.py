@@ -3,6 +3,7 @@ one-paragraph message naming what is wrong and where, and no traceback."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from stagegraph.cli.main import main
@@ -45,7 +46,98 @@ FILES = {
     "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n  return %a : tensor<4xf32>\n}\n"
     "func.func @other(%x: f32) -> f32 {\n"
     "  %y = func.call @no_such_function(%x) : (f32) -> f32\n  return %y : f32\n}\n",
+    "badpass.yaml": GOOD_GRAPH.replace(
+        "{name: load, factory: verify}",
+        "{name: load, factory: verify, config: {pipeline: 'func.func(csee)'}}",
+    ),
+    "badoption.yaml": GOOD_GRAPH.replace(
+        "{name: bufferize, factory: bufferize}",
+        "{name: bufferize, factory: bufferize, config: {pipeline: 'canonicalize{nope=1}'}}",
+    ),
+    "notransform.yaml": GOOD_GRAPH.replace(
+        "{name: load, factory: verify}",
+        "{name: load, factory: transform, config: {file: gone.mlir}}",
+    ),
+    "badtransform.yaml": GOOD_GRAPH.replace(
+        "{name: load, factory: verify}",
+        "{name: load, factory: transform, config: {file: bad.mlir}}",
+    ),
+    "bad.mlir": "module attributes {transform.with_named_sequence} {\n  transform.bogus\n}\n",
+    "notjson.json": "tile_m: 4\n",
+    "badfixed.json": '{"matmul": {"tile_m": "x"}}',
+    "raises.py": "x = 1\nraise ValueError('top-level boom')\n",
+    "buildraises.py": "def build():\n    return {}['missing']\n",
+    "plugin_build_raises.py": "import stagegraph as sg\n\n\n@sg.register_graph('broken-build')\n"
+    "def build():\n    raise RuntimeError('cannot build')\n",
+    "plugin_bad_stage.py": """\
+import stagegraph as sg
+from stagegraph.stages.common.emit import jit
+from stagegraph.stages.common.passes import bufferize, linalg_to_loops, lower_to_llvm, verify
+
+
+@sg.stage("passes", name="returns_none")
+def returns_none(module: sg.Module["tensor"]) -> sg.Module["tensor"]:
+    ...
+
+
+@sg.stage("passes", name="returns_str")
+def returns_str(module: sg.Module["tensor"]) -> sg.Module["tensor"]:
+    return "module"
+
+
+def graph_with(factory):
+    return sg.Graph(
+        "bad-" + factory.name,
+        [verify("load"), factory("clean"), bufferize(), linalg_to_loops("loops"),
+         lower_to_llvm("lower"), jit("emit")],
+        ["payload -> load.module", "load.module -> clean.module",
+         "clean.module -> bufferize.module", "bufferize.module -> loops.module",
+         "loops.module -> lower.module", "lower.module -> emit.module"],
+        [sg.GraphInput("payload", sg.Module["tensor"], frozenset({"input"}))],
+    )
+
+
+sg.register_graph("stage-returns-none", lambda: graph_with(returns_none))
+sg.register_graph("stage-returns-str", lambda: graph_with(returns_str))
+""",
 }
+
+MATMUL = """\
+func.func @main(%a: tensor<4x8xf32>, %b: tensor<8x4xf32>) -> tensor<4x4xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<4x4xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<4x4xf32>) -> tensor<4x4xf32>
+  %r = linalg.matmul ins(%a, %b : tensor<4x8xf32>, tensor<8x4xf32>)
+                     outs(%f : tensor<4x4xf32>) -> tensor<4x4xf32>
+  return %r : tensor<4x4xf32>
+}
+"""
+
+
+VOID = "func.func @main(%a: tensor<4xf32>) {\n  return\n}\n"
+
+
+def _npz_files(folder):
+    """A matmul payload beside each kind of broken .npz (STEM.mlir + STEM.npz)."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((4, 8)).astype(np.float32)
+    b = rng.standard_normal((8, 4)).astype(np.float32)
+    arrays = {
+        "npz_shape": {"in0": a, "in1": b, "out0": np.zeros((4, 5), np.float32)},
+        "npz_dtype": {"in0": a, "in1": b, "out0": (a @ b).astype(np.float64)},
+        "npz_no_out": {"in0": a, "in1": b},
+        "npz_in_shape": {"in0": a.T.copy(), "in1": b, "out0": a @ b},
+        "npz_object": {"in0": np.array([1, "x"], dtype=object), "in1": b, "out0": a @ b},
+    }
+    for stem, data in arrays.items():
+        (folder / f"{stem}.mlir").write_text(MATMUL)
+        np.savez(folder / f"{stem}.npz", **data)
+    (folder / "plain.mlir").write_text(MATMUL)
+    (folder / "void.mlir").write_text(VOID)
+    for stem, raw in (("npz_corrupt", b"PK\x03\x04 not a zip archive"), ("npz_empty", b"")):
+        (folder / f"{stem}.mlir").write_text(MATMUL)
+        (folder / f"{stem}.npz").write_bytes(raw)
+
 
 # (id, argv with {dir} for the temp folder, expected message fragments)
 CATALOGUE = [
@@ -169,13 +261,196 @@ CATALOGUE = [
         ["run", "naive", "matmul", "--emit", "shared", "-o", "/no/dir/x.so"],
         ["cannot write /no/dir/x.so"],
     ),
+    (
+        "buffers-exceed-memory",
+        ["run", "x86", "matmul:m=1000000,n=1000000,k=1000000"],
+        [
+            "workload 'matmul:m=1000000,n=1000000,k=1000000",
+            "needs at least 14901.2 GiB",
+            "is available",
+            "refused before compiling",
+        ],
+    ),
+    (
+        "buffers-exceed-isolate-memory",
+        ["run", "x86", "matmul:m=20000,n=20000,k=20000", "--isolate", "--memory", "1"],
+        ["needs at least 6.0 GiB", "address-space limit 1.0 GiB", "--memory with --isolate"],
+    ),
+    (
+        "npz-output-wrong-shape",
+        ["run", "naive", "{dir}/npz_shape.mlir"],
+        ["npz_shape.npz: out0 is float32[4, 5] but result #0 of @main is f32[4, 4]"],
+    ),
+    (
+        "npz-output-wrong-dtype",
+        ["run", "naive", "{dir}/npz_dtype.mlir"],
+        [
+            "npz_dtype.npz: out0 is float64[4, 4] but result #0 of @main is f32[4, 4]",
+            "must match exactly",
+        ],
+    ),
+    (
+        "npz-input-wrong-shape",
+        ["run", "naive", "{dir}/npz_in_shape.mlir"],
+        ["npz_in_shape.npz: in0 is float32[8, 4] but argument #0 of @main is f32[4, 8]"],
+    ),
+    (
+        "npz-without-outputs",
+        ["run", "naive", "{dir}/npz_no_out.mlir"],
+        ["npz_no_out.npz: has 0 arrays (none) named mutN/outN, but @main has 1 results"],
+    ),
+    (
+        "npz-corrupt",
+        ["run", "naive", "{dir}/npz_corrupt.mlir"],
+        ["npz_corrupt.npz is not a readable .npz archive", "in0.. and its reference out0.."],
+    ),
+    ("npz-empty", ["run", "naive", "{dir}/npz_empty.mlir"], ["npz_empty.npz is empty"]),
+    (
+        "npz-pickled",
+        ["run", "naive", "{dir}/npz_object.mlir"],
+        ["npz_object.npz: array 'in0' holds Python objects (pickled data)"],
+    ),
+    (
+        "no-results-to-verify",
+        ["run", "naive", "{dir}/void.mlir"],
+        ["@main returns no results, so there is nothing to verify", "--reference none"],
+    ),
+    (
+        "unknown-reference-graph",
+        ["run", "x86", "{dir}/plain.mlir", "--reference", "naiv"],
+        ["--reference: unknown graph 'naiv'", "did you mean 'naive'"],
+    ),
+    (
+        "reference-graph-fails",
+        [
+            "--plugin",
+            "{dir}/plugin_bad_stage.py",
+            "run",
+            "naive",
+            "{dir}/plain.mlir",
+            "--reference",
+            "stage-returns-none",
+        ],
+        [
+            "the reference failed, not the graph under test: graph 'stage-returns-none' "
+            "computes the reference",
+            "returned None for its output 'module'",
+        ],
+    ),
+    (
+        "unknown-pass",
+        ["validate", "{dir}/badpass.yaml"],
+        [
+            "badpass.yaml: graph 'demo': stage 'load' (verify): pass pipeline 'func.func(csee)' "
+            "does not parse",
+            "'csee' does not refer to a registered pass",
+        ],
+    ),
+    (
+        "unknown-pass-option",
+        ["validate", "{dir}/badoption.yaml"],
+        ["stage 'bufferize' (bufferize)", "no such option nope"],
+    ),
+    (
+        "missing-transform-file",
+        ["validate", "{dir}/notransform.yaml"],
+        ["stage 'load' (transform): file:", "gone.mlir does not exist"],
+    ),
+    (
+        "transform-file-does-not-parse",
+        ["validate", "{dir}/badtransform.yaml"],
+        ["stage 'load' (transform): cannot parse MLIR in", "bad.mlir:2:"],
+    ),
+    (
+        "param-wrong-type",
+        ["run", "x86", "matmul:m=8,n=8,k=8", "--param", "tile_m=abc"],
+        ["stage 'select' of graph 'x86': invalid --param for MatmulParams: tile_m='abc'"],
+    ),
+    (
+        "params-file-not-json",
+        [
+            "run",
+            "x86",
+            "matmul:m=8,n=8,k=8",
+            "--cost-model",
+            "fixed",
+            "--params-file",
+            "{dir}/notjson.json",
+        ],
+        ["--params-file", "notjson.json is not JSON"],
+    ),
+    (
+        "params-file-invalid-params",
+        [
+            "run",
+            "x86",
+            "matmul:m=8,n=8,k=8",
+            "--cost-model",
+            "fixed",
+            "--params-file",
+            "{dir}/badfixed.json",
+        ],
+        ["stage 'select' of graph 'x86': invalid fixed params: matmul={'tile_m': 'x'}"],
+    ),
+    (
+        "fixed-without-params-file",
+        ["run", "x86", "matmul:m=8,n=8,k=8", "--cost-model", "fixed"],
+        ["--cost-model fixed needs --params-file FILE.json"],
+    ),
+    (
+        "tuned-without-db",
+        ["run", "x86", "matmul:m=8,n=8,k=8", "--cost-model", "tuned"],
+        ["--cost-model tuned needs --db FILE"],
+    ),
+    (
+        "tuned-missing-db",
+        ["run", "x86", "matmul:m=8,n=8,k=8", "--cost-model", "tuned", "--db", "{dir}/none.db"],
+        ["none.db: tuning database does not exist", "stagegraph tune"],
+    ),
+    (
+        "graph-file-raises",
+        ["validate", "{dir}/raises.py"],
+        ["graph file", "raises.py: ValueError: top-level boom", "raises.py:2)"],
+    ),
+    (
+        "graph-build-raises",
+        ["validate", "{dir}/buildraises.py"],
+        ["buildraises.py: build() raised KeyError: 'missing'", "buildraises.py:2)"],
+    ),
+    (
+        "plugin-graph-build-raises",
+        ["--plugin", "{dir}/plugin_build_raises.py", "run", "broken-build", "matmul"],
+        ["graph 'broken-build'", "raised RuntimeError: cannot build", "plugin_build_raises.py:6)"],
+    ),
+    (
+        "stage-returns-none",
+        [
+            "--plugin",
+            "{dir}/plugin_bad_stage.py",
+            "run",
+            "stage-returns-none",
+            "matmul:m=4,n=4,k=4",
+        ],
+        [
+            "stage 'clean' (returns_none) returned None for its output 'module' (Module[tensor])",
+            "expected a Module or an MLIR ir.Module",
+        ],
+    ),
+    (
+        "stage-returns-str",
+        ["--plugin", "{dir}/plugin_bad_stage.py", "run", "stage-returns-str", "matmul:m=4,n=4,k=4"],
+        ["stage 'clean' (returns_str) returned a str ('module') for its output 'module'"],
+    ),
 ]
 
 
-@pytest.fixture
-def folder(tmp_path):
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory):
+    """One folder for the module: a plugin file is imported once per process, by path."""
+    tmp_path = tmp_path_factory.mktemp("bad-input")
     for name, text in FILES.items():
         (tmp_path / name).write_text(text)
+    _npz_files(tmp_path)
     return tmp_path
 
 
@@ -189,8 +464,27 @@ def test_catalogue(capsys, folder, argv, fragments):
     assert err.startswith("error: ")
     for fragment in fragments:
         assert fragment in err, f"{fragment!r} not in {err!r}"
+    assert "reproducer:" not in err or "stage 'emit'" in err  # input errors get none
+    assert "errors.pydantic.dev" not in err
 
 
 def test_debug_shows_traceback(capsys):
     assert main(["--debug", "run", "naiv", "matmul"]) == 2
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_an_end_of_file_is_named_not_a_bare_aborted(capsys):
+    """click folds EOFError into Abort; the message says what ended (--debug: where)."""
+    from stagegraph.cli.main import cli
+
+    @cli.command("eof-for-test")
+    def eof_for_test():
+        raise EOFError("No data left in file")
+
+    try:
+        assert main(["eof-for-test"]) == 1
+        assert capsys.readouterr().err.strip() == "aborted: EOFError: No data left in file"
+        assert main(["--debug", "eof-for-test"]) == 1
+        assert "Traceback" in capsys.readouterr().err
+    finally:
+        cli.commands.pop("eof-for-test", None)

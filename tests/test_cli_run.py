@@ -113,8 +113,9 @@ def test_mlir_file_without_npz_uses_naive_as_reference(capsys, tmp_path):
 
     path = tmp_path / "mm.mlir"
     path.write_text(MATMUL_MLIR)
-    code, report = run_json(capsys, "naive", str(path))
+    code, report = run_json(capsys, "x86", str(path))
     assert code == 0 and report["verified"] is True
+    assert report["reference"] == "graph:naive"
 
 
 @pytest.mark.parametrize(

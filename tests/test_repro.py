@@ -235,3 +235,67 @@ def test_verify_each_makes_pass_pipelines_verify_after_every_pass():
     hook.before_stage(event)
     hook.on_failure(event, RuntimeError("boom"))
     assert VERIFY_PASSES.get() is False
+
+
+FOLDABLE = """\
+func.func @main(%a: i32) -> i32 {
+  %zero = arith.constant 0 : i32
+  %b = arith.addi %a, %zero : i32
+  return %b : i32
+}
+"""
+
+
+def test_printed_opt_command_runs_the_pipeline(tmp_path):
+    """The README's command runs as printed, bare or anchored: a pipeline nested twice in
+    ``builtin.module(...)`` would run on no op and leave the module as it was."""
+    import subprocess
+
+    from stagegraph.instrument.repro import opt_command
+
+    path = tmp_path / "input.mlir"
+    path.write_text(FOLDABLE)
+    for pipeline in ("canonicalize", "builtin.module(canonicalize)"):
+        command = opt_command(pipeline, path)
+        assert "builtin.module(builtin.module" not in command
+        done = subprocess.run(command, shell=True, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        assert "func.func @main" in done.stdout and "arith.addi" not in done.stdout
+    nested = opt_command("canonicalize", path).replace(
+        "builtin.module(canonicalize)", "builtin.module(builtin.module(canonicalize))"
+    )
+    done = subprocess.run(nested, shell=True, capture_output=True, text=True)
+    assert "arith.addi" in done.stdout  # what the old command did: nothing
+
+
+def test_anchored_pipeline_reproducer_is_not_nested_twice(capsys, tmp_path):
+    import yaml
+
+    graph = {
+        "name": "badanchor",
+        "stages": [
+            {"name": "p", "factory": "pipeline",
+             "config": {"pipeline": "builtin.module(no-such-pass)"}},
+        ],
+        "edges": ["payload -> p.module"],
+    }  # fmt: skip
+    path = tmp_path / "g.yaml"
+    path.write_text(yaml.safe_dump(graph))
+    assert main(["run", str(path), "matmul:m=4,n=4,k=4", "--repro-dir", str(tmp_path)]) == 2
+    directory = re.search(r"reproducer: (\S+)", capsys.readouterr().err).group(1)
+    readme = (tmp_path / directory / "README").read_text()
+    assert "--pass-pipeline='builtin.module(no-such-pass)'" in readme
+    assert (tmp_path / directory / "pipeline.txt").read_text() == "builtin.module(no-such-pass)\n"
+
+
+def test_reproducer_folders_are_unique_within_a_second(capsys, tmp_path):
+    root = tmp_path / "repro"
+    graph = broken_graph_file(tmp_path)
+    found = []
+    for _ in range(3):
+        assert main(["run", graph, "matmul:m=8,n=8,k=8", "--repro-dir", str(root)]) == 2
+        found.append(re.search(r"reproducer: (\S+)", capsys.readouterr().err).group(1))
+    assert len(set(found)) == 3
+    assert len(list(root.iterdir())) == 3
+    for directory in found:
+        assert (root / directory / "stage.json").is_file()

@@ -20,7 +20,7 @@ from stagegraph.app.session import SessionRequest
 from stagegraph.cli.main import main
 from stagegraph.core.catalog import load_graph
 from stagegraph.core.engine import Engine
-from stagegraph.errors import EmptySearchSpaceError, UnknownCostModelError
+from stagegraph.errors import ConfigError, EmptySearchSpaceError, UnknownCostModelError
 from stagegraph.workload import parse_workload
 
 SMALL = "matmul:m=64,n=64,k=64"
@@ -62,8 +62,13 @@ def test_cost_models_swap_with_same_output_type(tmp_path):
     assert analytical.stages["select"].factory.name == "x86.analytical"
     chosen = Engine().run(analytical, work, until="select").params
     assert len(chosen.matmul) == len(base.matmul)
-    tuned = with_cost_model(graph, "tuned", workload=work.spec, db=str(tmp_path / "none.db"))
-    assert Engine().run(tuned, work, until="select").params == base  # falls back
+    with pytest.raises(ConfigError, match="tuning database does not exist"):
+        with_cost_model(graph, "tuned", workload=work.spec, db=str(tmp_path / "none.db"))
+    from stagegraph.stages.common.tuning_db import TuneDB
+
+    TuneDB(tmp_path / "empty.db").close()
+    tuned = with_cost_model(graph, "tuned", workload=work.spec, db=str(tmp_path / "empty.db"))
+    assert Engine().run(tuned, work, until="select").params == base  # nothing tuned: heuristic
 
 
 def test_unknown_cost_model_did_you_mean(capsys):

@@ -54,6 +54,8 @@ class BenchReport(Schema):
     trustworthy: bool | None = None
     warning: str = ""
     host: HostInfo | None = None
+    #: Where the reference came from: ``npz``, ``pytorch``, ``numpy``, ``graph:NAME``.
+    reference: str = ""
 
 
 class Comparison(Schema):
@@ -161,6 +163,7 @@ class Measurement:
             "splice_at": self.splice_at,
             "verified": self.verdict.ok,
             "message": self.verdict.message,
+            "reference": self.workload.reference_source,
             "compile_seconds": trace.compile_seconds(),
             "stage_seconds": {r.name: r.seconds for r in trace.records},
             "threads": effective_threads(threads),
@@ -173,7 +176,14 @@ class Measurement:
 
 
 def prepare(engine: Engine, graph: Graph, workload: Any, splice_at: str | None) -> Measurement:
-    """Splice, compile and verify; raises nothing for a wrong result (the report says so)."""
+    """Splice, compile and verify; raises nothing for a wrong result (the report says so).
+
+    Raises:
+        InsufficientMemoryError: the workload's buffers cannot fit (before compiling).
+    """
+    from stagegraph.app.memory_budget import check_fits
+
+    check_fits(workload)
     if splice_at is not None:  # an unknown, ambiguous or LLVM-level tag fails before compiling
         splice_level(graph, splice_at)
     bench_graph, tag = spliced(graph, splice_at, workload.entry)

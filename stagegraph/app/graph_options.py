@@ -138,11 +138,42 @@ def with_cost_model(
         raise ConfigError(f"graph {graph.name!r} has {len(stages)} params stages; need one")
     if name == DEFAULT_COST_MODEL and stages[0].factory is factory:
         return graph
+    check_cost_model_inputs(name, db, params_file)
     extra: dict[str, Any] = {
         "tuned": {"db": db, "workload": workload, "graph": graph.name},
         "fixed": {"path": params_file},
     }.get(name, {})
     return graph.replace(stages[0].name, factory(stages[0].name, **extra))
+
+
+def check_cost_model_inputs(name: str, db: str | None, params_file: str | None) -> None:
+    """Refuse missing inputs of ``tuned``/``fixed`` before anything compiles: they are the
+    user's input, not a stage's failure (no reproducer), and ``tuned`` with no database to
+    read would silently be the heuristic.
+
+    Raises:
+        ConfigError: ``fixed`` without a readable JSON params file; ``tuned`` without a
+            ``--db`` that exists.
+    """
+    import json
+
+    if name == "fixed":
+        if not params_file:
+            raise ConfigError("--cost-model fixed needs --params-file FILE.json")
+        try:
+            json.loads(Path(params_file).read_text())
+        except OSError as exc:
+            raise ConfigError(f"cannot read --params-file {params_file}: {exc.strerror}") from None
+        except ValueError as exc:
+            raise ConfigError(f"--params-file {params_file} is not JSON: {exc}") from None
+    if name == "tuned" and not db:
+        raise ConfigError("--cost-model tuned needs --db FILE (the database 'stagegraph tune' "
+                          "writes)")  # fmt: skip
+    if name == "tuned" and not Path(db).is_file():
+        raise ConfigError(
+            f"--db {db}: tuning database does not exist; create it with 'stagegraph tune "
+            f"GRAPH WORKLOAD --db {db}', or drop --cost-model tuned"
+        )
 
 
 def params_port(graph: Graph) -> tuple[Stage, Any]:

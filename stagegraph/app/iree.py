@@ -280,6 +280,7 @@ class IreeMeasurement:
             "workload": self.workload.spec,
             "splice_at": "-",
             "verified": self.verdict.ok,
+            "reference": self.workload.reference_source,
             "message": (
                 f"{self.verdict.message}; IREE invocation overhead "
                 f"{self.overhead_s * 1e6:.1f} us subtracted from each sample"

@@ -45,6 +45,8 @@ class RunReport(Schema):
     specialized: dict[str, list[int]] = Field(default_factory=dict)
     #: What the stages warned about (e.g. ops the ``tuned`` cost model left to the heuristic).
     warnings: list[str] = Field(default_factory=list)
+    #: Where the reference came from: ``npz``, ``pytorch``, ``numpy``, ``graph:NAME``, ``none``.
+    reference: str = ""
 
 
 def check_single_process(workload: Any) -> None:
@@ -91,8 +93,15 @@ def compile_recording_warnings(session: Session) -> tuple[RunResult, list[str]]:
 def run_report(session: Session) -> RunReport:
     """Compile the session's workload through its graph, run it once and verify the outputs
     (an emitted file is written, not run)."""
+    from stagegraph.app.memory_budget import check_fits
+    from stagegraph.app.reference import check_verifiable, verifies
+
     workload = session.workload
     check_single_process(workload)
+    if verifies(session.request.reference):
+        check_verifiable(workload)
+    if session.request.emit == "jit":  # it will run: its buffers must fit
+        check_fits(workload)
     result, warned = compile_recording_warnings(session)
     stages = [
         StageTime(name=r.name, kind=r.kind, seconds=r.seconds, cached=r.cached)
@@ -108,6 +117,7 @@ def run_report(session: Session) -> RunReport:
         "params": result.params.model_dump(mode="json") if result.params else None,
         "specialized": workload.specialization,
         "warnings": warned,
+        "reference": workload.reference_source,
     }
     binary = result.binary
     if binary is None or not hasattr(binary, "call"):
@@ -119,13 +129,30 @@ def run_report(session: Session) -> RunReport:
             **common,
         )
     outputs, seconds = execute(result, workload)
+    emitted = str(binary.path) if hasattr(binary, "path") else None
+    unverified = _why_unverified(session)
+    if unverified:
+        return RunReport(verified=None, message=unverified, run_seconds=seconds,
+                         emitted=emitted, **common)  # fmt: skip
+    from stagegraph.app.reference import caveat
+
     verdict = workload.verify(outputs)
     return RunReport(
         verified=verdict.ok,
         max_abs_error=verdict.max_abs_error,
         max_rel_error=verdict.max_rel_error,
-        message=verdict.message,
+        message=verdict.message + caveat(workload),
         run_seconds=seconds,
-        emitted=str(binary.path) if hasattr(binary, "path") else None,
+        emitted=emitted,
         **common,
     )
+
+
+def _why_unverified(session: Session) -> str:
+    """Why the outputs are not compared ("" when they are): ``--reference none``, or a
+    reference that is the graph under test itself."""
+    from stagegraph.app.reference import trivial_reference, verifies
+
+    if not verifies(session.request.reference):
+        return "ran; not verified (--reference none)"
+    return trivial_reference(session.workload, session.graph.name) or ""

@@ -162,23 +162,23 @@ class SessionRequest(Schema):
         description="Tag after which the timing wrapper is spliced (default: the graph's own "
         "choice).",
     )
+    reference: Annotated[str | None, Option("--reference", metavar="GRAPH|none")] = Field(
+        None,
+        description="Verify against GRAPH's code instead of the stored reference (default: "
+        "the .npz, numpy or PyTorch result, else the naive graph); none: run without "
+        "verifying.",
+    )
 
 
-def naive_reference(workload: Any) -> list[Any]:
-    """Differential testing: a payload without a stored reference is checked against what
-    the naive graph (linalg straight to loops) computes for it."""
-    from stagegraph.core.catalog import load_graph
-
-    result = Engine().run(load_graph("naive"), workload)
-    return result.binary.call(workload.entry, workload.inputs())
-
-
-def open_workload(spec: str) -> Any:
-    """The workload of ``spec`` with the naive graph as its reference of last resort."""
+def open_workload(spec: str, reference: str | None = None) -> Any:
+    """The workload of ``spec`` with the reference ``reference`` asks for (see
+    :func:`stagegraph.app.reference.attach_reference`: by default its own, else the naive
+    graph's code)."""
+    from stagegraph.app.reference import attach_reference
     from stagegraph.workload import parse_workload
 
     workload = parse_workload(spec)
-    workload.reference_runner = naive_reference
+    attach_reference(workload, reference)
     return workload
 
 
@@ -214,7 +214,7 @@ class Session:
 
         load_plugins(request.plugins)
         self.request = request
-        self.workload = open_workload(request.workload)
+        self.workload = open_workload(request.workload, request.reference)
         base = graph if graph is not None else load_graph(request.graph)
         self.graph = resolve_graph(base, request, self.workload.spec)
         self.hooks = inspection_hooks(self.graph, request.inspection, write)

@@ -107,8 +107,10 @@ def show(graph: str, fmt: str, output: str | None, trace_file: str | None) -> No
 def validate(file: str, as_json: bool) -> None:
     """Check a graph file (or graph name) and summarise it."""
     from stagegraph.core.catalog import load_graph
+    from stagegraph.core.static_check import check_statics
 
     graph = load_graph(file)
+    check_statics(graph, file)
     summary = {
         "graph": graph.name,
         "valid": True,
@@ -184,8 +186,12 @@ def main(argv: list[str] | None = None) -> int:
     except click.ClickException as exc:
         exc.show()
         return EXIT_USER_ERROR
-    except click.exceptions.Abort:
-        click.echo("aborted", err=True)
+    except click.exceptions.Abort as exc:  # Ctrl-C, or an EOFError click folded into it
+        if debug:
+            traceback.print_exception(exc.__context__ or exc)
+        cause = exc.__context__
+        detail = f": {type(cause).__name__}: {cause}" if isinstance(cause, EOFError) else ""
+        click.echo(f"aborted{detail}", err=True)
         return 1
     except StagegraphError as exc:
         if debug:

@@ -18,10 +18,11 @@ def print_run_report(report: Any, as_json: bool, extra: dict[str, Any] | None = 
     if as_json:
         emit_json({**report.model_dump(mode="json"), **(extra or {})})
     else:
-        click.echo(
-            f"{report.graph} on {report.workload}: "
-            + {True: "VERIFIED", False: "WRONG RESULT", None: "NOT RUN"}[report.verified]
-        )
+        verdict = {True: "VERIFIED", False: "WRONG RESULT", None: "NOT RUN"}[report.verified]
+        if report.verified is None and report.run_seconds is not None:
+            verdict = "RAN, NOT VERIFIED"
+        against = f" against {report.reference}" if report.verified is not None else ""
+        click.echo(f"{report.graph} on {report.workload}: {verdict}{against}")
         click.echo(f"  {report.message}")
         for stage in report.stages:
             click.echo(f"  {stage.name:<14} {stage.kind:<9} {stage.seconds * 1e3:9.2f} ms")

@@ -7,16 +7,17 @@ a path to such a file works anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 
 from stagegraph.core.graph import Graph
 from stagegraph.core.registry import Registry, origin_of
-from stagegraph.errors import GraphError, UnknownGraphError
+from stagegraph.errors import GraphError, StagegraphError, UnknownGraphError
 
 GRAPH_SUFFIXES = (".yaml", ".yml", ".json")
 
@@ -91,11 +92,15 @@ def load_graph(name: str) -> Graph:
     build = GRAPHS.entry(name)
     if isinstance(build, _Shipped):
         return build.load()
-    graph = build if isinstance(build, Graph) else build()
+    if isinstance(build, Graph):
+        graph = build
+    else:
+        with _user_code(f"graph {name!r}: {GRAPHS.origin(name)}"):
+            graph = build()
     if not isinstance(graph, Graph):
         raise GraphError(f"graph {name!r}: {GRAPHS.origin(name)} returned "
                          f"{type(graph).__name__}, not a Graph")  # fmt: skip
-    return graph
+    return graph.renamed(name)  # a graph derived from another (replace) keeps its own name
 
 
 def _load_path(path: Path) -> Graph:
@@ -135,12 +140,38 @@ def _exec_graph_module(path: Path) -> object:
     except SyntaxError as exc:
         sys.modules.pop(module_name, None)
         raise GraphError(f"graph file {path}:{exc.lineno}: {exc.msg}") from exc
+    except Exception as exc:
+        sys.modules.pop(module_name, None)
+        raise GraphError(f"graph file {path}: {_failure(exc)}") from exc
     return module
 
 
 def _from_module(module: object, where: str) -> Graph:
     build = getattr(module, "build", None)
-    graph = build() if callable(build) else getattr(module, "graph", None)
+    if callable(build):
+        with _user_code(f"{where}: build()"):
+            graph = build()
+    else:
+        graph = getattr(module, "graph", None)
     if not isinstance(graph, Graph):
         raise GraphError(f"{where}: a graph module must define build() -> Graph or 'graph'")
     return graph
+
+
+@contextlib.contextmanager
+def _user_code(where: str) -> Iterator[None]:
+    """Turn what a user's graph-building code raises into a :class:`GraphError` naming
+    ``where`` and the line that raised, instead of a traceback."""
+    try:
+        yield
+    except StagegraphError as exc:
+        raise GraphError(f"{where}: {exc}") from exc
+    except Exception as exc:
+        raise GraphError(f"{where} raised {_failure(exc)}") from exc
+
+
+def _failure(exc: BaseException) -> str:
+    """``Type: message (at FILE:LINE)`` of an exception raised by user code."""
+    from stagegraph.core.plugins import where_raised
+
+    return f"{type(exc).__name__}: {exc}{where_raised(exc)}"

@@ -17,7 +17,7 @@ from typing import Any
 from stagegraph.core.graph import Graph, GraphInput
 from stagegraph.core.ports import Binary, Facts, Module, Params, Schema
 from stagegraph.core.stage import Stage
-from stagegraph.errors import StageFailed, StagegraphError
+from stagegraph.errors import ConfigError, StageFailed, StagegraphError, StageOutputError
 
 Value = Any
 Key = tuple[str, str]
@@ -376,6 +376,10 @@ class Engine:
                 return stage.run(event.inputs)
         except StageFailed:
             raise
+        except StageOutputError as exc:  # the stage's code, not the payload: no reproducer
+            raise StageOutputError(f"graph {graph.name!r}: {exc}") from None
+        except ConfigError as exc:  # the user's input (--param, a params file): no reproducer
+            raise ConfigError(f"stage {stage.name!r} of graph {graph.name!r}: {exc}") from None
         except Exception as exc:
             found = diagnostics + [d for d in error_diagnostics(exc) if d not in diagnostics]
             reason, _, rest = (str(exc).strip() or type(exc).__name__).partition("\n")

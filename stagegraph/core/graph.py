@@ -422,6 +422,10 @@ class Graph:
             inputs=[*self.inputs.values(), *inputs],
         )
 
+    def renamed(self, name: str) -> Graph:
+        """The same graph under another name (the name it is registered or loaded under)."""
+        return self if name == self.name else self._with(name=name)
+
     def with_config(self, name: str, **changes: Any) -> Graph:
         """The same graph with one stage's config fields changed."""
         return self.replace(name, self._require_stage(name).with_config(**changes))

@@ -69,13 +69,13 @@ def load_plugin(spec: str) -> None:
                 f"plugin {spec!r}: no module named {spec!r} (give an importable module name, "
                 f"or the path of a .py file)"
             ) from None
-        raise PluginError(f"plugin {spec}: {exc}{_where(exc)}") from exc
+        raise PluginError(f"plugin {spec}: {exc}{where_raised(exc)}") from exc
     except StagegraphError as exc:
         _loaded.remove(spec)
         raise PluginError(f"plugin {spec}: {exc}") from exc
     except Exception as exc:
         _loaded.remove(spec)
-        raise PluginError(f"plugin {spec}: {type(exc).__name__}: {exc}{_where(exc)}") from exc
+        raise PluginError(f"plugin {spec}: {type(exc).__name__}: {exc}{where_raised(exc)}") from exc
 
 
 def load_plugins(specs: Iterable[str]) -> None:
@@ -107,7 +107,7 @@ def ensure_plugins() -> None:
         except Exception as exc:
             raise PluginError(
                 f"plugin entry point {point.name!r} ({point.value}): "
-                f"{type(exc).__name__}: {exc}{_where(exc)}"
+                f"{type(exc).__name__}: {exc}{where_raised(exc)}"
             ) from exc
 
 
@@ -157,7 +157,7 @@ def _import_file(path: Path) -> None:
         raise PluginError(f"plugin file {path}: importing {name!r} found {module.__file__}")
 
 
-def _where(exc: BaseException) -> str:
+def where_raised(exc: BaseException) -> str:
     """`` (at FILE:LINE)`` of the innermost frame of a plugin's failure."""
     frames = traceback.extract_tb(exc.__traceback__)
     if not frames:

@@ -39,7 +39,7 @@ class Facts(Schema):
 class Config(Schema):
     """A stage's configuration (the empty config is the default).
 
-    Two optional hooks let a config refine its stage instance: :meth:`port_levels` gives
+    Optional hooks let a config refine its stage instance: :meth:`port_levels` gives
     the IR levels of the stage's ``Module["any"]`` ports (a generic pass pipeline knows
     from its passes what it takes and gives), :meth:`check_for` checks values against the
     factory (keys of the params model a cost model produces).
@@ -51,6 +51,12 @@ class Config(Schema):
 
     def check_for(self, factory: Any) -> None:
         """Raise ``ValueError`` when the config does not fit ``factory`` (default: fits)."""
+
+    def static_problems(self) -> list[str]:
+        """What is wrong with the config that can be known before any payload runs (a pass
+        pipeline that does not parse, a schedule file that is missing): ``validate`` reports
+        these. Slower than :meth:`check_for` (it may parse), so only ``validate`` asks."""
+        return []
 
     @classmethod
     def schema_for(cls, factory: Any, schema: dict[str, Any]) -> dict[str, Any]:

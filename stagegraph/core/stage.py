@@ -30,7 +30,12 @@ from stagegraph.core.ports import (
 )
 from stagegraph.core.registry import Registry, import_entry, origin_of
 from stagegraph.core.versioning import source_version
-from stagegraph.errors import ConfigError, StageDefinitionError, UnknownStageError
+from stagegraph.errors import (
+    ConfigError,
+    StageDefinitionError,
+    StageOutputError,
+    UnknownStageError,
+)
 
 KINDS = ("analysis", "params", "schedule", "passes", "wrapper", "emit", "measure")
 MUTATING_KINDS = frozenset({"schedule", "passes", "wrapper"})
@@ -230,24 +235,56 @@ class Stage:
         if not ports:
             return {}
         named = isinstance(result, tuple) and hasattr(result, "_fields")  # NamedTuple outputs
+        if len(ports) > 1 and not (isinstance(result, tuple) and len(result) == len(ports)):
+            raise StageOutputError(
+                f"stage {self.name!r} ({self.factory.name}) returned {_describe(result)}; "
+                f"expected a tuple of {len(ports)} values for its outputs "
+                + ", ".join(f"{p.name!r} ({port_name(p.type)})" for p in ports)
+            )
         values = list(result) if len(ports) > 1 or named else [result]
-        return {p.name: _coerce(p, v) for p, v in zip(ports, values, strict=True)}
+        return {p.name: self._coerce(p, v) for p, v in zip(ports, values, strict=True)}
+
+    def _coerce(self, port: Port, value: Any) -> Any:
+        """Wrap bare ``ir.Module`` results and stamp the output level onto modules.
+
+        Raises:
+            StageOutputError: ``value`` is not of the port's type (a stage whose body is
+                ``...`` returns None), named here rather than as an AttributeError in a
+                later stage.
+        """
+        if value is None and port.optional:
+            return None
+        if issubclass(port.type, Module):
+            if not isinstance(value, Module):
+                if not hasattr(value, "operation"):  # an ir.Module (no bindings import here)
+                    raise self._wrong_output(port, value, "a Module or an MLIR ir.Module")
+                value = port.type(value)
+            if port.type.level != "any":
+                value.level = port.type.level
+        elif isinstance(port.type, type) and not isinstance(value, port.type):
+            raise self._wrong_output(port, value, f"a {port_name(port.type)}")
+        return value
+
+    def _wrong_output(self, port: Port, value: Any, expected: str) -> StageOutputError:
+        return StageOutputError(
+            f"stage {self.name!r} ({self.factory.name}) returned {_describe(value)} for its "
+            f"output {port.name!r} ({port_name(port.type)}); expected {expected}"
+        )
+
+
+def _describe(value: Any) -> str:
+    """``None`` or ``a str ('abc')``: what a stage returned, for errors."""
+    if value is None:
+        return "None"
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"a {type(value).__name__} ({shown})"
 
 
 def _narrow(port: Port, level: str | None) -> Port:
     if level is None or not issubclass(port.type, Module) or port.type.level != "any":
         return port
     return Port(port.name, Module[level], port.optional)
-
-
-def _coerce(port: Port, value: Any) -> Any:
-    """Wrap bare ``ir.Module`` results and stamp the output level onto modules."""
-    if issubclass(port.type, Module):
-        if not isinstance(value, Module):
-            value = port.type(value)
-        if port.type.level != "any":
-            value.level = port.type.level
-    return value
 
 
 def _load_stage_modules() -> None:

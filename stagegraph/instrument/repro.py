@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import shlex
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,6 +25,15 @@ from stagegraph.errors import StageFailed, StagegraphError
 
 def default_directory() -> Path:
     return Path(tempfile.gettempdir()) / "stagegraph-repro"
+
+
+def unique_folder(root: Path, stem: str) -> Path:
+    """A new, empty folder ``root/STEM-YYYYmmdd-HHMMSS-XXXX``: the time says when, the random
+    suffix (``mkdtemp``: created atomically) keeps two failures in one second, in one
+    process or several, from sharing a folder and overwriting each other."""
+    root.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return Path(tempfile.mkdtemp(prefix=f"{stem}-{stamp}-", dir=root))
 
 
 class StageSpec(Schema):
@@ -57,10 +67,8 @@ class ReproducerHook(Hook):
 
     def on_failure(self, event: StageEvent, error: BaseException) -> str | None:
         stage = event.stage
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        target = self.directory / f"{event.graph.name}-{stage.name}-{stamp}"
         try:
-            target.mkdir(parents=True, exist_ok=True)
+            target = unique_folder(self.directory, f"{event.graph.name}-{stage.name}")
             inputs = {
                 port: value.text() if isinstance(value, _Snapshot) else value
                 for port, value in self._pending.items()
@@ -146,15 +154,24 @@ def opt_command(pipeline: str, path: Path) -> str:
     """The ``torch-mlir-opt``/``mlir-opt`` command line running ``pipeline`` on ``path``."""
     import shutil
 
-    tool = shutil.which("mlir-opt") or "torch-mlir-opt"
-    return f"{tool} --pass-pipeline={shlex.quote(f'builtin.module({pipeline})')} {path}"
+    from stagegraph.mlir.pipelines import anchored
+
+    beside = Path(sys.executable).parent / "torch-mlir-opt"  # the wheel's, in this venv
+    tool = (
+        shutil.which("mlir-opt")
+        or shutil.which("torch-mlir-opt")
+        or (str(beside) if beside.is_file() else "torch-mlir-opt")
+    )
+    return f"{tool} --pass-pipeline={shlex.quote(anchored(pipeline))} {shlex.quote(str(path))}"
 
 
 def _applied(stage: Stage, inputs: dict[str, Any]) -> tuple[str, str] | None:
     """The schedule or pipeline the stage applies, for humans reading the reproducer."""
     config = stage.config
     if getattr(config, "pipeline", None):
-        return "pipeline.txt", f"builtin.module({config.pipeline})\n"
+        from stagegraph.mlir.pipelines import anchored
+
+        return "pipeline.txt", anchored(config.pipeline) + "\n"
     if getattr(config, "text", None):
         return "schedule.mlir", config.text
     describe = getattr(stage.factory.fn, "describe_schedule", None)
@@ -235,10 +252,9 @@ def claim_breadcrumb(
     if not (breadcrumb / "stage.json").exists():
         return None
     spec = StageSpec.model_validate_json((breadcrumb / "stage.json").read_text())
-    root = Path(root) if root else default_directory()
-    target = root / f"{spec.graph}-{spec.stage}-{time.strftime('%Y%m%d-%H%M%S')}"
-    root.mkdir(parents=True, exist_ok=True)
-    breadcrumb.rename(target)
+    target = unique_folder(Path(root) if root else default_directory(),
+                           f"{spec.graph}-{spec.stage}")  # fmt: skip
+    breadcrumb.rename(target)  # onto the new empty folder: POSIX rename replaces it
     spec = spec.model_copy(update={"error": reason})
     (target / "stage.json").write_text(spec.model_dump_json(indent=2))
     readme = (target / "README").read_text().replace("\nin progress\n", f"\n{reason}\n")

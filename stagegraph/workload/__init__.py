@@ -15,6 +15,7 @@ from stagegraph.errors import (
 )
 from stagegraph.workload.base import (
     Complexity,
+    ReferenceKind,
     TensorSpec,
     Workload,
     WorkloadParams,
@@ -26,6 +27,7 @@ from stagegraph.workload.verify import Verdict
 __all__ = [
     "Complexity",
     "PayloadError",
+    "ReferenceKind",
     "ReferenceUnavailableError",
     "TensorSpec",
     "UnknownWorkloadError",

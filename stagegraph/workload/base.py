@@ -10,7 +10,7 @@ import tempfile
 import typing
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import Field, ValidationError
@@ -38,6 +38,12 @@ class Complexity(Schema):
     def intensity(self) -> float:
         """Flops per byte (roofline x-axis)."""
         return self.flops / self.bytes_moved if self.bytes_moved else 0.0
+
+
+ReferenceKind = Literal["npz", "pytorch", "numpy", "graph", "none"]
+"""Where a workload's reference result comes from: arrays stored beside the payload, eager
+PyTorch, numpy (Python workloads, float64), another graph's compiled code (``graph:NAME``
+in reports), or nowhere (``none``: outputs are not verified)."""
 
 
 class WorkloadParams(Schema):
@@ -84,6 +90,10 @@ class Workload:
     #: Computes the outputs of a workload that has no stored reference (the session sets
     #: it to the naive graph: differential testing); ``None``: no such reference.
     reference_runner: Callable[[Workload], list[np.ndarray]] | None = None
+    #: The user chose the runner (``--reference GRAPH``): it replaces the stored reference.
+    prefer_runner: bool = False
+    #: Where :meth:`_compute_reference` gets its result (a PyTorch workload sets "pytorch").
+    reference_kind: ClassVar[ReferenceKind] = "numpy"
 
     def __init__(self, params: WorkloadParams | None = None, /, **values: Any) -> None:
         if params is None:
@@ -146,8 +156,20 @@ class Workload:
     def reference(self) -> list[np.ndarray]:
         """Expected results (float64 for float outputs unless read from a file), cached."""
         if self._reference is None:
-            self._reference = [_frozen(np.asarray(a)) for a in self._compute_reference()]
+            if self.prefer_runner and self.reference_runner is not None:
+                computed = self.reference_runner(self)
+            else:
+                computed = self._compute_reference()
+            self._reference = [_frozen(np.asarray(a)) for a in computed]
         return self._reference
+
+    @property
+    def reference_source(self) -> str:
+        """Where :meth:`reference` comes from: ``npz``, ``pytorch``, ``numpy``,
+        ``graph:NAME`` or ``none`` (what reports print)."""
+        if self.prefer_runner and self.reference_runner is not None:
+            return runner_source(self.reference_runner)
+        return self.reference_kind
 
     def empty_outputs(self) -> list[np.ndarray]:
         """Fresh zeroed arrays for the results (out-parameters after bufferization)."""
@@ -255,6 +277,13 @@ class Workload:
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
+
+
+def runner_source(runner: Callable[..., Any]) -> str:
+    """``graph:NAME`` for a runner that names the graph it compiles with (its ``graph``
+    attribute), else the runner's name."""
+    graph = getattr(runner, "graph", None)
+    return f"graph:{graph}" if graph else getattr(runner, "__name__", "runner")
 
 
 def _format(value: Any) -> str:

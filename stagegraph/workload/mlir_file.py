@@ -9,6 +9,7 @@ the workload's ``reference_runner`` (a Session sets the naive graph).
 from __future__ import annotations
 
 import functools
+import math
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,21 @@ from pydantic import Field
 
 from stagegraph.dtypes import NAMES
 from stagegraph.errors import PayloadError, ReferenceUnavailableError
-from stagegraph.workload.base import Complexity, TensorSpec, Workload, WorkloadParams
+from stagegraph.workload.base import (
+    Complexity,
+    TensorSpec,
+    Workload,
+    WorkloadParams,
+    runner_source,
+)
+from stagegraph.workload.npz import (
+    INPUT_PREFIXES,
+    REFERENCE_PREFIXES,
+    check_arrays,
+    load_arrays,
+    names,
+    read_headers,
+)
 
 if typing.TYPE_CHECKING:
     from stagegraph.mlir.bindings import ir
@@ -61,6 +76,7 @@ class MlirFileWorkload(Workload):
         self.text = self.path.read_text()
         self._summary = _summarize(self.path, self.text, self.params.entry)
         self.entry = self._summary.entry
+        self._npz_names = _check_npz(self.npz_path, self._summary)
 
     @property
     def spec(self) -> str:
@@ -108,43 +124,19 @@ class MlirFileWorkload(Workload):
     def output_specs(self) -> list[TensorSpec]:
         return list(self._summary.outputs)
 
-    def _arrays(self, prefixes: tuple[str, ...], count: int) -> list[np.ndarray] | None:
-        """``prefix0..`` arrays from the npz, concatenated over ``prefixes`` (None: no npz).
-
-        Training-mode norms return updated running statistics (``mut0..``) before the output
-        (``out0..``), so the reference is ``mut*`` followed by ``out*``.
-        """
-        if not self.npz_path.is_file():
+    def _arrays(self, prefixes: tuple[str, ...]) -> list[np.ndarray] | None:
+        """The npz's arrays for ``prefixes`` (None: no npz), checked against the entry's
+        signature at construction."""
+        if self._npz_names is None:
             return None
-        with np.load(self.npz_path) as data:
-            names = [
-                f"{prefix}{i}"
-                for prefix in prefixes
-                for i in range(len(data.files))
-                if f"{prefix}{i}" in data.files
-            ]
-            if len(names) != count:
-                raise PayloadError(
-                    f"{self.npz_path}: has {len(names)} arrays {', '.join(names) or '(none)'} "
-                    f"named {'/'.join(p + 'N' for p in prefixes)}, but @{self.entry} has {count}"
-                )
-            return [data[n] for n in names]
+        return load_arrays(self.npz_path, self._npz_names[prefixes])
 
     def _generate_inputs(self) -> list[np.ndarray]:
-        specs = self.input_specs()
-        arrays = self._arrays(("in",), len(specs))
-        if arrays is None:
-            return super()._generate_inputs()
-        for i, (array, spec) in enumerate(zip(arrays, specs, strict=True)):
-            if array.shape != spec.shape or array.dtype != spec.numpy_dtype:
-                raise PayloadError(
-                    f"{self.npz_path}: in{i} is {array.dtype}{list(array.shape)} but argument "
-                    f"#{i} of @{self.entry} is {spec.dtype}{list(spec.shape)}"
-                )
-        return arrays
+        arrays = self._arrays(INPUT_PREFIXES)
+        return super()._generate_inputs() if arrays is None else arrays
 
     def _compute_reference(self) -> list[np.ndarray]:
-        arrays = self._arrays(("mut", "out"), len(self.output_specs()))
+        arrays = self._arrays(REFERENCE_PREFIXES)
         if arrays is not None:
             return arrays
         if self.reference_runner is None:
@@ -155,8 +147,31 @@ class MlirFileWorkload(Workload):
         return list(self.reference_runner(self))
 
     @property
+    def reference_source(self) -> str:
+        if self.prefer_runner or self._npz_names is None:
+            runner = self.reference_runner
+            return "none" if runner is None else runner_source(runner)
+        return "npz"
+
+    @property
     def reduction_length(self) -> int:
         return self._costs[1]
+
+    def magnitudes(self) -> list[float]:
+        """The default floor (the inputs' size), times ``sqrt(n)`` for a result that is a
+        sum of ``n`` terms: the size of its partial sums, which its rounding errors follow
+        even when the terms cancel (:mod:`stagegraph.workload.sum_outputs`)."""
+        if self._magnitudes is None:
+            floors = super().magnitudes()
+            terms = self._summed_terms
+            self._magnitudes = [f * math.sqrt(n) for f, n in zip(floors, terms, strict=True)]
+        return self._magnitudes
+
+    @functools.cached_property
+    def _summed_terms(self) -> list[int]:
+        from stagegraph.workload.sum_outputs import summed_terms
+
+        return summed_terms(self.payload(), self.entry)
 
     @property
     def complexity(self) -> Complexity:
@@ -229,17 +244,25 @@ def _npz_shapes(path: Path) -> tuple[list[tuple[int, ...]], list[tuple[int, ...]
     npz = path.with_suffix(".npz")
     if not npz.is_file():
         return [], []
-    with np.load(npz) as data:
+    headers = read_headers(npz)
+    return [
+        [headers[n][0] for n in names(headers, prefixes)]
+        for prefixes in (INPUT_PREFIXES, REFERENCE_PREFIXES)
+    ]
 
-        def shapes(*prefixes: str) -> list[tuple[int, ...]]:
-            return [
-                tuple(data[f"{p}{i}"].shape)
-                for p in prefixes
-                for i in range(len(data.files))
-                if f"{p}{i}" in data.files
-            ]
 
-        return shapes("in"), shapes("mut", "out")
+def _check_npz(npz: Path, summary: _Summary) -> dict[tuple[str, ...], list[str]] | None:
+    """Names of the npz's input and reference arrays, checked against the entry's signature
+    before anything compiles (None: no npz)."""
+    if not npz.is_file():
+        return None
+    headers = read_headers(npz)
+    return {
+        INPUT_PREFIXES: check_arrays(npz, headers, INPUT_PREFIXES, summary.inputs,
+                                     summary.entry, "argument"),
+        REFERENCE_PREFIXES: check_arrays(npz, headers, REFERENCE_PREFIXES, summary.outputs,
+                                         summary.entry, "result"),
+    }  # fmt: skip
 
 
 def _specialization(path: Path, function: Any) -> tuple[dict[int, tuple], dict[int, tuple]]:

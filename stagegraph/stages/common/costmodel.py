@@ -14,7 +14,7 @@ from pydantic import Field, ValidationError
 from stagegraph.core.ports import Config, Params
 from stagegraph.core.registry import Registry
 from stagegraph.core.stage import StageFactory, get_factory
-from stagegraph.errors import ConfigError, UnknownCostModelError
+from stagegraph.errors import ConfigError, UnknownCostModelError, validation_details
 
 P = TypeVar("P", bound=Params)
 
@@ -79,12 +79,7 @@ def apply_overrides(params: P, overrides: dict[str, Any]) -> P:
     try:
         return type(params).model_validate({**params.model_dump(), **overrides})
     except ValidationError as exc:
-        details = "; ".join(
-            f"{'.'.join(map(str, e['loc']))}={e.get('input')!r}: {e['msg']}"
-            if e["loc"]
-            else e["msg"]
-            for e in exc.errors()
-        )
+        details = validation_details(exc)
         raise ConfigError(f"invalid --param for {type(params).__name__}: {details}") from None
 
 

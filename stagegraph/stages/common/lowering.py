@@ -24,6 +24,13 @@ BUFFERIZE = (
     "cse,canonicalize"
 )
 
+#: What turns memref results into caller-allocated out-parameters: the calling convention
+#: runners use, applied after a user's bufferizing pipeline that left results returned.
+RESULTS_TO_OUT_PARAMS = (
+    "canonicalize,buffer-results-to-out-params{hoist-static-allocs modify-public-functions},"
+    "canonicalize"
+)
+
 _VECTORS = "func.func(convert-vector-to-scf{full-unroll=true target-rank=1},canonicalize)"
 
 # ``math.fpowi`` (x ** n from PyTorch) has no vector form in LLVM: constant exponents become

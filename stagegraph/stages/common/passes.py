@@ -11,6 +11,7 @@ from typing import Literal
 from stagegraph.core.ports import AnyModule, BufferModule, Config, LLVMModule, Module, TensorModule
 from stagegraph.core.stage import stage
 from stagegraph.mlir.diagnostics import VERIFY_PASSES
+from stagegraph.mlir.pipelines import anchored
 from stagegraph.stages.common import lowering
 from stagegraph.stages.common.rewrites import (
     copies_to_linalg,
@@ -28,6 +29,20 @@ class PipelineConfig(Config):
     or anchored the mlir-opt way (``builtin.module(canonicalize,cse)``)."""
 
     pipeline: str = ""
+
+    def static_problems(self) -> list[str]:
+        """The pipeline does not parse (an unknown pass or option). A stage's own default
+        pipeline is the project's, tested with it: not parsing it keeps ``validate`` of the
+        shipped graphs from loading MLIR."""
+        from stagegraph.mlir.pipelines import pipeline_problem
+
+        if (
+            not self.pipeline.strip()
+            or self.pipeline == type(self).model_fields["pipeline"].default
+        ):
+            return []
+        problem = pipeline_problem(anchored(self.pipeline))
+        return [f"pass pipeline {self.pipeline!r} does not parse: {problem}"] if problem else []
 
 
 Level = Literal["tensor", "buffer", "llvm", "any"]
@@ -64,21 +79,6 @@ class GenericPipelineConfig(PipelineConfig):
     def port_levels(self) -> tuple[str | None, str | None]:
         takes, gives = infer_levels(self.pipeline)
         return self.takes or takes, self.gives or gives
-
-
-def anchored(pipeline: str) -> str:
-    """The pipeline as ``PassManager.parse`` takes it: nested in ``builtin.module(...)``
-    unless it is already anchored there (``builtin.module(...)``)."""
-    text = pipeline.strip()
-    if text.startswith("builtin.module(") and text.endswith(")"):
-        depth = 0
-        for i, char in enumerate(text):
-            depth += {"(": 1, ")": -1}.get(char, 0)
-            if depth == 0 and i >= len("builtin.module"):
-                if i == len(text) - 1:
-                    return text  # one anchor around the whole pipeline
-                break
-    return f"builtin.module({text})"
 
 
 def run_pipeline(module: Module, pipeline: str) -> Module:
@@ -142,8 +142,43 @@ def pipeline(module: AnyModule, config: GenericPipelineConfig) -> AnyModule:
     they come from the passes (``one-shot-bufferize`` takes tensors and gives buffers,
     ``convert-to-llvm`` gives llvm), and a pipeline that does not change the level passes
     on the level fed into it.
+
+    A pipeline that bufferizes (takes tensors, gives buffers or LLVM) gets what the built-in
+    ``bufferize`` stage does around its passes, however it bufferizes: public functions
+    record their calling convention first (runners need it after lowering) and their
+    tensor arguments become read-only (no run may write the caller's arrays); after a
+    tensor-to-buffer pipeline, results still returned as memrefs become out-parameters (the
+    convention recorded).
     """
-    return run_pipeline(module, config.pipeline)
+    takes, gives = config.port_levels()
+    bufferizes = (takes or module.level) == "tensor" and gives in ("buffer", "llvm")
+    if bufferizes:
+        prepare_bufferization(module)
+    module = run_pipeline(module, config.pipeline)
+    if bufferizes and gives == "buffer" and returns_buffers(module.ir):
+        run_pipeline(module, lowering.RESULTS_TO_OUT_PARAMS)
+    return module
+
+
+def prepare_bufferization(module: Module) -> None:
+    """What every bufferization of a payload needs first: recorded public signatures, one
+    ``tensor.empty`` per few users (bufferizing stays linear), read-only tensor arguments."""
+    record_public_signatures(module)
+    split_shared_empties(module.ir)
+    inputs_read_only(module.ir)
+
+
+def returns_buffers(module) -> bool:
+    """Whether a public function of the module returns a memref (not yet an out-parameter)."""
+    from stagegraph.mlir.bindings import ir
+
+    for op in module.body.operations:
+        if op.operation.name != "func.func" or "sym_visibility" in op.attributes:
+            continue
+        kind = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
+        if any(isinstance(t, ir.MemRefType) for t in kind.results):
+            return True
+    return False
 
 
 @stage("passes", name="verify")
@@ -155,7 +190,7 @@ def verify(module: TensorModule, config: PipelineConfig) -> TensorModule:
     return run_pipeline(module, config.pipeline)
 
 
-class BufferizeConfig(Config):
+class BufferizeConfig(PipelineConfig):
     pipeline: str = lowering.BUFFERIZE
 
 
@@ -171,9 +206,7 @@ def bufferize(module: TensorModule, config: BufferizeConfig) -> BufferModule:
     written straight into their out-parameters (:func:`write_results_in_place`), not
     copied there.
     """
-    record_public_signatures(module)
-    split_shared_empties(module.ir)
-    inputs_read_only(module.ir)
+    prepare_bufferization(module)
     module = run_pipeline(module, config.pipeline)
     write_results_in_place(module.ir)
     return module
@@ -231,7 +264,7 @@ def record_public_signatures(module: Module) -> None:
                 continue  # not callable from numpy (e.g. scalar results): not an entry
 
 
-class LoopsConfig(Config):
+class LoopsConfig(PipelineConfig):
     pipeline: str = lowering.LINALG_TO_LOOPS
 
 
@@ -242,7 +275,7 @@ def linalg_to_loops(module: BufferModule, config: LoopsConfig) -> BufferModule:
     return run_pipeline(module, config.pipeline)
 
 
-class LowerConfig(Config):
+class LowerConfig(PipelineConfig):
     pipeline: str = lowering.LOWER_TO_LLVM
 
 

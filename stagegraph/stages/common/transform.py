@@ -24,6 +24,20 @@ class TransformConfig(Config):
             raise ValueError("give exactly one of 'file' or 'text'")
         return self
 
+    def static_problems(self) -> list[str]:
+        """The schedule file is missing, or the schedule does not parse or lacks its entry."""
+        from stagegraph.mlir.pipelines import transform_problem
+
+        if self.file is not None:
+            path = Path(self.file)
+            if not path.is_file():
+                return []  # reported as a missing file (a GRAPH_PATH field)
+            text, source = path.read_text(), str(path)
+        else:
+            text, source = self.text or "", "<transform text>"
+        problem = transform_problem(text, source, self.entry)
+        return [problem] if problem else []
+
 
 ENTRY = "__transform_main"
 

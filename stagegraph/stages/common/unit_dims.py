@@ -8,6 +8,10 @@ two (the scalar loops were too small to thread). Upstream's
 ``tensor.expand_shape`` around the op), and canonicalization folds the reshapes into
 their neighbours where it can.
 
+A pool whose output has a unit dim but whose window covers only part of the input dim
+would come out of the fold as an invalid ``linalg.generic``; such inputs are sliced to the
+part they read first (:mod:`stagegraph.stages.common.read_extents`).
+
 A function whose loops carry tensors (a scan lowered to ``scf.for``) is left as it is: the
 fold rewrites an op that updates the carried tensor in place into one writing a fresh
 tensor, and bufferization then rejects the loop ("Yield operand is not equivalent to the
@@ -28,6 +32,7 @@ def fold_unit_dims(module: Any) -> int:
     """Drop the unit dims of the generic ops of every function of ``module`` (an
     ``ir.Module``) that has no tensor-carrying loop; returns how many functions."""
     from stagegraph.mlir.bindings import passmanager
+    from stagegraph.stages.common.read_extents import trim_unread_inputs
 
     functions = [
         fn
@@ -37,6 +42,7 @@ def fold_unit_dims(module: Any) -> int:
     if functions:
         manager = passmanager.PassManager.parse(FOLD_UNIT_DIMS, context=module.context)
         for fn in functions:
+            trim_unread_inputs(fn)  # else a pool with a unit output dim comes out invalid
             manager.run(fn)
     return len(functions)
 

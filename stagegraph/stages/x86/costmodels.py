@@ -15,11 +15,11 @@ import logging
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field
+from pydantic import Field, ValidationError
 
 from stagegraph.core.ports import GRAPH_PATH
 from stagegraph.core.stage import stage
-from stagegraph.errors import ConfigError
+from stagegraph.errors import ConfigError, validation_details
 from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.common.costmodel import (
     CostModelConfig,
@@ -237,8 +237,8 @@ def fixed(facts: PayloadFacts, target: Target, config: FixedConfig) -> X86Params
     if "matmul" in data or "generic" in data:
         try:
             params = X86Params.model_validate(data)
-        except ValueError as exc:
-            raise ConfigError(f"invalid fixed params: {exc}") from None
+        except ValidationError as exc:
+            raise ConfigError(f"invalid fixed params: {validation_details(exc)}") from None
     else:
         params = apply_overrides(_heuristic(facts, target, config), data)
     return apply_overrides(params, config.overrides)
