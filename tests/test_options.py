@@ -155,7 +155,9 @@ def _seen(result: Any) -> dict[str, Any]:
 RUN_CASES = [
     ("naive", {}, "ok"),
     ("x86", {"param": {"threads": 1}, "threads": 1, "target": "x86-64-v2"}, "ok"),
-    ("x86", {"cost_model": "tuned", "db": "{tmp}/none.db"}, "ok"),
+    ("x86", {"cost_model": "tuned", "db": "{tmp}/none.db"}, "tuning database does not exist"),
+    ("x86", {"reference": "naive"}, "ok"),
+    ("naive", {"reference": "nave"}, "did you mean 'naive'"),
     ("x86", {"cost_model": "fixed", "params_file": "{params}"}, "ok"),
     ("x86", {"cost_model": "heuristc"}, "did you mean 'heuristic'"),
     ("naive", {"until": "bufferized"}, "ok"),
@@ -178,7 +180,7 @@ BENCH_CASES = [
     ("naive", {**FAST, "splice_at": "bufferized", "min_time": 0.01, "csv": "{tmp}/b.csv"}, "ok"),
     ("naive", {**FAST, "vs": "numpy"}, "ok"),
     ("x86", {**FAST, "param": {"threads": 1}, "threads": 1, "target": "x86-64-v2",
-             "cost_model": "tuned", "db": "{tmp}/none.db"}, "ok"),
+             "cost_model": "heuristic"}, "ok"),
     ("x86", {**FAST, "cost_model": "fixed", "params_file": "{params}"}, "ok"),
     ("naive", {**FAST, "dump_ir": "{tmp}/ir", "print_ir_after": ["all"], "verify_each": True,
                "repro_dir": "{tmp}/repro", "compile_timeout": 100, "run_timeout": 100,
@@ -189,6 +191,8 @@ BENCH_CASES = [
     ("naive", {**FAST, "ranks": 2, "vs": "numpy", "threads": 1},
      "--ranks cannot be combined with --vs, --threads"),
     ("naive", {**FAST, "vs": "nump"}, "unknown --vs graph or peer 'nump' (did you mean 'numpy'"),
+    ("x86", {**FAST, "cost_model": "tuned", "db": "{tmp}/none.db"},
+     "tuning database does not exist"),
 ]
 # fmt: on
 
