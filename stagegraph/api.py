@@ -176,7 +176,6 @@ def tune(
     return command.tune(name, workload, options, explain=explain, progress=progress)
 
 
-
 def build_artifact(
     graph: str | Graph,
     workload: str,
