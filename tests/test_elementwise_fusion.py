@@ -123,7 +123,7 @@ func.func @main(%a: tensor<8x16xf32>, %c: tensor<16xf32>, %w: tensor<16x4xf32>)
 def _prepare(text: str):
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import entry_function
-    from stagegraph.stages.x86.prepare import fuse_elementwise_chains
+    from stagegraph.stages.x86.elementwise_fusion import fuse_elementwise_chains
 
     module = parse_payload(text)
     with module.context, ir.Location.unknown():
@@ -190,12 +190,9 @@ def _schedule_size(n: int) -> tuple[int, int, int]:
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import entry_function
     from stagegraph.mlir.walk import collect
+    from stagegraph.stages.x86.generic_labels import FUSE_ATTR, annotate_generic_ops
     from stagegraph.stages.x86.generic_params import GenericParams
-    from stagegraph.stages.x86.generic_schedule import (
-        FUSE_ATTR,
-        annotate_generic_ops,
-        build_generic_schedule,
-    )
+    from stagegraph.stages.x86.generic_schedule import build_generic_schedule
     from stagegraph.stages.x86.prepare import prepare
 
     module = parse_payload(chain_payload(n))
@@ -281,8 +278,11 @@ def test_cheap_producer_is_copied_per_reader_and_double_reads_merge():
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import entry_function
     from stagegraph.runtime.jit import JitBinary
+    from stagegraph.stages.x86.elementwise_fusion import (
+        duplicate_cheap_producers,
+        fuse_elementwise_chains,
+    )
     from stagegraph.stages.x86.generic_schedule import lower_generic
-    from stagegraph.stages.x86.prepare import duplicate_cheap_producers, fuse_elementwise_chains
 
     module = parse_payload(VARIANCE)
     with module.context, ir.Location.unknown():

@@ -186,9 +186,9 @@ def test_memo_key_covers_the_modules_a_stage_imports():
 
     factory = get_factory("x86.schedule")
     assert "stagegraph.stages.x86.matmul_schedule" in _imported_modules(
-        "stagegraph.stages.x86.stages"
+        "stagegraph.stages.x86.ir_stages"
     )
-    assert factory.code_version == dependency_version("stagegraph.stages.x86.stages")
+    assert factory.code_version == dependency_version("stagegraph.stages.x86.ir_stages")
     assert factory.code_version != dependency_version("stagegraph.stages.x86.matmul_schedule")
 
 

@@ -722,7 +722,7 @@ def test_failure_propagation_is_a_schedule_option_not_a_global():
     asks for propagated failures; the default leaves a failing op to the loop fallback."""
     from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.stages.x86.generic_schedule import PROPAGATE_ATTR, build_generic_schedule
-    from stagegraph.stages.x86.stages import ScheduleConfig
+    from stagegraph.stages.x86.ir_stages import ScheduleConfig
 
     with new_context(), ir.Location.unknown():
         facts = analyze(ir.Module.parse(CHAIN))
@@ -943,7 +943,7 @@ func.func @main(%a: tensor<3x8x16xf32>) -> tensor<3x8x16xf32> {
 def test_producer_read_broadcast_is_not_fused_into_its_consumer():
     """Fused, the sqrt chain would run once per element of the normalized axis (8x here);
     it gets its own loop nest instead, and the result is unchanged."""
-    from stagegraph.stages.x86.generic_schedule import annotate_generic_ops
+    from stagegraph.stages.x86.generic_labels import annotate_generic_ops
 
     module = parse_payload(NORMALIZE)
     facts = analyze(module)

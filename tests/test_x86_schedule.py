@@ -10,12 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.matmul_params import (
-    SHARE_B_MIN_ROWS,
-    MatmulParams,
-    heuristic_matmul_params,
-    pack_k_step,
-)
+from stagegraph.stages.x86.matmul_heuristic import SHARE_B_MIN_ROWS, heuristic_matmul_params
+from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step
 
 AVX512 = Target(
     isa=frozenset({"avx512f", "avx2", "fma"}),
@@ -665,7 +661,8 @@ def _schedule_stage(text: str, threads: int = 1, overrides: dict | None = None):
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic, matmul_ops, schedule
+    from stagegraph.stages.x86.ir_stages import schedule
+    from stagegraph.stages.x86.params_stage import heuristic, matmul_ops
 
     context = new_context()
     with context, ir.Location.unknown():
@@ -865,7 +862,8 @@ def test_bf16_widening_is_fused_into_the_blocks():
     from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic, schedule
+    from stagegraph.stages.x86.ir_stages import schedule
+    from stagegraph.stages.x86.params_stage import heuristic
 
     text = _named("linalg.matmul", (256, 64), (64, 256), (256, 256), dtype="bf16")
     with new_context(), ir.Location.unknown():
@@ -1034,7 +1032,7 @@ def test_threads_follow_the_largest_matmul_not_the_sum():
     from stagegraph.mlir.diagnostics import parse_payload
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic
+    from stagegraph.stages.x86.params_stage import heuristic
 
     small = analyze(parse_payload(_chain_of_matmuls(40, 32, 128)))
     assert sum(op.flops for op in small.ops) > 8 * 2**20  # the old rule gave it 8 threads
@@ -1072,7 +1070,7 @@ def test_threads_pay_only_when_the_split_work_outweighs_the_forks(steps, threade
     from stagegraph.mlir.diagnostics import parse_payload
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic
+    from stagegraph.stages.x86.params_stage import heuristic
 
     facts = analyze(parse_payload(_one_large_and_small_steps(steps)))
     threads = {p.threads for p in heuristic.fn(facts, AVX2, CostModelConfig()).matmul}
@@ -1114,7 +1112,7 @@ def test_threads_follow_the_largest_convolution(shape, threaded):
     from stagegraph.mlir.diagnostics import parse_payload
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic
+    from stagegraph.stages.x86.params_stage import heuristic
 
     facts = analyze(parse_payload(_conv_payload(*shape)))
     params = heuristic.fn(facts, AVX2, CostModelConfig())
@@ -1152,7 +1150,7 @@ def test_steps_too_small_to_fork_leave_the_projection_its_threads():
     from stagegraph.mlir.diagnostics import parse_payload
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic
+    from stagegraph.stages.x86.params_stage import heuristic
 
     facts = analyze(parse_payload(_one_large_and_small_steps(300, rows=4, width=64)))
     params = heuristic.fn(facts, AVX2, CostModelConfig())

@@ -147,7 +147,6 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
     from stagegraph.tune.executor import make_executor
     from stagegraph.tune.interrupt import catch_interrupt
     from stagegraph.tune.search import make_strategy
-    from stagegraph.tune.worker import BatchTask
 
     start = time.perf_counter()
     problem = Problem(options)
@@ -182,23 +181,7 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
                         _tick(bar, counts, history)
                     else:
                         fresh.append(params.model_dump(mode="json"))
-                tasks = [
-                    BatchTask(
-                        session=problem.request.model_copy(update={"cost_model": None}),
-                        params_model=problem.params_model,
-                        key=problem.key,
-                        baseline=problem.base.model_dump(mode="json"),
-                        candidates=fresh[i : i + size],
-                        db=str(db.path) if executor.shares_filesystem else None,
-                        compile_timeout_s=options.compile_timeout_s,
-                        run_timeout_s=options.run_timeout_s,
-                        memory_bytes=options.memory_bytes,
-                        samples=options.samples,
-                        faults=options.faults,
-                        measure=options.measure,
-                    )
-                    for i in range(0, len(fresh), size)
-                ]
+                tasks = _batch_tasks(options, problem, fresh, size, db, executor)
                 for results in executor.run(tasks):
                     for result in results:
                         db.record(problem.key, result)
@@ -225,6 +208,37 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
             db.close()
     report = _report(options, problem, history, counts, exhausted, time.perf_counter() - start)
     return report.model_copy(update={"interrupted": interrupted, "tuned_ops": tuned_ops})
+
+
+def _batch_tasks(
+    options: TuneOptions,
+    problem: Problem,
+    fresh: list[dict[str, Any]],
+    size: int,
+    db: TuneDB,
+    executor: Any,
+) -> list[Any]:
+    """The worker tasks measuring ``fresh`` candidates, ``size`` per task; a worker that
+    shares this filesystem records its results in the DB itself."""
+    from stagegraph.tune.worker import BatchTask
+
+    return [
+        BatchTask(
+            session=problem.request.model_copy(update={"cost_model": None}),
+            params_model=problem.params_model,
+            key=problem.key,
+            baseline=problem.base.model_dump(mode="json"),
+            candidates=fresh[i : i + size],
+            db=str(db.path) if executor.shares_filesystem else None,
+            compile_timeout_s=options.compile_timeout_s,
+            run_timeout_s=options.run_timeout_s,
+            memory_bytes=options.memory_bytes,
+            samples=options.samples,
+            faults=options.faults,
+            measure=options.measure,
+        )
+        for i in range(0, len(fresh), size)
+    ]
 
 
 def _record_tuned_sites(

@@ -114,7 +114,7 @@ def unknown_param_message(model: type[Params], name: str) -> str:
 #: ``--cost-model`` name → the params stage factory (``module:attribute``, or the factory
 #: itself for one registered with :func:`register_cost_model`) that implements it.
 COST_MODELS: dict[str, str | StageFactory] = {
-    "heuristic": "stagegraph.stages.x86.stages:heuristic",
+    "heuristic": "stagegraph.stages.x86.params_stage:heuristic",
     "analytical": "stagegraph.stages.x86.costmodels:analytical",
     "tuned": "stagegraph.stages.x86.costmodels:tuned",
     "fixed": "stagegraph.stages.x86.costmodels:fixed",
