@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.matmul_heuristic import SHARE_B_MIN_ROWS, heuristic_matmul_params
-from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step
+from stagegraph.stages.x86.matmul.heuristic import SHARE_B_MIN_ROWS, heuristic_matmul_params
+from stagegraph.stages.x86.matmul.params import MatmulParams, pack_k_step
 
 AVX512 = Target(
     isa=frozenset({"avx512f", "avx2", "fma"}),
@@ -79,8 +79,8 @@ def _params(m: int, n: int, k: int, **override) -> MatmulParams:
 def _schedule(payload, override: dict) -> None:
     """Apply the matmul schedule to every matmul of ``payload``, with the AVX-512
     heuristic's params updated by ``override``."""
-    from stagegraph.stages.x86.matmul_canonical import find_matmuls
-    from stagegraph.stages.x86.matmul_schedule import apply_schedule, build_matmul_schedule
+    from stagegraph.stages.x86.matmul.canonical import find_matmuls
+    from stagegraph.stages.x86.matmul.schedule import apply_schedule, build_matmul_schedule
 
     sites = find_matmuls(payload)
     params = [_params(s.m, s.n, s.k, **override) for s in sites]
@@ -449,7 +449,7 @@ def test_register_tiles_are_a_power_of_two_vectors_wide():
     (10x slower, measured): rejected by the params and absent from the tuner's space."""
     import z3
 
-    from stagegraph.stages.x86.matmul_params import tuning_constraints
+    from stagegraph.stages.x86.matmul.params import tuning_constraints
 
     base = {**MatmulParams().model_dump(), "vector_width": 8, "vector_registers": 16}
     with pytest.raises(ValidationError, match="power-of-two number of vectors"):
@@ -472,7 +472,7 @@ def test_register_tiles_are_a_power_of_two_vectors_wide():
 
 def test_find_matmuls_sees_fill_and_fusable_consumers():
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_canonical import find_matmuls
+    from stagegraph.stages.x86.matmul.canonical import find_matmuls
 
     with new_context():
         sites = find_matmuls(ir.Module.parse(_mlp(8, [16, 32, 24])))
@@ -484,8 +484,8 @@ def test_find_matmuls_sees_fill_and_fusable_consumers():
 
 def test_schedule_is_a_named_sequence_and_leaves_other_functions_alone():
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_canonical import find_matmuls
-    from stagegraph.stages.x86.matmul_schedule import apply_schedule, build_matmul_schedule
+    from stagegraph.stages.x86.matmul.canonical import find_matmuls
+    from stagegraph.stages.x86.matmul.schedule import apply_schedule, build_matmul_schedule
 
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(_matmul(100, 37, 53))
@@ -782,7 +782,7 @@ func.func @mm(%a: {ts[0]}, %b: {ts[1]}) -> {ts[2]} {{
 }}
 """
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_canonical import find_matmuls
+    from stagegraph.stages.x86.matmul.canonical import find_matmuls
 
     with new_context():
         (site,) = find_matmuls(ir.Module.parse(text))
@@ -975,8 +975,8 @@ def test_fold_transposed_operands_reads_the_weights_through_the_maps():
     """The transpose becomes the matmul's B map: the site is ``transpose_b`` on W itself
     and no transposed copy is left to materialise."""
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_canonical import SOURCE_ATTR, find_matmuls
-    from stagegraph.stages.x86.matmul_operands import fold_transposed_operands
+    from stagegraph.stages.x86.matmul.canonical import SOURCE_ATTR, find_matmuls
+    from stagegraph.stages.x86.matmul.operands import fold_transposed_operands
 
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(_linear(23, 40, 13))

@@ -17,7 +17,7 @@ from stagegraph.core.stage import stage
 from stagegraph.errors import ConfigError
 from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.matmul_params import MatmulParams
+from stagegraph.stages.x86.matmul.params import MatmulParams
 from stagegraph.stages.x86.params_stage import X86Params, matmul_ops, serial_below
 
 
@@ -44,16 +44,16 @@ class ScheduleConfig(Config):
 def normalize(module: TensorModule) -> TensorModule:
     """Rewrites that decide which schedule an op takes, run before the analysis so the cost
     model sees the ops the schedule will: strided transposed convolutions become one
-    convolution per output phase (:mod:`stagegraph.stages.x86.transposed_conv`), then
+    convolution per output phase (:mod:`stagegraph.stages.x86.conv.transposed`), then
     pointwise convolutions (some phases' among them) become matmuls
-    (:mod:`stagegraph.stages.x86.pointwise`). Before those, gathers through constant
+    (:mod:`stagegraph.stages.x86.conv.pointwise`). Before those, gathers through constant
     positions that only reshape become reshapes
     (:mod:`stagegraph.stages.common.constant_gathers`), and unit dims leave the generic ops
     (:mod:`stagegraph.stages.common.unit_dims`)."""
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
     from stagegraph.stages.common.unit_dims import fold_unit_dims
-    from stagegraph.stages.x86.pointwise import pointwise_convolutions_to_matmuls
-    from stagegraph.stages.x86.transposed_conv import decompose_strided_transposed_convolutions
+    from stagegraph.stages.x86.conv.pointwise import pointwise_convolutions_to_matmuls
+    from stagegraph.stages.x86.conv.transposed import decompose_strided_transposed_convolutions
 
     with module.ir.context, ir_location(module.ir):
         fold_reshaping_gathers(module.ir)
@@ -238,14 +238,14 @@ def _schedule_payload(
     propagate_failures: bool,
 ) -> None:
     """The generic schedule, then the matmul schedule, on ``facts.entry`` of ``payload``."""
-    from stagegraph.stages.x86 import matmul_canonical as canonical
-    from stagegraph.stages.x86.broadcast_reads import scalarize_broadcast_reads
-    from stagegraph.stages.x86.generic_schedule import (
+    from stagegraph.stages.x86.generic.schedule import (
         apply_generic_schedule,
         build_generic_schedule,
     )
-    from stagegraph.stages.x86.matmul_operands import fold_transposed_operands
-    from stagegraph.stages.x86.matmul_schedule import schedule_matmuls
+    from stagegraph.stages.x86.matmul import canonical as canonical
+    from stagegraph.stages.x86.matmul.broadcast_reads import scalarize_broadcast_reads
+    from stagegraph.stages.x86.matmul.operands import fold_transposed_operands
+    from stagegraph.stages.x86.matmul.schedule import schedule_matmuls
 
     candidates = canonical.label_contractions(payload, facts)
     generic = build_generic_schedule(
@@ -283,7 +283,7 @@ def _site_params(params: X86Params, facts: PayloadFacts, sites: list[Any]) -> li
 
 X86_FINISH = "func.func(lower-vector-multi-reduction),convert-linalg-to-loops"
 
-#: f32 vectors of a copy's row moved at once (``generic_schedule.vectorize_copies``).
+#: f32 vectors of a copy's row moved at once (``generic.vector_copies.vectorize_copies``).
 COPY_ROW_VECTORS = 8
 
 
@@ -314,8 +314,8 @@ def lower(
         reassociate_reductions,
     )
     from stagegraph.stages.common.serial_loops import serialize_small_parallel_loops
-    from stagegraph.stages.x86.prefetch_rows import prefetch_rows
-    from stagegraph.stages.x86.vector_copies import vectorize_copies
+    from stagegraph.stages.x86.generic.vector_copies import vectorize_copies
+    from stagegraph.stages.x86.matmul.prefetch_rows import prefetch_rows
     from stagegraph.stages.x86.vector_math import call_vector_math
 
     prefetch_rows(module.ir)

@@ -19,9 +19,9 @@ from stagegraph.core.tunable import TuningSite
 from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.generic_params import GenericParams, heuristic_generic_params
-from stagegraph.stages.x86.matmul_heuristic import heuristic_matmul_params
-from stagegraph.stages.x86.matmul_params import MatmulParams
+from stagegraph.stages.x86.generic.params import GenericParams, heuristic_generic_params
+from stagegraph.stages.x86.matmul.heuristic import heuristic_matmul_params
+from stagegraph.stages.x86.matmul.params import MatmulParams
 
 
 class X86Params(Params):
@@ -100,8 +100,8 @@ def generic_op_kind(op: Any) -> str:
 def matmul_ops(facts: PayloadFacts) -> list[Any]:
     """The entry's matmul-like ops in walk order: what the matmul schedule handles (each as
     one ``linalg.matmul`` per batch element, see
-    :func:`stagegraph.stages.x86.matmul_canonical.canonicalize_contractions`)."""
-    from stagegraph.stages.x86.matmul_sites import matmul_like_ops
+    :func:`stagegraph.stages.x86.matmul.canonical.canonicalize_contractions`)."""
+    from stagegraph.stages.x86.matmul.sites import matmul_like_ops
 
     return matmul_like_ops(facts)
 
@@ -109,7 +109,7 @@ def matmul_ops(facts: PayloadFacts) -> list[Any]:
 def compute_dtype(op: Any) -> str:
     """The element type a matmul's micro-kernel computes in: its accumulator's (narrower
     inputs such as bf16 -> f32 are widened first, see
-    :func:`stagegraph.stages.x86.matmul_canonical.widen_inputs`)."""
+    :func:`stagegraph.stages.x86.matmul.canonical.widen_inputs`)."""
     return op.outputs[0].dtype
 
 

@@ -1,17 +1,17 @@
 """Which non-matmul ops the generic x86 schedule takes, and how: the decisions (from the
-facts and params alone, no IR) that :mod:`.generic_schedule` turns into transform ops."""
+facts and params alone, no IR) that :mod:`.schedule` turns into transform ops."""
 
 from __future__ import annotations
 
 import math
 
 from stagegraph.stages.analysis import OpFacts, PayloadFacts
-from stagegraph.stages.x86.generic_params import (
+from stagegraph.stages.x86.generic.params import (
     GenericParams,
     largest_divisor_at_most,
     static_tile_size,
 )
-from stagegraph.stages.x86.matmul_sites import canonicalizable
+from stagegraph.stages.x86.matmul.sites import canonicalizable
 
 # Named convolutions that ``transform.structured.decompose`` rewrites to a 1-D op once the
 # outer image/filter dims are tiled to 1, and 1-D ones the vectorizer handles directly.

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagegraph.stages.x86.generic_params import GenericParams, largest_divisor_at_most
-from stagegraph.stages.x86.generic_schedule import OpSequenceBuilder
+from stagegraph.stages.x86.generic.params import GenericParams, largest_divisor_at_most
+from stagegraph.stages.x86.generic.schedule import OpSequenceBuilder
 
 COPY_ATTR = "stagegraph.vector_copy"
 

@@ -1,5 +1,5 @@
 """Elementwise chains merged into single generics before the generic schedule (run by
-:func:`stagegraph.stages.x86.prepare.prepare` when the params fuse elementwise producers).
+:func:`stagegraph.stages.x86.generic.prepare.prepare` when the params fuse elementwise producers).
 
 * :func:`duplicate_cheap_producers`: a cheap elementwise generic (a cast) read by several
   generics is copied per reader, so each copy fuses into its reader's loops.
@@ -15,7 +15,7 @@ from typing import Any
 
 from stagegraph.mlir.bindings import ir, linalg_ops
 from stagegraph.mlir.walk import children, top_level_ops
-from stagegraph.stages.x86.linalg_parts import (
+from stagegraph.stages.x86.generic.linalg_parts import (
     body_block,
     body_yield,
     input_count,

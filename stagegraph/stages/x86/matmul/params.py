@@ -1,5 +1,5 @@
 """The knobs of the x86 matmul schedule (:class:`MatmulParams`) and the tuner's space over
-them; :mod:`.matmul_heuristic` derives them from the target.
+them; :mod:`.heuristic` derives them from the target.
 
 The schedule is BLIS-shaped: a parallel loop over ``tile_m x tile_n`` cache blocks of C,
 inside each block A and B are packed (zero-padded) into ``reg_m``-row and ``reg_n``-column

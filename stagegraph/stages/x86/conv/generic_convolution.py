@@ -1,6 +1,6 @@
 """A ``linalg.generic`` read as a convolution: ``out += image * filter`` at stride 1, whose
 last image dims read ``d_out + dilation * d_tap`` (how grouped 3-D convolutions are imported:
-linalg has no named one). :mod:`.transposed_conv` splits those into phases too."""
+linalg has no named one). :mod:`.transposed` splits those into phases too."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ producers fuse into a consumer's tile loop (``stagegraph.fuse_into = <root index
 
 Matmul-class ops, the fills and 2-D transposes the matmul schedule takes into its matmuls,
 and producers that fused would be recomputed per broadcast copy stay unlabelled. The
-schedule (:mod:`stagegraph.stages.x86.generic_schedule`) matches ops by these labels, never
+schedule (:mod:`stagegraph.stages.x86.generic.schedule`) matches ops by these labels, never
 by printed IR.
 """
 
@@ -15,7 +15,7 @@ from typing import Any
 
 from stagegraph.mlir.functions import entry_function
 from stagegraph.stages.analysis import OpFacts, PayloadFacts, linalg_ops
-from stagegraph.stages.x86.generic_plan import has_bool_operands, schedulable
+from stagegraph.stages.x86.generic.plan import has_bool_operands, schedulable
 
 OP_ATTR = "stagegraph.generic_op"
 FUSE_ATTR = "stagegraph.fuse_into"

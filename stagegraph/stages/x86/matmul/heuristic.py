@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from stagegraph.dtypes import byte_size
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step
+from stagegraph.stages.x86.matmul.params import MatmulParams, pack_k_step
 
 # Register-tile rows preferred on 16 registers when the FMA units are half as wide as the
 # vectors (Zen 1 on AVX2: one 256-bit FMA per cycle, so 8 chains of latency 5 keep it busy),

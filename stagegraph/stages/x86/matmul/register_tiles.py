@@ -2,16 +2,16 @@
 accumulators in registers across the k loop, lowering the vectors to FMAs, and the
 unpacked kernel (register tiles in place, edge tiles masked).
 
-The packed kernel (:mod:`stagegraph.stages.x86.matmul_packed`) and the schedule that
-chooses between the two (:mod:`stagegraph.stages.x86.matmul_schedule`) build on these.
+The packed kernel (:mod:`stagegraph.stages.x86.matmul.packed_kernel`) and the schedule that
+chooses between the two (:mod:`stagegraph.stages.x86.matmul.schedule`) build on these.
 """
 
 from __future__ import annotations
 
 from stagegraph.mlir.bindings import dialect, ir, loop, structured, transform
 from stagegraph.stages.common.transform_build import any_op, apply_patterns, match_name
-from stagegraph.stages.x86.matmul_canonical import MatmulSite
-from stagegraph.stages.x86.matmul_params import MatmulParams
+from stagegraph.stages.x86.matmul.canonical import MatmulSite
+from stagegraph.stages.x86.matmul.params import MatmulParams
 
 _tvec = dialect("transform.vector")
 _ttensor = dialect("transform.tensor")

@@ -36,8 +36,8 @@ from typing import Any
 from stagegraph.mlir.build import named_structured_op
 from stagegraph.mlir.constants import is_zero_constant
 from stagegraph.mlir.walk import DefUse, top_level_ops
-from stagegraph.stages.x86.generic_convolution import generic_convolution
-from stagegraph.stages.x86.pointwise import window_attr
+from stagegraph.stages.x86.conv.generic_convolution import generic_convolution
+from stagegraph.stages.x86.conv.pointwise import window_attr
 
 # Convolutions whose spatial dims come last in all three operands (image, filter, output),
 # after the batch/group/channel dims: how many spatial dims each has.

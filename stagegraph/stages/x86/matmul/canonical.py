@@ -1,12 +1,12 @@
 """Finding the matmuls the x86 schedule takes, and bringing them to the one form it handles.
 
-Before scheduling, the payload's matmul-like ops (:mod:`stagegraph.stages.x86.matmul_sites`)
+Before scheduling, the payload's matmul-like ops (:mod:`stagegraph.stages.x86.matmul.sites`)
 are labelled (:func:`label_contractions`) while the payload still matches its facts, then
 rewritten into 2-D ``linalg.matmul`` ops (:func:`canonicalize_contractions`); inputs
 narrower than the accumulator get widening copies the packing absorbs
 (:func:`widen_inputs`); :func:`find_matmuls` then describes each matmul as a
 :class:`MatmulSite` for the parameter heuristic and the schedule
-(:mod:`stagegraph.stages.x86.matmul_schedule`). :func:`strip_labels` removes every label.
+(:mod:`stagegraph.stages.x86.matmul.schedule`). :func:`strip_labels` removes every label.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from stagegraph.stages.common.transform_build import (
     match_name,
     producer_of,
 )
-from stagegraph.stages.x86.matmul_sites import canonicalizable
+from stagegraph.stages.x86.matmul.sites import canonicalizable
 
 _ttensor = dialect("transform.tensor")
 

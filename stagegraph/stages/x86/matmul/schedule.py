@@ -19,9 +19,9 @@ of B is packed twice (see ``packed_plan.shares_b``).
 Without packing (``pack=False``) the block is register-tiled in place and the edge tiles are
 vectorized with masks. The schedule stays on tensors; ``lowering.BUFFERIZE`` follows.
 
-The sites come from :mod:`stagegraph.stages.x86.matmul_canonical` (labelled, canonicalized,
-described); :mod:`stagegraph.stages.x86.broadcast_reads` runs on the scheduled payload. The
-packed kernel is :mod:`.matmul_packed`, the register-tile steps :mod:`.register_tiles`.
+The sites come from :mod:`stagegraph.stages.x86.matmul.canonical` (labelled, canonicalized,
+described); :mod:`stagegraph.stages.x86.matmul.broadcast_reads` runs on the scheduled payload. The
+packed kernel is :mod:`.packed_kernel`, the register-tile steps :mod:`.register_tiles`.
 """
 
 from __future__ import annotations
@@ -33,17 +33,17 @@ from stagegraph.mlir.bindings import ir, structured, transform
 from stagegraph.mlir.walk import collect, defining_op, strip_attributes
 from stagegraph.stages.common.transform import add_sequence, apply_schedule_module, new_schedule
 from stagegraph.stages.common.transform_build import any_op, producer_of
-from stagegraph.stages.x86.first_k_block import start_first_k_block_from_fill
-from stagegraph.stages.x86.matmul_canonical import (
+from stagegraph.stages.x86.matmul.canonical import (
     SITE_ATTR,
     WIDEN_ATTR,
     WIDEN_LANES,
     MatmulSite,
 )
-from stagegraph.stages.x86.matmul_packed import packed_kernel
-from stagegraph.stages.x86.matmul_params import MatmulParams
-from stagegraph.stages.x86.pad_transposes import PAD_TRANSPOSES_ATTR, pad_transposes
-from stagegraph.stages.x86.register_tiles import lower_vectors, merged, unpacked_kernel
+from stagegraph.stages.x86.matmul.first_k_block import start_first_k_block_from_fill
+from stagegraph.stages.x86.matmul.packed_kernel import packed_kernel
+from stagegraph.stages.x86.matmul.pad_transposes import PAD_TRANSPOSES_ATTR, pad_transposes
+from stagegraph.stages.x86.matmul.params import MatmulParams
+from stagegraph.stages.x86.matmul.register_tiles import lower_vectors, merged, unpacked_kernel
 
 # The functions a schedule's second sequence lowers the vectors of (see apply_schedule).
 _LOWER_VECTORS_ATTR = "stagegraph.lower_vectors"

@@ -1,5 +1,5 @@
 """IR rewrites (through the bindings) that make more of a payload vectorizable by the
-generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labelling.
+generic schedule; run by ``generic.schedule.apply_generic_schedule`` before labelling.
 
 * :func:`drop_dead_results`: a ``linalg.generic`` result nobody uses is removed with the body
   ops that only compute it (e.g. the argmax a max reduction computes next to the max, whose
@@ -24,8 +24,8 @@ generic schedule; run by ``generic_schedule.apply_generic_schedule`` before labe
 * :func:`conv_to_channels_last`: likewise an NCHW (NCDHW) convolution whose output channels
   fill whole vectors (``GenericParams.conv_channels_last``): its NCW tiles gather and
   scatter their channel vectors element by element.
-* :func:`~stagegraph.stages.x86.elementwise_fusion.duplicate_cheap_producers` and
-  :func:`~stagegraph.stages.x86.elementwise_fusion.fuse_elementwise_chains`: elementwise
+* :func:`~stagegraph.stages.x86.generic.elementwise_fusion.duplicate_cheap_producers` and
+  :func:`~stagegraph.stages.x86.generic.elementwise_fusion.fuse_elementwise_chains`: elementwise
   chains become single generics (:mod:`.elementwise_fusion`).
 
 Ops are found by walking the entry function; matmul-like ops are never changed.
@@ -38,23 +38,23 @@ from typing import Any
 from stagegraph.mlir.bindings import arith, dialect, ir, linalg_ops
 from stagegraph.mlir.build import reassociation_attr
 from stagegraph.mlir.walk import top_level_ops
-from stagegraph.stages.x86.elementwise_fusion import (
+from stagegraph.stages.x86.conv.rewrites import (
+    conv3d_to_conv2d_loops,
+    conv_to_channels_last,
+    depthwise_to_channels_last,
+    grouped_conv_to_group_loops,
+)
+from stagegraph.stages.x86.generic.elementwise_fusion import (
     duplicate_cheap_producers,
     fuse_elementwise_chains,
 )
-from stagegraph.stages.x86.linalg_parts import (
+from stagegraph.stages.x86.generic.linalg_parts import (
     body_block,
     body_yield,
     input_count,
     is_bool_tensor,
     is_contraction,
     result_owner,
-)
-from stagegraph.stages.x86.prepare_convolutions import (
-    conv3d_to_conv2d_loops,
-    conv_to_channels_last,
-    depthwise_to_channels_last,
-    grouped_conv_to_group_loops,
 )
 
 _BITWISE = frozenset({"arith.andi", "arith.ori", "arith.xori"})

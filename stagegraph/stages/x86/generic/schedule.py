@@ -24,18 +24,18 @@ from typing import Any
 from stagegraph.mlir.functions import entry_function
 from stagegraph.stages.analysis import OpFacts, PayloadFacts, analyze
 from stagegraph.stages.common import lowering
-from stagegraph.stages.x86.generic_labels import (
+from stagegraph.stages.x86.generic.labels import (
     FUSE_ATTR,
     OP_ATTR,
     annotate_generic_ops,
     strip_annotations,
 )
-from stagegraph.stages.x86.generic_params import (
+from stagegraph.stages.x86.generic.params import (
     GenericParams,
     reduction_tile_sizes,
     tile_sizes_for,
 )
-from stagegraph.stages.x86.generic_plan import (  # noqa: F401  (DECOMPOSABLE re-exported)
+from stagegraph.stages.x86.generic.plan import (  # noqa: F401  (DECOMPOSABLE re-exported)
     DECOMPOSABLE,
     VECTORIZABLE_1D,
     convolution_plan,
@@ -363,7 +363,7 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
     """
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.common.transform import apply_schedule_module
-    from stagegraph.stages.x86.prepare import prepare
+    from stagegraph.stages.x86.generic.prepare import prepare
 
     module = getattr(module, "ir", module)
     facts = facts or analyze(module)
@@ -408,7 +408,7 @@ def lower_generic(module: Any, params: GenericParams | None = None) -> PayloadFa
     from stagegraph.stages.common.passes import record_public_signatures, run_pipeline
     from stagegraph.stages.common.rewrites import copies_to_linalg, write_results_in_place
     from stagegraph.stages.target import detect_target
-    from stagegraph.stages.x86.generic_params import heuristic_generic_params
+    from stagegraph.stages.x86.generic.params import heuristic_generic_params
 
     port = module if isinstance(module, Module) else Module["tensor"](module)
     with port.ir.context, ir.Location.unknown():

@@ -1,4 +1,5 @@
-"""Convolution rewrites run before the generic schedule (see :mod:`.prepare`): 3-D
+"""Convolution rewrites run before the generic schedule (see
+:mod:`stagegraph.stages.x86.generic.prepare`): 3-D
 convolutions as depth loops of 2-D ones, grouped convolutions as loops over groups, NCHW
 depthwise convolutions channels-last. Each makes a form the schedule vectorizes."""
 
@@ -11,7 +12,7 @@ import numpy as np
 from stagegraph.mlir.bindings import arith, ir, scf, tensor
 from stagegraph.mlir.build import named_structured_op
 from stagegraph.mlir.walk import top_level_ops
-from stagegraph.stages.x86.pointwise import window_attr
+from stagegraph.stages.x86.conv.pointwise import window_attr
 
 # 3-D convolution -> the 2-D one of a depth slice, and the depth dim of (input, filter,
 # output) in its layout.

@@ -1,6 +1,6 @@
 """The packed matmul kernel's shape decisions for one site, from its description and
 params alone (no transform ops): K blocks, whether the register tiles write C directly,
-whether the threads share each K block's packed B. :mod:`.matmul_packed` builds the kernel
+whether the threads share each K block's packed B. :mod:`.packed_kernel` builds the kernel
 from them."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from stagegraph.mlir.bindings import ir
-from stagegraph.stages.x86.matmul_canonical import MatmulSite
-from stagegraph.stages.x86.matmul_params import MatmulParams, pack_k_step
+from stagegraph.stages.x86.matmul.canonical import MatmulSite
+from stagegraph.stages.x86.matmul.params import MatmulParams, pack_k_step
 
 
 @dataclass(frozen=True)

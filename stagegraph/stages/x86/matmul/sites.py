@@ -1,5 +1,5 @@
 """Which ops the x86 matmul schedule takes: pure facts, no MLIR, so a cost model can ask
-without loading the transform dialects (:mod:`stagegraph.stages.x86.matmul_canonical`)."""
+without loading the transform dialects (:mod:`stagegraph.stages.x86.matmul.canonical`)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def canonicalizable(op: OpFacts) -> bool:
     if len(op.inputs) != 2 or len(op.outputs) != 1:
         return False
     if not (len(c.m_dims) == len(c.n_dims) == len(c.k_dims) == 1) or c.is_matvec:
-        return False  # a matvec runs as a vectorized reduction (generic_schedule)
+        return False  # a matvec runs as a vectorized reduction (the generic schedule)
     values = (*op.inputs, *op.outputs)
     if any(v.kind != "tensor" or v.dtype not in _FLOATS for v in values):
         return False

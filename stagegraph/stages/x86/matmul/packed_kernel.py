@@ -30,12 +30,12 @@ from stagegraph.stages.common.transform_build import (
     match_name,
     producer_of,
 )
-from stagegraph.stages.x86.first_k_block import K_BLOCKS_ATTR
-from stagegraph.stages.x86.matmul_canonical import WIDEN_LANES, MatmulSite
-from stagegraph.stages.x86.matmul_params import MatmulParams, partial_tiles
-from stagegraph.stages.x86.packed_plan import KernelPlan, plan_kernel
-from stagegraph.stages.x86.prefetch_rows import PREFETCH_ROWS_ATTR
-from stagegraph.stages.x86.register_tiles import cleanup, hoist_accumulators, merged
+from stagegraph.stages.x86.matmul.canonical import WIDEN_LANES, MatmulSite
+from stagegraph.stages.x86.matmul.first_k_block import K_BLOCKS_ATTR
+from stagegraph.stages.x86.matmul.kernel_plan import KernelPlan, plan_kernel
+from stagegraph.stages.x86.matmul.params import MatmulParams, partial_tiles
+from stagegraph.stages.x86.matmul.prefetch_rows import PREFETCH_ROWS_ATTR
+from stagegraph.stages.x86.matmul.register_tiles import cleanup, hoist_accumulators, merged
 
 _ttensor = dialect("transform.tensor")
 # Marks on the direct tiles' kernel and consumers (see _peel_direct_edges).
