@@ -204,7 +204,7 @@ def _bench_in_process(
 def _isolated(
     request: Any, timeout: float, memory: float, bench: Any = None, splice_at: str | None = None
 ) -> Any:
-    from stagegraph.app.isolated import run_in_child
+    from stagegraph.app.isolated_session import run_in_child
 
     request = request.model_copy(update={"bench": bench, "splice_at": splice_at})
     return run_in_child(request, timeout, memory)

@@ -236,7 +236,7 @@ def bench_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[
     from stagegraph.app.host import host_info
     from stagegraph.app.mpi_launch import BenchRequest, check_splice
     from stagegraph.app.session import Session, SessionRequest
-    from stagegraph.stages.common.bench_wrapper import run_benchmark
+    from stagegraph.stages.common.bench_harness import run_benchmark
 
     progress.phase("compile")
     request = BenchRequest.model_validate_json(args.bench)

@@ -116,7 +116,7 @@ def bench(**options: Any) -> None:  # fmt: skip
 def _bench_isolated(request: Any, bench_options: Any, options: dict[str, Any]) -> Any:
     from stagegraph.app.run import check_single_process
     from stagegraph.app.session import open_workload
-    from stagegraph.cli.isolated import run_isolated
+    from stagegraph.cli.isolate_option import run_isolated
     from stagegraph.errors import ConfigError
 
     check_single_process(open_workload(request.workload))

@@ -58,7 +58,7 @@ def run(**options: Any) -> None:
                                options["as_json"], unsupported)  # fmt: skip
     request = session_request(options)
     if options["isolate"]:
-        from stagegraph.cli.isolated import run_isolated
+        from stagegraph.cli.isolate_option import run_isolated
 
         report = run_isolated(request, options["timeout"], options["memory_gb"])
         print_run_report(report, options["as_json"])

@@ -366,7 +366,7 @@ LIBRARY_MODULES = (
     "stagegraph.stages.common.emit",
     "stagegraph.stages.common.passes",
     "stagegraph.stages.common.transform",
-    "stagegraph.stages.common.wrapper",
+    "stagegraph.stages.common.wrapper_stage",
     "stagegraph.stages.x86.params_stage",
     "stagegraph.stages.x86.ir_stages",
     "stagegraph.stages.x86.costmodels",

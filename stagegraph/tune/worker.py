@@ -218,7 +218,7 @@ class _Phases(Hook):
 
 def run_batch(task: BatchTask, work: str) -> int:
     """Child entry: evaluate every candidate of ``task``; results go to ``work``/results."""
-    from stagegraph.stages.common.bench_wrapper import run_benchmark
+    from stagegraph.stages.common.bench_harness import run_benchmark
 
     out = Path(work)
     measuring = Measuring(task, out, CandidateInspection(task))

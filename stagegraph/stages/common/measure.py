@@ -73,7 +73,7 @@ def interleaved_timer(
 ) -> Measured:
     """Time the benchmark wrappers of candidate and baseline in alternating chunks (nothing
     for a candidate that does not verify)."""
-    from stagegraph.stages.common.bench_wrapper import run_benchmark
+    from stagegraph.stages.common.bench_harness import run_benchmark
 
     if not verdict.ok:
         return Measured(Timing())

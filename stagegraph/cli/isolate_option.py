@@ -13,7 +13,7 @@ def run_isolated(
     splice_at: str | None = None,
 ) -> Any:
     """The report of ``request`` run (or benchmarked, with ``bench``) in a limited child."""
-    from stagegraph.app.isolated import run_in_child
+    from stagegraph.app.isolated_session import run_in_child
 
     request = request.model_copy(update={"bench": bench, "splice_at": splice_at})
     return run_in_child(request, timeout, memory_gb)
