@@ -18,6 +18,11 @@ or blows up costs its own entry, not the run.
 
 ``--compare A B`` lists the files only in A, only in B and those whose bytes differ, and
 exits 1 when there is any difference (0 when the snapshots are identical).
+
+To snapshot other code (a checkout of an earlier commit), run this script from that
+checkout: each child puts the script's repository first on ``PYTHONPATH``. With an
+editable install, ``stagegraph.graphs`` still resolves to the installed repository's
+``graphs/`` unless the checkout has ``stagegraph/graphs`` (a link to ``../graphs``).
 """
 
 from __future__ import annotations
@@ -31,18 +36,10 @@ import sys
 import time
 from pathlib import Path
 
+from compile_time import find_shared  # this folder is on sys.path when run as a script
+
 SCHEDULED_TAG = "scheduled"
 LOWERED_STAGE = "lower"
-
-
-def find_shared() -> Path | None:
-    """``shared/`` holding ``kernelbench``, beside the repository or in a parent folder."""
-    here = Path(__file__).resolve().parent
-    for parent in [here, *here.parents]:
-        candidate = parent / "shared"
-        if (candidate / "kernelbench").is_dir():
-            return candidate
-    return None
 
 
 def snapshot_one(payload: Path, target: str, out: Path, graph: str, threads: int | None) -> None:

@@ -141,10 +141,10 @@ class Measurement:
         self.verdict = workload.verify(outputs)
 
     def measure(self, count: int, warmup: int = 0) -> np.ndarray:
-        from stagegraph.stages.common.bench_harness import run_benchmark
+        from stagegraph.stages.common.bench_harness import bench_entry_name, run_benchmark
 
         return run_benchmark(
-            self.binary, f"{self.entry}_bench", self.workload.inputs(), warmup, count
+            self.binary, bench_entry_name(self.entry), self.workload.inputs(), warmup, count
         )
 
     def report(self, samples: np.ndarray | None, threads: int | None = None) -> BenchReport:

@@ -16,13 +16,14 @@ from typing import TYPE_CHECKING, Any
 
 from stagegraph.core.graph_check import check, output_types
 from stagegraph.core.graph_wiring import Edge, EdgeLike, GraphInput, as_edge
-from stagegraph.core.ports import compatible
+from stagegraph.core.ports import Params, compatible
 
 if TYPE_CHECKING:
     import networkx as nx
-from stagegraph.core.stage import Stage
+from stagegraph.core.stage import Port, Stage
 from stagegraph.errors import (
     AmbiguousTagError,
+    ConfigError,
     DuplicateStageError,
     GraphError,
     InvalidGraphError,
@@ -181,6 +182,36 @@ class Graph:
                 "tag exactly one stage or name the stage"
             )
         return nodes[0]
+
+    def stages_of_kind(self, kind: str) -> list[Stage]:
+        """The stages of ``kind`` (``"params"``, ``"emit"``, ...), in declaration order."""
+        return [s for s in self.stages.values() if s.kind == kind]
+
+    def one_stage_of_kind(self, kind: str) -> Stage:
+        """The graph's one stage of ``kind``.
+
+        Raises:
+            ConfigError: the graph has none or several.
+        """
+        found = self.stages_of_kind(kind)
+        if len(found) != 1:
+            raise ConfigError(f"graph {self.name!r} has {len(found)} {kind} stages; need one")
+        return found[0]
+
+    def params_output(self) -> tuple[Stage, Port]:
+        """The graph's cost model (its one params stage) and the output port carrying its
+        Params model.
+
+        Raises:
+            ConfigError: no params stage, several, or one without a Params output.
+        """
+        stage = self.one_stage_of_kind("params")
+        port = next((p for p in stage.outputs.values() if issubclass(p.type, Params)), None)
+        if port is None:
+            raise ConfigError(
+                f"graph {self.name!r}: params stage {stage.name!r} has no Params output"
+            )
+        return stage, port
 
     def order(self) -> list[str]:
         """Nodes in a deterministic topological order."""

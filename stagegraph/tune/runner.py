@@ -99,7 +99,6 @@ class Problem:
     """
 
     def __init__(self, options: TuneOptions) -> None:
-        from stagegraph.app.graph_options import params_port
         from stagegraph.app.session import Session
         from stagegraph.core.search_space import build_space
         from stagegraph.stages.analysis import PayloadFacts
@@ -109,7 +108,7 @@ class Problem:
         session = Session(request.model_copy(update={"inspection": Inspection()}), cache=False)
         self.request = request
         self.graph, self.workload = session.graph, session.workload
-        select, port = params_port(self.graph)
+        select, port = self.graph.params_output()
         result = session.compile(until=select.name)
         edges = self.graph.in_edges(select.name)
         inputs = {e.dst_port: result.value(e.src, e.src_port) for e in edges}

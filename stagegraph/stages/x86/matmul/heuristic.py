@@ -45,6 +45,18 @@ BALANCE_PACKING = 0.01
 SHARE_B_MIN_ROWS = 512
 
 
+class _Problem(NamedTuple):
+    """One matmul to choose params for: C (m x n) += A (m x k) B (k x n), elements of
+    ``elem`` bytes, on ``target`` with ``threads`` threads."""
+
+    m: int
+    n: int
+    k: int
+    elem: int
+    target: Target
+    threads: int
+
+
 class _RegisterTile(NamedTuple):
     """The register tile the heuristic picks: lanes per vector, the register file, rows,
     columns and k steps per kernel iteration."""
@@ -79,16 +91,17 @@ def heuristic_matmul_params(
     """
     elem = byte_size(dtype, 4)
     tile = _register_tile(m, n, k, elem, target)
+    problem = _Problem(m, n, k, elem, target, threads)
     kc, l1_kc = _k_block(m, k, elem, tile, target, threads)
     # Two K blocks become one when the register tiles then write C directly (whole tiles,
     # f32): no packed C, no pass zeroing it or reading it back, for a B micro-panel that
     # streams from L2 instead of L1. Not where C_TILE_K_STEPS already lengthened the blocks
     # past L1 (docs/measurements.md, "Matmul heuristic").
     if dtype == "f32" and k == 2 * kc and kc == l1_kc:
-        single = _blocked(m, n, k, k, elem, tile, target, threads)
+        single = _blocked(problem, k, tile)
         if single.whole_register_tiles(m, n):
             return single
-    return _blocked(m, n, k, kc, elem, tile, target, threads)
+    return _blocked(problem, kc, tile)
 
 
 def _register_tile(m: int, n: int, k: int, elem: int, target: Target) -> _RegisterTile:
@@ -153,18 +166,10 @@ def _k_block(
     return kc, l1_kc
 
 
-def _blocked(
-    m: int,
-    n: int,
-    k: int,
-    kc: int,
-    elem: int,
-    tile: _RegisterTile,
-    target: Target,
-    threads: int,
-) -> MatmulParams:
+def _blocked(problem: _Problem, kc: int, tile: _RegisterTile) -> MatmulParams:
     """The params with K blocks of ``kc``: cache blocks sized from L2 and L3, then split
     for the threads."""
+    m, n, k, elem, target, threads = problem
     reg_m, reg_n = tile.reg_m, tile.reg_n
     # Row block: its A slice (tile_m x kc) takes half of L2, beside the B micro-panel
     # streaming through and the accumulators of the register tiles. The budget is
@@ -180,7 +185,7 @@ def _blocked(
     share_b = False
     if threads > 1:
         tile_m, tile_n, block_m, share_b = _thread_blocks(
-            m, n, k, kc, elem, tile, target, threads, (tile_m, tile_n, block_m), pack
+            problem, kc, tile, (tile_m, tile_n, block_m), pack
         )
     return MatmulParams(
         tile_m=tile_m,
@@ -199,16 +204,7 @@ def _blocked(
 
 
 def _thread_blocks(
-    m: int,
-    n: int,
-    k: int,
-    kc: int,
-    elem: int,
-    tile: _RegisterTile,
-    target: Target,
-    threads: int,
-    blocks: tuple[int, int, int],
-    pack: bool,
+    problem: _Problem, kc: int, tile: _RegisterTile, blocks: tuple[int, int, int], pack: bool
 ) -> tuple[int, int, int, bool]:
     """``(tile_m, tile_n, block_m)`` of one thread split into enough blocks for every
     thread (threads take blocks dynamically, see lowering), and whether they share B.
@@ -222,6 +218,7 @@ def _thread_blocks(
     half of a core's share of it.) A thread with its own copy needs no join per K block and
     reads no panel from another core's cache; with few rows each, those joins and remote
     reads cost more than the copy (docs/measurements.md, "Matmul heuristic")."""
+    m, n, k, elem, target, threads = problem
     reg_m, reg_n = tile.reg_m, tile.reg_n
     tile_m, tile_n, block_m = blocks
     split_m, split_n = _split_for_threads(m, n, block_m, tile_n, reg_m, reg_n, threads)
