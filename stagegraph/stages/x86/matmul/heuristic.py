@@ -15,17 +15,14 @@ from stagegraph.stages.x86.matmul.params import MatmulParams, pack_k_step
 # Register-tile rows preferred on 16 registers when the FMA units are half as wide as the
 # vectors (Zen 1 on AVX2: one 256-bit FMA per cycle, so 8 chains of latency 5 keep it busy),
 # when they divide m (else rows that do, as on other cores: an LSTM's batch of 10 keeps 5).
-# Zen 1, one thread, 4x16 (two k steps per iteration) against 6x16 (one): 384x1536x768
-# 1.016, 768^3 1.015, 1536x512x512 1.039, 3072x1024x256 1.037, 192x768x768 1.008.
+# The measurements behind this and every choice below: docs/measurements.md, "Design
+# decisions: the matmul heuristic".
 NARROW_FMA_ROWS = 4
 # K steps of a K block per C element of the register tile, which reloads and stores its C
 # once per K block: kc >= C_TILE_K_STEPS x reg_m x reg_n. L1 alone sizes AVX-512's 8x32
-# tile a K block of 128, where the C tile's reloads stall the FMAs (Zen 4, one thread:
-# kc 512 and 256 rows over kc 128 and 1024 rows, 1024^3 1.13x, 2048^3 1.20x, 1000^3 one K
-# block 1.04-1.05x; kc 256 gains less). AVX2's tiles (6x16, 4x16) keep their L1 blocks,
-# which are longer: 6x16 with kc 384 over 256 read 0.99 at 384x1536x768 (Zen 4, AVX2).
-# Only where m spans two or more row blocks of the longer K block: with one (m 256 and
-# 384) it lost 1-4%, the B micro-panel then streaming from L2 for nothing.
+# tile a K block of 128, where the C tile's reloads stall the FMAs. AVX2's tiles (6x16,
+# 4x16) keep their L1 blocks, which are longer. Only where m spans two or more row blocks
+# of the longer K block: with one, the B micro-panel would stream from L2 for nothing.
 C_TILE_K_STEPS = 2
 # Blocks per thread the parallel block loop aims for (see _split_for_threads).
 BLOCKS_PER_THREAD = 2
@@ -96,7 +93,7 @@ def heuristic_matmul_params(
     # Two K blocks become one when the register tiles then write C directly (whole tiles,
     # f32): no packed C, no pass zeroing it or reading it back, for a B micro-panel that
     # streams from L2 instead of L1. Not where C_TILE_K_STEPS already lengthened the blocks
-    # past L1 (docs/measurements.md, "Matmul heuristic").
+    # past L1.
     if dtype == "f32" and k == 2 * kc and kc == l1_kc:
         single = _blocked(problem, k, tile)
         if single.whole_register_tiles(m, n):
@@ -156,8 +153,7 @@ def _k_block(
     if reuse_target > l1_target:
         long_kc = _nearest_divisor(k, reuse_target, step)
         # Several threads keep several K blocks (whether they share B's or pack their own,
-        # share_b below): Zen 4, two threads, 1000^3 measured 1.06x over L1's 200 (shared)
-        # and 1.025x over one K block (docs/measurements.md, "Matmul heuristic").
+        # share_b below), in steps of at most 4 where the long block would be all of K.
         if threads > 1 and long_kc == k:
             long_kc = _nearest_divisor(k, reuse_target, max(k_unroll, min(step, 4)))
         long_row_block = target.l2_bytes // 2 // (long_kc * elem)
@@ -217,7 +213,7 @@ def _thread_blocks(
     (under SHARE_B_MIN_ROWS). (The copies fit L3: the column block keeps a K block of B in
     half of a core's share of it.) A thread with its own copy needs no join per K block and
     reads no panel from another core's cache; with few rows each, those joins and remote
-    reads cost more than the copy (docs/measurements.md, "Matmul heuristic")."""
+    reads cost more than the copy."""
     m, n, k, elem, target, threads = problem
     reg_m, reg_n = tile.reg_m, tile.reg_n
     tile_m, tile_n, block_m = blocks
@@ -242,9 +238,8 @@ def _worth_packing(
 ) -> bool:
     """Whether packing A and B into panels pays: not for a few rows against a B that stays
     in cache and tiles evenly (an RNN step, a small attention head), where packing B costs
-    about what the register tiles then save. Zen 1, one thread: 6x512x64 1.56x, 12x128x128
-    1.33x and 10x256x64 1.15x faster unpacked; 10x256x256 (B a quarter of L2 too big) 0.84x
-    and 10x200x100 (partial column tiles, masked) 0.15x."""
+    about what the register tiles then save; not when B outgrows a quarter of L2 or its
+    column tiles would be partial (masked)."""
     few_rows = m <= 2 * reg_m and m % reg_m == 0
     return not (few_rows and n % reg_n == 0 and k * n * elem <= target.l2_bytes // 4)
 
@@ -255,10 +250,8 @@ def _worth_packing(
 MIN_ACCUMULATORS = 8
 # Two full-width FMAs a cycle (Haswell on, Zen 2-4's AVX2) at latency 5 need 10 chains, once
 # the tile's k loop and the panels reusing each packed A panel are long (k and n at least
-# LONG_LOOPS). Zen 4 on AVX2 (x86-64-v3), one thread, 6x16 (with a 4-row edge tile) over
-# 4x16: 1024^3 1.07x, 2048^3 1.08x, the MLP 256 x 1024 layers 1.08x; 5x16 over 4x16 at
-# 1000^3 1.12x; 256^3 and 512^3 tie. Shorter loops pay more for the edge tile and A's 6-row
-# packing than the chains save: 128^3 0.98x, 256x256x64 0.93x, 1024x48x32 0.80x, 32^3 0.6x.
+# LONG_LOOPS). Shorter loops pay more for the edge tile and A's 6-row packing than the
+# chains save.
 FULL_WIDTH_FMA_ACCUMULATORS = 10
 LONG_LOOPS = 256
 
@@ -276,13 +269,11 @@ def _row_tile(
     or ``most``; with ``even_first``, an even count that divides m before an odd one.
 
     Rows that divide m leave no partial panel: no padded rows computed, no masked loads
-    packing A, no peeled edge tiles. On Zen 1 (AVX2, one thread) 4x16 beat 6x16 by 4% at
-    128x1024x512 and 256^3 (6 leaves 2 and 4 rows over) and tied at 1024^3.
+    packing A, no peeled edge tiles.
 
     ``even_first`` (8-lane targets): packing A transposes ``rows x 8`` blocks; 4 and 8
-    rows take upstream's AVX2 in-lane sequence, 5 a generic 40-element shuffle. On Zen 1
-    (8 chains enough) 4x16 beat 5x16 by 1% at 1000^3 (A's packing: 2.0% of the time with 5
-    rows); full-width units need the 10 chains of 5x16 (1.12x on Zen 4's AVX2).
+    rows take upstream's AVX2 in-lane sequence, 5 a generic 40-element shuffle; full-width
+    FMA units need the 10 chains of 5x16 all the same.
     """
     fewest = max(1, -(-min_accumulators // vectors))
     counts = list(range(most, min(fewest, most) - 1, -1))
@@ -321,10 +312,8 @@ def _split_for_threads(
     blocks): each pass over A or B costs about 1-2% of the matmul, so blocks are only
     split as that: two per thread, not eight (which re-packed A and B four times
     each at 1024^3), and the second only while its packing costs under
-    ``BALANCE_PACKING`` of the work. Zen 1, two threads, one block per thread against two:
-    256^3 1.03x, 512^3 1.01x, 384x1536x768 1.01-1.02x, the MLP 256 x 1024 layers 1.02x;
-    2048x512x128 (a pass over B is 0.4% of its work: still split) 0.98x. The edges stay
-    at least ``MIN_BLOCK_PANELS`` panels long.
+    ``BALANCE_PACKING`` of the work. The edges stay at least ``MIN_BLOCK_PANELS`` panels
+    long.
     """
     edge = MIN_BLOCK_PANELS * reg_n
     min_m = min(_round_up(m, reg_m), _round_up(edge, reg_m))

@@ -61,23 +61,18 @@ def writes_c_directly(
     block (the accumulators need no packed C between blocks) and, with several row blocks,
     no widening copy of A (it would have to follow A's packing into the row-block loop).
     Partial edge tiles are peeled into pieces of their own, each with its kernel
-    (``matmul_packed._peel_direct_edges``), unless an elementwise chain follows (the pieces' tiles
+    (``packed_kernel._peel_direct_edges``), unless an elementwise chain follows (the pieces' tiles
     then still slice a whole packed C, left allocated) or several parallel blocks each
     hold several row blocks (229x65x571 on two threads: 120-row blocks of 60-row blocks,
     the last partial; the fusion into the peeled row loop fails). Those keep packed C.
 
-    Then no packed C exists: no zeroing pass, no pass that reads it back to write C. Zen 1,
-    one thread: 256^3 1.4% faster, 1024x1024x256 (four row blocks) 6%, 2048x512x128 14%;
-    the dev set's matmuls 1.01-1.15x (l1_009 tall-skinny 1.13x, l1_010 3-D 1.15x). With
-    edge tiles (Zen 4, one thread): x86-64-v3 256^3 (6-row tiles, 4 rows left) 1.025x;
-    AVX-512 1000^3 (32-column tiles, 8 columns left) 1.021x; 100x70x200, 256x250x256,
-    500x500x250 and a 100-row MLP 0.99-1.01x. (With row blocks and a partial column, the
-    unpack's row-block tiling still writes a padded temporary that is copied to C, as on
-    the packed-C path; 1000^3 on AVX-512 is that case.)
+    Then no packed C exists: no zeroing pass, no pass that reads it back to write C. (With
+    row blocks and a partial column, the unpack's row-block tiling still writes a padded
+    temporary that is copied to C, as on the packed-C path.)
 
     Several K blocks keep packed C: computing the last block's tiles in the pass over C
-    (its kernel split off, its packing fused into one-trip loops) measured 0.98-0.99x at
-    512^3 and 1024^3, the strided stores to C costing what the unpack pass saved."""
+    costs in strided stores to C what the unpack pass saves. The measurements:
+    docs/measurements.md, "Design decisions: the packed matmul kernel"."""
     one_row_block_loop = params.block_rows <= params.tile_m or params.block_rows >= site.m
     edges_ok = not site.consumers and one_row_block_loop
     return (

@@ -94,9 +94,8 @@ def lower_vectors(func: ir.Value, avx2_transposes: bool = False) -> None:
     ``avx2_transposes``: lower the 4x8 and 8x8 f32 transposes of A's packing (a ``reg_m x
     8`` block of rows becomes eight ``reg_m``-wide columns) with upstream's AVX2 sequence of
     in-lane unpacks and shuffles, not one flat 32- or 64-element shuffle that LLVM turns
-    into lane-crossing permutes (3 uops each on Zen 1). Zen 1, one thread: 256^3 1.3%
-    faster, 1024^3 0.5%. A 5-7 row block was padded to 8x8 before this runs (see
-    pad_transposes), so it takes the 8x8 sequence too."""
+    into lane-crossing permutes (3 uops each on Zen 1). A 5-7 row block was padded to 8x8
+    before this runs (see pad_transposes), so it takes the 8x8 sequence too."""
     apply_patterns(func, _tvec.ApplyLowerMaskedTransfersPatternsOp, _tvec.ApplyLowerMasksPatternsOp)
     apply_patterns(
         func,
