@@ -23,7 +23,7 @@ from pathlib import Path
 
 from pydantic import Field
 
-from stagegraph.app.isolate import Limits
+from stagegraph.app.child_process import Limits
 from stagegraph.core.ports import Schema
 from stagegraph.errors import StagegraphError
 

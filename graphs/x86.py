@@ -10,7 +10,8 @@ from stagegraph.stages.analysis import analyze_stage
 from stagegraph.stages.common.emit import jit
 from stagegraph.stages.common.passes import bufferize, verify
 from stagegraph.stages.target import target
-from stagegraph.stages.x86.stages import heuristic, lower, normalize, schedule
+from stagegraph.stages.x86.ir_stages import lower, normalize, schedule
+from stagegraph.stages.x86.params_stage import heuristic
 
 
 def build() -> Graph:

@@ -12,7 +12,7 @@ from {prefix}_helpers import PIPELINE
 from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.common.costmodel import CostModelConfig
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.stages import X86Params, heuristic
+from stagegraph.stages.x86.params_stage import X86Params, heuristic
 from stagegraph.workloads.matmul import Matmul
 
 

@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 
 from stagegraph.mlir.bindings import interpreter, ir, new_context, passmanager
+from stagegraph.mlir.functions import find_function
 from stagegraph.runtime.jit import JitBinary
-from stagegraph.runtime.memref import find_function, read_signature, record_signature
+from stagegraph.runtime.memref import read_signature, record_signature
 from stagegraph.runtime.shared import emit_shared_library
 from stagegraph.stages.common import lowering
-from stagegraph.stages.common.bench_wrapper import (
+from stagegraph.stages.common.bench_harness import (
     WRAPPER_ATTR,
     WrapperError,
     insert_bench_wrapper,

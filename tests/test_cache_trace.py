@@ -63,7 +63,7 @@ def test_api_cache_dir_stores_facts_and_params_as_json(tmp_path):
     assert outputs.ok
     entries = [json.loads(p.read_text()) for p in tmp_path.rglob("entry.json")]
     select = next(e for e in entries if e["stage"] == "select")
-    assert select["outputs"]["params"]["class"] == "stagegraph.stages.x86.stages:X86Params"
+    assert select["outputs"]["params"]["class"] == "stagegraph.stages.x86.params_stage:X86Params"
     # A foreign class in an entry is never imported blindly: a warning, then recomputed.
     entry_file = next(
         p for p in tmp_path.rglob("entry.json") if json.loads(p.read_text())["stage"] == "select"

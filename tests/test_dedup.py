@@ -54,7 +54,8 @@ def _scheduled(text: str, threads: int = 1, roll: bool = False):
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
     from stagegraph.stages.target import detect_target
-    from stagegraph.stages.x86.stages import ScheduleConfig, heuristic, schedule
+    from stagegraph.stages.x86.ir_stages import ScheduleConfig, schedule
+    from stagegraph.stages.x86.params_stage import heuristic
 
     payload = parse_payload(text)
     with payload.context, ir.Location.unknown():
@@ -114,7 +115,7 @@ def test_deduplicated_payload_computes_the_same(roll):
     from stagegraph.stages.common.emit import runtime_libraries
     from stagegraph.stages.common.passes import BufferizeConfig, bufferize
     from stagegraph.stages.target import detect_target
-    from stagegraph.stages.x86.stages import LowerConfig, lower
+    from stagegraph.stages.x86.ir_stages import LowerConfig, lower
 
     payload, params = _scheduled(PAYLOAD, roll=roll)
     with payload.context, ir.Location.unknown():
@@ -145,7 +146,8 @@ def test_small_payloads_are_not_deduplicated_by_default():
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
     from stagegraph.stages.target import detect_target
-    from stagegraph.stages.x86.stages import heuristic, schedule
+    from stagegraph.stages.x86.ir_stages import schedule
+    from stagegraph.stages.x86.params_stage import heuristic
 
     payload = parse_payload(PAYLOAD)
     with payload.context, ir.Location.unknown():

@@ -123,7 +123,7 @@ func.func @main(%a: tensor<8x16xf32>, %c: tensor<16xf32>, %w: tensor<16x4xf32>)
 def _prepare(text: str):
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import entry_function
-    from stagegraph.stages.x86.prepare import fuse_elementwise_chains
+    from stagegraph.stages.x86.generic.elementwise_fusion import fuse_elementwise_chains
 
     module = parse_payload(text)
     with module.context, ir.Location.unknown():
@@ -155,8 +155,8 @@ def test_only_single_use_unbroadcast_elementwise_producers_merge():
 
 def test_merged_chain_computes_the_same():
     from stagegraph.runtime.jit import JitBinary
-    from stagegraph.stages.x86.generic_params import GenericParams
-    from stagegraph.stages.x86.generic_schedule import lower_generic
+    from stagegraph.stages.x86.generic.params import GenericParams
+    from stagegraph.stages.x86.generic.schedule import lower_generic
 
     n = 9
     rng = np.random.default_rng(0)
@@ -169,8 +169,8 @@ def test_merged_chain_computes_the_same():
 
 def test_guarded_payload_still_runs():
     from stagegraph.runtime.jit import JitBinary
-    from stagegraph.stages.x86.generic_params import GenericParams
-    from stagegraph.stages.x86.generic_schedule import lower_generic
+    from stagegraph.stages.x86.generic.params import GenericParams
+    from stagegraph.stages.x86.generic.schedule import lower_generic
 
     rng = np.random.default_rng(1)
     a = rng.standard_normal((8, 16), dtype=np.float32)
@@ -190,13 +190,10 @@ def _schedule_size(n: int) -> tuple[int, int, int]:
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import entry_function
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.x86.generic_params import GenericParams
-    from stagegraph.stages.x86.generic_schedule import (
-        FUSE_ATTR,
-        annotate_generic_ops,
-        build_generic_schedule,
-    )
-    from stagegraph.stages.x86.prepare import prepare
+    from stagegraph.stages.x86.generic.labels import FUSE_ATTR, annotate_generic_ops
+    from stagegraph.stages.x86.generic.params import GenericParams
+    from stagegraph.stages.x86.generic.prepare import prepare
+    from stagegraph.stages.x86.generic.schedule import build_generic_schedule
 
     module = parse_payload(chain_payload(n))
     with module.context, ir.Location.unknown():
@@ -281,8 +278,11 @@ def test_cheap_producer_is_copied_per_reader_and_double_reads_merge():
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import entry_function
     from stagegraph.runtime.jit import JitBinary
-    from stagegraph.stages.x86.generic_schedule import lower_generic
-    from stagegraph.stages.x86.prepare import duplicate_cheap_producers, fuse_elementwise_chains
+    from stagegraph.stages.x86.generic.elementwise_fusion import (
+        duplicate_cheap_producers,
+        fuse_elementwise_chains,
+    )
+    from stagegraph.stages.x86.generic.schedule import lower_generic
 
     module = parse_payload(VARIANCE)
     with module.context, ir.Location.unknown():
@@ -352,7 +352,7 @@ func.func @main(%a: tensor<2x8x16xf32>, %b: tensor<2x8x16xf32>)
 
 def test_square_merges_into_its_sum_but_a_product_of_inputs_does_not():
     from stagegraph.runtime.jit import JitBinary
-    from stagegraph.stages.x86.generic_schedule import lower_generic
+    from stagegraph.stages.x86.generic.schedule import lower_generic
 
     module, merged = _prepare(SQUARES_AND_PRODUCTS)
     assert merged == 1

@@ -185,11 +185,11 @@ def test_memo_key_covers_the_modules_a_stage_imports():
     from stagegraph.core.versioning import _imported_modules, dependency_version
 
     factory = get_factory("x86.schedule")
-    assert "stagegraph.stages.x86.matmul_schedule" in _imported_modules(
-        "stagegraph.stages.x86.stages"
+    assert "stagegraph.stages.x86.matmul.schedule" in _imported_modules(
+        "stagegraph.stages.x86.ir_stages"
     )
-    assert factory.code_version == dependency_version("stagegraph.stages.x86.stages")
-    assert factory.code_version != dependency_version("stagegraph.stages.x86.matmul_schedule")
+    assert factory.code_version == dependency_version("stagegraph.stages.x86.ir_stages")
+    assert factory.code_version != dependency_version("stagegraph.stages.x86.matmul.schedule")
 
 
 def test_duplicate_stage_names_from_other_code_are_refused():

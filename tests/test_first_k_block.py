@@ -1,5 +1,5 @@
 """Register tiles of several K blocks start from zero and add packed C after the k loop; the
-first K block starts from the fill (stages/x86/first_k_block.py)."""
+first K block starts from the fill (stages/x86/matmul/first_k_block.py)."""
 
 from __future__ import annotations
 
@@ -55,7 +55,10 @@ def _rewritten(use: str, write: str = _WRITE) -> tuple[int, list[str], str]:
     """(loops rewritten, op names after, the K-block loop's init's defining op)."""
     from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.x86.first_k_block import K_BLOCKS_ATTR, start_first_k_block_from_fill
+    from stagegraph.stages.x86.matmul.first_k_block import (
+        K_BLOCKS_ATTR,
+        start_first_k_block_from_fill,
+    )
 
     with new_context(), ir.Location.unknown():
         module = ir.Module.parse(_PAYLOAD.format(use=use, write=write, fill="0.0"))
@@ -99,7 +102,7 @@ def _tile_body(fill: str) -> tuple[list[str], object, object]:
     scf.if after it)."""
     from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.x86.first_k_block import start_first_k_block_from_fill
+    from stagegraph.stages.x86.matmul.first_k_block import start_first_k_block_from_fill
 
     with new_context(), ir.Location.unknown():
         module = ir.Module.parse(_PAYLOAD.format(use=_ACCUMULATE, write=_WRITE, fill=fill))

@@ -10,7 +10,7 @@ import pytest
 from stagegraph.mlir.diagnostics import parse_payload
 from stagegraph.stages.analysis import analyze
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.generic_params import (
+from stagegraph.stages.x86.generic.params import (
     GenericParams,
     heuristic_generic_params,
     largest_divisor_at_most,
@@ -96,7 +96,7 @@ AVX512 = Target(isa=frozenset({"avx512f"}), vector_bits=512, l1d_bytes=48 * 1024
 
 def _jit(text: str, params: GenericParams | None = None):
     from stagegraph.runtime.jit import JitBinary
-    from stagegraph.stages.x86.generic_schedule import lower_generic
+    from stagegraph.stages.x86.generic.schedule import lower_generic
 
     module = parse_payload(text)
     lower_generic(module, params)
@@ -122,7 +122,7 @@ def _op_names(module) -> list[str]:
 def _scheduled_op_names(text: str) -> list[str]:
     """The op names after the generic schedule (heuristic params for ``AVX512``) on ``text``."""
     from stagegraph.mlir.bindings import ir
-    from stagegraph.stages.x86.generic_schedule import (
+    from stagegraph.stages.x86.generic.schedule import (
         apply_generic_schedule,
         build_generic_schedule,
     )
@@ -160,7 +160,7 @@ def test_tile_sizes_are_static_divisors():
 
 def test_schedule_leaves_matmul_epilogue_and_wrapper_alone():
     from stagegraph.mlir.bindings import ir
-    from stagegraph.stages.x86.generic_schedule import (
+    from stagegraph.stages.x86.generic.schedule import (
         apply_generic_schedule,
         build_generic_schedule,
     )
@@ -224,7 +224,7 @@ def test_kernelbench_payload_verifies(stem):
     from stagegraph.core.ports import Module
     from stagegraph.mlir.bindings import ir
     from stagegraph.runtime.jit import JitBinary
-    from stagegraph.stages.x86.generic_schedule import lower_generic
+    from stagegraph.stages.x86.generic.schedule import lower_generic
     from stagegraph.workload import parse_workload
 
     path = next(KERNELBENCH.glob(f"{stem}*.mlir"), None)
@@ -324,7 +324,7 @@ func.func @main(%a: tensor<4x1x24xf32>) -> tensor<4x24x1xf32> {
 def _prepared(text: str):
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import entry_function as _entry_function
-    from stagegraph.stages.x86.prepare import prepare
+    from stagegraph.stages.x86.generic.prepare import prepare
 
     module = parse_payload(text)
     with module.context, ir.Location.unknown():
@@ -348,7 +348,7 @@ def test_dead_argmax_result_is_dropped_and_reduction_vectorizes():
 
 def test_bool_tensors_are_widened_and_vectorized():
     from stagegraph.mlir.bindings import ir
-    from stagegraph.stages.x86.generic_schedule import (
+    from stagegraph.stages.x86.generic.schedule import (
         apply_generic_schedule,
         build_generic_schedule,
     )
@@ -382,7 +382,7 @@ def test_unit_transpose_becomes_a_reshape():
 def test_bool_tensor_returned_is_not_widened():
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import entry_function as _entry_function
-    from stagegraph.stages.x86.prepare import prepare
+    from stagegraph.stages.x86.generic.prepare import prepare
 
     text = """
     func.func @main(%a: tensor<8xf32>) -> tensor<8xi1> {
@@ -573,7 +573,7 @@ def test_conv2d_channels_last_is_skipped_for_partial_vectors_and_when_disabled()
     rewrite off."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import entry_function
-    from stagegraph.stages.x86.prepare import prepare
+    from stagegraph.stages.x86.generic.prepare import prepare
 
     for f, enabled in ((6, True), (8, False)):
         text, _ = _conv2d_nchw(1, 3, f, (6, 12), (3, 3), (1, 1), (1, 1))
@@ -642,7 +642,7 @@ func.func @main(%x: {tx}, %k: {tk}) -> {to} {{
 
 
 def test_tile_size_prefers_a_divisor_but_not_a_tiny_one():
-    from stagegraph.stages.x86.generic_params import tile_size
+    from stagegraph.stages.x86.generic.params import tile_size
 
     assert tile_size(512, 64) == 64 and tile_size(96, 64) == 48  # divisors
     assert tile_size(4001, 64) == 64  # prime: a full tile, the last one partial
@@ -695,7 +695,7 @@ func.func @main(%x: tensor<2x16x9x40xf32>) -> tensor<2x16x{oh}x{ow}xf32> {{
 def test_pooling_vectorizes_only_where_it_pays(window, dilation, vectorized):
     """2-D windows are decomposed and vectorized; one-row and dilated windows stay loops
     (their vectorized forms are shuffles slower than the loops); all stay correct."""
-    from stagegraph.stages.x86.generic_schedule import convolution_plan
+    from stagegraph.stages.x86.generic.schedule import convolution_plan
 
     text = _pooling(window, dilation)
     facts = analyze(parse_payload(text))
@@ -721,8 +721,8 @@ def test_failure_propagation_is_a_schedule_option_not_a_global():
     """Debugging a generic sub-sequence: the schedule (and the x86.schedule stage config)
     asks for propagated failures; the default leaves a failing op to the loop fallback."""
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.generic_schedule import PROPAGATE_ATTR, build_generic_schedule
-    from stagegraph.stages.x86.stages import ScheduleConfig
+    from stagegraph.stages.x86.generic.schedule import PROPAGATE_ATTR, build_generic_schedule
+    from stagegraph.stages.x86.ir_stages import ScheduleConfig
 
     with new_context(), ir.Location.unknown():
         facts = analyze(ir.Module.parse(CHAIN))
@@ -753,7 +753,7 @@ def test_pooling_channels_tile_by_pool_batch_tile(batch_tile, channels):
     import re
 
     from stagegraph.mlir.bindings import ir
-    from stagegraph.stages.x86.generic_schedule import (
+    from stagegraph.stages.x86.generic.schedule import (
         apply_generic_schedule,
         build_generic_schedule,
         convolution_plan,
@@ -789,7 +789,7 @@ def test_pooling_vectors_drop_unit_dims_by_conv_drop_unit_dims(drop):
     import re
 
     from stagegraph.mlir.bindings import ir
-    from stagegraph.stages.x86.generic_schedule import (
+    from stagegraph.stages.x86.generic.schedule import (
         apply_generic_schedule,
         build_generic_schedule,
     )
@@ -839,8 +839,8 @@ def test_unit_stride_pooling_vectorizes_along_width(stride, lanes, along_width):
     tiles (``pool_batch_tile``). All stay correct."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.x86.generic_plan import convolution_plan, pools_along_width
-    from stagegraph.stages.x86.generic_schedule import (
+    from stagegraph.stages.x86.generic.plan import convolution_plan, pools_along_width
+    from stagegraph.stages.x86.generic.schedule import (
         apply_generic_schedule,
         build_generic_schedule,
     )
@@ -880,7 +880,7 @@ def test_per_op_params_reach_only_their_op():
     """``per_op`` params (by op signature) change that op's tiling and nothing else's."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.x86.generic_schedule import build_generic_schedule
+    from stagegraph.stages.x86.generic.schedule import build_generic_schedule
 
     module = parse_payload(ROW_SUM)
     facts = analyze(module)
@@ -943,7 +943,7 @@ func.func @main(%a: tensor<3x8x16xf32>) -> tensor<3x8x16xf32> {
 def test_producer_read_broadcast_is_not_fused_into_its_consumer():
     """Fused, the sqrt chain would run once per element of the normalized axis (8x here);
     it gets its own loop nest instead, and the result is unchanged."""
-    from stagegraph.stages.x86.generic_schedule import annotate_generic_ops
+    from stagegraph.stages.x86.generic.labels import annotate_generic_ops
 
     module = parse_payload(NORMALIZE)
     facts = analyze(module)
@@ -959,7 +959,7 @@ def test_producer_read_broadcast_is_not_fused_into_its_consumer():
 
 
 def test_static_tile_size_prefers_a_divisor_near_the_cap():
-    from stagegraph.stages.x86.generic_params import static_tile_size
+    from stagegraph.stages.x86.generic.params import static_tile_size
 
     assert static_tile_size(30, 8) == 6  # at least half the cap: kept
     assert static_tile_size(22, 8) == 11  # 2 would be the largest divisor <= 8
@@ -972,7 +972,7 @@ def test_static_tile_size_prefers_a_divisor_near_the_cap():
 def test_convolution_width_tile_is_a_divisor_near_the_lanes():
     """An output width of 22 is tiled by 11 (independent accumulators), not by 2; the
     convolution stays vectorized and correct."""
-    from stagegraph.stages.x86.generic_plan import convolution_plan
+    from stagegraph.stages.x86.generic.plan import convolution_plan
 
     x_shape, w_shape, o_shape = (2, 3, 6, 24), (8, 3, 3, 3), (2, 8, 4, 22)
     tx, tw, to = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in (x_shape, w_shape, o_shape))
@@ -1081,7 +1081,7 @@ def test_channels_last_convolution_is_register_blocked(
     accumulators fill half the register file (16 f32 channels x 4 on AVX2); fewer channels
     (or wider vectors) give the freed accumulators to the width, a static divisor near it.
     The result matches the definition."""
-    from stagegraph.stages.x86.generic_plan import convolution_plan
+    from stagegraph.stages.x86.generic.plan import convolution_plan
 
     x_shape = (2, 5, width + 2, 4)  # N H W C
     w_shape = (3, 3, 4, filters)  # KH KW C F
@@ -1183,11 +1183,11 @@ def test_convolution_output_tiles_are_one_parallel_loop(channels: int) -> None:
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import entry_function
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.x86.generic_schedule import (
+    from stagegraph.stages.x86.generic.prepare import prepare
+    from stagegraph.stages.x86.generic.schedule import (
         apply_generic_schedule,
         build_generic_schedule,
     )
-    from stagegraph.stages.x86.prepare import prepare
 
     text, _ = _conv2d_nchw(2, 5, channels, (9, 21), (3, 3), (1, 1), (1, 1))
     module = parse_payload(text)

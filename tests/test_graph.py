@@ -222,3 +222,56 @@ def test_select_until_tag():
 def test_default_splice_must_exist():
     with pytest.raises(UnknownTagError, match="default splice tag 'bufferised'"):
         make(default_splice="bufferised")
+
+
+def _chain(length: int) -> Graph:
+    """payload -> s0 -> s1 -> ... : ``length`` pass-through stages in a line."""
+    stages = [passthrough(f"s{i}") for i in range(length)]
+    edges = ["payload -> s0.module"]
+    edges += [f"s{i}.module -> s{i + 1}.module" for i in range(length - 1)]
+    return Graph("chain", stages, edges, [PAYLOAD])
+
+
+def _build_and_query_seconds(length: int) -> float:
+    """Build (validate) a chain, order it and ask every node's edges and the last node's
+    ancestors, as the engine does on each run. (The garbage collector is held off: its full
+    passes cost more the more objects are alive, which is not the graph's doing.)"""
+    import gc
+    import time
+
+    gc.collect()
+    gc.disable()
+    try:
+        start = time.perf_counter()
+        graph = _chain(length)
+        order = graph.order()
+        for node in order:
+            graph.in_edges(node)
+            graph.out_edges(node)
+        graph.ancestors(order[-1])
+        return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def test_graph_queries_are_answered_from_an_index():
+    graph = _chain(5)
+    assert [str(e) for e in graph.in_edges("s3")] == ["s2.module -> s3.module"]
+    assert [str(e) for e in graph.out_edges("payload")] == ["payload -> s0.module"]
+    assert graph.out_edges("s4") == [] and graph.in_edges("nowhere") == []
+    assert graph.ancestors("s2") == {"payload", "s0", "s1"}
+    assert graph.descendants("s2") == {"s3", "s4"}
+
+
+def test_validation_and_queries_scale_linearly():
+    """Four times the stages cost about four times the time (a scan of every edge per node
+    would cost sixteen): the ratio, not an absolute time, so a slow machine passes too."""
+    small, large = 2000, 8000
+    assert len(_chain(large).order()) == large + 1
+    # Interleaved, best of five each: a load that comes and goes slows both sizes alike.
+    times: dict[int, list[float]] = {small: [], large: []}
+    for _ in range(5):
+        for length in (small, large):
+            times[length].append(_build_and_query_seconds(length))
+    ratio = min(times[large]) / min(times[small])
+    assert ratio < 8, f"{large} stages took {ratio:.1f}x the time of {small}"

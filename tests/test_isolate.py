@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stagegraph.app.isolate import Limits, run_isolated
+from stagegraph.app.child_process import Limits, run_isolated
 from stagegraph.errors import IsolatedFailure, StageFailed, StagegraphError
 
 MB = 2**20

@@ -7,7 +7,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from stagegraph.stages.x86.pad_transposes import PAD_TRANSPOSES_ATTR
+from stagegraph.stages.x86.matmul.pad_transposes import PAD_TRANSPOSES_ATTR
 
 
 def _func(name: str, rows: int, cols: int, dtype: str = "f32", marked: bool = True) -> str:
@@ -23,7 +23,7 @@ func.func @{name}(%x: {src}) -> {dst}{mark} {{
 def _rewrite(text: str) -> tuple[int, str, list]:
     from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.x86.pad_transposes import pad_transposes
+    from stagegraph.stages.x86.matmul.pad_transposes import pad_transposes
 
     with new_context():
         module = ir.Module.parse(text)
@@ -64,7 +64,7 @@ def test_padded_transpose_gives_the_transposed_values():
     """Through the JIT: a 6x8 block read from memory comes out as its 8x6 transpose."""
     from stagegraph.mlir.bindings import execution_engine, ir, new_context, passmanager, runtime
     from stagegraph.stages.common import lowering
-    from stagegraph.stages.x86.pad_transposes import pad_transposes
+    from stagegraph.stages.x86.matmul.pad_transposes import pad_transposes
 
     text = f"""
 func.func @t(%a: memref<6x8xf32>, %b: memref<8x6xf32>) attributes {{{PAD_TRANSPOSES_ATTR}, llvm.emit_c_interface}} {{

@@ -9,7 +9,7 @@ import stagegraph as sg
 from stagegraph.mlir.bindings import ir, new_context
 from stagegraph.mlir.walk import collect
 from stagegraph.stages.analysis import analyze
-from stagegraph.stages.x86.pointwise import pointwise_convolutions_to_matmuls
+from stagegraph.stages.x86.conv.pointwise import pointwise_convolutions_to_matmuls
 
 
 def _conv(layout: str, n: int, c: int, f: int, hw: int, kernel: int, stride: int, init: str):

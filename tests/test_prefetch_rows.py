@@ -1,4 +1,4 @@
-"""Software prefetch ahead of packing reads (stagegraph/stages/x86/prefetch_rows.py)."""
+"""Software prefetch ahead of packing reads (stagegraph/stages/x86/matmul/prefetch_rows.py)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def _prefetched(mark: bool, permutation: str = _ROWS) -> tuple[int, list[tuple[i
     indices, whether any mark is left)."""
     from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.x86.prefetch_rows import PREFETCH_ROWS_ATTR, prefetch_rows
+    from stagegraph.stages.x86.matmul.prefetch_rows import PREFETCH_ROWS_ATTR, prefetch_rows
 
     text = _LOOP.format(mark="{stagegraph.prefetch_rows}" if mark else "", map=permutation)
     with new_context(), ir.Location.unknown():

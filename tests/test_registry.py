@@ -84,7 +84,7 @@ def test_the_x86_package_registers_itself():
     assert {"heuristic", "analytical", "tuned", "fixed"} <= set(COST_MODELS.names())
     assert COST_MODELS.origin("tuned") == "stagegraph.stages.x86.costmodels:tuned"
     assert cost_model_factory("analytical").kind == "params"
-    assert {"stagegraph.stages.x86.stages", "stagegraph.stages.x86.costmodels"} <= set(
+    assert {"stagegraph.stages.x86.params_stage", "stagegraph.stages.x86.costmodels"} <= set(
         STAGE_MODULES.names()
     )
     assert RUNTIME_LIBRARIES.origin("libmvec").startswith("stagegraph.stages.x86.")

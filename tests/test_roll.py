@@ -72,7 +72,8 @@ def _scheduled(text: str, roll: bool = True):
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
     from stagegraph.stages.target import detect_target
-    from stagegraph.stages.x86.stages import ScheduleConfig, heuristic, schedule
+    from stagegraph.stages.x86.ir_stages import ScheduleConfig, schedule
+    from stagegraph.stages.x86.params_stage import heuristic
 
     payload = parse_payload(text)
     with payload.context, ir.Location.unknown():
@@ -128,7 +129,7 @@ def test_rolled_steps_compute_the_same(reverse):
     from stagegraph.stages.common.emit import runtime_libraries
     from stagegraph.stages.common.passes import BufferizeConfig, bufferize
     from stagegraph.stages.target import detect_target
-    from stagegraph.stages.x86.stages import LowerConfig, lower
+    from stagegraph.stages.x86.ir_stages import LowerConfig, lower
 
     payload, params = _scheduled(_rnn(reverse))
     with payload.context, ir.Location.unknown():
@@ -229,7 +230,7 @@ def test_a_carried_step_rolls_and_yields_its_last_value():
 
 
 def test_next_run_finds_the_longest_repetition():
-    from stagegraph.stages.common.roll import Run, next_run
+    from stagegraph.stages.common.roll_runs import Run, next_run
 
     assert next_run([9, 1, 2, 3, 1, 2, 3, 1, 2, 3, 7]) == Run(1, 3, 3)
     assert next_run([-1, -2, -3, -4]) is None  # ops no step may hold never match

@@ -12,9 +12,9 @@ import math
 import pytest
 
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86 import roofline
-from stagegraph.stages.x86.matmul_params import MatmulParams
-from stagegraph.stages.x86.roofline import estimate_seconds, traffic_by_level
+from stagegraph.stages.x86.matmul import roofline as roofline
+from stagegraph.stages.x86.matmul.params import MatmulParams
+from stagegraph.stages.x86.matmul.roofline import estimate_seconds, traffic_by_level
 
 #: A pinned machine, so the levels below do not depend on the host's caches.
 TARGET = Target(isa=frozenset({"avx2", "fma"}), cores=1, vector_bits=256, l1d_bytes=32 * 1024,

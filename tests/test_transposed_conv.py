@@ -12,7 +12,7 @@ import pytest
 import stagegraph as sg
 from stagegraph.mlir.bindings import ir, new_context
 from stagegraph.mlir.walk import collect
-from stagegraph.stages.x86.transposed_conv import decompose_strided_transposed_convolutions
+from stagegraph.stages.x86.conv.transposed import decompose_strided_transposed_convolutions
 
 _CONV = {1: "conv_1d_ncw_fcw", 2: "conv_2d_nchw_fchw", 3: "conv_3d_ncdhw_fcdhw"}
 
@@ -423,7 +423,7 @@ def test_phase_arithmetic_matches_the_stuffed_convolution_in_one_dim():
     """The per-dim phase plan (which taps, which input window) reproduces the stride-1
     convolution of the stuffed input, over many sizes, strides, dilations and paddings
     (including paddings that push whole taps off the input)."""
-    from stagegraph.stages.x86.transposed_conv import _dim_phases
+    from stagegraph.stages.x86.conv.transposed import _dim_phases
 
     rng = np.random.default_rng(5)
     for _ in range(400):

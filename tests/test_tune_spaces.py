@@ -206,7 +206,7 @@ def test_tuned_cost_model_finds_ops_by_signature_and_names_the_rest(tmp_path):
     problem = _problem(SMALL)
     matmul_site = problem.space.sites[0]
     db = tmp_path / "t.db"
-    model = "stagegraph.stages.x86.matmul_params:MatmulParams"
+    model = "stagegraph.stages.x86.matmul.params:MatmulParams"
     _store(db, problem, matmul_site.ops[0].signature(), {"tile_m": 16, "reg_m": 4}, model)
     with pytest.warns(UserWarning, match="the heuristic's for: elementwise linalg.fill"):
         report = run("x86", SMALL, cost_model="tuned", db=str(db), threads=1)
@@ -238,7 +238,7 @@ def test_a_winner_is_stored_per_op_signature(tmp_path):
     site = problem.space.sites[0]
     assert site.ops[0].signature() in stored
     row = db.tuned_site(problem.key.target, "x86",
-                        "stagegraph.stages.x86.matmul_params:MatmulParams",
+                        "stagegraph.stages.x86.matmul.params:MatmulParams",
                         site.ops[0].signature())  # fmt: skip
     assert row is not None and row.speedup_low > 1.0
     assert row.site_values["tile_m"] == winner.matmul[0].tile_m

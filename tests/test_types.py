@@ -101,7 +101,7 @@ def test_splice_at_a_tag_the_wrapper_cannot_follow_fails_before_compiling():
 
 def test_unknown_param_keys_in_configs_are_refused_with_did_you_mean():
     from stagegraph.stages.x86.costmodels import fixed
-    from stagegraph.stages.x86.stages import heuristic
+    from stagegraph.stages.x86.params_stage import heuristic
 
     with pytest.raises(ConfigError, match=r"overrides: unknown parameter 'tile_mm'.*'tile_m'"):
         heuristic("select", overrides={"tile_mm": 12})

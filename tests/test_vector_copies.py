@@ -40,7 +40,7 @@ def _lowered(text: str) -> tuple[object, int, int]:
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.passes import record_public_signatures, run_pipeline
     from stagegraph.stages.common.rewrites import copies_to_linalg
-    from stagegraph.stages.x86.generic_schedule import vectorize_copies
+    from stagegraph.stages.x86.generic.vector_copies import vectorize_copies
 
     port = Module["tensor"](parse_payload(text))
     with port.ir.context, ir.Location.unknown():
@@ -75,7 +75,7 @@ def test_row_tiles_are_whole_rows_or_static_divisors(max_row, lanes, tiles):
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.passes import run_pipeline
     from stagegraph.stages.common.rewrites import copies_to_linalg
-    from stagegraph.stages.x86.generic_schedule import _row_copy_tiles
+    from stagegraph.stages.x86.generic.vector_copies import _row_copy_tiles
 
     port = Module["tensor"](parse_payload(PAD))
     with port.ir.context, ir.Location.unknown():

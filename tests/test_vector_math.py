@@ -87,7 +87,8 @@ def _compile(text: str, isa: frozenset[str] | None, threads: int | None = None):
     from stagegraph.stages.common.costmodel import CostModelConfig
     from stagegraph.stages.common.emit import runtime_libraries
     from stagegraph.stages.common.passes import BufferizeConfig, bufferize
-    from stagegraph.stages.x86.stages import LowerConfig, heuristic, lower, schedule
+    from stagegraph.stages.x86.ir_stages import LowerConfig, lower, schedule
+    from stagegraph.stages.x86.params_stage import heuristic
 
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(text)

@@ -357,3 +357,18 @@ def test_kernelbench_payload_matches_npz(stem: str) -> None:
     w = parse_workload(str(KERNELBENCH / f"{stem}.mlir"))
     verdict = w.verify(jit_run(w))
     assert verdict.ok, verdict.message
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["matmul:m=2,n=3,k=4", "matmul:m=5,n=7,k=3", "ff:m=2,n=3,k=4", "mlp:batch=2,widths=3-4-5"],
+)
+def test_hand_written_flop_counts_agree_with_the_analysis(spec) -> None:
+    """The flops a workload states (its complexity, used for GFLOP/s) are the ones the
+    analysis counts in its payload: a formula that drifted from the IR would misreport."""
+    from stagegraph.stages.analysis import analyze
+
+    workload = parse_workload(spec)
+    facts = analyze(workload.payload())
+    assert facts.flops == workload.complexity.flops
+    assert facts.flops == sum(op.flops for op in facts.ops) > 0

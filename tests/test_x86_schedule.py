@@ -10,12 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.matmul_params import (
-    SHARE_B_MIN_ROWS,
-    MatmulParams,
-    heuristic_matmul_params,
-    pack_k_step,
-)
+from stagegraph.stages.x86.matmul.heuristic import SHARE_B_MIN_ROWS, heuristic_matmul_params
+from stagegraph.stages.x86.matmul.params import MatmulParams, pack_k_step
 
 AVX512 = Target(
     isa=frozenset({"avx512f", "avx2", "fma"}),
@@ -83,8 +79,8 @@ def _params(m: int, n: int, k: int, **override) -> MatmulParams:
 def _schedule(payload, override: dict) -> None:
     """Apply the matmul schedule to every matmul of ``payload``, with the AVX-512
     heuristic's params updated by ``override``."""
-    from stagegraph.stages.x86.matmul_canonical import find_matmuls
-    from stagegraph.stages.x86.matmul_schedule import apply_schedule, build_matmul_schedule
+    from stagegraph.stages.x86.matmul.canonical import find_matmuls
+    from stagegraph.stages.x86.matmul.schedule import apply_schedule, build_matmul_schedule
 
     sites = find_matmuls(payload)
     params = [_params(s.m, s.n, s.k, **override) for s in sites]
@@ -453,7 +449,7 @@ def test_register_tiles_are_a_power_of_two_vectors_wide():
     (10x slower, measured): rejected by the params and absent from the tuner's space."""
     import z3
 
-    from stagegraph.stages.x86.matmul_params import tuning_constraints
+    from stagegraph.stages.x86.matmul.params import tuning_constraints
 
     base = {**MatmulParams().model_dump(), "vector_width": 8, "vector_registers": 16}
     with pytest.raises(ValidationError, match="power-of-two number of vectors"):
@@ -476,7 +472,7 @@ def test_register_tiles_are_a_power_of_two_vectors_wide():
 
 def test_find_matmuls_sees_fill_and_fusable_consumers():
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_canonical import find_matmuls
+    from stagegraph.stages.x86.matmul.canonical import find_matmuls
 
     with new_context():
         sites = find_matmuls(ir.Module.parse(_mlp(8, [16, 32, 24])))
@@ -488,8 +484,8 @@ def test_find_matmuls_sees_fill_and_fusable_consumers():
 
 def test_schedule_is_a_named_sequence_and_leaves_other_functions_alone():
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_canonical import find_matmuls
-    from stagegraph.stages.x86.matmul_schedule import apply_schedule, build_matmul_schedule
+    from stagegraph.stages.x86.matmul.canonical import find_matmuls
+    from stagegraph.stages.x86.matmul.schedule import apply_schedule, build_matmul_schedule
 
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(_matmul(100, 37, 53))
@@ -665,7 +661,8 @@ def _schedule_stage(text: str, threads: int = 1, overrides: dict | None = None):
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic, matmul_ops, schedule
+    from stagegraph.stages.x86.ir_stages import schedule
+    from stagegraph.stages.x86.params_stage import heuristic, matmul_ops
 
     context = new_context()
     with context, ir.Location.unknown():
@@ -785,7 +782,7 @@ func.func @mm(%a: {ts[0]}, %b: {ts[1]}) -> {ts[2]} {{
 }}
 """
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_canonical import find_matmuls
+    from stagegraph.stages.x86.matmul.canonical import find_matmuls
 
     with new_context():
         (site,) = find_matmuls(ir.Module.parse(text))
@@ -865,7 +862,8 @@ def test_bf16_widening_is_fused_into_the_blocks():
     from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic, schedule
+    from stagegraph.stages.x86.ir_stages import schedule
+    from stagegraph.stages.x86.params_stage import heuristic
 
     text = _named("linalg.matmul", (256, 64), (64, 256), (256, 256), dtype="bf16")
     with new_context(), ir.Location.unknown():
@@ -977,8 +975,8 @@ def test_fold_transposed_operands_reads_the_weights_through_the_maps():
     """The transpose becomes the matmul's B map: the site is ``transpose_b`` on W itself
     and no transposed copy is left to materialise."""
     from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.stages.x86.matmul_canonical import SOURCE_ATTR, find_matmuls
-    from stagegraph.stages.x86.matmul_operands import fold_transposed_operands
+    from stagegraph.stages.x86.matmul.canonical import SOURCE_ATTR, find_matmuls
+    from stagegraph.stages.x86.matmul.operands import fold_transposed_operands
 
     with new_context(), ir.Location.unknown():
         payload = ir.Module.parse(_linear(23, 40, 13))
@@ -1034,7 +1032,7 @@ def test_threads_follow_the_largest_matmul_not_the_sum():
     from stagegraph.mlir.diagnostics import parse_payload
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic
+    from stagegraph.stages.x86.params_stage import heuristic
 
     small = analyze(parse_payload(_chain_of_matmuls(40, 32, 128)))
     assert sum(op.flops for op in small.ops) > 8 * 2**20  # the old rule gave it 8 threads
@@ -1072,7 +1070,7 @@ def test_threads_pay_only_when_the_split_work_outweighs_the_forks(steps, threade
     from stagegraph.mlir.diagnostics import parse_payload
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic
+    from stagegraph.stages.x86.params_stage import heuristic
 
     facts = analyze(parse_payload(_one_large_and_small_steps(steps)))
     threads = {p.threads for p in heuristic.fn(facts, AVX2, CostModelConfig()).matmul}
@@ -1114,7 +1112,7 @@ def test_threads_follow_the_largest_convolution(shape, threaded):
     from stagegraph.mlir.diagnostics import parse_payload
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic
+    from stagegraph.stages.x86.params_stage import heuristic
 
     facts = analyze(parse_payload(_conv_payload(*shape)))
     params = heuristic.fn(facts, AVX2, CostModelConfig())
@@ -1152,7 +1150,7 @@ def test_steps_too_small_to_fork_leave_the_projection_its_threads():
     from stagegraph.mlir.diagnostics import parse_payload
     from stagegraph.stages.analysis import analyze
     from stagegraph.stages.common.costmodel import CostModelConfig
-    from stagegraph.stages.x86.stages import heuristic
+    from stagegraph.stages.x86.params_stage import heuristic
 
     facts = analyze(parse_payload(_one_large_and_small_steps(300, rows=4, width=64)))
     params = heuristic.fn(facts, AVX2, CostModelConfig())

@@ -47,10 +47,9 @@ def _version(distribution: str) -> str:
 
 def with_artifact_emit(graph: Graph, directory: Path, symbol: str) -> Graph:
     """The graph with its emit stage writing an artifact folder."""
-    from stagegraph.app.graph_options import the_emit_stage
     from stagegraph.stages.common.emit import artifact
 
-    name = the_emit_stage(graph).name
+    name = graph.one_stage_of_kind("emit").name
     return graph.replace(name, artifact(name, directory=str(directory), symbol=symbol))
 
 

@@ -86,7 +86,7 @@ def timing_fields(samples: np.ndarray, complexity: Any) -> dict[str, Any]:
 
 def spliced(graph: Graph, splice_at: str | None, entry: str) -> tuple[Graph, str]:
     """The graph with the benchmark wrapper after ``splice_at`` (default: the graph's choice)."""
-    from stagegraph.stages.common.wrapper import bench_wrapper
+    from stagegraph.stages.common.wrapper_stage import bench_wrapper
 
     tag = splice_at or graph.default_splice
     if tag is None:
@@ -107,7 +107,7 @@ def splice_level(graph: Graph, tag: str) -> str:
         SpliceError: the wrapper cannot be built there (no module, or LLVM level).
     """
     from stagegraph.errors import SpliceError
-    from stagegraph.stages.common.wrapper import WRAPPABLE_LEVELS
+    from stagegraph.stages.common.wrapper_stage import WRAPPABLE_LEVELS
 
     def level_at(node: str) -> str | None:
         found = graph.stages.get(node) or graph.inputs[node]
@@ -147,10 +147,10 @@ class Measurement:
         self.verdict = workload.verify(outputs)
 
     def measure(self, count: int, warmup: int = 0) -> np.ndarray:
-        from stagegraph.stages.common.bench_wrapper import run_benchmark
+        from stagegraph.stages.common.bench_harness import bench_entry_name, run_benchmark
 
         return run_benchmark(
-            self.binary, f"{self.entry}_bench", self.workload.inputs(), warmup, count
+            self.binary, bench_entry_name(self.entry), self.workload.inputs(), warmup, count
         )
 
     def report(self, samples: np.ndarray | None, threads: int | None = None) -> BenchReport:

@@ -227,7 +227,7 @@ def _run(graph: str | Graph, workload: str, values: Mapping[str, Any], console: 
         return Outcome(report, "ranks", [report])
     request = _request(graph, workload, values, _session_keys("run"))
     if values.get("isolate"):
-        from stagegraph.app.isolated import run_in_child
+        from stagegraph.app.isolated_session import run_in_child
 
         request = request.model_copy(update={"graph": graph_name(graph, "isolate")})
         report = run_in_child(request, _launch(values).timeout, _launch(values).memory)
@@ -299,7 +299,7 @@ def _bench(
 
 
 def _bench_isolated(graph: str | Graph, request: Any, options: Any, launch: Launch) -> Outcome:
-    from stagegraph.app.isolated import run_in_child
+    from stagegraph.app.isolated_session import run_in_child
     from stagegraph.app.run import check_single_process
     from stagegraph.app.session import open_workload
 

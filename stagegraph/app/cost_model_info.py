@@ -8,20 +8,6 @@ from stagegraph.core.ports import Params
 from stagegraph.stages.target import Target
 
 
-def params_stage(graph: Any) -> Any:
-    """The graph's cost-model stage: the one stage whose output is a Params model."""
-    found = [
-        s
-        for s in graph.stages.values()
-        if any(issubclass(p.type, Params) for p in s.outputs.values())
-    ]
-    if len(found) != 1:
-        from stagegraph.errors import ConfigError
-
-        raise ConfigError(f"graph {graph.name!r} has {len(found)} params stages; need one")
-    return found[0]
-
-
 def describe_cost_model(engine: Any, graph: Any, workload: Any, name: str) -> dict[str, Any]:
     """Which cost model chose the params, where they came from, and the params themselves
     (runs the graph up to its params stage; the engine's memo cache keeps that cheap).
@@ -31,7 +17,7 @@ def describe_cost_model(engine: Any, graph: Any, workload: Any, name: str) -> di
     """
     from stagegraph.stages.x86.costmodels import TunedConfig, lookup_tuned
 
-    select = params_stage(graph)
+    select, _ = graph.params_output()
     result = engine.run(graph, workload, until=select.name)
     port = next(p for p in select.outputs.values() if issubclass(p.type, Params))
     params = result.value(select.name, port.name)

@@ -12,12 +12,7 @@ from pydantic import Field
 
 from stagegraph.core.graph import Graph
 from stagegraph.core.ports import Config, Params
-from stagegraph.core.stage import Stage
 from stagegraph.errors import ConfigError, StagegraphError
-
-
-def params_stages(graph: Graph) -> list[Stage]:
-    return [s for s in graph.stages.values() if s.kind == "params"]
 
 
 def with_params(graph: Graph, overrides: dict[str, Any], threads: int | None = None) -> Graph:
@@ -34,7 +29,7 @@ def with_params(graph: Graph, overrides: dict[str, Any], threads: int | None = N
         unknown_param_message,
     )
 
-    stages = [s for s in params_stages(graph) if isinstance(s.config, CostModelConfig)]
+    stages = [s for s in graph.stages_of_kind("params") if isinstance(s.config, CostModelConfig)]
     if not stages:
         raise ConfigError(f"graph {graph.name!r} has no cost-model stage to take --param/--threads")
     for stage in stages:
@@ -92,24 +87,14 @@ def with_emit(graph: Graph, kind: str, path: str | None, workload: str = "") -> 
 
     if not path:
         raise ConfigError(f"--emit {kind} needs -o PATH")
-    name = the_emit_stage(graph).name
+    emit = graph.one_stage_of_kind("emit")
     target = Path(path)
     if not target.parent.exists() or not target.parent.is_dir():
         raise StagegraphError(f"cannot write {path}: directory {target.parent} does not exist")
     factory = object_file if kind == "object" else shared_library
-    return graph.replace(name, factory(name, path=str(target), symbol=default_symbol(workload)))
-
-
-def the_emit_stage(graph: Graph) -> Stage:
-    """The graph's one emit stage (found by kind).
-
-    Raises:
-        ConfigError: none, or several.
-    """
-    emit = [s for s in graph.stages.values() if s.kind == "emit"]
-    if len(emit) != 1:
-        raise ConfigError(f"graph {graph.name!r} has {len(emit)} emit stages; expected one")
-    return emit[0]
+    return graph.replace(
+        emit.name, factory(emit.name, path=str(target), symbol=default_symbol(workload))
+    )
 
 
 def with_cost_model(
@@ -133,17 +118,15 @@ def with_cost_model(
     if name is None:
         return graph
     factory = cost_model_factory(name)
-    stages = params_stages(graph)
-    if len(stages) != 1:
-        raise ConfigError(f"graph {graph.name!r} has {len(stages)} params stages; need one")
-    if name == DEFAULT_COST_MODEL and stages[0].factory is factory:
+    select = graph.one_stage_of_kind("params")
+    if name == DEFAULT_COST_MODEL and select.factory is factory:
         return graph
     check_cost_model_inputs(name, db, params_file)
     extra: dict[str, Any] = {
         "tuned": {"db": db, "workload": workload, "graph": graph.name},
         "fixed": {"path": params_file},
     }.get(name, {})
-    return graph.replace(stages[0].name, factory(stages[0].name, **extra))
+    return graph.replace(select.name, factory(select.name, **extra))
 
 
 def check_cost_model_inputs(name: str, db: str | None, params_file: str | None) -> None:
@@ -176,23 +159,6 @@ def check_cost_model_inputs(name: str, db: str | None, params_file: str | None) 
         )
 
 
-def params_port(graph: Graph) -> tuple[Stage, Any]:
-    """The graph's one cost-model stage and its Params output port (found by type).
-
-    Raises:
-        ConfigError: the graph has no params stage, or several.
-    """
-    found = [
-        (s, p)
-        for s in graph.stages.values()
-        for p in s.outputs.values()
-        if issubclass(p.type, Params)
-    ]
-    if len(found) != 1:
-        raise ConfigError(f"graph {graph.name!r} has {len(found)} params stages; need one")
-    return found[0]
-
-
 class FixedParamsConfig(Config):
     """The params to give, as the JSON of the graph's params model."""
 
@@ -205,7 +171,7 @@ def with_fixed_params(graph: Graph, params: dict[str, Any]) -> Graph:
     any graph whose params stage is found by type."""
     from stagegraph.core.stage import Port, StageFactory
 
-    old, port = params_port(graph)
+    old, port = graph.params_output()
     model = port.type
 
     def fixed(config: FixedParamsConfig, **_inputs: Any) -> Params:

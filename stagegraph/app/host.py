@@ -12,11 +12,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
-from functools import cache
-from pathlib import Path
 
 from stagegraph.core.ports import Schema
-from stagegraph.stages.target import CPUINFO, Target
+from stagegraph.stages.target import Target, cpuinfo_fields, cpuinfo_text
 
 #: Environment variables that change which kernels OpenBLAS picks, read when it loads.
 OPENBLAS_OVERRIDES = ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")
@@ -48,13 +46,9 @@ class HostInfo(Schema):
     openblas_l2_size: str | None = None
 
 
-def cpu_model(cpuinfo_text: str) -> str:
-    """The first ``model name`` of /proc/cpuinfo (``unknown`` when there is none)."""
-    for line in cpuinfo_text.splitlines():
-        key, sep, value = line.partition(":")
-        if sep and key.strip().lower() == "model name" and value.strip():
-            return value.strip()
-    return "unknown"
+def cpu_model(cpuinfo: str) -> str:
+    """The first ``model name`` of /proc/cpuinfo's text (``unknown`` when there is none)."""
+    return cpuinfo_fields(cpuinfo).get("model name", "unknown")
 
 
 def isa_tier(isa: frozenset[str], arch: str = "x86_64") -> str:
@@ -65,16 +59,15 @@ def isa_tier(isa: frozenset[str], arch: str = "x86_64") -> str:
     level adds (just ``avx2, fma`` for v3) and any extras that matter to code generation,
     so two reports compare at a glance.
     """
-    from stagegraph.stages.target_names import LEVELS
+    from stagegraph.stages.target_names import LEVELS, level_of
 
     if arch not in ("x86_64", "amd64", "AMD64"):
         return f"{arch} ({', '.join(sorted(isa))})" if isa else arch
-    tier, shown, below = "x86-64", (), frozenset()
-    for name, level in LEVELS.items():  # lowest first: each level contains the last
-        if not level.isa <= isa:
-            break
-        added = sorted(level.isa - below, key=lambda f: (f != "avx512f", f))
-        tier, shown, below = name, ("avx2", "fma") if name == "x86-64-v3" else added, level.isa
+    tier = level_of(isa)
+    names = list(LEVELS)  # lowest first: each level contains the last
+    below = LEVELS[names[names.index(tier) - 1]].isa if names.index(tier) else frozenset()
+    added = sorted(LEVELS[tier].isa - below, key=lambda f: (f != "avx512f", f))
+    shown: Sequence[str] = ("avx2", "fma") if tier == "x86-64-v3" else added
     if tier == "x86-64":
         shown = ()
     extras = [f for f in _EXTRAS if f in isa and f not in shown]
@@ -98,12 +91,8 @@ def blas_info() -> BlasInfo | None:
     return None
 
 
-@cache
 def _cpu_model() -> str:
-    try:
-        return cpu_model(Path(CPUINFO).read_text())
-    except OSError:
-        return "unknown"
+    return cpu_model(cpuinfo_text())
 
 
 def host_info(target: Target | None = None) -> HostInfo:

@@ -99,7 +99,7 @@ def count_calls(module: Any, callee: str) -> int:
 
 def emit_stage(graph: Graph, libmpi: str) -> Graph:
     """The graph with ``libmpi`` among its emit stage's shared libraries."""
-    (emit,) = [s for s in graph.stages.values() if s.kind == "emit"]
+    emit = graph.one_stage_of_kind("emit")
     libs = tuple(emit.config.model_dump().get("shared_libs", ()))
     return graph.with_config(emit.name, shared_libs=(*libs, libmpi))
 
@@ -125,7 +125,7 @@ def compile_on_rank(
 
     text = comm.bcast(None, root=0)
     context = new_context()
-    (emit,) = [s for s in graph.stages.values() if s.kind == "emit"]
+    emit = graph.one_stage_of_kind("emit")
     module = LLVMModule(parse_module(text, context, source="rank 0 LLVM IR"))
     event = StageEvent(graph, emit, {"module": module})
     if tracer:
@@ -236,7 +236,7 @@ def bench_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[
     from stagegraph.app.host import host_info
     from stagegraph.app.mpi_launch import BenchRequest, check_splice
     from stagegraph.app.session import Session, SessionRequest
-    from stagegraph.stages.common.bench_wrapper import run_benchmark
+    from stagegraph.stages.common.bench_harness import bench_entry_name, run_benchmark
 
     progress.phase("compile")
     request = BenchRequest.model_validate_json(args.bench)
@@ -274,7 +274,7 @@ def bench_rank(comm: Any, args: argparse.Namespace, progress: Progress) -> dict[
     options = request.options
     calls_outside_sampling = 2 + options.warmup + 1  # verify twice, warm up, time once
     limit = comm.bcast(sample_limit(hook.comm_splits, calls_outside_sampling), root=0)
-    bench_entry = f"{workload.entry}_bench"
+    bench_entry = bench_entry_name(workload.entry)
 
     def timings(count: int, warmup: int = 0) -> np.ndarray:
         return run_benchmark(binary, bench_entry, inputs, warmup, count)

@@ -114,7 +114,7 @@ def versus_measurements(
     """The two sides of ``bench --vs``: the session's graph, and ``versus`` (a peer name or
     a graph name) with the same ``--param``/``--threads`` and (except ``naive``) target;
     both compiled and verified, to be timed with :func:`compare`."""
-    from stagegraph.app.graph_options import params_stages, with_params, with_target
+    from stagegraph.app.graph_options import with_params, with_target
     from stagegraph.core.catalog import load_graph
 
     threads = session.request.threads
@@ -122,7 +122,7 @@ def versus_measurements(
     if versus in PEERS:
         return first, import_entry(PEERS.get(versus).measurement)(session)
     other = load_graph(versus)
-    if params_stages(other) or session.request.params:
+    if other.stages_of_kind("params") or session.request.params:
         other = with_params(other, session.request.params, threads)
     # else: a graph without a cost model (naive) runs on one thread whatever --threads says
     if session.request.target and versus != "naive":

@@ -296,56 +296,19 @@ class Engine:
         input_hashes: dict[str, str],
         ops_in: int | None = None,
     ) -> tuple[dict[str, Value], dict[str, str], StageRecord]:
-        """Run (or replay from the memo) one stage. ``ops_in``: the op count of its module
-        input when the stage that made it counted it already (counting walks every op: for
-        a large LLVM-dialect module, a good part of a second)."""
+        """Run (or replay from the memo) one stage, between the hooks. ``ops_in``: the op
+        count of its module input when the stage that made it counted it already (counting
+        walks every op: for a large LLVM-dialect module, a good part of a second)."""
         event = StageEvent(graph, stage, inputs)
         for hook in self.hooks:
             hook.before_stage(event)
-        cacheable = self.cache_enabled and stage.factory.cacheable
-        key = ""
-        if cacheable:
-            # Code and package versions key only what outlives this process (the disk cache):
-            # hashing the stages' code parses every module they import.
-            persistent = self.disk is not None
-            key_data = (
-                (self.versions if persistent else "")
-                + stage.spec_hash(code=persistent)
-                + "".join(f"|{p}={h}" for p, h in sorted(input_hashes.items()))
-            )
-            key = hashlib.sha256(key_data.encode()).hexdigest()
+        key = self._memo_key(stage, input_hashes)
         module_in = next((v for v in inputs.values() if isinstance(v, Module)), None)
         if ops_in is None:
             ops_in = _ops(module_in)
-        level_in = module_in.level if module_in else None
+        level_in = module_in.level if module_in else None  # the stage may change it in place
         start = time.perf_counter()
-        # A stage without inputs reads its environment (the target stage reads the host):
-        # valid for this process, not for the next run or another machine sharing the folder.
-        # Emit and benchmark-wrapper stages always run (Binary outputs; cheap harnesses).
-        on_disk = stage.factory.inputs and stage.kind not in DISK_EXCLUDED_KINDS
-        disk = self.disk if on_disk else None
-        if cacheable and key not in self._cache and disk is not None:
-            found = disk.load(key, self.context, stage.name)
-            if found is not None:
-                self._cache[key] = found
-        cached = cacheable and key in self._cache
-        if cached:
-            stored, out_hashes = self._cache[key]
-            outputs = {p: _thaw(v) for p, v in stored.items()}
-        else:
-            outputs = self._call(graph, stage, event)
-            if not self.cache_enabled:  # hashes only make memo keys: none without a memo
-                out_hashes = dict.fromkeys(outputs, "")
-            else:
-                stored = {p: _freeze(v) for p, v in outputs.items()}
-                out_hashes = {
-                    p: v.content_hash() if isinstance(v, _FrozenModule) else content_hash(v)
-                    for p, v in stored.items()
-                }
-            if cacheable:
-                self._cache[key] = (stored, out_hashes)
-                if disk is not None:
-                    disk.store(key, stage.name, outputs, out_hashes)
+        outputs, out_hashes, cached = self._outputs(graph, stage, event, key)
         seconds = time.perf_counter() - start
         module_out = next((v for v in outputs.values() if isinstance(v, Module)), None)
         record = StageRecord(
@@ -362,6 +325,52 @@ class Engine:
         for hook in self.hooks:
             hook.after_stage(event)
         return outputs, out_hashes, record
+
+    def _memo_key(self, stage: Stage, input_hashes: dict[str, str]) -> str:
+        """The memo key of the stage on these inputs; "" when it is not memoized."""
+        if not (self.cache_enabled and stage.factory.cacheable):
+            return ""
+        # Code and package versions key only what outlives this process (the disk cache):
+        # hashing the stages' code parses every module they import.
+        persistent = self.disk is not None
+        key_data = (
+            (self.versions if persistent else "")
+            + stage.spec_hash(code=persistent)
+            + "".join(f"|{p}={h}" for p, h in sorted(input_hashes.items()))
+        )
+        return hashlib.sha256(key_data.encode()).hexdigest()
+
+    def _outputs(
+        self, graph: Graph, stage: Stage, event: StageEvent, key: str
+    ) -> tuple[dict[str, Value], dict[str, str], bool]:
+        """The stage's outputs and their hashes, served from the memo (or the disk cache)
+        under ``key`` or computed and stored there; and whether they were served."""
+        cacheable = bool(key)
+        # A stage without inputs reads its environment (the target stage reads the host):
+        # valid for this process, not for the next run or another machine sharing the folder.
+        # Emit and benchmark-wrapper stages always run (Binary outputs; cheap harnesses).
+        on_disk = stage.factory.inputs and stage.kind not in DISK_EXCLUDED_KINDS
+        disk = self.disk if on_disk else None
+        if cacheable and key not in self._cache and disk is not None:
+            found = disk.load(key, self.context, stage.name)
+            if found is not None:
+                self._cache[key] = found
+        if cacheable and key in self._cache:
+            stored, out_hashes = self._cache[key]
+            return {p: _thaw(v) for p, v in stored.items()}, out_hashes, True
+        outputs = self._call(graph, stage, event)
+        if not self.cache_enabled:  # hashes only make memo keys: none without a memo
+            return outputs, dict.fromkeys(outputs, ""), False
+        stored = {p: _freeze(v) for p, v in outputs.items()}
+        out_hashes = {
+            p: v.content_hash() if isinstance(v, _FrozenModule) else content_hash(v)
+            for p, v in stored.items()
+        }
+        if cacheable:
+            self._cache[key] = (stored, out_hashes)
+            if disk is not None:
+                disk.store(key, stage.name, outputs, out_hashes)
+        return outputs, out_hashes, False
 
     def _call(self, graph: Graph, stage: Stage, event: StageEvent) -> dict[str, Value]:
         from stagegraph.mlir.bindings import ir

@@ -14,76 +14,25 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any
 
-from stagegraph.core.ports import Module, compatible, port_name
+from stagegraph.core.graph_check import check, output_types
+from stagegraph.core.graph_wiring import Edge, EdgeLike, GraphInput, as_edge
+from stagegraph.core.ports import Params, compatible
 
 if TYPE_CHECKING:
     import networkx as nx
 from stagegraph.core.stage import Port, Stage
 from stagegraph.errors import (
     AmbiguousTagError,
-    CycleError,
-    DoublyConnectedPortError,
+    ConfigError,
     DuplicateStageError,
-    EmptyGraphError,
     GraphError,
     InvalidGraphError,
     PortTypeError,
-    UnconnectedPortError,
-    UnknownPortError,
     UnknownStageError,
     UnknownTagError,
     did_you_mean,
     unknown_name_message,
 )
-
-INPUT_PORT = "value"
-
-
-@dataclass(frozen=True)
-class GraphInput:
-    """A value the caller provides (usually the payload module), optionally tagged."""
-
-    name: str
-    type: type = Module["tensor"]
-    tags: frozenset[str] = frozenset()
-
-    @property
-    def outputs(self) -> dict[str, Port]:
-        return {INPUT_PORT: Port(INPUT_PORT, self.type)}
-
-
-@dataclass(frozen=True, order=True)
-class Edge:
-    """Output port ``src.src_port`` feeds input port ``dst.dst_port``."""
-
-    src: str
-    src_port: str
-    dst: str
-    dst_port: str
-
-    @classmethod
-    def parse(cls, src: str, dst: str) -> Edge:
-        s_node, _, s_port = src.partition(".")
-        d_node, _, d_port = dst.partition(".")
-        return cls(s_node, s_port or INPUT_PORT, d_node, d_port)
-
-    def __str__(self) -> str:
-        src = self.src if self.src_port == INPUT_PORT else f"{self.src}.{self.src_port}"
-        return f"{src} -> {self.dst}.{self.dst_port}"
-
-
-EdgeLike = Edge | tuple[str, str] | str
-
-
-def _as_edge(edge: EdgeLike) -> Edge:
-    if isinstance(edge, Edge):
-        return edge
-    if isinstance(edge, str):
-        src, sep, dst = edge.partition("->")
-        if not sep:
-            raise GraphError(f"edge {edge!r} must look like 'stage.port -> stage.port'")
-        return Edge.parse(src.strip(), dst.strip())
-    return Edge.parse(*edge)
 
 
 @dataclass(frozen=True, eq=False)
@@ -99,6 +48,12 @@ class Graph:
     _types: dict[tuple[str, str], type] = field(repr=False, default=None)  # type: ignore[assignment]
     _order: tuple[str, ...] = field(repr=False, default=())
     _network: Any = field(repr=False, default=None)
+    # The edge index, built once (the graph is immutable): edges by destination and by
+    # source, and the known nodes each node feeds and is fed by.
+    _in: Mapping[str, tuple[Edge, ...]] = field(repr=False, default=None)  # type: ignore[assignment]
+    _out: Mapping[str, tuple[Edge, ...]] = field(repr=False, default=None)  # type: ignore[assignment]
+    _following: Mapping[str, list[str]] = field(repr=False, default=None)  # type: ignore[assignment]
+    _preceding: Mapping[str, list[str]] = field(repr=False, default=None)  # type: ignore[assignment]
 
     def __init__(
         self,
@@ -124,7 +79,7 @@ class Graph:
         edge_list: list[Edge] = []
         for raw in edges:
             try:
-                edge_list.append(_as_edge(raw))
+                edge_list.append(as_edge(raw))
             except GraphError as exc:
                 problems.append(exc)
         set_ = object.__setattr__
@@ -134,11 +89,34 @@ class Graph:
         set_(self, "edges", tuple(sorted(set(edge_list))))
         set_(self, "default_splice", default_splice)
         set_(self, "description", description)
-        set_(self, "_types", self._output_types())
-        problems.extend(self._check())
+        self._index_edges()
+        try:
+            producers_first = _ranked_order(self._following, str)
+        except graphlib.CycleError:  # reported by check(); declared types meanwhile
+            producers_first = [*self.inputs, *self.stages]
+        set_(self, "_types", output_types(self, producers_first))
+        problems.extend(check(self, self._types))
         if problems:
             raise problems[0] if len(problems) == 1 else InvalidGraphError(name, problems)
-        set_(self, "_order", tuple(_ranked_order(self._successors(), self._rank)))
+        set_(self, "_order", tuple(_ranked_order(self._following, self._rank)))
+
+    def _index_edges(self) -> None:
+        """Index the edges by node once, so queries cost what they return, not a scan."""
+        incoming: dict[str, list[Edge]] = {}
+        outgoing: dict[str, list[Edge]] = {}
+        following: dict[str, list[str]] = {n: [] for n in [*self.inputs, *self.stages]}
+        preceding: dict[str, list[str]] = {}
+        for e in self.edges:
+            incoming.setdefault(e.dst, []).append(e)
+            outgoing.setdefault(e.src, []).append(e)
+            if e.src in following and e.dst in following:
+                following[e.src].append(e.dst)
+                preceding.setdefault(e.dst, []).append(e.src)
+        set_ = object.__setattr__
+        set_(self, "_in", MappingProxyType({n: tuple(es) for n, es in incoming.items()}))
+        set_(self, "_out", MappingProxyType({n: tuple(es) for n, es in outgoing.items()}))
+        set_(self, "_following", MappingProxyType(following))
+        set_(self, "_preceding", MappingProxyType(preceding))
 
     @property
     def network(self) -> nx.MultiDiGraph:
@@ -150,144 +128,14 @@ class Graph:
             object.__setattr__(self, "_network", nx.freeze(self._to_networkx()))
         return self._network
 
-    def _successors(self) -> dict[str, list[str]]:
-        following: dict[str, list[str]] = {n: [] for n in [*self.inputs, *self.stages]}
-        for e in self.edges:
-            if e.src in following and e.dst in following:
-                following[e.src].append(e.dst)
-        return following
-
     # -- validation -------------------------------------------------------------------------
 
     def _node(self, name: str) -> Stage | GraphInput | None:
         return self.stages.get(name) or self.inputs.get(name)
 
-    def _output_types(self) -> dict[tuple[str, str], type]:
-        """The type each output carries in this graph: the declared one, except that a
-        ``Module["any"]`` output of a stage whose module inputs are all ``any`` (a pass
-        pipeline of unknown passes, a wrapper) carries the level fed into it, so a level
-        mismatch further down is still found."""
-        try:
-            order = _ranked_order(self._successors(), str)
-        except graphlib.CycleError:
-            order = [*self.inputs, *self.stages]  # a cycle: reported by _check; declared types
-        types: dict[tuple[str, str], type] = {}
-        for name in order:
-            node = self._node(name)
-            if node is None:
-                continue
-            for port in node.outputs.values():
-                types[(name, port.name)] = port.type
-            if isinstance(node, GraphInput):
-                continue
-            module_ins = {p.name for p in node.inputs.values() if issubclass(p.type, Module)}
-            if not module_ins or any(node.inputs[p].type.level != "any" for p in module_ins):
-                continue
-            fed = {
-                types.get((e.src, e.src_port))
-                for e in self.edges
-                if e.dst == name and e.dst_port in module_ins
-            }
-            levels = {
-                t.level for t in fed if t is not None and issubclass(t, Module) and t.level != "any"
-            }
-            if len(levels) != 1:
-                continue
-            level = levels.pop()
-            for port in node.outputs.values():
-                if issubclass(port.type, Module) and port.type.level == "any":
-                    types[(name, port.name)] = Module[level]
-        return types
-
     def output_type(self, node: str, port: str) -> type:
         """The type ``node``'s output ``port`` carries here (levels flow through ``any``)."""
         return self._types[(node, port)]
-
-    def _check(self) -> list[GraphError]:
-        problems: list[GraphError] = []
-        if not self.stages:
-            problems.append(EmptyGraphError(f"graph {self.name!r} has no stages"))
-        nodes = [*self.inputs, *self.stages]
-        feeds: dict[tuple[str, str], list[Edge]] = {}
-        for edge in self.edges:
-            src, dst = self._node(edge.src), self._node(edge.dst)
-            for node_name, node in ((edge.src, src), (edge.dst, dst)):
-                if node is None:
-                    problems.append(
-                        UnknownStageError(
-                            f"graph {self.name!r}: edge '{edge}' names "
-                            + unknown_name_message("stage", node_name, nodes)
-                        )
-                    )
-            if isinstance(dst, GraphInput):
-                problems.append(
-                    GraphError(f"graph {self.name!r}: edge '{edge}' feeds a graph input")
-                )
-                continue
-            out = src.outputs.get(edge.src_port) if src is not None else None
-            inp = dst.inputs.get(edge.dst_port) if dst is not None else None
-            if src is not None and out is None:
-                problems.append(self._unknown_port(edge.src, "output", edge.src_port, src.outputs))
-            if dst is not None and inp is None:
-                problems.append(self._unknown_port(edge.dst, "input", edge.dst_port, dst.inputs))
-            if inp is not None:
-                feeds.setdefault((edge.dst, edge.dst_port), []).append(edge)
-            if out is None or inp is None:
-                continue
-            out_type = self._types.get((edge.src, edge.src_port), out.type)
-            if not compatible(out_type, inp.type):
-                problems.append(
-                    PortTypeError(
-                        f"graph {self.name!r}: {self._describe_output(edge)} "
-                        f"({port_name(out_type)}) cannot feed stage {edge.dst!r} input "
-                        f"{edge.dst_port!r} ({port_name(inp.type)})"
-                    )
-                )
-        for stage in self.stages.values():
-            for port in stage.inputs.values():
-                incoming = feeds.get((stage.name, port.name), [])
-                if not incoming and not port.optional:
-                    problems.append(
-                        UnconnectedPortError(
-                            f"graph {self.name!r}: stage {stage.name!r} input {port.name!r} "
-                            f"({port_name(port.type)}) is not connected"
-                        )
-                    )
-                if len(incoming) > 1:
-                    sources = ", ".join(str(e).split(" ->")[0] for e in incoming)
-                    problems.append(
-                        DoublyConnectedPortError(
-                            f"graph {self.name!r}: stage {stage.name!r} input {port.name!r} "
-                            f"is connected {len(incoming)} times (from {sources})"
-                        )
-                    )
-        predecessors: dict[str, set[str]] = {}
-        for e in self.edges:
-            predecessors.setdefault(e.dst, set()).add(e.src)
-        try:
-            graphlib.TopologicalSorter(predecessors).prepare()
-        except graphlib.CycleError as exc:
-            path = " -> ".join(exc.args[1])
-            problems.append(CycleError(f"graph {self.name!r} has a cycle: {path}"))
-        if self.default_splice is not None and not self._tagged(self.default_splice):
-            problems.append(
-                UnknownTagError(
-                    f"graph {self.name!r}: default splice tag {self.default_splice!r} "
-                    "is on no stage" + did_you_mean(self.default_splice, self.tags)
-                )
-            )
-        return problems
-
-    def _describe_output(self, edge: Edge) -> str:
-        if edge.src in self.inputs:
-            return f"graph input {edge.src!r}"
-        return f"stage {edge.src!r} output {edge.src_port!r}"
-
-    def _unknown_port(self, node: str, direction: str, port: str, ports: Mapping) -> GraphError:
-        return UnknownPortError(
-            f"graph {self.name!r}: stage {node!r} has no {direction} port {port!r}"
-            f"{did_you_mean(port, ports)}; its {direction}s: {', '.join(ports) or 'none'}"
-        )
 
     def _to_networkx(self) -> nx.MultiDiGraph:
         import networkx as nx
@@ -313,12 +161,13 @@ class Graph:
                 result.setdefault(tag, []).append(node.name)
         return result
 
-    def _tagged(self, tag: str) -> list[str]:
+    def tagged(self, tag: str) -> list[str]:
+        """The nodes carrying ``tag``."""
         return [n.name for n in [*self.inputs.values(), *self.stages.values()] if tag in n.tags]
 
     def node_for_tag(self, tag: str) -> str:
         """The one node carrying ``tag`` (a stage or graph-input name is accepted too)."""
-        nodes = self._tagged(tag)
+        nodes = self.tagged(tag)
         if not nodes and self._node(tag) is not None:
             return tag
         if not nodes:
@@ -334,6 +183,36 @@ class Graph:
             )
         return nodes[0]
 
+    def stages_of_kind(self, kind: str) -> list[Stage]:
+        """The stages of ``kind`` (``"params"``, ``"emit"``, ...), in declaration order."""
+        return [s for s in self.stages.values() if s.kind == kind]
+
+    def one_stage_of_kind(self, kind: str) -> Stage:
+        """The graph's one stage of ``kind``.
+
+        Raises:
+            ConfigError: the graph has none or several.
+        """
+        found = self.stages_of_kind(kind)
+        if len(found) != 1:
+            raise ConfigError(f"graph {self.name!r} has {len(found)} {kind} stages; need one")
+        return found[0]
+
+    def params_output(self) -> tuple[Stage, Port]:
+        """The graph's cost model (its one params stage) and the output port carrying its
+        Params model.
+
+        Raises:
+            ConfigError: no params stage, several, or one without a Params output.
+        """
+        stage = self.one_stage_of_kind("params")
+        port = next((p for p in stage.outputs.values() if issubclass(p.type, Params)), None)
+        if port is None:
+            raise ConfigError(
+                f"graph {self.name!r}: params stage {stage.name!r} has no Params output"
+            )
+        return stage, port
+
     def order(self) -> list[str]:
         """Nodes in a deterministic topological order."""
         return list(self._order)
@@ -342,20 +221,20 @@ class Graph:
         return f"{0 if node in self.inputs else 1}:{node}"
 
     def in_edges(self, node: str) -> list[Edge]:
-        return [e for e in self.edges if e.dst == node]
+        """The edges into ``node`` (in the graph's edge order)."""
+        return list(self._in.get(node, ()))
 
     def out_edges(self, node: str, port: str | None = None) -> list[Edge]:
-        return [e for e in self.edges if e.src == node and port in (None, e.src_port)]
+        """The edges out of ``node`` (of its output ``port`` only, if given)."""
+        return [e for e in self._out.get(node, ()) if port in (None, e.src_port)]
 
     def ancestors(self, node: str) -> set[str]:
-        preceding: dict[str, list[str]] = {}
-        for src, dsts in self._successors().items():
-            for dst in dsts:
-                preceding.setdefault(dst, []).append(src)
-        return _reachable(preceding, node)
+        """The nodes ``node`` depends on, at any distance."""
+        return _reachable(self._preceding, node)
 
     def descendants(self, node: str) -> set[str]:
-        return _reachable(self._successors(), node)
+        """The nodes that depend on ``node``, at any distance."""
+        return _reachable(self._following, node)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Graph):
@@ -478,7 +357,7 @@ class Graph:
         anchor = self.node_for_tag(until)
         keep = self.ancestors(anchor) | {anchor}
         default = self.default_splice
-        if default is not None and not any(n in keep for n in self._tagged(default)):
+        if default is not None and not any(n in keep for n in self.tagged(default)):
             default = None
         return self._with(
             stages=[s for s in self.stages.values() if s.name in keep],

@@ -125,6 +125,9 @@ class StageFactory:
     doc: str = ""
     version: str = ""
     takes_config: bool = True
+    #: ``describe(inputs, config) -> str``: what the stage applies to these inputs, as text
+    #: (a schedule built from its inputs), for a reproducer; None when its config says it.
+    describe: Callable[[dict[str, Any], Config], str] | None = None
 
     def __call__(
         self,
@@ -319,6 +322,7 @@ def stage(
     name: str | None = None,
     mutates: bool | None = None,
     cacheable: bool = True,
+    describe: Callable[[dict[str, Any], Config], str] | None = None,
 ) -> Callable[[Any], StageFactory]:
     """Declare a stage factory from a function or a class with a ``run`` method.
 
@@ -327,6 +331,8 @@ def stage(
         name: registry name (default: the function or class name).
         mutates: whether the stage changes its input modules in place (default: by kind).
         cacheable: whether the engine may serve its outputs from the memo cache.
+        describe: ``describe(inputs, config)``, the text of what the stage applies to those
+            inputs (a schedule it builds from them), written into reproducers.
     """
     if kind not in KINDS:
         raise StageDefinitionError(f"unknown stage kind {kind!r}; kinds are {', '.join(KINDS)}")
@@ -351,6 +357,7 @@ def stage(
             doc=inspect.getdoc(obj) or "",
             version="",  # computed on first use (see code_version): imports stay cheap
             takes_config="config" in inspect.signature(fn).parameters,
+            describe=describe,
         )
         STAGES.register(reg_name, factory, origin=origin_of(fn))
         return factory

@@ -12,7 +12,7 @@ from typing import Any
 def source_version(obj: Any) -> str:
     """Hash of the source of the module defining ``obj`` and of every module of the same
     package (and of stagegraph) it imports, at any depth, lazily imports included: editing
-    a helper module (``x86_schedule.py`` for ``x86.schedule``) changes the cache key."""
+    a helper module (``matmul/schedule.py`` for ``x86.schedule``) changes the cache key."""
     module = inspect.getmodule(obj)
     if module is None:
         return hashlib.sha256(getattr(obj, "__qualname__", "").encode()).hexdigest()[:16]

@@ -174,7 +174,7 @@ def _applied(stage: Stage, inputs: dict[str, Any]) -> tuple[str, str] | None:
         return "pipeline.txt", anchored(config.pipeline) + "\n"
     if getattr(config, "text", None):
         return "schedule.mlir", config.text
-    describe = getattr(stage.factory.fn, "describe_schedule", None)
+    describe = stage.factory.describe
     if describe is not None:
         try:
             return "schedule.mlir", describe(inputs, config)

@@ -62,6 +62,21 @@ def select_entry(functions: Sequence[Any], entry: str | None = None) -> Any:
     )
 
 
+def find_function(module: Any, name: str) -> Any:
+    """The top-level ``func.func`` or ``llvm.func`` named ``name`` (at any IR level, wrappers
+    included), or None."""
+    from stagegraph.mlir.walk import children
+
+    for op in children(module.operation):  # iterating the body imports the llvm module
+        if (
+            op.name in ("func.func", "llvm.func")
+            and "sym_name" in op.attributes
+            and op.attributes["sym_name"].value == name
+        ):
+            return op
+    return None
+
+
 def entry_function(module: Any, entry: str | None = None) -> Any:
     """:func:`select_entry` over the module's payload functions."""
     return select_entry(payload_functions(module), entry)

@@ -23,6 +23,7 @@ import numpy as np
 from stagegraph.core.ports import Binary, Schema
 from stagegraph.dtypes import NAMES, numpy_dtype
 from stagegraph.errors import SignatureError
+from stagegraph.mlir.functions import find_function
 from stagegraph.mlir.walk import children
 
 SIGNATURE_ATTR = "stagegraph.signature"
@@ -268,18 +269,6 @@ def element_name(element_type: Any) -> str:
     if name is None or name not in DTYPES:
         raise SignatureError(f"unsupported element type {element_type}")
     return name
-
-
-def find_function(module: Any, name: str) -> Any:
-    """The top-level ``func.func`` or ``llvm.func`` named ``name``, or None."""
-    for op in children(module.operation):  # iterating the body imports the llvm module
-        if (
-            op.name in ("func.func", "llvm.func")
-            and "sym_name" in op.attributes
-            and op.attributes["sym_name"].value == name
-        ):
-            return op
-    return None
 
 
 def calling_types(function_type: Any) -> tuple[list[Any], list[bool]]:

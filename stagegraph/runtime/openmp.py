@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 
 from stagegraph.errors import OpenMPRuntimeNotFound
+from stagegraph.runtime.cores import usable_cores
 from stagegraph.runtime.heap import keep_heap_pages
 
 ENV_VAR = "STAGEGRAPH_OPENMP_LIB"
@@ -39,7 +40,7 @@ def library_path() -> str:
         OpenMPRuntimeNotFound: neither ``$STAGEGRAPH_OPENMP_LIB`` nor a known package has one.
     """
     keep_heap_pages()
-    blocktime = default_blocktime(os.getloadavg()[0], len(os.sched_getaffinity(0)))
+    blocktime = default_blocktime(os.getloadavg()[0], usable_cores())
     if blocktime is not None:
         os.environ.setdefault(BLOCKTIME_VAR, blocktime)
     override = os.environ.get(ENV_VAR)

@@ -11,7 +11,7 @@ for _module in (
     "stagegraph.stages.common.emit",
     "stagegraph.stages.common.passes",
     "stagegraph.stages.common.transform",
-    "stagegraph.stages.common.wrapper",
+    "stagegraph.stages.common.wrapper_stage",
 ):
     register_stage_module(_module)
 

@@ -10,7 +10,6 @@ describe another machine. Every file is optional: what cannot be read keeps the
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import platform
 from collections.abc import Callable
@@ -24,10 +23,10 @@ from stagegraph.core.ports import Config, Facts
 from stagegraph.core.registry import Registry
 from stagegraph.core.stage import stage
 from stagegraph.errors import UnknownTargetError
+from stagegraph.runtime.cores import CGROUP_CPU_MAX, usable_cores
 
 CPUINFO = Path("/proc/cpuinfo")
 CPU_SYSFS = Path("/sys/devices/system/cpu/cpu0")
-CGROUP_CPU_MAX = Path("/sys/fs/cgroup/cpu.max")
 
 # FMA units per core on every x86 core with FMA this project targets (Haswell on, Zen on).
 FMA_UNITS = 2
@@ -76,10 +75,9 @@ class Target(Facts):
     @property
     def tier(self) -> str:
         """The x86-64 psABI level the ISA reaches (``x86-64-v3`` for AVX2 + FMA)."""
-        from stagegraph.stages.target_names import LEVELS
+        from stagegraph.stages.target_names import level_of
 
-        reached = [name for name, level in LEVELS.items() if level.isa <= self.isa]
-        return reached[-1] if reached else "x86-64"
+        return level_of(self.isa)
 
     def fma_lanes_per_cycle(self, lanes: int | None = None) -> int:
         """f32 FMA lanes one core completes per cycle on vectors of ``lanes`` f32 lanes
@@ -127,32 +125,43 @@ def _read(path: Path) -> str | None:
         return None
 
 
-def parse_cpuinfo(text: str) -> tuple[frozenset[str], float | None]:
-    """SIMD features and the first ``cpu MHz`` (in GHz) from the text of /proc/cpuinfo."""
-    flags: set[str] = set()
-    mhz: float | None = None
+def cpuinfo_text(path: Path = CPUINFO) -> str:
+    """The text of /proc/cpuinfo, read once per process, or of ``path`` ("" if unreadable)."""
+    return _host_cpuinfo() if path == CPUINFO else _read(path) or ""
+
+
+@cache
+def _host_cpuinfo() -> str:
+    return _read(CPUINFO) or ""
+
+
+def cpuinfo_fields(text: str) -> dict[str, str]:
+    """The first CPU's fields in /proc/cpuinfo's text, keys lowercased, empty values skipped:
+    the one parse every reader of cpuinfo (ISA, frequency, CPU model and name) starts from."""
+    fields: dict[str, str] = {}
     for line in text.splitlines():
         key, sep, value = line.partition(":")
-        if not sep:
-            continue
-        key = key.strip().lower()
-        if key in ("flags", "features") and not flags:  # x86 "flags", arm64 "Features"
-            flags = {normalize_flag(f) for f in value.split()}
-        elif key == "cpu mhz" and mhz is None:
-            with contextlib.suppress(ValueError):
-                mhz = float(value)
+        if sep and value.strip():
+            fields.setdefault(key.strip().lower(), value.strip())
+    return fields
+
+
+def parse_cpuinfo(text: str) -> tuple[frozenset[str], float | None]:
+    """SIMD features and the first ``cpu MHz`` (in GHz) from the text of /proc/cpuinfo."""
+    fields = cpuinfo_fields(text)
+    # x86 "flags", arm64 "Features" (whichever comes first in the text)
+    listed = next((v for k, v in fields.items() if k in ("flags", "features")), "")
+    flags = {normalize_flag(f) for f in listed.split()}
+    mhz: float | None = None
+    with contextlib.suppress(ValueError):
+        mhz = float(fields.get("cpu mhz", ""))
     ghz = round(mhz / 1000, 3) if mhz else None
     return frozenset(f for f in flags if _is_simd(f)), ghz
 
 
 def parse_cpu_model(text: str) -> tuple[str, int, int] | None:
     """``vendor_id``, ``cpu family`` and ``model`` of the first CPU in /proc/cpuinfo's text."""
-    fields: dict[str, str] = {}
-    for line in text.splitlines():
-        key, sep, value = line.partition(":")
-        key = key.strip().lower()
-        if sep and key in ("vendor_id", "cpu family", "model") and key not in fields:
-            fields[key] = value.strip()
+    fields = cpuinfo_fields(text)
     try:
         return fields["vendor_id"], int(fields["cpu family"]), int(fields["model"])
     except (KeyError, ValueError):
@@ -196,19 +205,6 @@ def read_frequency_ghz(cpu_dir: Path) -> float | None:
         return None
 
 
-def usable_cores(cgroup_cpu_max: Path = CGROUP_CPU_MAX) -> int:
-    """Cores this process may run on: the affinity mask, capped by a cgroup v2 CPU quota."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        cores = os.cpu_count() or 1
-    quota = (_read(cgroup_cpu_max) or "max").split()
-    if len(quota) == 2 and quota[0] != "max":
-        with contextlib.suppress(ValueError, ZeroDivisionError):
-            cores = min(cores, max(1, math.ceil(int(quota[0]) / int(quota[1]))))
-    return max(1, cores)
-
-
 def effective_threads(threads: int | None) -> int:
     """What ``--threads`` means when not given: all usable cores (as the cost models assume)."""
     if threads is not None:
@@ -244,7 +240,7 @@ def read_target(
     """Describe the machine from these files; anything unreadable keeps the default."""
     from stagegraph.stages.target_names import CPUS, host_cpu_name
 
-    text = _read(cpuinfo) or ""
+    text = cpuinfo_text(cpuinfo)
     isa, cpuinfo_ghz = parse_cpuinfo(text)
     model = parse_cpu_model(text)
     cpu = host_cpu_name(*model) if model else None

@@ -148,6 +148,13 @@ _LLVM_FEATURES = {
 }
 
 
+def level_of(isa: frozenset[str]) -> str:
+    """The highest psABI level (``LEVELS``) whose features ``isa`` has (``x86-64`` at least):
+    what ``Target.tier`` reports and benchmark reports name."""
+    reached = [name for name, level in LEVELS.items() if level.isa <= isa]
+    return reached[-1] if reached else "x86-64"
+
+
 def llvm_features(isa: frozenset[str]) -> list[str]:
     """``+f``/``-f`` for every SIMD feature LLVM knows, from a cpuinfo-spelled ISA set."""
     return [f"{'+' if ours in isa else '-'}{theirs}" for ours, theirs in _LLVM_FEATURES.items()]

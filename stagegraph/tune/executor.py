@@ -1,7 +1,7 @@
 """Where batches run: a local pool of isolated children, or a Dask cluster.
 
 A batch is evaluated by :func:`evaluate_batch` in whatever process the executor picks; it
-runs :func:`~stagegraph.tune.worker.run_batch` under :mod:`stagegraph.app.isolate` (time and
+runs :func:`~stagegraph.tune.worker.run_batch` under :mod:`stagegraph.app.child_process` (time and
 memory limits). When that child dies (segfault, hang, OOM), the candidate it was working on
 becomes a failed result with the reason, and the rest of the batch continues in a new child.
 """
@@ -26,7 +26,7 @@ _SLACK_S = 30.0
 
 def evaluate_batch(task: BatchTask) -> list[dict[str, Any]]:
     """Evaluate every candidate of ``task`` in isolated children; never raises for one."""
-    from stagegraph.app.isolate import run_isolated
+    from stagegraph.app.child_process import run_isolated
 
     _allow_children()
     results: dict[str, CandidateResult] = {}

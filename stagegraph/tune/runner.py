@@ -76,7 +76,6 @@ class Problem:
     """
 
     def __init__(self, options: TuneOptions) -> None:
-        from stagegraph.app.graph_options import params_port
         from stagegraph.app.session import Session
         from stagegraph.core.search_space import build_space
         from stagegraph.stages.analysis import PayloadFacts
@@ -86,7 +85,7 @@ class Problem:
         session = Session(request.model_copy(update={"inspection": Inspection()}), cache=False)
         self.request = request
         self.graph, self.workload = session.graph, session.workload
-        select, port = params_port(self.graph)
+        select, port = self.graph.params_output()
         result = session.compile(until=select.name)
         edges = self.graph.in_edges(select.name)
         inputs = {e.dst_port: result.value(e.src, e.src_port) for e in edges}
@@ -124,7 +123,6 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
     from stagegraph.tune.executor import make_executor
     from stagegraph.tune.interrupt import catch_interrupt
     from stagegraph.tune.search import make_strategy
-    from stagegraph.tune.worker import BatchTask
 
     start = time.perf_counter()
     problem = Problem(options)
@@ -159,23 +157,7 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
                         _tick(bar, counts, history)
                     else:
                         fresh.append(params.model_dump(mode="json"))
-                tasks = [
-                    BatchTask(
-                        session=problem.request.model_copy(update={"cost_model": None}),
-                        params_model=problem.params_model,
-                        key=problem.key,
-                        baseline=problem.base.model_dump(mode="json"),
-                        candidates=fresh[i : i + size],
-                        db=str(db.path) if executor.shares_filesystem else None,
-                        compile_timeout_s=options.compile_timeout_s,
-                        run_timeout_s=options.run_timeout_s,
-                        memory_bytes=options.memory_bytes,
-                        samples=options.samples,
-                        faults=options.faults,
-                        measure=options.measure,
-                    )
-                    for i in range(0, len(fresh), size)
-                ]
+                tasks = _batch_tasks(options, problem, fresh, size, db, executor)
                 for results in executor.run(tasks):
                     for result in results:
                         db.record(problem.key, result)
@@ -202,6 +184,37 @@ def tune(options: TuneOptions, progress: bool = False) -> TuneReport:
             db.close()
     report = _report(options, problem, history, counts, exhausted, time.perf_counter() - start)
     return report.model_copy(update={"interrupted": interrupted, "tuned_ops": tuned_ops})
+
+
+def _batch_tasks(
+    options: TuneOptions,
+    problem: Problem,
+    fresh: list[dict[str, Any]],
+    size: int,
+    db: TuneDB,
+    executor: Any,
+) -> list[Any]:
+    """The worker tasks measuring ``fresh`` candidates, ``size`` per task; a worker that
+    shares this filesystem records its results in the DB itself."""
+    from stagegraph.tune.worker import BatchTask
+
+    return [
+        BatchTask(
+            session=problem.request.model_copy(update={"cost_model": None}),
+            params_model=problem.params_model,
+            key=problem.key,
+            baseline=problem.base.model_dump(mode="json"),
+            candidates=fresh[i : i + size],
+            db=str(db.path) if executor.shares_filesystem else None,
+            compile_timeout_s=options.compile_timeout_s,
+            run_timeout_s=options.run_timeout_s,
+            memory_bytes=options.memory_bytes,
+            samples=options.samples,
+            faults=options.faults,
+            measure=options.measure,
+        )
+        for i in range(0, len(fresh), size)
+    ]
 
 
 def _record_tuned_sites(

@@ -220,7 +220,7 @@ class _Phases(Hook):
 
 def run_batch(task: BatchTask, work: str) -> int:
     """Child entry: evaluate every candidate of ``task``; results go to ``work``/results."""
-    from stagegraph.stages.common.bench_wrapper import run_benchmark
+    from stagegraph.stages.common.bench_harness import bench_entry_name, run_benchmark
 
     out = Path(work)
     measuring = Measuring(task, out, CandidateInspection(task))
@@ -240,7 +240,7 @@ def run_batch(task: BatchTask, work: str) -> int:
     _mark(out, "baseline", "run")
     _alarm(task.run_timeout_s)
     workload = measuring.session.workload
-    calls = run_benchmark(base.binary, f"{workload.entry}_bench", workload.inputs(), 1, 3)
+    calls = run_benchmark(base.binary, bench_entry_name(workload.entry), workload.inputs(), 1, 3)
     limit = run_limit(float(np.median(calls)), task.samples, task.run_timeout_s)
     _alarm(0)
     for params in task.candidates:

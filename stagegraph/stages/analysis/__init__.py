@@ -33,6 +33,7 @@ from stagegraph.stages.analysis.facts import (
     ValueFacts,
 )
 from stagegraph.stages.analysis.ops import (
+    CONTRACTION_OPS,
     classify,
     declared_iterator_types,
     function_facts,
@@ -45,6 +46,7 @@ from stagegraph.stages.analysis.ops import (
 
 __all__ = [
     "CLASS_PRIORITY",
+    "CONTRACTION_OPS",
     "SUPPORTED_DTYPES",
     "AnalyzeConfig",
     "ContractionFacts",

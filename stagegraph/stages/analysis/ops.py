@@ -24,7 +24,8 @@ from stagegraph.stages.analysis.facts import (
     ValueFacts,
 )
 
-_CONTRACTIONS = frozenset(
+#: The named linalg contractions (the one list: the x86 matmul schedule takes a subset).
+CONTRACTION_OPS = frozenset(
     f"linalg.{name}"
     for name in [
         "matmul",
@@ -294,7 +295,7 @@ def _is_contraction(op: Any) -> bool:
     recognises: two inputs, projected-permutation maps, a reduction loop, a mul-add body."""
     from stagegraph.mlir.bindings import linalg_native
 
-    return op.name in _CONTRACTIONS or bool(linalg_native.isa_contraction_op(op))
+    return op.name in CONTRACTION_OPS or bool(linalg_native.isa_contraction_op(op))
 
 
 def classify(

@@ -77,12 +77,12 @@ def interleaved_timer(
 ) -> Measured:
     """Time the benchmark wrappers of candidate and baseline in alternating chunks (nothing
     for a candidate that does not verify)."""
-    from stagegraph.stages.common.bench_wrapper import run_benchmark
+    from stagegraph.stages.common.bench_harness import bench_entry_name, run_benchmark
 
     if not verdict.ok:
         return Measured(Timing())
     work = workload.workload
-    bench, inputs = f"{work.entry}_bench", work.inputs()
+    bench, inputs = bench_entry_name(work.entry), work.inputs()
     run_benchmark(baseline, bench, inputs, config.warmup, 1)
     run_benchmark(binary, bench, inputs, config.warmup, 1)
     chunk = max(1, config.samples // 4)

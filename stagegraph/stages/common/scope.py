@@ -90,7 +90,36 @@ def outline(ops: Sequence[Any], clonable: Callable[[Any], bool] = clonable_op) -
         return None
     group = set(ops)
     last = ops[-1]
-    # Results read outside the group, and by whom (all after the last op).
+    escaping = _escaping(ops, group, block, last)
+    if not escaping:
+        return None  # nothing to put the ops back in front of (and nothing reads them)
+    # Operands read from outside the group, by every op nested in it.
+    reads: list[tuple[Any, int, Any]] = []
+    for op in ops:
+        for inner in _nested(op):
+            for k, value in enumerate(inner.operands):
+                if not nested_in(defining_op(value), group):
+                    reads.append((inner, k, value))
+    with last.context, last.location:
+        placeholders = _placeholders(last, escaping)
+        module = ir.Module.create()
+        arguments, cloned = _scratch_inputs([value for _, _, value in reads], clonable)
+        function, entry, mapping = _scratch_function(module, arguments, cloned, escaping)
+        for inner, k, value in reads:
+            inner.operands[k] = mapping[value]
+        for op in ops:
+            op.detach_from_parent()
+            ir.InsertionPoint(entry).insert(op)
+        with ir.InsertionPoint(entry):
+            func.ReturnOp([result for result, _ in escaping])
+    return Outlined(module, function, arguments, placeholders)
+
+
+def _escaping(
+    ops: list[Any], group: set[Any], block: Any, last: Any
+) -> list[tuple[Any, list[tuple[Any, int]]]] | None:
+    """The results read outside the group, each with its outside uses (user, operand
+    number); None when one is read before the group's last op."""
     escaping: list[tuple[Any, list[tuple[Any, int]]]] = []
     for op in ops:
         for result in op.results:
@@ -108,71 +137,76 @@ def outline(ops: Sequence[Any], clonable: Callable[[Any], bool] = clonable_op) -
                 if top is None or top.is_before_in_block(last):
                     return None
             escaping.append((result, outside))
-    if not escaping:
-        return None  # nothing to put the ops back in front of (and nothing reads them)
-    # Operands read from outside the group, by every op nested in it.
-    reads: list[tuple[Any, int, Any]] = []
-    for op in ops:
-        for inner in _nested(op):
-            for k, value in enumerate(inner.operands):
-                if not nested_in(defining_op(value), group):
-                    reads.append((inner, k, value))
+    return escaping
 
-    context = last.context
-    with context, last.location:
-        placeholders = []
-        with ir.InsertionPoint(last):
-            for result, _ in escaping:
-                placeholders.append(
-                    ir.Operation.create(
-                        "builtin.unrealized_conversion_cast", results=[result.type], operands=[]
-                    )
+
+def _placeholders(last: Any, escaping: list[tuple[Any, list[tuple[Any, int]]]]) -> list[Any]:
+    """One operand-less cast per escaping result, before ``last``, its outside users
+    rewired to read it while the ops are away."""
+    placeholders = []
+    with ir.InsertionPoint(last):
+        for result, _ in escaping:
+            placeholders.append(
+                ir.Operation.create(
+                    "builtin.unrealized_conversion_cast", results=[result.type], operands=[]
                 )
-        for (_, outside), placeholder in zip(escaping, placeholders, strict=True):
-            for user, number in outside:
-                user.operands[number] = placeholder.results[0]
+            )
+    for (_, outside), placeholder in zip(escaping, placeholders, strict=True):
+        for user, number in outside:
+            user.operands[number] = placeholder.results[0]
+    return placeholders
 
-        module = ir.Module.create()
-        arguments: list[Any] = []
-        cloned: list[Any] = []  # outside clonable ops to clone, operands first
 
-        def plan(value: Any, seen: dict[Any, Any]) -> None:
-            if value in seen:
-                return
-            owner = value.owner
-            if not isinstance(owner, ir.Block) and clonable(owner.operation):
-                for operand in owner.operation.operands:
-                    plan(operand, seen)
-                seen[value] = ("clone", owner.operation)
-                if owner.operation not in cloned:
-                    cloned.append(owner.operation)
-            else:
-                seen[value] = ("arg", len(arguments))
-                arguments.append(value)
+def _scratch_inputs(
+    values: list[Any], clonable: Callable[[Any], bool]
+) -> tuple[list[Any], list[Any]]:
+    """The outside values that become the scratch function's arguments, and the outside
+    ops cloned into it instead (operands first)."""
+    arguments: list[Any] = []
+    cloned: list[Any] = []
+    seen: set[Any] = set()
 
-        planned: dict[Any, Any] = {}
-        for _, _, value in reads:
-            plan(value, planned)
-        types = [value.type for value in arguments]
-        results = [result.type for result, _ in escaping]
-        with ir.InsertionPoint(module.body):
-            function = func.FuncOp("scope", (types, results))
-        entry = function.add_entry_block()
-        mapping: dict[Any, Any] = {}
-        for value, arg in zip(arguments, entry.arguments, strict=True):
-            mapping[value] = arg
-        with ir.InsertionPoint(entry):
-            for original in cloned:
-                copy = original.clone()
-                for k, operand in enumerate(original.operands):
-                    copy.operands[k] = mapping[operand]
-                for old, new in zip(original.results, copy.results, strict=True):
-                    mapping[old] = new
-        for inner, k, value in reads:
-            inner.operands[k] = mapping[value]
-        for op in ops:
-            op.detach_from_parent()
-            ir.InsertionPoint(entry).insert(op)
-        with ir.InsertionPoint(entry):
-            func.ReturnOp([result for result, _ in escaping])
-    return Outlined(module, function, arguments, placeholders)
+    def plan(value: Any) -> None:
+        if value in seen:
+            return
+        owner = value.owner
+        if not isinstance(owner, ir.Block) and clonable(owner.operation):
+            for operand in owner.operation.operands:
+                plan(operand)
+            seen.add(value)
+            if owner.operation not in cloned:
+                cloned.append(owner.operation)
+        else:
+            seen.add(value)
+            arguments.append(value)
+
+    for value in values:
+        plan(value)
+    return arguments, cloned
+
+
+def _scratch_function(
+    module: Any,
+    arguments: list[Any],
+    cloned: list[Any],
+    escaping: list[tuple[Any, list[tuple[Any, int]]]],
+) -> tuple[Any, Any, dict[Any, Any]]:
+    """The scratch function in ``module`` (arguments in, escaping results out) with the
+    clonable ops cloned into its entry block; returns it, the block and the mapping of
+    outside values to their values inside."""
+    types = [value.type for value in arguments]
+    results = [result.type for result, _ in escaping]
+    with ir.InsertionPoint(module.body):
+        function = func.FuncOp("scope", (types, results))
+    entry = function.add_entry_block()
+    mapping: dict[Any, Any] = {}
+    for value, arg in zip(arguments, entry.arguments, strict=True):
+        mapping[value] = arg
+    with ir.InsertionPoint(entry):
+        for original in cloned:
+            copy = original.clone()
+            for k, operand in enumerate(original.operands):
+                copy.operands[k] = mapping[operand]
+            for old, new in zip(original.results, copy.results, strict=True):
+                mapping[old] = new
+    return function, entry, mapping

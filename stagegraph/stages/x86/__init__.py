@@ -11,9 +11,10 @@ from stagegraph.core.stage import register_stage_module
 from stagegraph.stages.common.costmodel import register_cost_model
 from stagegraph.stages.common.runtime_libs import RUNTIME_LIBRARIES
 
-register_stage_module("stagegraph.stages.x86.stages")
+register_stage_module("stagegraph.stages.x86.params_stage")
+register_stage_module("stagegraph.stages.x86.ir_stages")
 register_stage_module("stagegraph.stages.x86.costmodels")
-register_cost_model("heuristic", "stagegraph.stages.x86.stages:heuristic")
+register_cost_model("heuristic", "stagegraph.stages.x86.params_stage:heuristic")
 register_cost_model("analytical", "stagegraph.stages.x86.costmodels:analytical")
 register_cost_model("tuned", "stagegraph.stages.x86.costmodels:tuned")
 register_cost_model("fixed", "stagegraph.stages.x86.costmodels:fixed")

@@ -27,7 +27,7 @@ from stagegraph.stages.common.costmodel import (
     check_param_keys,
 )
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.stages import X86Params, heuristic
+from stagegraph.stages.x86.params_stage import X86Params, heuristic
 
 log = logging.getLogger("stagegraph.tune")
 
@@ -50,9 +50,9 @@ def analytical(facts: PayloadFacts, target: Target, config: AnalyticalConfig) ->
     from itertools import islice
 
     from stagegraph.core.search_space import build_space
-    from stagegraph.stages.x86.matmul_params import MatmulParams, matmul_shape
-    from stagegraph.stages.x86.roofline import estimate_seconds
-    from stagegraph.stages.x86.stages import matmul_ops
+    from stagegraph.stages.x86.matmul.params import MatmulParams, matmul_shape
+    from stagegraph.stages.x86.matmul.roofline import estimate_seconds
+    from stagegraph.stages.x86.params_stage import matmul_ops
 
     base = _heuristic(facts, target, config)
     if not base.matmul:
@@ -123,9 +123,9 @@ def lookup_by_ops(
     signature (kind, shape, dtypes) on this graph and target, whatever payload it was
     tuned in; returns (params, tuned ops, ops left to the heuristic)."""
     from stagegraph.stages.common.tuning_db import TuneDB, target_key
-    from stagegraph.stages.x86.generic_params import GenericParams
-    from stagegraph.stages.x86.matmul_params import MatmulParams
-    from stagegraph.stages.x86.stages import matmul_ops
+    from stagegraph.stages.x86.generic.params import GenericParams
+    from stagegraph.stages.x86.matmul.params import MatmulParams
+    from stagegraph.stages.x86.params_stage import matmul_ops
 
     def model_name(model: type) -> str:
         return f"{model.__module__}:{model.__qualname__}"

@@ -40,7 +40,7 @@ from stagegraph.errors import IsolatedFailure, StagegraphError, restore_exceptio
 
 T = TypeVar("T")
 
-PRELOAD = ("stagegraph.app.isolate", "stagegraph.mlir.bindings")
+PRELOAD = ("stagegraph.app.child_process", "stagegraph.mlir.bindings")
 _GRACE_S = 5  # the child's own alarm fires this long after the parent's deadline
 _TAIL_CHARS = 4000
 _OOM = re.compile(r"bad_alloc|out of memory|Cannot allocate memory|MemoryError", re.IGNORECASE)

@@ -1,4 +1,5 @@
-"""Convolution rewrites run before the generic schedule (see :mod:`.prepare`): 3-D
+"""Convolution rewrites run before the generic schedule (see
+:mod:`stagegraph.stages.x86.generic.prepare`): 3-D
 convolutions as depth loops of 2-D ones, grouped convolutions as loops over groups, NCHW
 depthwise convolutions channels-last. Each makes a form the schedule vectorizes."""
 
@@ -11,7 +12,7 @@ import numpy as np
 from stagegraph.mlir.bindings import arith, ir, scf, tensor
 from stagegraph.mlir.build import named_structured_op
 from stagegraph.mlir.walk import top_level_ops
-from stagegraph.stages.x86.pointwise import window_attr
+from stagegraph.stages.x86.conv.pointwise import window_attr
 
 # 3-D convolution -> the 2-D one of a depth slice, and the depth dim of (input, filter,
 # output) in its layout.
@@ -141,7 +142,7 @@ def grouped_conv_to_group_loops(fn: Any) -> int:
 
 _NCHW_TO_NHWC, _NHWC_TO_NCHW, _CHW_TO_HWC = [0, 2, 3, 1], [0, 3, 1, 2], [1, 2, 0]
 # Channels-last pays when the channels fill whole vectors (8 f32 lanes on AVX2, 16 on
-# AVX-512: measured 3-10x with 16 channels, 0.4x with 13).
+# AVX-512; measured: docs/measurements.md, "Design decisions: the generic schedule").
 _CHANNEL_GROUP = 8
 
 
@@ -238,9 +239,7 @@ def conv_to_channels_last(fn: Any) -> int:
     but in NCW the channels are strided: every tile gathers its accumulators and filter
     taps element by element (``vector.from_elements``) and scatters them back. Channels-last
     reads them as contiguous vectors; the transposes are linear in the tensors, the
-    convolution is not. On AVX2 (Zen 1, one thread) 12 KernelBench NCHW convolutions ran
-    1.15-5.8x faster this way (transposed ones included: their zero-padded input is an
-    NCHW convolution too), none slower.
+    convolution is not (measured: docs/measurements.md, "Design decisions: the generic schedule").
     """
     count = 0
     for op in top_level_ops(fn):

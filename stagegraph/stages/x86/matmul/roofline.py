@@ -11,7 +11,7 @@ import math
 from collections import defaultdict
 
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.matmul_params import MatmulParams
+from stagegraph.stages.x86.matmul.params import MatmulParams
 
 _FMA_LATENCY = 4
 # Sustained bytes per cycle per core from each level (typical recent x86 cores).

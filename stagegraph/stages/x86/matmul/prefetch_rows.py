@@ -6,11 +6,8 @@ which the hardware prefetchers pick up only after their first lines have missed:
 the packing spent most of its time waiting on those loads. The schedule marks such a loop
 (:data:`PREFETCH_ROWS_ATTR`); after bufferization, :func:`prefetch_rows` puts a
 ``memref.prefetch`` of every row a vector read covers, :data:`PREFETCH_BYTES` ahead along
-the row, before the read.
-
-Measured (x86-64-v3 code on Zen 4, one thread, interleaved A/B): 512^3 1.038x and 1.041x,
-768^3 1.016x, 1000^3 1.008x, MLP 256 x 1024 1.006x, 2048^3 1.006x, 1024^3, 256^3, 640^3
-and 384x1536x768 ties; AVX-512 code (8-row panels) 0.997-1.003x (neutral).
+the row, before the read. (Measured: docs/measurements.md, "Design decisions: the packed
+matmul kernel".)
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from stagegraph.mlir.walk import collect
 
 #: Set by the matmul schedule on a packing step loop whose reads are rows of its source.
 PREFETCH_ROWS_ATTR = "stagegraph.prefetch_rows"
-#: How far ahead along a row (four cache lines): 256 B read 1.041x at 512^3, 512 B 1.033x.
+#: How far ahead along a row (four cache lines; 512 B gained less).
 PREFETCH_BYTES = 256
 
 

@@ -24,7 +24,7 @@ def run_in_child(request: SessionRequest, timeout_s: float, memory_gb: float) ->
     ends it)."""
     import tempfile
 
-    from stagegraph.app.isolate import Limits
+    from stagegraph.app.child_process import Limits
 
     in_child = request.model_copy(update={"compile_timeout_s": None, "run_timeout_s": None})
     with tempfile.TemporaryDirectory(prefix="stagegraph-crumb-") as scratch:

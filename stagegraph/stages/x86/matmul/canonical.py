@@ -1,12 +1,12 @@
 """Finding the matmuls the x86 schedule takes, and bringing them to the one form it handles.
 
-Before scheduling, the payload's matmul-like ops (:mod:`stagegraph.stages.x86.matmul_sites`)
+Before scheduling, the payload's matmul-like ops (:mod:`stagegraph.stages.x86.matmul.sites`)
 are labelled (:func:`label_contractions`) while the payload still matches its facts, then
 rewritten into 2-D ``linalg.matmul`` ops (:func:`canonicalize_contractions`); inputs
 narrower than the accumulator get widening copies the packing absorbs
 (:func:`widen_inputs`); :func:`find_matmuls` then describes each matmul as a
 :class:`MatmulSite` for the parameter heuristic and the schedule
-(:mod:`stagegraph.stages.x86.matmul_schedule`). :func:`strip_labels` removes every label.
+(:mod:`stagegraph.stages.x86.matmul.schedule`). :func:`strip_labels` removes every label.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from stagegraph.core.ports import Facts
 from stagegraph.mlir.bindings import dialect, ir, linalg_native, structured, tensor, transform
 from stagegraph.mlir.build import named_structured_op
 from stagegraph.mlir.constants import is_zero
+from stagegraph.mlir.functions import entry_function
 from stagegraph.mlir.walk import collect, defining_op, strip_attributes
-from stagegraph.stages.analysis import OpFacts, declared_iterator_types
+from stagegraph.stages.analysis import OpFacts, declared_iterator_types, linalg_ops
 from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
 from stagegraph.stages.common.transform_build import (
     any_op,
@@ -26,7 +27,7 @@ from stagegraph.stages.common.transform_build import (
     match_name,
     producer_of,
 )
-from stagegraph.stages.x86.matmul_sites import canonicalizable
+from stagegraph.stages.x86.matmul.sites import canonicalizable
 
 _ttensor = dialect("transform.tensor")
 
@@ -180,7 +181,7 @@ def label_contractions(payload: ir.Module, facts) -> list[Candidate]:
     ``SOURCE_ATTR`` directly; the others are returned. Run it while the payload is still the
     one ``facts`` describe (before the generic schedule, which leaves these ops alone).
     """
-    ops = _entry_linalg_ops(payload, facts.entry)
+    ops = linalg_ops(entry_function(payload, facts.entry))
     if [op.name for op in ops] != [f.name for f in facts.ops]:
         raise ValueError("payload linalg ops differ from the facts; re-run the analysis")
     i64 = ir.IntegerType.get_signless(64, payload.context)
@@ -218,22 +219,6 @@ def canonicalize_contractions(payload: ir.Module, candidates: Sequence[Candidate
 def strip_labels(payload: ir.Module) -> None:
     """Drop the attributes this module's functions put on payload ops."""
     strip_attributes(payload, SITE_ATTR, SOURCE_ATTR, _LABEL_ATTR, WIDEN_ATTR)
-
-
-def _entry_linalg_ops(payload: ir.Module, entry: str) -> list[ir.Operation]:
-    fn = next(
-        op.operation
-        for op in payload.body.operations
-        if op.operation.name == "func.func"
-        and ir.StringAttr(op.attributes["sym_name"]).value == entry
-        and "stagegraph.wrapper" not in op.attributes
-    )
-    return collect(
-        fn,
-        lambda op: (
-            op.name.startswith("linalg.") and op.name not in ("linalg.yield", "linalg.index")
-        ),
-    )
 
 
 def _canonicalize_one(root: ir.Value, f: OpFacts, has_fill: bool) -> None:

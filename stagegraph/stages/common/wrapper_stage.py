@@ -25,7 +25,7 @@ class BenchWrapperConfig(Config):
 @stage("wrapper", name="bench_wrapper")
 def bench_wrapper(module: AnyModule, config: BenchWrapperConfig) -> AnyModule:
     """Add a timed loop around ``entry``, built from its signature at this point of the flow."""
-    from stagegraph.stages.common.bench_wrapper import insert_bench_wrapper
+    from stagegraph.stages.common.bench_harness import insert_bench_wrapper
 
     insert_bench_wrapper(module.ir, config.entry)
     return module

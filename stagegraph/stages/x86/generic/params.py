@@ -81,8 +81,8 @@ _WINDOWED = frozenset({"convolution", "pooling"})
 
 
 #: Pooling windows (of as many channels) per tile: independent work for the vector unit to
-#: overlap. Measured on AVX2 (Zen 1): 1.6x (2-D max pool), 2.7x (2-D average pool), no
-#: change on 3-D; tiling a convolution's batch instead loses 0.6-0.9x (it only adds spills).
+#: overlap (a convolution's batch is not tiled so: it only adds spills). Measured:
+#: docs/measurements.md, "Design decisions: the generic schedule".
 POOL_BATCH_TILE = 4
 
 
@@ -124,16 +124,15 @@ def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericPara
 
 
 #: Output-channel vectors per tile of a channels-last convolution: each broadcast input
-#: element then feeds that many FMAs (one vector of 8: 1.1-1.5x slower on Zen 1).
+#: element then feeds that many FMAs (one vector measured slower).
 NHWC_CHANNEL_VECTORS = 2
 
 
 def channels_last_conv_tiles(lanes: int) -> dict[str, int]:
     """Register blocking of a channels-last convolution's tile: ``NHWC_CHANNEL_VECTORS``
     vectors of output channels times a width whose accumulators fill half the register
-    file (the rest holds filter vectors and broadcasts). On AVX2 (Zen 1) 16 channels x 4
-    width ran 1.07-1.6x faster than 4 x 8 on six KernelBench convolutions, and width 6
-    (rounded to 11 on a width of 22) spilled: 1.5x slower."""
+    file (the rest holds filter vectors and broadcasts); a wider tile spills. Measured:
+    docs/measurements.md, "Design decisions: the generic schedule"."""
     return {
         "conv_nhwc_channel_tile": NHWC_CHANNEL_VECTORS * lanes,
         "conv_nhwc_width_tile": max(1, _REGISTERS // 2 // NHWC_CHANNEL_VECTORS),
@@ -158,8 +157,8 @@ def static_tile_size(extent: int, cap: int) -> int:
     ``2 * cap``, else the whole extent if it is at most ``3 * cap`` (a prime such as 17).
 
     A convolution's width tile is its count of independent accumulators: a width of 22
-    tiled by 2, or 17 by 1, leaves the FMA pipes idle. On AVX2 (Zen 1), 11 ran l2_065's
-    3x3 convolution 1.6x faster than 2, and 17 ran l2_091's 2.5x faster than 1.
+    tiled by 2, or 17 by 1, leaves the FMA pipes idle (measured: docs/measurements.md,
+    "Design decisions: the generic schedule").
     """
     cap = max(1, cap)
     best = largest_divisor_at_most(extent, cap)
@@ -287,7 +286,7 @@ def _pooling_rules(p: object, op: object, target: Target, logic: object) -> dict
 
 def _convolution_rules(p: object, op: object, target: Target, logic: object) -> dict[str, object]:
     """The output tile's budget, and a batch tile times the width tile of at most 16 (beyond
-    it the unrolled tile spills: 0.6-0.7x)."""
+    it the unrolled tile spills)."""
     return {
         **_output_tile_rule(p, op, target),
         **_nhwc_output_tile_rule(p, op, target),

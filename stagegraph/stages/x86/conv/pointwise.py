@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagegraph.dtypes import is_float
 from stagegraph.mlir.build import collapse_shape, expand_shape, generic, named_structured_op
 from stagegraph.mlir.walk import top_level_ops
 
@@ -25,7 +26,6 @@ _LAYOUTS = {
     "linalg.conv_2d_nhwc_hwcf": "nhwc",
     "linalg.conv_2d_ngchw_gfchw": "ngchw",
 }
-_FLOATS = ("f16", "bf16", "f32", "f64")
 
 
 def pointwise_convolutions_to_matmuls(module: Any) -> int:
@@ -62,6 +62,7 @@ def window_attr(op: Any, name: str) -> list[int]:
 
 def _pointwise(op: Any) -> bool:
     from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.types import element_name
 
     if op.name not in _LAYOUTS or len(op.operands) != 3 or len(op.results) != 1:
         return False
@@ -71,9 +72,8 @@ def _pointwise(op: Any) -> bool:
     shaped = [ir.RankedTensorType(t) for t in types]
     if not all(t.has_static_shape for t in shaped):
         return False
-    if len({str(t.element_type) for t in shaped}) != 1 or str(shaped[0].element_type) not in (
-        _FLOATS
-    ):
+    elements = {element_name(t.element_type) for t in shaped}
+    if len(elements) != 1 or not is_float(elements.pop() or ""):
         return False
     layout = _LAYOUTS[op.name]
     window = {"nchw": shaped[1].shape[2:], "nhwc": shaped[1].shape[:2]}.get(

@@ -1,25 +1,21 @@
 """Which ops the x86 matmul schedule takes: pure facts, no MLIR, so a cost model can ask
-without loading the transform dialects (:mod:`stagegraph.stages.x86.matmul_canonical`)."""
+without loading the transform dialects (:mod:`stagegraph.stages.x86.matmul.canonical`)."""
 
 from __future__ import annotations
 
-from stagegraph.stages.analysis import OpFacts
+from stagegraph.dtypes import byte_size, is_float
+from stagegraph.stages.analysis import CONTRACTION_OPS, OpFacts
 
-# Matmul-like ops rewritten into linalg.matmul (per batch element) before scheduling.
+# Matmul-like ops rewritten into linalg.matmul (per batch element) before scheduling: of
+# the analysis' contractions, the plain and batched matmuls (either operand transposed)
+# and linalg.contract (no matvec, packed mmt4d, batch-reduce or quantized form); and a
+# linalg.generic whose facts make it a matmul.
+_MATMUL_FORMS = ("matmul", "matmul_transpose_a", "matmul_transpose_b", "contract")
 _CANONICALIZABLE = frozenset(
-    f"linalg.{name}"
-    for name in (
-        "matmul",
-        "matmul_transpose_a",
-        "matmul_transpose_b",
-        "batch_matmul",
-        "batch_matmul_transpose_a",
-        "batch_matmul_transpose_b",
-        "contract",
-        "generic",
-    )
-)
-_FLOATS = frozenset({"f32", "f64", "f16", "bf16"})
+    name
+    for name in CONTRACTION_OPS
+    if name.removeprefix("linalg.").removeprefix("batch_") in _MATMUL_FORMS
+) | {"linalg.generic"}
 
 
 def canonicalizable(op: OpFacts) -> bool:
@@ -32,11 +28,11 @@ def canonicalizable(op: OpFacts) -> bool:
     if len(op.inputs) != 2 or len(op.outputs) != 1:
         return False
     if not (len(c.m_dims) == len(c.n_dims) == len(c.k_dims) == 1) or c.is_matvec:
-        return False  # a matvec runs as a vectorized reduction (generic_schedule)
+        return False  # a matvec runs as a vectorized reduction (the generic schedule)
     values = (*op.inputs, *op.outputs)
-    if any(v.kind != "tensor" or v.dtype not in _FLOATS for v in values):
+    if any(v.kind != "tensor" or not is_float(v.dtype) for v in values):
         return False
-    if len({v.dtype for v in op.inputs}) != 1 or _bits(op.inputs[0].dtype) > _bits(
+    if len({v.dtype for v in op.inputs}) != 1 or byte_size(op.inputs[0].dtype) > byte_size(
         op.outputs[0].dtype
     ):
         return False
@@ -44,10 +40,6 @@ def canonicalizable(op: OpFacts) -> bool:
         return False  # dropping the unit batch dim would drop this unit dim too (no matmul)
     rank = len(c.batch_dims) + 2
     return len(op.loop_ranges) == rank + 1 and all(len(v.shape) == rank for v in values)
-
-
-def _bits(dtype: str) -> int:
-    return int(dtype.removeprefix("bf").removeprefix("f"))
 
 
 def matmul_like_ops(facts) -> list[OpFacts]:

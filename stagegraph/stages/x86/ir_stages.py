@@ -1,9 +1,8 @@
-"""The x86 CPU flow's cost model and schedule stages.
-
-The params stage turns payload facts and the target into :class:`X86Params` (one
-:class:`MatmulParams` per ``linalg.matmul`` of the entry, in walk order, plus the generic
-schedule's knobs); the schedule stage applies the generic schedule to the other linalg ops
-and then the matmul schedule, both built with the transform dialect's Python API.
+"""The x86 flow's IR stages: ``x86.normalize`` (rewrites that decide which schedule an op
+takes), ``x86.schedule`` (the generic schedule for the non-matmul linalg ops, then the
+packed matmul micro-kernels, both built with the transform dialect's Python API) and
+``x86.lower`` (to the LLVM dialect, OpenMP where the params ask for threads). Their params
+come from :mod:`stagegraph.stages.x86.params_stage`.
 """
 
 from __future__ import annotations
@@ -13,174 +12,13 @@ from typing import Any
 
 from pydantic import Field
 
-from stagegraph.core.ports import BufferModule, Config, LLVMModule, Params, TensorModule
+from stagegraph.core.ports import BufferModule, Config, LLVMModule, TensorModule
 from stagegraph.core.stage import stage
-from stagegraph.core.tunable import TuningSite
 from stagegraph.errors import ConfigError
 from stagegraph.stages.analysis import PayloadFacts
-from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.generic_params import GenericParams, heuristic_generic_params
-from stagegraph.stages.x86.matmul_params import MatmulParams, heuristic_matmul_params
-
-
-class X86Params(Params):
-    """Everything the x86 schedule needs for one payload."""
-
-    matmul: tuple[MatmulParams, ...] = ()
-    generic: GenericParams = Field(default_factory=GenericParams)
-    threads: int = Field(
-        1, ge=1, le=1024,
-        description="threads the payload's parallel loops run on (at least every matmul's)",
-    )  # fmt: skip
-    op_params: dict[str, GenericParams] = Field(
-        default_factory=dict,
-        description="generic params of single ops, by OpFacts.signature (tuned layers); "
-        "every other non-matmul op takes `generic`",
-    )
-
-    def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list[TuningSite]:
-        """Where a tuner varies these params: each matmul's own params; the generic params
-        of the other ops, shared (``per_op`` False) or one entry of ``op_params`` per
-        distinct op signature."""
-        matmuls = matmul_ops(facts)
-        sites = [
-            TuningSite(f"matmul{i}", ("matmul", i), MatmulParams, (op,))
-            for i, op in enumerate(matmuls)
-        ]
-        taken = {op.index for op in matmuls}
-        others = [op for op in facts.ops if op.index not in taken and op.op_class != "other"]
-        if not per_op:
-            if others:
-                sites.append(
-                    TuningSite("generic", ("generic",), GenericParams, tuple(others),
-                               kind_of=generic_op_kind)
-                )  # fmt: skip
-            return sites
-        groups: dict[str, list[Any]] = {}
-        for op in others:
-            groups.setdefault(op.signature(), []).append(op)
-        for signature, ops in groups.items():
-            default = self.op_params.get(signature, self.generic).model_dump(mode="json")
-            sites.append(
-                TuningSite(f"op{ops[0].index}", ("op_params", signature), GenericParams,
-                           tuple(ops), default=default, kind_of=generic_op_kind)
-            )  # fmt: skip
-        return sites
-
-    @classmethod
-    def override_keys(cls) -> set[str]:
-        """``--param`` keys: a matmul field applies to every matmul, a generic field to all
-        other ops."""
-        return set(MatmulParams.model_fields) | set(GenericParams.model_fields)
-
-    def with_overrides(self, overrides: dict[str, Any]) -> X86Params:
-        mm = {k: v for k, v in overrides.items() if k in MatmulParams.model_fields}
-        gen = {k: v for k, v in overrides.items() if k in GenericParams.model_fields}
-        return X86Params(
-            matmul=tuple(apply_overrides(p, mm) for p in self.matmul),
-            generic=apply_overrides(self.generic, gen),
-            op_params={s: apply_overrides(p, gen) for s, p in self.op_params.items()},
-            threads=overrides.get("threads", self.threads),
-        )
-
-    def payload_threads(self) -> int:
-        """Threads the lowered payload runs on: its own count, or more if a matmul's params
-        (a tuned site, an older record) ask for more."""
-        return max([self.threads, *(p.threads for p in self.matmul)])
-
-
-def generic_op_kind(op: Any) -> str:
-    """The kind a non-matmul op's search space is declared for: its class, except that a
-    matmul-class op the matmul schedule does not take (a matvec) is scheduled as a
-    reduction."""
-    return "reduction" if op.op_class == "matmul" else op.op_class
-
-
-def matmul_ops(facts: PayloadFacts) -> list[Any]:
-    """The entry's matmul-like ops in walk order: what the matmul schedule handles (each as
-    one ``linalg.matmul`` per batch element, see ``x86_schedule.canonicalize_contractions``)."""
-    from stagegraph.stages.x86.matmul_sites import matmul_like_ops
-
-    return matmul_like_ops(facts)
-
-
-def compute_dtype(op: Any) -> str:
-    """The element type a matmul's micro-kernel computes in: its accumulator's (narrower
-    inputs such as bf16 -> f32 are widened first, see ``x86_schedule.widen_inputs``)."""
-    return op.outputs[0].dtype
-
-
-# Below this much matmul work per thread (about 40 us of one core's FMAs), forking and
-# joining OpenMP threads (and waiting for a busy core) costs more than it saves.
-MIN_FLOPS_PER_THREAD = 4 << 20
-
-
-def _threads_for(flops: int, cores: int) -> int:
-    """Threads for a contraction of ``flops`` when the config does not say."""
-    return max(1, min(cores, flops // MIN_FLOPS_PER_THREAD))
-
-
-#: What forking and joining one parallel loop costs, in flops of one core's work (a few
-#: microseconds; far more when another process holds a core the join waits for).
-FORK_JOIN_FLOPS = MIN_FLOPS_PER_THREAD // 16
-
-
-def serial_below(threads: int) -> int:
-    """Work (lane operations) below which a loop runs serially on ``threads`` threads: what
-    it would save, ``work * (1 - 1 / threads)``, is less than a fork and a join."""
-    return threads * FORK_JOIN_FLOPS // (threads - 1)
-
-
-def _payload_threads(facts: PayloadFacts, cores: int) -> int:
-    """Threads for the payload: what its largest matmul or convolution is worth, if the
-    work the contractions worth splitting save outweighs a fork and a join for every op
-    whose loop stays parallel; else one.
-
-    Once a payload is threaded, ``x86.lower`` keeps its loops too small to gain serial
-    (:mod:`stagegraph.stages.common.serial_loops`), so an unrolled recurrent network's
-    hundreds of small steps cost no forks: its input projections (large matmuls) take the
-    threads and its steps run as before. Each step that is big enough to stay parallel
-    (work or output elements above :func:`serial_below`) counts one fork and one join, so
-    hundreds of mid-sized steps still keep a payload on one thread (before loops were
-    serialized, a GRU ran 10 ms on one thread and 38 ms on two)."""
-    ops = [*matmul_ops(facts), *(op for op in facts.ops if op.op_class == "convolution")]
-    threads = _threads_for(max((op.flops for op in ops), default=0), cores)
-    if threads <= 1:
-        return 1
-    splittable = sum(op.flops for op in ops if _threads_for(op.flops, cores) > 1)
-    saved = splittable - splittable // threads
-    parallel = serial_below(threads)
-    forks = sum(
-        1
-        for op in facts.ops
-        if max(op.flops, *(v.numel for v in op.outputs if v.kind == "tensor"), 0) >= parallel
-    )
-    return threads if saved > max(1, forks) * FORK_JOIN_FLOPS else 1
-
-
-@stage("params", name="x86.heuristic")
-def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X86Params:
-    """Tiles from the vector width, register file and cache sizes; threads from the target
-    (fewer when the matmul work is small, see ``MIN_FLOPS_PER_THREAD``)."""
-    ops = matmul_ops(facts)
-    # --threads grants cores; the payload uses as many as its work is worth (an unrolled
-    # RNN threaded ran 3.5x slower than on one core).
-    threads = _payload_threads(facts, config.threads or target.cores)
-    sites = []
-    for op in ops:
-        c = op.contraction
-        dtype = compute_dtype(op)
-        # Batch elements run in parallel already: then blocks need not be split for threads.
-        # A step too small to split keeps whole blocks (its loop runs serially anyway).
-        site = threads if op.flops >= serial_below(max(2, threads)) else 1
-        by_batch = c.batch >= 4 * site or c.batch % site == 0
-        p = heuristic_matmul_params(c.m, c.n, c.k, dtype, target, 1 if by_batch else site)
-        sites.append(p.model_copy(update={"threads": site}))
-    params = X86Params(
-        matmul=tuple(sites), generic=heuristic_generic_params(facts, target), threads=threads
-    )
-    return apply_overrides(params, config.overrides)
+from stagegraph.stages.x86.matmul.params import MatmulParams
+from stagegraph.stages.x86.params_stage import X86Params, matmul_ops, serial_below
 
 
 class ScheduleConfig(Config):
@@ -206,16 +44,16 @@ class ScheduleConfig(Config):
 def normalize(module: TensorModule) -> TensorModule:
     """Rewrites that decide which schedule an op takes, run before the analysis so the cost
     model sees the ops the schedule will: strided transposed convolutions become one
-    convolution per output phase (:mod:`stagegraph.stages.x86.transposed_conv`), then
+    convolution per output phase (:mod:`stagegraph.stages.x86.conv.transposed`), then
     pointwise convolutions (some phases' among them) become matmuls
-    (:mod:`stagegraph.stages.x86.pointwise`). Before those, gathers through constant
+    (:mod:`stagegraph.stages.x86.conv.pointwise`). Before those, gathers through constant
     positions that only reshape become reshapes
     (:mod:`stagegraph.stages.common.constant_gathers`), and unit dims leave the generic ops
     (:mod:`stagegraph.stages.common.unit_dims`)."""
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
     from stagegraph.stages.common.unit_dims import fold_unit_dims
-    from stagegraph.stages.x86.pointwise import pointwise_convolutions_to_matmuls
-    from stagegraph.stages.x86.transposed_conv import decompose_strided_transposed_convolutions
+    from stagegraph.stages.x86.conv.pointwise import pointwise_convolutions_to_matmuls
+    from stagegraph.stages.x86.conv.transposed import decompose_strided_transposed_convolutions
 
     with module.ir.context, ir_location(module.ir):
         fold_reshaping_gathers(module.ir)
@@ -225,7 +63,30 @@ def normalize(module: TensorModule) -> TensorModule:
     return module
 
 
-@stage("schedule", name="x86.schedule")
+def describe_schedule(inputs: dict[str, Any], config: Config) -> str:
+    """The transform modules :func:`schedule` applies to these inputs, as MLIR text, for a
+    reproducer (they are built from the facts and params; run on a copy of the module)."""
+    from stagegraph.mlir.bindings import ir, new_context
+    from stagegraph.mlir.diagnostics import parse_module
+
+    module = inputs["module"]  # the reproducer hook keeps the module as text
+    applied: list[str] = []
+    context = new_context()
+    # The stage failed: keep the transform modules built before it did.
+    with contextlib.suppress(Exception), context, ir.Location.unknown():
+        copy = TensorModule(parse_module(module if isinstance(module, str) else module.text(),
+                                         context, "x86.schedule input"))  # fmt: skip
+        settings = config if isinstance(config, ScheduleConfig) else ScheduleConfig()
+        deduplicate = len(inputs["facts"].ops) > settings.deduplicate_above
+        _apply_schedules(
+            copy, inputs["facts"], inputs["params"], applied, deduplicate=deduplicate,
+            roll=settings.roll_steps,
+        )  # fmt: skip
+    parts = [f"// transform module {i + 1} of {len(applied)}\n{m}" for i, m in enumerate(applied)]
+    return "\n".join(parts)
+
+
+@stage("schedule", name="x86.schedule", describe=describe_schedule)
 def schedule(
     module: TensorModule,
     facts: PayloadFacts,
@@ -377,14 +238,14 @@ def _schedule_payload(
     propagate_failures: bool,
 ) -> None:
     """The generic schedule, then the matmul schedule, on ``facts.entry`` of ``payload``."""
-    from stagegraph.stages.x86 import matmul_canonical as canonical
-    from stagegraph.stages.x86.broadcast_reads import scalarize_broadcast_reads
-    from stagegraph.stages.x86.generic_schedule import (
+    from stagegraph.stages.x86.generic.schedule import (
         apply_generic_schedule,
         build_generic_schedule,
     )
-    from stagegraph.stages.x86.matmul_operands import fold_transposed_operands
-    from stagegraph.stages.x86.matmul_schedule import schedule_matmuls
+    from stagegraph.stages.x86.matmul import canonical as canonical
+    from stagegraph.stages.x86.matmul.broadcast_reads import scalarize_broadcast_reads
+    from stagegraph.stages.x86.matmul.operands import fold_transposed_operands
+    from stagegraph.stages.x86.matmul.schedule import schedule_matmuls
 
     candidates = canonical.label_contractions(payload, facts)
     generic = build_generic_schedule(
@@ -406,31 +267,6 @@ def _schedule_payload(
     canonical.strip_labels(payload)
 
 
-def describe_schedule(inputs: dict[str, Any], config: Config) -> str:
-    """The transform modules :func:`schedule` applies to these inputs, as MLIR text, for a
-    reproducer (they are built from the facts and params; run on a copy of the module)."""
-    from stagegraph.mlir.bindings import ir, new_context
-    from stagegraph.mlir.diagnostics import parse_module
-
-    module = inputs["module"]  # the reproducer hook keeps the module as text
-    applied: list[str] = []
-    context = new_context()
-    # The stage failed: keep the transform modules built before it did.
-    with contextlib.suppress(Exception), context, ir.Location.unknown():
-        copy = TensorModule(parse_module(module if isinstance(module, str) else module.text(),
-                                         context, "x86.schedule input"))  # fmt: skip
-        deduplicate = len(inputs["facts"].ops) > getattr(config, "deduplicate_above", 300)
-        _apply_schedules(
-            copy, inputs["facts"], inputs["params"], applied, deduplicate=deduplicate,
-            roll=getattr(config, "roll_steps", True),
-        )  # fmt: skip
-    parts = [f"// transform module {i + 1} of {len(applied)}\n{m}" for i, m in enumerate(applied)]
-    return "\n".join(parts)
-
-
-schedule.fn.describe_schedule = describe_schedule  # read by stagegraph.instrument.repro
-
-
 def _site_params(params: X86Params, facts: PayloadFacts, sites: list[Any]) -> list[MatmulParams]:
     """The params of each site: by the op it was made from (an op the canonicalization could
     not rewrite has params but no site), else by position."""
@@ -447,7 +283,7 @@ def _site_params(params: X86Params, facts: PayloadFacts, sites: list[Any]) -> li
 
 X86_FINISH = "func.func(lower-vector-multi-reduction),convert-linalg-to-loops"
 
-#: f32 vectors of a copy's row moved at once (``generic_schedule.vectorize_copies``).
+#: f32 vectors of a copy's row moved at once (``generic.vector_copies.vectorize_copies``).
 COPY_ROW_VECTORS = 8
 
 
@@ -478,8 +314,8 @@ def lower(
         reassociate_reductions,
     )
     from stagegraph.stages.common.serial_loops import serialize_small_parallel_loops
-    from stagegraph.stages.x86.generic_schedule import vectorize_copies
-    from stagegraph.stages.x86.prefetch_rows import prefetch_rows
+    from stagegraph.stages.x86.generic.vector_copies import vectorize_copies
+    from stagegraph.stages.x86.matmul.prefetch_rows import prefetch_rows
     from stagegraph.stages.x86.vector_math import call_vector_math
 
     prefetch_rows(module.ir)

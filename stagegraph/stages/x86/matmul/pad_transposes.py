@@ -7,13 +7,11 @@ transpose sequence (in-lane unpacks and shuffles, ``avx2_lowering_strategy``) co
 90 permutes, blends, inserts and partial stores per step. Padded to 8x8 (two rows of zeros),
 the transpose takes the 24-instruction sequence, and the eight 6-wide columns are slices of its
 rows: LLVM folds the zero rows away and a step is about 50 instructions, its row masks kept in
-registers. x86-64-v3 code on Zen 4, one thread, interleaved A/B: 256^3 1.017x, 1024^3 1.010x,
-1000^3 (5-row tiles) 1.010x, MLP 256 x 1024 1.008x, 512^3 and 2048^3 ties, 384x1536x768
-0.997x; two threads within the VM's noise.
+registers (measured: docs/measurements.md, "Design decisions: the packed matmul kernel").
 
 The schedule marks the functions whose transposes it lowers with the AVX2 sequence
 (:data:`PAD_TRANSPOSES_ATTR`); :func:`pad_transposes` runs between vectorization and vector
-lowering (``matmul_schedule.apply_schedule``).
+lowering (``matmul.schedule.apply_schedule``).
 """
 
 from __future__ import annotations

@@ -14,9 +14,7 @@ schedule, on tensors) changes two things:
   (``vaddps`` from memory) instead of loaded before it. Packed C spans all of C, so a
   tile's lines come from L3; loaded first, the k loop's first FMAs wait for them, while
   added last, the loads issue ahead of the loop's end (out of order) and the FMAs never
-  wait. x86-64-v3 code on Zen 4, one thread, interleaved A/B: 2048^3 1.017x, 1000^3
-  1.006x, 1024^3 and 384x1536x768 1.002x, 512^3 0.998x; AVX-512 2048^3 1.020x, MLP
-  1.007x, 384x1536x768 1.005x; two threads 2048^3 1.015x.
+  wait (measured: docs/measurements.md, "Design decisions: the packed matmul kernel").
 
 The schedule marks the K-block loops it made (:data:`K_BLOCKS_ATTR`). A loop is rewritten
 only when its packed C comes from a fill pass of a value defined outside it into an empty

@@ -27,12 +27,11 @@ from typing import Any
 import numpy as np
 
 from stagegraph.errors import WrapperError
-from stagegraph.mlir.functions import WRAPPER_ATTR
+from stagegraph.mlir.functions import WRAPPER_ATTR, find_function
 from stagegraph.runtime.memref import (
     OUTPUTS_ATTR,
     CallableBinary,
     coerce,
-    find_function,
     record_signature,
 )
 
@@ -43,6 +42,12 @@ CLOCK_MONOTONIC = 1
 def is_wrapper(op: Any) -> bool:
     """True for functions inserted by a wrapper stage (analyses skip them)."""
     return WRAPPER_ATTR in op.attributes
+
+
+def bench_entry_name(entry: str) -> str:
+    """The name of the benchmark wrapper around the payload function ``entry``: what the
+    wrapper stage inserts and every timer calls."""
+    return f"{entry}_bench"
 
 
 def insert_bench_wrapper(module: Any, entry: str, *, name: str | None = None) -> str:
@@ -59,7 +64,7 @@ def insert_bench_wrapper(module: Any, entry: str, *, name: str | None = None) ->
     """
     from stagegraph.mlir.bindings import ir
 
-    name = name or f"{entry}_bench"
+    name = name or bench_entry_name(entry)
     op = find_function(module, entry)
     if op is None:
         raise WrapperError(f"cannot wrap {entry!r}: no function of that name in the module")

@@ -1,17 +1,17 @@
 """Which non-matmul ops the generic x86 schedule takes, and how: the decisions (from the
-facts and params alone, no IR) that :mod:`.generic_schedule` turns into transform ops."""
+facts and params alone, no IR) that :mod:`.schedule` turns into transform ops."""
 
 from __future__ import annotations
 
 import math
 
 from stagegraph.stages.analysis import OpFacts, PayloadFacts
-from stagegraph.stages.x86.generic_params import (
+from stagegraph.stages.x86.generic.params import (
     GenericParams,
     largest_divisor_at_most,
     static_tile_size,
 )
-from stagegraph.stages.x86.matmul_sites import canonicalizable
+from stagegraph.stages.x86.matmul.sites import canonicalizable
 
 # Named convolutions that ``transform.structured.decompose`` rewrites to a 1-D op once the
 # outer image/filter dims are tiled to 1, and 1-D ones the vectorizer handles directly.
@@ -149,8 +149,7 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
 
 
 #: Vectors of output width per tile of a pooling vectorized along its width: its windows
-#: are independent, so a longer row only adds parallel work (a 28-wide row in one tile
-#: ran 1.2x faster than two of 14 on AVX2, Zen 1).
+#: are independent, so a longer row only adds parallel work.
 WIDTH_VECTORS = 4
 
 
@@ -159,8 +158,9 @@ def pools_along_width(op: OpFacts, params: GenericParams) -> bool:
     the width is its innermost loop of the output (NCHW: contiguous rows), read with a
     unit stride, and at least a vector long. Its tiles then take one channel and a row of
     the width, whose unit dims are dropped, so each window offset is a contiguous
-    ``vector<W>`` (on AVX2, Zen 1: 1.3-3.7x faster than vectors across channels, which
-    the decomposed op gathers and scatters lane by lane).
+    ``vector<W>`` (faster than vectors across channels, which the decomposed op gathers
+    and scatters lane by lane; measured: docs/measurements.md, "Design decisions: the
+    generic schedule").
     """
     conv = op.convolution
     if op.op_class != "pooling" or conv is None or not params.pool_width_vectors:
@@ -179,8 +179,7 @@ def register_blocking(channels: int, width: int, params: GenericParams) -> tuple
     of the channel tile (down to half of it: one vector) doubles the width's share of the
     accumulators. The static width tile (:func:`static_tile_size`) may fall far from its
     cap, so the candidate with the largest tile wins (ties: more channels, fewer
-    broadcasts). A prime width of 17 takes 8 channels x 17 (1.6x faster than 16 x 1 on
-    Zen 1), a width of 20 takes 16 x 4.
+    broadcasts). A prime width of 17 takes 8 channels x 17, a width of 20 takes 16 x 4.
     """
     best = (0, 0)
     tile = params.conv_nhwc_channel_tile

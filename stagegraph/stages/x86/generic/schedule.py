@@ -18,20 +18,24 @@ labels. After it, run :data:`PIPELINE` (bufferize, leftovers to loops, LLVM).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Collection, Mapping
 from typing import Any
 
 from stagegraph.mlir.functions import entry_function
-from stagegraph.stages.analysis import OpFacts, PayloadFacts, analyze, linalg_ops
+from stagegraph.stages.analysis import OpFacts, PayloadFacts, analyze
 from stagegraph.stages.common import lowering
-from stagegraph.stages.x86.generic_params import (
+from stagegraph.stages.x86.generic.labels import (
+    FUSE_ATTR,
+    OP_ATTR,
+    annotate_generic_ops,
+    strip_annotations,
+)
+from stagegraph.stages.x86.generic.params import (
     GenericParams,
-    largest_divisor_at_most,
     reduction_tile_sizes,
     tile_sizes_for,
 )
-from stagegraph.stages.x86.generic_plan import (  # noqa: F401  (DECOMPOSABLE re-exported)
+from stagegraph.stages.x86.generic.plan import (  # noqa: F401  (DECOMPOSABLE re-exported)
     DECOMPOSABLE,
     VECTORIZABLE_1D,
     convolution_plan,
@@ -43,8 +47,6 @@ from stagegraph.stages.x86.generic_plan import (  # noqa: F401  (DECOMPOSABLE re
     vectorize_enabled,
 )
 
-OP_ATTR = "stagegraph.generic_op"
-FUSE_ATTR = "stagegraph.fuse_into"
 PARAMS_ATTR = "stagegraph.generic_params"
 # Whether a failing sub-sequence raises (recorded on the schedule, so a rebuild keeps it).
 PROPAGATE_ATTR = "stagegraph.generic_propagate_failures"
@@ -70,97 +72,12 @@ PIPELINE = (
     f"{CLEANUP},{lowering.BUFFERIZE},{FORALL_TO_FOR},{VECTOR_LOWERING},{lowering.LINALG_TO_LOOPS}"
 )
 
-# ----------------------------------------------------------------------------- annotation
-
-
-def _users(op: Any) -> list[Any]:
-    return [use.owner.operation for result in op.results for use in result.uses]
-
-
-def _recomputations(producer: Any, consumer: Any, consumer_facts: OpFacts) -> int:
-    """How many times a producer fused into ``consumer``'s tiles computes each element: the
-    trip count of the consumer loops its indexing map for the producer's result leaves out
-    (an RMSNorm's ``sqrt(mean + eps)``, read broadcast over the normalized axis, would be
-    recomputed for every element of that axis)."""
-    from stagegraph.mlir.bindings import ir, linalg_native
-
-    maps = [ir.AffineMapAttr(a).value for a in linalg_native.get_indexing_maps(consumer)]
-    results = set(producer.results)
-    worst = 1
-    for operand, amap in zip(consumer.operands, maps, strict=False):
-        if operand not in results:
-            continue
-        used = {e.position for e in amap.results if isinstance(e, ir.AffineDimExpr)}
-        left_out = [r for d, r in enumerate(consumer_facts.loop_ranges) if d not in used]
-        worst = max(worst, math.prod(left_out))
-    return worst
-
-
-def _absorbed_by_matmuls(fact: OpFacts) -> bool:
-    """A producer of a matmul that the matmul schedule takes into the matmul itself."""
-    return fact.name == "linalg.fill" or (
-        fact.name == "linalg.transpose" and len(fact.loop_ranges) == 2
-    )
-
-
-def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
-    """Label the ops this schedule may touch; returns {fused producer: root consumer}.
-
-    Raises:
-        ValueError: the module's linalg ops are not the ones ``facts`` describe.
-    """
-    from stagegraph.mlir.bindings import ir
-
-    fn = entry_function(module, facts.entry)
-    ops = linalg_ops(fn)
-    if [op.name for op in ops] != [f.name for f in facts.ops]:
-        raise ValueError("payload linalg ops differ from the facts; re-run the analysis")
-    position = {op: i for i, op in enumerate(ops)}
-    matmuls = {i for i, f in enumerate(facts.ops) if f.op_class == "matmul"}
-    mine: set[int] = set()
-    for i, (op, fact) in enumerate(zip(ops, facts.ops, strict=True)):
-        # A matmul's zero fill and a transposed operand are the matmul schedule's: it fuses
-        # the fill into its tiles and reads a 2-D transpose through its maps. Any other
-        # producer runs here (left alone, it would become scalar loops).
-        feeds_matmul = any(position.get(u) in matmuls for u in _users(op))
-        if feeds_matmul and _absorbed_by_matmuls(fact):
-            continue
-        if schedulable(fact, facts):
-            mine.add(i)
-    fused: dict[int, int] = {}
-    for i in sorted(mine, reverse=True):  # consumers first: chains resolve to their root
-        users = _users(ops[i])
-        if facts.ops[i].op_class != "elementwise" or len(users) != 1:
-            continue
-        if has_bool_operands(facts.ops[i]):
-            continue
-        j = position.get(users[0])
-        if j is None or j not in mine or facts.ops[j].op_class not in ("elementwise", "reduction"):
-            continue
-        if users[0].parent != ops[i].parent:
-            continue
-        if _recomputations(ops[i], users[0], facts.ops[j]) > 1:
-            continue  # fused, the producer would run once per broadcast copy of each element
-        fused[i] = fused.get(j, j)
-    i64 = ir.IntegerType.get_signless(64, module.context)
-    for i in mine:
-        ops[i].attributes[OP_ATTR] = ir.IntegerAttr.get(i64, i)
-        if i in fused:
-            ops[i].attributes[FUSE_ATTR] = ir.IntegerAttr.get(i64, fused[i])
-    return fused
-
-
-def strip_annotations(module: Any) -> None:
-    from stagegraph.mlir.walk import strip_attributes
-
-    strip_attributes(module, OP_ATTR, FUSE_ATTR)
-
-
 # ----------------------------------------------------------------------------- schedule
 
 
-class _Builder:
-    """Emits the transform ops of one op's sub-sequence."""
+class OpSequenceBuilder:
+    """Emits the transform ops of one op's sub-sequence (a failure-suppressing sequence
+    that matches the op by its label, then tiles, fuses and vectorizes it)."""
 
     def __init__(
         self,
@@ -409,7 +326,7 @@ def build_generic_schedule(
     from stagegraph.mlir.bindings import ir, transform
     from stagegraph.stages.common.transform import new_schedule
 
-    builder = _Builder(params, propagate_failures, fused_roots)
+    builder = OpSequenceBuilder(params, propagate_failures, fused_roots)
     module, main = new_schedule()
     # The params, for apply_generic_schedule to rebuild the schedule after its rewrites.
     module.operation.attributes[PARAMS_ATTR] = ir.StringAttr.get(params.model_dump_json())
@@ -446,7 +363,7 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
     """
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.common.transform import apply_schedule_module
-    from stagegraph.stages.x86.prepare import prepare
+    from stagegraph.stages.x86.generic.prepare import prepare
 
     module = getattr(module, "ir", module)
     facts = facts or analyze(module)
@@ -491,7 +408,7 @@ def lower_generic(module: Any, params: GenericParams | None = None) -> PayloadFa
     from stagegraph.stages.common.passes import record_public_signatures, run_pipeline
     from stagegraph.stages.common.rewrites import copies_to_linalg, write_results_in_place
     from stagegraph.stages.target import detect_target
-    from stagegraph.stages.x86.generic_params import heuristic_generic_params
+    from stagegraph.stages.x86.generic.params import heuristic_generic_params
 
     port = module if isinstance(module, Module) else Module["tensor"](module)
     with port.ir.context, ir.Location.unknown():
@@ -505,71 +422,3 @@ def lower_generic(module: Any, params: GenericParams | None = None) -> PayloadFa
             run_pipeline(port, lowering.LINALG_TO_LOOPS)
         run_pipeline(port, lowering.LOWER_TO_LLVM)
     return facts
-
-
-# ----------------------------------------------------------------------------- copies
-
-COPY_ATTR = "stagegraph.vector_copy"
-
-
-def _row_copy_tiles(op: Any, max_row: int, lanes: int) -> list[int] | None:
-    """Tile sizes that make a ``linalg.copy`` on memrefs a loop of whole-row copies (every
-    dim 1 but the innermost, which is whole or a static divisor of at most ``max_row``);
-    None when a shape is dynamic, a row is shorter than ``lanes`` or an operand is not
-    contiguous along its innermost dim (its rows would be gathered element by element)."""
-    from stagegraph.mlir.bindings import ir
-
-    types = [v.type for v in op.operands]
-    if not all(isinstance(t, ir.MemRefType) for t in types):
-        return None
-    shape = list(ir.MemRefType(types[0]).shape)
-    if not shape or any(ir.ShapedType.is_dynamic_size(s) for s in shape):
-        return None
-    if any(ir.MemRefType(t).get_strides_and_offset()[0][-1] != 1 for t in types):
-        return None
-    row = shape[-1]
-    if row < lanes:
-        return None  # rows shorter than a vector: scalar loops move them as fast
-    inner = 0 if row <= max_row else largest_divisor_at_most(row, max_row)
-    return [1] * (len(shape) - 1) + [inner]
-
-
-def vectorize_copies(module: Any, max_row: int, lanes: int) -> int:
-    """Vectorize the ``linalg.copy`` ops of a bufferized ``module`` row by row (rows of
-    ``lanes`` to ``max_row`` elements, contiguous operands); returns how many were.
-
-    Copies are what bufferization leaves for a ``tensor.pad`` (the image copied into the
-    padded buffer) or a concatenation; as loops they move one scalar at a time: LLVM does
-    not vectorize them, as the buffers' aligned pointers hide that they do not alias (a
-    max pooling's padding copy took a fifth of its time).
-    """
-    from stagegraph.mlir.bindings import ir
-    from stagegraph.mlir.walk import collect, strip_attributes
-    from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
-
-    module = getattr(module, "ir", module)
-    plans = []
-    i64 = ir.IntegerType.get_signless(64)
-    for op in collect(module.operation, "linalg.copy"):
-        sizes = _row_copy_tiles(op, max_row, lanes)
-        if sizes is not None:
-            op.attributes[COPY_ATTR] = ir.IntegerAttr.get(i64, len(plans))
-            plans.append(sizes)
-    if not plans:
-        return 0
-    builder = _Builder(GenericParams())
-    schedule, main = new_schedule()
-    with ir.InsertionPoint(main.body):
-        for index, sizes in enumerate(plans):
-            seq, root = builder.suppressed(main.bodyTarget)
-            with ir.InsertionPoint(seq.body):
-                target = builder.match(root, COPY_ATTR, index)
-                if len(sizes) > 1 or sizes[-1]:
-                    tiled = builder.structured.TileUsingForOp(target, sizes=sizes)
-                    target = tiled.results[0]
-                builder.structured.VectorizeOp(target)
-                builder.transform.YieldOp([])
-        builder.transform.YieldOp([])
-    apply_schedule_module(module, schedule)
-    strip_attributes(module, COPY_ATTR)
-    return len(plans)
