@@ -174,8 +174,10 @@ def main(argv: list[str] | None = None) -> int:
     manifest = {e["stem"]: e for e in json.loads((args.level / "manifest.json").read_text())}
     stems = [s for s in PAYLOADS if s in manifest]
     stems = [s for s in stems if not args.only or any(o in s for o in args.only)]
-    print(f"# host: {host.cpu_model}; {host.target}; peer: PyTorch eager "
-          f"{__import__('torch').__version__}; copy bandwidth {bandwidth:.1f} GB/s (1 thread)")  # fmt: skip
+    import torch
+
+    print(f"# host: {host.cpu_model}; {host.target}; peer: PyTorch eager {torch.__version__}; "
+          f"copy bandwidth {bandwidth:.1f} GB/s (1 thread)")  # fmt: skip
     print(f"{'payload':34} {'scale':>5} {'thr':>3} {'x86 us':>9} {'torch us':>9} "
           f"{'ratio':>6} {'GB/s':>6} {'%copy':>5}  note")  # fmt: skip
     rows = []
@@ -204,8 +206,9 @@ def format_row(row: dict, bandwidth: float, noisy: float) -> str:
         return f"{head} NOT VERIFIED: {row.get('message', '')[:200]}"
     gbs = row["bytes"] / row["x86_s"] / 1e9
     note = "noisy" if row["spread"] > noisy else ""
-    return (f"{head} {row['x86_s'] * 1e6:9.1f} {row['torch_s'] * 1e6:9.1f} "
-            f"{row['torch_s'] / row['x86_s']:6.2f} {gbs:6.1f} {100 * gbs / bandwidth:5.0f}  {note}")  # fmt: skip
+    ratio = row["torch_s"] / row["x86_s"]
+    return (f"{head} {row['x86_s'] * 1e6:9.1f} {row['torch_s'] * 1e6:9.1f} {ratio:6.2f} "
+            f"{gbs:6.1f} {100 * gbs / bandwidth:5.0f}  {note}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 #: Associative combiners the in-register prefix scan may reassociate, with their identity
 #: (floats: a number; integers: a function of the bit width). Lanes shifted in below the
 #: first carry the identity, so every lane holds a real value: a junk lane combined and then
