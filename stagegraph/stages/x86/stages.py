@@ -453,8 +453,8 @@ COPY_ROW_VECTORS = 8
 
 class LowerConfig(Config):
     """``vector_math``: call glibc's libmvec for vector math ops the target's ISA covers
-    (else LLVM scalarizes them into one libm call per lane); ``approximate_math``: f32 tanh
-    and exp as polynomials in arith first (:mod:`stagegraph.stages.common.math_approx`)."""
+    (else LLVM scalarizes them into one libm call per lane); ``approximate_math``: f32 tanh,
+    exp and erf as polynomials in arith first (:mod:`stagegraph.stages.common.math_approx`)."""
 
     vector_math: bool = True
     approximate_math: bool = True
@@ -469,7 +469,11 @@ def lower(
     dynamically scheduled OpenMP loops when the params ask for more than one thread."""
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.dedup import forbid_inlining
-    from stagegraph.stages.common.math_approx import approximate_exp, approximate_tanh
+    from stagegraph.stages.common.math_approx import (
+        approximate_erf,
+        approximate_exp,
+        approximate_tanh,
+    )
     from stagegraph.stages.common.passes import run_lowering, run_pipeline
     from stagegraph.stages.common.rewrites import (
         copies_to_linalg,
@@ -489,6 +493,7 @@ def lower(
     if config.approximate_math:
         approximate_tanh(module.ir)
         approximate_exp(module.ir)
+        approximate_erf(module.ir)
     if config.vector_math:
         call_vector_math(module.ir, target)
     run_pipeline(module, X86_FINISH)
