@@ -482,6 +482,7 @@ def lower(
         reassociate_reductions,
     )
     from stagegraph.stages.common.serial_loops import serialize_small_parallel_loops
+    from stagegraph.stages.common.uniform_exp import compute_uniform_exps_once
     from stagegraph.stages.x86.generic_schedule import vectorize_copies
     from stagegraph.stages.x86.prefetch_rows import prefetch_rows
     from stagegraph.stages.x86.vector_math import call_vector_math
@@ -490,6 +491,7 @@ def lower(
     if copies_to_linalg(module.ir):
         lanes = max(1, target.vector_bits // 32)  # f32 lanes: the rows' unit of measure
         vectorize_copies(module.ir, COPY_ROW_VECTORS * lanes, lanes)
+    compute_uniform_exps_once(module.ir)  # ELU/SELU on positive vectors: no exp polynomial
     if config.approximate_math:
         approximate_tanh(module.ir)
         approximate_exp(module.ir)
