@@ -469,6 +469,7 @@ def lower(
     dynamically scheduled OpenMP loops when the params ask for more than one thread."""
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.dedup import forbid_inlining
+    from stagegraph.stages.common.fill_maps import constant_maps_to_fills
     from stagegraph.stages.common.math_approx import (
         approximate_erf,
         approximate_exp,
@@ -488,6 +489,7 @@ def lower(
     from stagegraph.stages.x86.vector_math import call_vector_math
 
     prefetch_rows(module.ir)
+    constant_maps_to_fills(module.ir)  # a tensor.pad's padding: one flat, vectorized fill
     if copies_to_linalg(module.ir):
         lanes = max(1, target.vector_bits // 32)  # f32 lanes: the rows' unit of measure
         vectorize_copies(module.ir, COPY_ROW_VECTORS * lanes, lanes)
