@@ -89,7 +89,7 @@ def _rewrite(op: Any) -> None:
 
     source, out_init, acc_init = list(op.operands)
     dim = ir.IntegerAttr(op.attributes["dimension"]).value
-    if not try_vector_scan(op, source, out_init, acc_init, dim):
+    if not try_vector_scan(op, source, acc_init, dim):
         out, acc = _scan_loop(op, source, out_init, acc_init, dim)
         op.results[0].replace_all_uses_with(out)
         op.results[1].replace_all_uses_with(acc)

@@ -26,6 +26,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagegraph.mlir.scan_flip import reverse_scan_operands
+from stagegraph.mlir.walk import defining_op
+
 #: Associative combiners the in-register prefix scan may reassociate, with their identity
 #: (floats: a number; integers: a function of the bit width). Lanes shifted in below the
 #: first carry the identity, so every lane holds a real value: a junk lane combined and then
@@ -60,7 +63,7 @@ def combiner_op(op: Any) -> Any | None:
     return combine
 
 
-def try_vector_scan(op: Any, source: Any, out_init: Any, acc_init: Any, dim: int) -> bool:
+def try_vector_scan(op: Any, source: Any, acc_init: Any, dim: int) -> bool:
     """Replace the scan ``op`` by the chunked vector form when it fits; True when done."""
     from stagegraph.mlir.bindings import ir
 
@@ -73,19 +76,34 @@ def try_vector_scan(op: Any, source: Any, out_init: Any, acc_init: Any, dim: int
     if combine is None:
         return False
     inclusive = ir.BoolAttr(op.attributes["inclusive"]).value
+    reverse = reverse_scan_operands(source, op.results[0], dim)
+    emitter = _Emitter(combine, in_type, reverse is not None)
     with ir.InsertionPoint(op):
-        out = _Emitter(combine, in_type).rows(source, out_init, acc_init, inclusive)
-    op.results[0].replace_all_uses_with(out)
+        read = source if reverse is None else reverse[0]
+        out = emitter.rows(read, acc_init, inclusive)
+    if reverse is None:
+        op.results[0].replace_all_uses_with(out)
+        return True
+    for flip in reverse[1]:  # the flips of the result: the reverse scan is their value
+        flip.results[0].replace_all_uses_with(out)
+        flip.erase()
+    op.results[0].replace_all_uses_with(out)  # no uses left: erasing the scan is safe
+    flip_in = defining_op(source)
+    if not list(flip_in.results[0].uses) or all(
+        use.owner.operation == op for use in flip_in.results[0].uses
+    ):
+        op.operands[0] = read  # then the input's flip has no reader left
+        flip_in.erase()
     return True
 
 
 class _Emitter:
     """Builds the row loops of one scan (insertion point and location set by the caller)."""
 
-    def __init__(self, combine: Any, in_type: Any) -> None:
+    def __init__(self, combine: Any, in_type: Any, reverse: bool = False) -> None:
         from stagegraph.mlir.bindings import ir
 
-        self.combine = combine
+        self.combine, self.reverse = combine, reverse
         self.rows_count, self.length = in_type.shape
         self.element = in_type.element_type
         self.index = ir.IndexType.get()
@@ -138,12 +156,14 @@ class _Emitter:
             shift *= 2
         return x
 
-    def rows(self, source: Any, out_init: Any, acc_init: Any, inclusive: bool) -> Any:
+    def rows(self, source: Any, acc_init: Any, inclusive: bool) -> Any:
         """An ``scf.forall`` over rows, each scanned by :meth:`row`; returns the output."""
         from stagegraph.mlir.bindings import ir, scf, tensor
 
         row_type = ir.RankedTensorType.get([1, self.length], self.element)
-        forall = scf.ForallOp([0], [self.rows_count], [1], shared_outs=[out_init])
+        # Every element is written: a fresh tensor, so the init's fill (dead now) goes away.
+        fresh = tensor.EmptyOp([self.rows_count, self.length], self.element).result
+        forall = scf.ForallOp([0], [self.rows_count], [1], shared_outs=[fresh])
         with ir.InsertionPoint(forall.body):
             r = forall.induction_variables[0]
             shared = forall.inner_iter_args[0]
@@ -193,14 +213,22 @@ class _Emitter:
               inclusive: bool) -> tuple[Any, Any]:  # fmt: skip
         """Scan ``lanes`` elements of row ``r`` from column ``c`` after ``carry`` (None:
         nothing before) into ``row_out``; returns it and the new carry."""
-        from stagegraph.mlir.bindings import vector
+        from stagegraph.mlir.bindings import arith, vector
 
-        x = self.prefix(self.read(source, r, c, lanes), lanes)
+        flip = list(range(lanes - 1, -1, -1))
+        if self.reverse:  # logical column c is physical length - 1 - c: read from the end
+            c = arith.subi(self.constant(self.length - lanes), c)
+        x = self.read(source, r, c, lanes)
+        if self.reverse:
+            x = vector.shuffle(x, x, flip)
+        x = self.prefix(x, lanes)
         if carry is not None:
             x = self.f(x, carry)
         written = x
         if not inclusive:  # [carry, x[0], ..., x[lanes - 2]]
             written = vector.shuffle(carry, x, [0] + [lanes + i for i in range(lanes - 1)])
+        if self.reverse:
+            written = vector.shuffle(written, written, flip)
         return self.write(written, row_out, c), vector.shuffle(x, x, [lanes - 1] * lanes)
 
     def read(self, source: Any, r: Any, c: Any, lanes: int) -> Any:
