@@ -184,3 +184,12 @@ def test_flipped_scans_match_numpy(tmp_path, capsys, text):
     np.savez(path.with_suffix(".npz"), in0=x, **outputs)
     assert main(["run", "x86", str(path)]) == 0, capsys.readouterr()
     assert "VERIFIED" in capsys.readouterr().out
+
+
+def test_stepping_scans_gives_upstream_ops_for_other_compilers():
+    from stagegraph.mlir.scan import stepping_scans
+
+    with stepping_scans():  # what IREE is handed (app.iree.payload_text)
+        module = parse_payload(scan_text(37))
+    assert collect(module, "linalg.generic") and not collect(module, "vector.shuffle")
+    assert collect(parse_payload(scan_text(37)), "vector.shuffle")  # and back on after it

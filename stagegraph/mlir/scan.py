@@ -23,11 +23,28 @@ is built as vector code instead, each row scanned in contiguous chunks
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 SCAN, YIELD = "tm_tensor.scan", "tm_tensor.yield"
 REWRITTEN = frozenset({SCAN, YIELD})
+#: Off inside :func:`stepping_scans`: every scan takes the stepping form.
+_VECTOR_SCANS: ContextVar[bool] = ContextVar("vector_scans", default=True)
+
+
+@contextmanager
+def stepping_scans() -> Iterator[None]:
+    """Parse scans into the stepping form only (upstream linalg and scf, no vector ops): the
+    payload handed to another compiler (IREE crashed on the vector form's ``scf.forall``
+    of ``vector.transfer`` ops on tensors)."""
+    token = _VECTOR_SCANS.set(False)
+    try:
+        yield
+    finally:
+        _VECTOR_SCANS.reset(token)
 
 
 def torch_mlir_opt() -> Path | None:
@@ -89,7 +106,7 @@ def _rewrite(op: Any) -> None:
 
     source, out_init, acc_init = list(op.operands)
     dim = ir.IntegerAttr(op.attributes["dimension"]).value
-    if not try_vector_scan(op, source, acc_init, dim):
+    if not (_VECTOR_SCANS.get() and try_vector_scan(op, source, acc_init, dim)):
         out, acc = _scan_loop(op, source, out_init, acc_init, dim)
         op.results[0].replace_all_uses_with(out)
         op.results[1].replace_all_uses_with(acc)
