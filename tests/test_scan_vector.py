@@ -193,3 +193,36 @@ def test_stepping_scans_gives_upstream_ops_for_other_compilers():
         module = parse_payload(scan_text(37))
     assert collect(module, "linalg.generic") and not collect(module, "vector.shuffle")
     assert collect(parse_payload(scan_text(37)), "vector.shuffle")  # and back on after it
+
+
+SCAN_3D = """
+func.func @main(%a: tensor<2x3x37xf32>, %init: tensor<2x3xf32>) -> tensor<2x3x37xf32> {
+  %e = tensor.empty() : tensor<2x3x37xf32>
+  %r:2 = tm_tensor.scan dimension(2) inclusive(INCLUSIVE) ins(%a : tensor<2x3x37xf32>)
+      outs(%e, %init : tensor<2x3x37xf32>, tensor<2x3xf32>) {
+  ^bb0(%x: f32, %y: f32):
+    %z = arith.addf %x, %y : f32
+    tm_tensor.yield %z : f32
+  } -> tensor<2x3x37xf32>, tensor<2x3xf32>
+  return %r#0 : tensor<2x3x37xf32>
+}
+"""
+
+
+@pytest.mark.parametrize("inclusive", [True, False])
+def test_last_dim_scan_of_a_3d_tensor_runs_as_rows(tmp_path, capsys, inclusive):
+    text = SCAN_3D.replace("INCLUSIVE", str(inclusive).lower())
+    module = parse_payload(text)
+    assert collect(module, "vector.shuffle") and not collect(module, "linalg.generic")
+    # 2x3 rows of 37 (and the exclusive scan's 2x3 initial values as 6)
+    assert len(collect(module, "tensor.collapse_shape")) == 1 + (not inclusive)
+    assert len(collect(module, "tensor.expand_shape")) == 1
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((2, 3, 37)).astype(np.float32)
+    init = rng.standard_normal((2, 3)).astype(np.float32)
+    flat = reference(a.reshape(6, 37), init.reshape(6), "arith.addf", inclusive)
+    path = tmp_path / "scan3d.mlir"
+    path.write_text(text)
+    np.savez(path.with_suffix(".npz"), in0=a, in1=init, out0=flat.reshape(2, 3, 37))
+    assert main(["run", "x86", str(path)]) == 0, capsys.readouterr()
+    assert "VERIFIED" in capsys.readouterr().out

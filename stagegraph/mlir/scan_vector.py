@@ -68,7 +68,7 @@ def try_vector_scan(op: Any, source: Any, acc_init: Any, dim: int) -> bool:
     from stagegraph.mlir.bindings import ir
 
     in_type = ir.RankedTensorType(source.type)
-    if in_type.rank != 2 or dim != 1 or not in_type.has_static_shape:
+    if in_type.rank < 2 or dim != in_type.rank - 1 or not in_type.has_static_shape:
         return False
     if len(list(op.results[1].uses)) != 0:  # the final accumulator is not computed here
         return False
@@ -77,10 +77,12 @@ def try_vector_scan(op: Any, source: Any, acc_init: Any, dim: int) -> bool:
         return False
     inclusive = ir.BoolAttr(op.attributes["inclusive"]).value
     reverse = reverse_scan_operands(source, op.results[0], dim)
-    emitter = _Emitter(combine, in_type, reverse is not None)
     with ir.InsertionPoint(op):
         read = source if reverse is None else reverse[0]
-        out = emitter.rows(read, acc_init, inclusive)
+        rows = _as_rows(read)
+        acc_rows = acc_init if inclusive else _as_rows(acc_init, last=False)  # unread: inclusive
+        emitter = _Emitter(combine, ir.RankedTensorType(rows.type), reverse is not None)
+        out = _from_rows(emitter.rows(rows, acc_rows, inclusive), in_type)
     if reverse is None:
         op.results[0].replace_all_uses_with(out)
         return True
@@ -95,6 +97,44 @@ def try_vector_scan(op: Any, source: Any, acc_init: Any, dim: int) -> bool:
         op.operands[0] = read  # then the input's flip has no reader left
         flip_in.erase()
     return True
+
+
+def _as_rows(value: Any, last: bool = True) -> Any:
+    """``value`` with its leading dims collapsed into one: rows x the last dim (``last``),
+    or one dim of rows (an accumulator, which has no scanned dim)."""
+    from stagegraph.mlir.bindings import ir, tensor
+
+    kind = ir.RankedTensorType(value.type)
+    keep = 1 if last else 0
+    if kind.rank <= 1 + keep:
+        return value
+    leading = list(range(kind.rank - keep))
+    groups = [leading, [kind.rank - 1]] if last else [leading]
+    rows = 1
+    for extent in kind.shape[: kind.rank - keep]:
+        rows *= extent
+    shape = [rows, kind.shape[-1]] if last else [rows]
+    flat = ir.RankedTensorType.get(shape, kind.element_type)
+    return tensor.CollapseShapeOp(flat, value, _reassociation(groups)).result
+
+
+def _from_rows(value: Any, kind: Any) -> Any:
+    """``value`` (rows x last dim) expanded back to ``kind``'s shape."""
+    from stagegraph.mlir.bindings import tensor
+
+    if kind.rank == 2:
+        return value
+    groups = [list(range(kind.rank - 1)), [kind.rank - 1]]
+    return tensor.ExpandShapeOp(kind, value, _reassociation(groups), [], list(kind.shape)).result
+
+
+def _reassociation(groups: list[list[int]]) -> Any:
+    from stagegraph.mlir.bindings import ir
+
+    i64 = ir.IntegerType.get_signless(64)
+    return ir.ArrayAttr.get(
+        [ir.ArrayAttr.get([ir.IntegerAttr.get(i64, d) for d in group]) for group in groups]
+    )
 
 
 class _Emitter:
