@@ -215,6 +215,7 @@ def normalize(module: TensorModule) -> TensorModule:
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
     from stagegraph.stages.common.unit_dims import fold_unit_dims
     from stagegraph.stages.x86.pointwise import pointwise_convolutions_to_matmuls
+    from stagegraph.stages.x86.pool3d import separate_3d_poolings
     from stagegraph.stages.x86.transposed_conv import decompose_strided_transposed_convolutions
 
     with module.ir.context, ir_location(module.ir):
@@ -222,6 +223,7 @@ def normalize(module: TensorModule) -> TensorModule:
         fold_unit_dims(module.ir)
         decompose_strided_transposed_convolutions(module.ir)
         pointwise_convolutions_to_matmuls(module.ir)
+        separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized
     return module
 
 
