@@ -77,3 +77,47 @@ def test_separated_pooling_matches_numpy(tmp_path, capsys, kind, strides, dilati
     np.savez(path.with_suffix(".npz"), in0=x, out0=reference(x, kind, strides, dilations, out))
     assert main(["run", "x86", str(path)]) == 0, capsys.readouterr()
     assert "VERIFIED" in capsys.readouterr().out
+
+
+# torch-mlir's AvgPool3d: NCDHW transposed to NDHWC, pooled, transposed back.
+CHANNELS_FIRST = """
+func.func @main(%x: tensor<2x3x7x8x9xf32>) -> tensor<2x3x3x7x4xf32> {
+  %zero = arith.constant 0.0 : f32
+  %w = tensor.empty() : tensor<3x2x3xf32>
+  %t = tensor.empty() : tensor<2x7x8x9x3xf32>
+  %last = linalg.transpose ins(%x : tensor<2x3x7x8x9xf32>) outs(%t : tensor<2x7x8x9x3xf32>)
+      permutation = [0, 2, 3, 4, 1]
+  %e = tensor.empty() : tensor<2x3x7x4x3xf32>
+  %f = linalg.fill ins(%zero : f32) outs(%e : tensor<2x3x7x4x3xf32>) -> tensor<2x3x7x4x3xf32>
+  %p = linalg.pooling_ndhwc_sum
+      {dilations = dense<1> : vector<3xi64>, strides = dense<[2, 1, 2]> : vector<3xi64>}
+      ins(%last, %w : tensor<2x7x8x9x3xf32>, tensor<3x2x3xf32>) outs(%f : tensor<2x3x7x4x3xf32>)
+      -> tensor<2x3x7x4x3xf32>
+  %b = tensor.empty() : tensor<2x3x3x7x4xf32>
+  %first = linalg.transpose ins(%p : tensor<2x3x7x4x3xf32>) outs(%b : tensor<2x3x3x7x4xf32>)
+      permutation = [0, 4, 1, 2, 3]
+  return %first : tensor<2x3x3x7x4xf32>
+}
+"""
+
+
+def test_channels_first_pooling_drops_both_transposes(tmp_path, capsys):
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.core.engine import Engine
+    from stagegraph.mlir.walk import collect
+
+    result = Engine().run(load_graph("x86"), CHANNELS_FIRST, until="normalize")
+    module = result.value("normalize", "module").ir
+    names = [op.name for op in collect(module.operation, lambda o: o.name.startswith("linalg."))]
+    assert "linalg.transpose" not in names
+    assert [n for n in names if "pooling" in n] == [
+        "linalg.pooling_nchw_sum",
+        "linalg.pooling_nwc_sum",
+    ]
+    x = np.random.default_rng(8).standard_normal((2, 3, 7, 8, 9)).astype(np.float32)
+    last = reference(x.transpose(0, 2, 3, 4, 1), "sum", [2, 1, 2], [1, 1, 1], [3, 7, 4])
+    path = tmp_path / "avgpool3d.mlir"
+    path.write_text(CHANNELS_FIRST)
+    np.savez(path.with_suffix(".npz"), in0=x, out0=last.transpose(0, 4, 1, 2, 3))
+    assert main(["run", "x86", str(path)]) == 0, capsys.readouterr()
+    assert "VERIFIED" in capsys.readouterr().out
