@@ -65,10 +65,11 @@ def test_padding_copy_is_vectorized_by_rows():
 
 @pytest.mark.parametrize(("max_row", "lanes", "tiles"), [(64, 8, [1, 1, 0]),
                                                          (8, 4, [1, 1, 5]),
-                                                         (64, 32, None)])  # fmt: skip
+                                                         (64, 32, [1, 1, 0])])  # fmt: skip
 def test_row_tiles_are_whole_rows_or_static_divisors(max_row, lanes, tiles):
-    """Rows of 20 are copied whole, or by static divisors of at most ``max_row``; rows
-    shorter than a vector are left to the loops."""
+    """Rows of 20 are copied whole, or by static divisors of at most ``max_row``, also when
+    shorter than a vector (32 lanes): only rows under ``MIN_COPY_ROW`` are left to the loops
+    (tests/test_fill_maps.py)."""
     from stagegraph.core.ports import Module
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect

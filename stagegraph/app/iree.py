@@ -87,11 +87,13 @@ def payload_text(workload: Any) -> str:
     with ops these bindings rewrite on parsing, such as ``tm_tensor.scan``)."""
     from stagegraph.mlir.bindings import new_context
     from stagegraph.mlir.diagnostics import unregistered_ops
+    from stagegraph.mlir.scan import stepping_scans
     from stagegraph.workload.mlir_file import MlirFileWorkload
 
     if isinstance(workload, MlirFileWorkload) and not unregistered_ops(workload.text):
         return workload.text
-    return str(workload.payload(new_context()))
+    with stepping_scans():  # IREE gets upstream ops only, not the x86 graph's vector scans
+        return str(workload.payload(new_context()))
 
 
 def noop_text(workload: Any) -> str:

@@ -13,16 +13,38 @@ dimension that carries the output and the accumulator (the input without that di
 ``f`` is a ``linalg.generic`` over the accumulator's shape, in place on it (``outs``), into
 which the scan's region is moved (block argument 0 is the input element, 1 the accumulated
 value, as in TMTensor's loop lowering). The scan's results are the output and the final accumulator.
+
+Stepping the last dimension of a tensor reads a strided column per step (a gather, copied
+element by element, nothing vectorized): such a scan whose combiner is one associative op
+is built as vector code instead, each row scanned in contiguous chunks
+(:mod:`stagegraph.mlir.scan_vector`).
 """
 
 from __future__ import annotations
 
 import subprocess
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 SCAN, YIELD = "tm_tensor.scan", "tm_tensor.yield"
 REWRITTEN = frozenset({SCAN, YIELD})
+#: Off inside :func:`stepping_scans`: every scan takes the stepping form.
+_VECTOR_SCANS: ContextVar[bool] = ContextVar("vector_scans", default=True)
+
+
+@contextmanager
+def stepping_scans() -> Iterator[None]:
+    """Parse scans into the stepping form only (upstream linalg and scf, no vector ops): the
+    payload handed to another compiler (IREE crashed on the vector form's ``scf.forall``
+    of ``vector.transfer`` ops on tensors)."""
+    token = _VECTOR_SCANS.set(False)
+    try:
+        yield
+    finally:
+        _VECTOR_SCANS.reset(token)
 
 
 def torch_mlir_opt() -> Path | None:
@@ -79,10 +101,23 @@ def _static(values: list[int]) -> Any:
 
 
 def _rewrite(op: Any) -> None:
-    from stagegraph.mlir.bindings import arith, ir, linalg, scf, tensor
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.scan_vector import try_vector_scan
 
     source, out_init, acc_init = list(op.operands)
     dim = ir.IntegerAttr(op.attributes["dimension"]).value
+    if not (_VECTOR_SCANS.get() and try_vector_scan(op, source, acc_init, dim)):
+        out, acc = _scan_loop(op, source, out_init, acc_init, dim)
+        op.results[0].replace_all_uses_with(out)
+        op.results[1].replace_all_uses_with(acc)
+    op.erase()
+
+
+def _scan_loop(op: Any, source: Any, out_init: Any, acc_init: Any, dim: int) -> tuple[Any, Any]:
+    """The ``scf.for`` scanning ``source`` along ``dim`` with ``op``'s combiner moved into
+    its step, inserted before ``op``; returns its (output, final accumulator)."""
+    from stagegraph.mlir.bindings import arith, ir, linalg, scf, tensor
+
     inclusive = ir.BoolAttr(op.attributes["inclusive"]).value
     in_type = ir.RankedTensorType(source.type)
     out_type = ir.RankedTensorType(out_init.type)
@@ -149,6 +184,4 @@ def _rewrite(op: Any) -> None:
         acc_next = generic.result
         out_next = insert(acc_next, out_k, k) if inclusive else out_k
         scf.YieldOp([out_next, acc_next])
-    op.results[0].replace_all_uses_with(loop.results[0])
-    op.results[1].replace_all_uses_with(loop.results[1])
-    op.erase()
+    return loop.results[0], loop.results[1]

@@ -13,6 +13,13 @@ below about 3e-38, flush to 0). glibc's libmvec ``expf`` is a call per vector an
 scalar slow path per lane for inputs out of its range, among them the -inf of every masked
 attention score (a third of a causal attention's run time was in it). Relative error below
 2e-7 wherever the result is above 3e-38, checked against float64 in the tests.
+
+``math.erf`` on f32 becomes an odd rational function (degree 13 over degree 8 in x, Eigen's
+``generic_fast_erf_float`` coefficients) on x clamped to +-4, beyond which erf is +-1 in
+f32: a dozen multiply-adds and one division per vector, where libmvec's ``erff`` is a call
+per vector several times that (exact GELU, ``0.5 x (1 + erf(x / sqrt 2))``, ran at 0.7-0.8x
+PyTorch's speed with it). Absolute error below 5e-7 on all of f32, relative below 3e-7 for
+|x| < 1, checked against float64 in the tests.
 """
 
 from __future__ import annotations
@@ -155,3 +162,47 @@ def _exp(x: Any, value_type: Any, element: Any) -> Any:
     # exps do.
     n_less_one = arith.subi(arith.fptosi(int_type, n_float), iconst(1))
     return arith.mulf(arith.mulf(e_r, power_of_two(n_less_one)), const(2.0))
+
+
+#: Beyond +-_ERF_CLAMP erf is +-1 in f32.
+_ERF_CLAMP = 4.0
+#: Odd numerator coefficients alpha_1 .. alpha_13 (Eigen's generic_fast_erf_float).
+_ERF_ALPHA = (-1.60960333262415e-02, -2.95459980854025e-03, -7.34990630326855e-04,
+              -5.69250639462346e-05, -2.10102402082508e-06, 2.77068142495902e-08,
+              -2.72614225801306e-10)  # fmt: skip
+#: Even denominator coefficients beta_0 .. beta_8.
+_ERF_BETA = (-1.42647390514189e-02, -7.37332916720468e-03, -1.68282697438203e-03,
+             -2.13374055278905e-04, -1.45660718464996e-05)  # fmt: skip
+
+
+def approximate_erf(module: Any) -> int:
+    """Replace every f32 ``math.erf`` (scalar or vector) in ``module`` by the rational
+    approximation; returns how many were replaced."""
+    return _replace_f32(module, "math.erf", _erf)
+
+
+def _erf(x: Any, value_type: Any, element: Any) -> Any:
+    """erf(x) = x P(x^2) / Q(x^2) on x clamped to +-_ERF_CLAMP, the result to [-1, 1]."""
+    from stagegraph.mlir.bindings import arith, ir
+
+    contract = ir.Attribute.parse("#arith.fastmath<contract>")  # let LLVM fuse into FMAs
+
+    def const(value: float) -> Any:
+        attr = ir.FloatAttr.get(element, value)
+        if isinstance(value_type, ir.VectorType):
+            attr = ir.DenseElementsAttr.get_splat(value_type, attr)
+        return arith.ConstantOp(value_type, attr).result
+
+    def horner(square: Any, coefficients: tuple[float, ...]) -> Any:
+        acc = const(coefficients[-1])
+        for c in reversed(coefficients[:-1]):
+            acc = arith.addf(arith.mulf(square, acc, fastmath=contract), const(c),
+                             fastmath=contract)  # fmt: skip
+        return acc
+
+    clamped = arith.minimumf(arith.maximumf(x, const(-_ERF_CLAMP)), const(_ERF_CLAMP))
+    square = arith.mulf(clamped, clamped, fastmath=contract)
+    numerator = arith.mulf(clamped, horner(square, _ERF_ALPHA), fastmath=contract)
+    ratio = arith.divf(numerator, horner(square, _ERF_BETA))
+    # Near the clamp the ratio rounds one ulp past 1: keep |erf| <= 1 (1 - erf(x) >= 0).
+    return arith.minimumf(arith.maximumf(ratio, const(-1.0)), const(1.0))

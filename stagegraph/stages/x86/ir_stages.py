@@ -54,12 +54,14 @@ def normalize(module: TensorModule) -> TensorModule:
     from stagegraph.stages.common.unit_dims import fold_unit_dims
     from stagegraph.stages.x86.conv.pointwise import pointwise_convolutions_to_matmuls
     from stagegraph.stages.x86.conv.transposed import decompose_strided_transposed_convolutions
+    from stagegraph.stages.x86.pool3d import separate_3d_poolings
 
     with module.ir.context, ir_location(module.ir):
         fold_reshaping_gathers(module.ir)
         fold_unit_dims(module.ir)
         decompose_strided_transposed_convolutions(module.ir)
         pointwise_convolutions_to_matmuls(module.ir)
+        separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized
     return module
 
 
@@ -289,8 +291,8 @@ COPY_ROW_VECTORS = 8
 
 class LowerConfig(Config):
     """``vector_math``: call glibc's libmvec for vector math ops the target's ISA covers
-    (else LLVM scalarizes them into one libm call per lane); ``approximate_math``: f32 tanh
-    and exp as polynomials in arith first (:mod:`stagegraph.stages.common.math_approx`)."""
+    (else LLVM scalarizes them into one libm call per lane); ``approximate_math``: f32 tanh,
+    exp and erf as polynomials in arith first (:mod:`stagegraph.stages.common.math_approx`)."""
 
     vector_math: bool = True
     approximate_math: bool = True
@@ -305,7 +307,12 @@ def lower(
     dynamically scheduled OpenMP loops when the params ask for more than one thread."""
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.dedup import forbid_inlining
-    from stagegraph.stages.common.math_approx import approximate_exp, approximate_tanh
+    from stagegraph.stages.common.fill_maps import constant_maps_to_fills
+    from stagegraph.stages.common.math_approx import (
+        approximate_erf,
+        approximate_exp,
+        approximate_tanh,
+    )
     from stagegraph.stages.common.passes import run_lowering, run_pipeline
     from stagegraph.stages.common.rewrites import (
         copies_to_linalg,
@@ -314,17 +321,21 @@ def lower(
         reassociate_reductions,
     )
     from stagegraph.stages.common.serial_loops import serialize_small_parallel_loops
+    from stagegraph.stages.common.uniform_exp import compute_uniform_exps_once
     from stagegraph.stages.x86.generic.vector_copies import vectorize_copies
     from stagegraph.stages.x86.matmul.prefetch_rows import prefetch_rows
     from stagegraph.stages.x86.vector_math import call_vector_math
 
     prefetch_rows(module.ir)
+    constant_maps_to_fills(module.ir)  # a tensor.pad's padding: one flat, vectorized fill
     if copies_to_linalg(module.ir):
         lanes = max(1, target.vector_bits // 32)  # f32 lanes: the rows' unit of measure
         vectorize_copies(module.ir, COPY_ROW_VECTORS * lanes, lanes)
+    compute_uniform_exps_once(module.ir)  # ELU/SELU on positive vectors: no exp polynomial
     if config.approximate_math:
         approximate_tanh(module.ir)
         approximate_exp(module.ir)
+        approximate_erf(module.ir)
     if config.vector_math:
         call_vector_math(module.ir, target)
     run_pipeline(module, X86_FINISH)

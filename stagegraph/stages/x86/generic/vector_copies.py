@@ -11,11 +11,17 @@ from stagegraph.stages.x86.generic.schedule import OpSequenceBuilder
 COPY_ATTR = "stagegraph.vector_copy"
 
 
+#: Shortest row a copy is vectorized for (one 128-bit vector of f32): as scalar loops, LLVM
+#: vectorized a pooling's padding copy (rows of 8 on AVX-512) into masked scatters.
+MIN_COPY_ROW = 4
+
+
 def _row_copy_tiles(op: Any, max_row: int, lanes: int) -> list[int] | None:
     """Tile sizes that make a ``linalg.copy`` on memrefs a loop of whole-row copies (every
     dim 1 but the innermost, which is whole or a static divisor of at most ``max_row``);
-    None when a shape is dynamic, a row is shorter than ``lanes`` or an operand is not
-    contiguous along its innermost dim (its rows would be gathered element by element)."""
+    None when a shape is dynamic, a row is shorter than both ``lanes`` and
+    :data:`MIN_COPY_ROW`, or an operand is not contiguous along its innermost dim (its rows
+    would be gathered element by element)."""
     from stagegraph.mlir.bindings import ir
 
     types = [v.type for v in op.operands]
@@ -27,8 +33,8 @@ def _row_copy_tiles(op: Any, max_row: int, lanes: int) -> list[int] | None:
     if any(ir.MemRefType(t).get_strides_and_offset()[0][-1] != 1 for t in types):
         return None
     row = shape[-1]
-    if row < lanes:
-        return None  # rows shorter than a vector: scalar loops move them as fast
+    if row < min(lanes, MIN_COPY_ROW):
+        return None  # shorter rows: scalar loops move them as fast
     inner = 0 if row <= max_row else largest_divisor_at_most(row, max_row)
     return [1] * (len(shape) - 1) + [inner]
 
