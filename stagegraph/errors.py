@@ -320,3 +320,16 @@ class ClusterUnreachableError(StagegraphError, ConnectionError):
 
 class TuneDBError(StagegraphError, RuntimeError):
     """The tuning database cannot be opened, read or written."""
+
+
+class GpuUnavailableError(StagegraphError, RuntimeError):
+    """The GPU graph's code needs an NVIDIA GPU (``--target cuda``, ``run``, ``bench``) and
+    this machine has none (no driver, or no device): compile or emit it instead."""
+
+
+class CudaError(StagegraphError, RuntimeError):
+    """A CUDA driver call returned an error code (named in the message)."""
+
+
+class PtxError(StagegraphError, RuntimeError):
+    """A kernel's PTX could not be produced (LLVM) or assembled (ptxas)."""

@@ -1,0 +1,120 @@
+"""The GPU cost model: how each linalg op of the payload maps to blocks and threads.
+
+Every op becomes (at least) one kernel. Its parallel loops are split in two levels: the
+innermost one or two parallel loops (the output's contiguous dims, so neighbouring threads
+touch neighbouring elements) go to the threads of a block, up to ``threads_per_block``;
+every other parallel loop goes to the grid, one block per index. Reduction loops stay
+sequential inside each thread. Tiles divide their loop exactly (the largest divisor that
+fits), so every block and thread forall has a static trip count the GPU mapping needs.
+An op without parallel loops (a full reduction) runs in one thread of one block.
+
+Fills that initialise another op's output are fused into that op's kernel (``fused_into``).
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from stagegraph.core.ports import Params
+from stagegraph.core.stage import stage
+from stagegraph.stages.analysis import OpFacts, PayloadFacts
+from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
+from stagegraph.stages.gpu.target import GpuTarget
+
+
+class KernelPlan(Params):
+    """One op's mapping. ``block_tile``/``thread_tile`` have one entry per loop of the op
+    (0: not tiled at that level); ``fused_into``: the op whose kernel computes this one."""
+
+    op: int
+    name: str
+    block_tile: tuple[int, ...] = ()
+    thread_tile: tuple[int, ...] = ()
+    threads: tuple[int, ...] = ()  # block dims (x, y) the thread tiles span
+    fused_into: int | None = None
+
+    @property
+    def mapped(self) -> bool:
+        """Whether the op has parallel work for blocks or threads (else one thread runs it)."""
+        return any(self.block_tile) or any(self.thread_tile)
+
+
+class GpuParams(Params):
+    """``threads_per_block``: the most threads a kernel's block gets (a multiple of the
+    warp size); ``kernels``: one plan per linalg op of the entry, in program order."""
+
+    threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
+    kernels: tuple[KernelPlan, ...] = ()
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` not above ``limit`` (at least 1)."""
+    for d in range(min(n, limit), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+def plan_op(op: OpFacts, threads_per_block: int) -> KernelPlan:
+    """Map one op: thread x on its innermost parallel loop, thread y on the next one while
+    the block has room, blocks on the rest."""
+    ranges = op.loop_ranges
+    parallel = [
+        i for i, (kind, n) in enumerate(zip(op.iterator_types, ranges, strict=False))
+        if kind == "parallel" and n > 1
+    ]  # fmt: skip
+    block = [0] * len(ranges)
+    thread = [0] * len(ranges)
+    spans: list[int] = []
+    budget = threads_per_block
+    for dim in reversed(parallel[-2:]):
+        count = largest_divisor(ranges[dim], budget)
+        if count == 1 and spans:
+            break
+        spans.append(count)
+        budget //= count
+        block[dim] = count  # a whole loop in one block still makes a (unit) block dim
+        thread[dim] = 1
+    for dim in parallel[: len(parallel) - len(spans)]:
+        block[dim] = 1
+    if not parallel and ranges:  # one thread of one block: its first loop in one piece
+        block[0] = thread[0] = ranges[0]
+        spans = [1]
+    return KernelPlan(
+        op=op.index,
+        name=op.name,
+        block_tile=tuple(block),
+        thread_tile=tuple(thread),
+        threads=tuple(spans),
+    )
+
+
+def fill_consumers(facts: PayloadFacts) -> dict[int, int]:
+    """Fills fused into the op that takes them as output (fill index -> consumer index):
+    the next op whose ``producers`` names a fill as its init is the fill's consumer."""
+    fused: dict[int, int] = {}
+    fills = [op.index for op in facts.ops if op.name == "linalg.fill"]
+    for op in facts.ops:
+        inits = op.producers[len(op.inputs) :]
+        if "linalg.fill" in inits and op.name != "linalg.fill":
+            earlier = [f for f in fills if f < op.index and f not in fused]
+            if earlier:
+                fused[earlier[-1]] = op.index
+    return fused
+
+
+@stage("params", name="gpu.heuristic")
+def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfig) -> GpuParams:
+    """Blocks and threads per op from the target's block limit and the ops' loop ranges."""
+    threads = min(GpuParams.model_fields["threads_per_block"].default,
+                  target.max_threads_per_block)  # fmt: skip
+    threads = int(config.overrides.get("threads_per_block", threads))
+    fused = fill_consumers(facts)
+    kernels = []
+    for op in facts.ops:
+        plan = plan_op(op, threads)
+        if op.index in fused:
+            plan = plan.model_copy(update={"fused_into": fused[op.index]})
+        kernels.append(plan)
+    params = GpuParams(threads_per_block=threads, kernels=tuple(kernels))
+    return apply_overrides(params, config.overrides)

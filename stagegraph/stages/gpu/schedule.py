@@ -1,0 +1,120 @@
+"""The GPU schedule: a transform-dialect script that tiles each op to a ``forall`` over
+blocks and, inside it, a ``forall`` over threads, following the cost model's plan.
+
+Ops are addressed by an attribute (:data:`OP_ATTR`, the op's index in the analysis's program
+order), set on the payload before the script runs. Block foralls carry ``#gpu.block``
+linear mappings (any number of grid dims, folded onto the 3-D grid when mapped), thread
+foralls ``#gpu.thread<x|y>``. A fill that initialises an op's output is fused into both
+levels, so it runs in the consumer's kernel. After bufferization the GPU lowering maps the
+foralls to ``gpu.launch`` (:mod:`stagegraph.stages.gpu.lower`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagegraph.core.ports import Config, TensorModule
+from stagegraph.core.stage import stage
+from stagegraph.stages.gpu.params import GpuParams, KernelPlan
+
+#: Marks each linalg op of the entry with its index in the analysis's order.
+OP_ATTR = "stagegraph.gpu_op"
+_ANY = "!transform.any_op"
+_TILED = f"({_ANY}) -> ({_ANY}, {_ANY})"
+_FUSED = f"({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})"
+_THREAD_DIMS = ("x", "y", "z")
+
+
+def tag_ops(module: Any) -> int:
+    """Set :data:`OP_ATTR` on every linalg op of the entry (analysis order); returns how many."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import payload_functions, select_entry
+    from stagegraph.stages.analysis import linalg_ops
+
+    entry = select_entry(payload_functions(module))
+    ops = linalg_ops(entry)
+    i64 = ir.IntegerType.get_signless(64)
+    for index, op in enumerate(ops):
+        op.attributes[OP_ATTR] = ir.IntegerAttr.get(i64, index)
+    return len(ops)
+
+
+def _match(handle: str, index: int) -> str:
+    return (
+        f"    {handle} = transform.structured.match attributes{{{OP_ATTR} = {index} : i64}} "
+        f"in %root : ({_ANY}) -> {_ANY}\n"
+    )
+
+
+def block_mapping(tiles: tuple[int, ...]) -> list[str]:
+    """``#gpu.block<linear_dim_N>`` per tiled loop, linear dim 0 on the innermost."""
+    tiled = [i for i, t in enumerate(tiles) if t]
+    return [f"#gpu.block<linear_dim_{len(tiled) - 1 - k}>" for k in range(len(tiled))]
+
+
+def thread_mapping(tiles: tuple[int, ...]) -> list[str]:
+    """``#gpu.thread<x>`` on the innermost tiled loop, ``y`` (then ``z``) outward."""
+    tiled = [i for i, t in enumerate(tiles) if t]
+    return [f"#gpu.thread<{_THREAD_DIMS[len(tiled) - 1 - k]}>" for k in range(len(tiled))]
+
+
+def _tile(target: str, tiles: tuple[int, ...], mapping: list[str], out: str) -> str:
+    sizes = ", ".join(map(str, tiles))
+    return (
+        f"    {out}_op, {out} = transform.structured.tile_using_forall {target} tile_sizes "
+        f"[{sizes}] (mapping = [{', '.join(mapping)}]) : {_TILED}\n"
+    )
+
+
+def _fuse(fills: list[int], into: str, tag: str) -> str:
+    text = ""
+    for j in fills:
+        text += _match(f"%fill{tag}_{j}", j)
+        text += (
+            f"    %fused{tag}_{j}, %into{tag}_{j} = transform.structured.fuse_into_containing_op "
+            f"%fill{tag}_{j} into {into} : {_FUSED}\n"
+        )
+    return text
+
+
+def kernel_script(plan: KernelPlan, fills: list[int]) -> str:
+    """The transform ops that tile one op to blocks then threads, fusing ``fills``."""
+    i = plan.op
+    text = _match(f"%op{i}", i)
+    text += _tile(f"%op{i}", plan.block_tile, block_mapping(plan.block_tile), f"%blocks{i}")
+    text += _fuse(fills, f"%blocks{i}", "b")
+    text += _tile(
+        f"%blocks{i}_op", plan.thread_tile, thread_mapping(plan.thread_tile), f"%threads{i}"
+    )
+    text += _fuse(fills, f"%threads{i}", "t")
+    return text
+
+
+def schedule_text(params: GpuParams) -> str:
+    """The whole transform module for ``params``: one kernel script per mapped op."""
+    body = ""
+    for plan in params.kernels:
+        if plan.fused_into is not None or not plan.mapped:
+            continue
+        fills = [k.op for k in params.kernels if k.fused_into == plan.op]
+        body += kernel_script(plan, fills)
+    return (
+        "module attributes {transform.with_named_sequence} {\n"
+        f"  transform.named_sequence @__transform_main(%root: {_ANY} {{transform.readonly}}) {{\n"
+        f"{body}    transform.yield\n  }}\n}}\n"
+    )
+
+
+class GpuScheduleConfig(Config):
+    """No options yet: the schedule follows the params."""
+
+
+@stage("schedule", name="gpu.schedule")
+def gpu_schedule(module: TensorModule, params: GpuParams, config: GpuScheduleConfig) -> TensorModule:
+    """Tile every op to a block forall and a thread forall, as the params say."""
+    from stagegraph.stages.common.transform import apply_transform_module
+
+    with module.ir.context:
+        tag_ops(module.ir)
+    apply_transform_module(module, schedule_text(params), "__transform_main", "<gpu schedule>")
+    return module
