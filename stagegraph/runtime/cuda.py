@@ -131,6 +131,7 @@ class CudaProgram:
                 "cuModuleGetFunction", self.modules[stem], kernel["entry"].encode()
             )
         self.buffers: dict[str, int] = {}
+        self.scalars: dict[str, Any] = {}
 
     def _call(self, name: str, *args: Any) -> Any:
         return check(self.cu, getattr(self.cu, name)(*args), name)
@@ -145,6 +146,9 @@ class CudaProgram:
         if len(inputs) != len(arguments):
             raise CudaError(f"the artifact takes {len(arguments)} inputs, got {len(inputs)}")
         for spec, value in zip(arguments, inputs, strict=True):
+            if spec["shape"] is None:
+                self.scalars[spec["name"]] = np.asarray(value).item()
+                continue
             by_name[spec["name"]] = np.ascontiguousarray(value, dtype=NUMPY_DTYPES[spec["dtype"]])
         for step in self.manifest["plan"]:
             op = step["op"]
@@ -176,6 +180,8 @@ class CudaProgram:
                 base = ctypes.c_uint64(self.buffers[arg["buffer"]])
                 holders += [base, ctypes.c_uint64(base.value), ctypes.c_int64(arg["offset"])]
                 holders += [ctypes.c_int64(n) for n in (*arg["sizes"], *arg["strides"])]
+            elif "argument" in arg:  # a scalar input of the entry
+                holders.append(SCALAR_CTYPES[arg["dtype"]](self.scalars[arg["argument"]]))
             else:
                 holders.append(SCALAR_CTYPES[arg["dtype"]](arg["scalar"]))
         pointers = np.array([ctypes.addressof(h) for h in holders], dtype=np.uint64)

@@ -84,6 +84,43 @@ def map_to_gpu(module: Any, params: GpuParams) -> int:
     return len(steps)
 
 
+#: Op indices of the host ops tiled at buffer level start here (after the payload's ops).
+LEFTOVER_BASE = 1 << 20
+
+
+def schedule_leftovers(module: Any, params: GpuParams) -> GpuParams:
+    """Tile what bufferization left on the host (pads' fills, copies into padded buffers)
+    to block and thread foralls too, as the cost model maps any op; returns the params
+    extended with their plans (for the launch's block dims)."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import payload_functions, select_entry
+    from stagegraph.mlir.walk import top_level_ops
+    from stagegraph.stages.analysis import is_linalg_op, op_facts
+    from stagegraph.stages.common.rewrites import copies_to_linalg
+    from stagegraph.stages.common.transform import apply_schedule_module
+    from stagegraph.stages.gpu.params import plan_op
+    from stagegraph.stages.gpu.schedule import kernel_script, wrap_script
+
+    copies_to_linalg(module)
+    entry = select_entry(payload_functions(module))
+    leftovers = [op for op in top_level_ops(entry) if is_linalg_op(op)]
+    plans = []
+    i64 = ir.IntegerType.get_signless(64)
+    for n, op in enumerate(leftovers):
+        index = LEFTOVER_BASE + n
+        op.attributes[OP_ATTR] = ir.IntegerAttr.get(i64, index)
+        plan = plan_op(op_facts(op, index, "the host function"), params.threads_per_block)
+        if plan.mapped:
+            plans.append(plan)
+    if not plans:
+        return params
+    from stagegraph.mlir.diagnostics import parse_module
+
+    text = wrap_script("".join(kernel_script(plan) for plan in plans))
+    apply_schedule_module(module, parse_module(text, module.context, source="<gpu leftovers>"))
+    return params.model_copy(update={"kernels": (*params.kernels, *plans)})
+
+
 class GpuLowerConfig(Config):
     """``kernel_pipeline``: the passes run inside each ``gpu.module``."""
 
@@ -96,6 +133,7 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     from stagegraph.stages.common.passes import run_pipeline
 
     with module.ir.context:
+        params = schedule_leftovers(module.ir, params)
         map_to_gpu(module.ir, params)
     run_pipeline(module, OUTLINE)
     run_pipeline(module, config.kernel_pipeline)

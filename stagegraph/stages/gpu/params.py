@@ -8,7 +8,8 @@ sequential inside each thread. Tiles divide their loop exactly (the largest divi
 fits), so every block and thread forall has a static trip count the GPU mapping needs.
 An op without parallel loops (a full reduction) runs in one thread of one block.
 
-Fills that initialise another op's output are fused into that op's kernel (``fused_into``).
+Elementwise producers were fused into their consumers before (``gpu.normalize``); a fill
+that initialises a reduction's output is its own kernel, launched before the reduction's.
 """
 
 from __future__ import annotations
@@ -24,14 +25,13 @@ from stagegraph.stages.gpu.target import GpuTarget
 
 class KernelPlan(Params):
     """One op's mapping. ``block_tile``/``thread_tile`` have one entry per loop of the op
-    (0: not tiled at that level); ``fused_into``: the op whose kernel computes this one."""
+    (0: not tiled at that level)."""
 
     op: int
     name: str
     block_tile: tuple[int, ...] = ()
     thread_tile: tuple[int, ...] = ()
     threads: tuple[int, ...] = ()  # block dims (x, y) the thread tiles span
-    fused_into: int | None = None
 
     @property
     def mapped(self) -> bool:
@@ -89,32 +89,12 @@ def plan_op(op: OpFacts, threads_per_block: int) -> KernelPlan:
     )
 
 
-def fill_consumers(facts: PayloadFacts) -> dict[int, int]:
-    """Fills fused into the op that takes them as output (fill index -> consumer index):
-    the next op whose ``producers`` names a fill as its init is the fill's consumer."""
-    fused: dict[int, int] = {}
-    fills = [op.index for op in facts.ops if op.name == "linalg.fill"]
-    for op in facts.ops:
-        inits = op.producers[len(op.inputs) :]
-        if "linalg.fill" in inits and op.name != "linalg.fill":
-            earlier = [f for f in fills if f < op.index and f not in fused]
-            if earlier:
-                fused[earlier[-1]] = op.index
-    return fused
-
-
 @stage("params", name="gpu.heuristic")
 def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfig) -> GpuParams:
     """Blocks and threads per op from the target's block limit and the ops' loop ranges."""
     threads = min(GpuParams.model_fields["threads_per_block"].default,
                   target.max_threads_per_block)  # fmt: skip
     threads = int(config.overrides.get("threads_per_block", threads))
-    fused = fill_consumers(facts)
-    kernels = []
-    for op in facts.ops:
-        plan = plan_op(op, threads)
-        if op.index in fused:
-            plan = plan.model_copy(update={"fused_into": fused[op.index]})
-        kernels.append(plan)
+    kernels = [plan_op(op, threads) for op in facts.ops]
     params = GpuParams(threads_per_block=threads, kernels=tuple(kernels))
     return apply_overrides(params, config.overrides)

@@ -207,10 +207,13 @@ def host_plan(module: Any, entry: str) -> HostPlan:
     for position, (spec, value) in enumerate(zip(signature.args, arguments, strict=True)):
         kind = "results" if spec.output else "arguments"
         name = f"{'out' if spec.output else 'arg'}{position}"
-        shape = list(spec.shape or [])
+        shape = None if spec.shape is None else list(spec.shape)
         getattr(plan, kind).append(
             {"name": name, "position": position, "dtype": spec.dtype, "shape": shape}
         )
+        if spec.shape is None:  # a scalar argument: passed to kernels by value
+            reader.values[value] = {"argument": name, "dtype": spec.dtype}
+            continue
         plan.steps.append({"op": "alloc", "buffer": name, "bytes": _nbytes(value.type)})
         if not spec.output:
             plan.steps.append({"op": "copy_h2d", "src": name, "dst": name})
@@ -221,7 +224,8 @@ def host_plan(module: Any, entry: str) -> HostPlan:
     for result in plan.results:
         plan.steps.append({"op": "copy_d2h", "src": result["name"], "dst": result["name"]})
     for value in (*plan.arguments, *plan.results):
-        plan.steps.append({"op": "free", "buffer": value["name"]})
+        if value["shape"] is not None:
+            plan.steps.append({"op": "free", "buffer": value["name"]})
     for name in plan.constants:
         plan.steps.append({"op": "free", "buffer": name})
     return plan

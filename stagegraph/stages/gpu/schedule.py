@@ -4,8 +4,7 @@ blocks and, inside it, a ``forall`` over threads, following the cost model's pla
 Ops are addressed by an attribute (:data:`OP_ATTR`, the op's index in the analysis's program
 order), set on the payload before the script runs. Block foralls carry ``#gpu.block``
 linear mappings (any number of grid dims, folded onto the 3-D grid when mapped), thread
-foralls ``#gpu.thread<x|y>``. A fill that initialises an op's output is fused into both
-levels, so it runs in the consumer's kernel. After bufferization the GPU lowering maps the
+foralls ``#gpu.thread<x|y>``. After bufferization the GPU lowering maps the
 foralls to ``gpu.launch`` (:mod:`stagegraph.stages.gpu.lower`).
 """
 
@@ -21,7 +20,6 @@ from stagegraph.stages.gpu.params import GpuParams, KernelPlan
 OP_ATTR = "stagegraph.gpu_op"
 _ANY = "!transform.any_op"
 _TILED = f"({_ANY}) -> ({_ANY}, {_ANY})"
-_FUSED = f"({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})"
 _THREAD_DIMS = ("x", "y", "z")
 
 
@@ -66,27 +64,14 @@ def _tile(target: str, tiles: tuple[int, ...], mapping: list[str], out: str) -> 
     )
 
 
-def _fuse(fills: list[int], into: str, tag: str) -> str:
-    text = ""
-    for j in fills:
-        text += _match(f"%fill{tag}_{j}", j)
-        text += (
-            f"    %fused{tag}_{j}, %into{tag}_{j} = transform.structured.fuse_into_containing_op "
-            f"%fill{tag}_{j} into {into} : {_FUSED}\n"
-        )
-    return text
-
-
-def kernel_script(plan: KernelPlan, fills: list[int]) -> str:
-    """The transform ops that tile one op to blocks then threads, fusing ``fills``."""
+def kernel_script(plan: KernelPlan) -> str:
+    """The transform ops that tile one op to blocks, then each block's piece to threads."""
     i = plan.op
     text = _match(f"%op{i}", i)
     text += _tile(f"%op{i}", plan.block_tile, block_mapping(plan.block_tile), f"%blocks{i}")
-    text += _fuse(fills, f"%blocks{i}", "b")
     text += _tile(
         f"%blocks{i}_op", plan.thread_tile, thread_mapping(plan.thread_tile), f"%threads{i}"
     )
-    text += _fuse(fills, f"%threads{i}", "t")
     return text
 
 
@@ -94,10 +79,13 @@ def schedule_text(params: GpuParams) -> str:
     """The whole transform module for ``params``: one kernel script per mapped op."""
     body = ""
     for plan in params.kernels:
-        if plan.fused_into is not None or not plan.mapped:
-            continue
-        fills = [k.op for k in params.kernels if k.fused_into == plan.op]
-        body += kernel_script(plan, fills)
+        if plan.mapped:
+            body += kernel_script(plan)
+    return wrap_script(body)
+
+
+def wrap_script(body: str) -> str:
+    """A transform module whose ``@__transform_main`` on the payload root runs ``body``."""
     return (
         "module attributes {transform.with_named_sequence} {\n"
         f"  transform.named_sequence @__transform_main(%root: {_ANY} {{transform.readonly}}) {{\n"
