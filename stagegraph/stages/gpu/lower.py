@@ -25,7 +25,8 @@ KERNEL_TO_NVVM = (
     "convert-scf-to-cf,convert-gpu-to-nvvm{index-bitwidth=64},canonicalize,cse,"
     "reconcile-unrealized-casts)"
 )
-OUTLINE = "func.func(convert-linalg-to-loops),canonicalize,cse,gpu-kernel-outlining,canonicalize,cse"
+LOOPS = "func.func(convert-linalg-to-loops),canonicalize,cse"
+OUTLINE = "func.func(scf-forall-to-for),gpu-kernel-outlining,canonicalize,cse"
 
 
 def block_foralls(entry: Any) -> list[Any]:
@@ -130,11 +131,16 @@ class GpuLowerConfig(Config):
 @stage("passes", name="gpu.lower")
 def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -> AnyModule:
     """Foralls to launches, linalg to loops, kernels outlined and lowered to NVVM."""
+    from stagegraph.mlir.functions import payload_functions, select_entry
     from stagegraph.stages.common.passes import run_pipeline
+    from stagegraph.stages.gpu.host_kernels import wrap_host_work
 
     with module.ir.context:
         params = schedule_leftovers(module.ir, params)
         map_to_gpu(module.ir, params)
+    run_pipeline(module, LOOPS)
+    with module.ir.context:
+        wrap_host_work(select_entry(payload_functions(module.ir)))
     run_pipeline(module, OUTLINE)
     run_pipeline(module, config.kernel_pipeline)
     return module

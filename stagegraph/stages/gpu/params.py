@@ -6,7 +6,8 @@ touch neighbouring elements) go to the threads of a block, up to ``threads_per_b
 every other parallel loop goes to the grid, one block per index. Reduction loops stay
 sequential inside each thread. Tiles divide their loop exactly (the largest divisor that
 fits), so every block and thread forall has a static trip count the GPU mapping needs.
-An op without parallel loops (a full reduction) runs in one thread of one block.
+An op without parallel loops (a full reduction) is left unmapped: the GPU lowering runs it
+in a kernel of one thread (:mod:`stagegraph.stages.gpu.host_kernels`).
 
 Elementwise producers were fused into their consumers before (``gpu.normalize``); a fill
 that initialises a reduction's output is its own kernel, launched before the reduction's.
@@ -77,9 +78,6 @@ def plan_op(op: OpFacts, threads_per_block: int) -> KernelPlan:
         thread[dim] = 1
     for dim in parallel[: len(parallel) - len(spans)]:
         block[dim] = 1
-    if not parallel and ranges:  # one thread of one block: its first loop in one piece
-        block[0] = thread[0] = ranges[0]
-        spans = [1]
     return KernelPlan(
         op=op.index,
         name=op.name,

@@ -69,6 +69,8 @@ def _scalar(op: Any) -> dict[str, Any]:
     from stagegraph.mlir.bindings import ir
 
     attr = op.attributes["value"]
+    if isinstance(attr, ir.BoolAttr):
+        return {"scalar": int(attr.value), "dtype": "i1"}
     if isinstance(attr, ir.FloatAttr):
         return {"scalar": float(attr.value), "dtype": element_name(attr.type)}
     if isinstance(attr, ir.IntegerAttr):
