@@ -2,7 +2,7 @@
 
 On the CPU machine (compiles; needs the MLIR bindings):
 
-    python benchmarks/gpu_check.py --build build/gpu [--target sm_90a] [--root ../shared/kernelbench]
+    python benchmarks/gpu_check.py --build build/gpu [--target sm_90a] [--root DIR]
 
 On the GPU machine (needs numpy, cuda-bindings and, for the baseline, torch; no pydantic,
 no MLIR):
@@ -91,7 +91,11 @@ def torch_eager_ms(folder: Path, inputs: list[np.ndarray], repeats: int) -> floa
     problem = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(problem)
     init_file = folder / "init.json"
-    init = [ast.literal_eval(x) for x in json.loads(init_file.read_text())] if init_file.exists() else []
+    init = (
+        [ast.literal_eval(x) for x in json.loads(init_file.read_text())]
+        if init_file.exists()
+        else []
+    )
     model = problem.Model(*init).cuda().eval()
     args = [torch.from_numpy(np.ascontiguousarray(x)).cuda() for x in inputs]
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -123,8 +127,9 @@ def run(directory: Path, budget_s: float, repeats: int) -> int:
         try:
             row = check_one(folder, repeats)
         except Exception as error:
+            failure = f"{type(error).__name__}: {error}"[:160]
             row = {"payload": folder.name, "ok": False, "error": float("inf"), "ms": None,
-                   "torch_ms": None, "failure": f"{type(error).__name__}: {error}"[:160]}  # fmt: skip
+                   "torch_ms": None, "failure": failure}  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
     table(rows)

@@ -130,7 +130,8 @@ def report(rows: list[dict]) -> None:
     for target in sorted({r["target"] for r in rows}):
         mine = [r for r in rows if r["target"] == target]
         ok = sum(r["ok"] for r in mine)
-        print(f"{target}: {ok}/{len(mine)} compiled and assembled ({100 * ok / max(1, len(mine)):.0f}%)")
+        share = 100 * ok / max(1, len(mine))
+        print(f"{target}: {ok}/{len(mine)} compiled and assembled ({share:.0f}%)")
     for r in rows:
         if not r["ok"]:
             print(f"  {r['target']} {r['payload']}: [{r['stage']}] {r['reason'][:200]}")

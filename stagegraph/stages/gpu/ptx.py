@@ -53,7 +53,7 @@ def libdevice_path() -> Path | None:
 
 
 @cache
-def _llvm():  # noqa: ANN202 - llvmlite.binding, imported lazily (an optional extra)
+def _llvm():
     try:
         import llvmlite.binding as llvm
     except ImportError as error:
@@ -96,7 +96,7 @@ def llvm_ir_to_ptx(llvm_ir: str, arch: str, kernels: list[str]) -> str:
         raise PtxError(f"LLVM could not build PTX for {arch}: {error}") from None
 
 
-def _libdevice(llvm, machine):  # noqa: ANN001, ANN202 - llvmlite objects
+def _libdevice(llvm, machine):
     path = libdevice_path()
     if path is None:
         raise PtxError(

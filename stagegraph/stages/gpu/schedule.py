@@ -98,7 +98,9 @@ class GpuScheduleConfig(Config):
 
 
 @stage("schedule", name="gpu.schedule")
-def gpu_schedule(module: TensorModule, params: GpuParams, config: GpuScheduleConfig) -> TensorModule:
+def gpu_schedule(
+    module: TensorModule, params: GpuParams, config: GpuScheduleConfig
+) -> TensorModule:
     """Tile every op to a block forall and a thread forall, as the params say."""
     from stagegraph.stages.common.transform import apply_transform_module
 
