@@ -95,9 +95,11 @@ def lowered(target: str = "sm_90a"):
 def test_params_map_inner_loops_to_threads_and_the_rest_to_blocks():
     params = sg.run("gpu", str(PAYLOAD), until="select").value("select")
     relu, fill, total = params.kernels
-    assert relu.threads == (256,) and relu.block_tile == (1, 256)
-    assert relu.thread_tile == (0, 1)
-    assert fill.threads == (64,) and total.threads == (64,)
+    # 4 floats per thread along the rows (16-byte vectors), 2 rows per block of 256 threads.
+    assert (relu.vector, relu.threads) == (4, (128, 2))
+    assert relu.block_tile == (2, 512) and relu.thread_tile == (1, 4)
+    assert (fill.vector, fill.threads) == (4, (16,))
+    assert (total.vector, total.threads) == (1, (64,))
     assert total.block_tile == (64, 0)  # the reduction loop stays in the thread
 
 
@@ -111,7 +113,7 @@ def test_lowering_outlines_one_kernel_per_op_with_block_and_thread_sizes():
     kernels = collect(module, lambda op: op.name == "llvm.func" and "nvvm.kernel" in op.attributes)
     assert len(kernels) == 3
     sizes = sorted(list(ir.DenseI32ArrayAttr(k.attributes["nvvm.maxntid"])) for k in kernels)
-    assert sizes == [[64, 1, 1], [64, 1, 1], [256, 1, 1]]
+    assert sizes == [[16, 1, 1], [64, 1, 1], [128, 2, 1]]
     assert not collect(module, lambda op: op.name.startswith("linalg."))
 
 
@@ -133,8 +135,8 @@ def test_manifest_plans_allocations_copies_and_launches(artifact):
     assert ops[:2] == ["alloc", "copy_h2d"] and ops.count("launch") == 3
     assert ops.index("copy_d2h") > max(i for i, op in enumerate(ops) if op == "launch")
     grids = sorted((k["launch"]["grid"], k["launch"]["block"]) for k in manifest["kernels"])
-    assert sorted(g[1] for g in grids) == [[64, 1, 1], [64, 1, 1], [256, 1, 1]]
-    assert sorted(int(np.prod(g[0])) for g in grids) == [1, 1, 128]  # 64 rows x 2 halves
+    assert sorted(g[1] for g in grids) == [[16, 1, 1], [64, 1, 1], [128, 2, 1]]
+    assert sorted(int(np.prod(g[0])) for g in grids) == [1, 1, 32]  # 64 rows, 2 per block
     launch = next(s for s in manifest["plan"] if s["op"] == "launch")
     buffer = next(a for a in launch["args"] if "buffer" in a)
     assert buffer["sizes"] and buffer["strides"][-1] == 1
@@ -148,6 +150,9 @@ def test_ptx_has_one_entry_per_kernel_and_libdevice_linked(artifact):
         assert ".target sm_80" in text and text.count(".entry") == 1
         assert "__nv_expf" not in text  # linked from libdevice and inlined
     assert any("ex2.approx" in t for t in texts)  # exp reached the special-function unit
+    # The pointwise kernels move 16 bytes per thread and access; the reduction does not.
+    assert sum("ld.global.v4" in t for t in texts) == 1
+    assert sum("st.global.v4" in t for t in texts) == 2
 
 
 def test_ptxas_assembles_every_kernel_without_spills(artifact):
@@ -159,6 +164,15 @@ def test_ptxas_assembles_every_kernel_without_spills(artifact):
         (report,) = assemble(ptx.read_text(), "sm_80")
         assert report.spill_stores == 0 and report.spill_loads == 0
         assert 0 < report.registers <= 255
+
+
+def test_special_floats_become_hex_for_llvmlite():
+    from stagegraph.stages.gpu.ptx import portable_llvm_ir
+
+    text = "store <4 x float> splat (float -inf), ptr %9\n%x = fadd half inf, %y"
+    assert portable_llvm_ir(text) == (
+        "store <4 x float> splat (float 0xFFF0000000000000), ptr %9\n%x = fadd half 0xH7C00, %y"
+    )
 
 
 def test_ptxas_report_parsing():

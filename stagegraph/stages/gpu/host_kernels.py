@@ -17,8 +17,12 @@ HOST_OPS = frozenset({
     "arith.constant", "memref.alloc", "memref.alloca", "memref.dealloc", "memref.get_global",
     "memref.subview", "memref.collapse_shape", "memref.expand_shape", "memref.cast",
     "memref.reinterpret_cast", "memref.copy", "gpu.launch", "gpu.launch_func", "func.return",
-    "memref.assume_alignment",
+    "memref.assume_alignment", "ub.poison",
 })  # fmt: skip
+
+
+#: Constants the kernels' outlining copies into each kernel (they never end a run).
+CONSTANTS = frozenset({"arith.constant", "ub.poison"})
 
 
 def host_runs(entry: Any) -> list[list[Any]]:
@@ -28,7 +32,7 @@ def host_runs(entry: Any) -> list[list[Any]]:
     runs: list[list[Any]] = []
     current: list[Any] = []
     for op in top_level_ops(entry):
-        if op.name == "arith.constant":
+        if op.name in CONSTANTS:
             continue
         if op.name in HOST_OPS:
             if current:
@@ -80,3 +84,30 @@ def wrap_host_work(entry: Any) -> int:
             op.move_before(terminator)
         wrapped += 1
     return wrapped
+
+
+def sink_constants(entry: Any) -> int:
+    """Copy the host constants every ``gpu.launch`` uses into its body; returns how many.
+
+    Canonicalization hoists a kernel's constants (vector splats, transfer padding poison)
+    to the function's entry, and outlining would pass those it does not sink as kernel
+    arguments, which the host plan cannot (it passes buffers and scalars)."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect, nested_in, top_level_ops
+
+    sunk = 0
+    for launch in (op for op in top_level_ops(entry) if op.name == "gpu.launch"):
+        body = launch.regions[0].blocks[0]
+        copies: dict[Any, Any] = {}
+        for op in collect(launch, lambda o: o.name != "gpu.launch"):
+            for i, value in enumerate(op.operands):
+                owner = value.owner
+                if isinstance(owner, ir.Block) or owner.name not in CONSTANTS:
+                    continue
+                if nested_in(owner.operation, {launch.operation}):
+                    continue
+                if owner not in copies:
+                    copies[owner] = owner.operation.clone(ir.InsertionPoint.at_block_begin(body))
+                    sunk += 1
+                op.operands[i] = copies[owner].results[0]
+    return sunk

@@ -21,11 +21,13 @@ LAUNCH_ATTR = "stagegraph.gpu_launch"
 #: Inside each ``gpu.module``: everything to the LLVM and NVVM dialects (math functions
 #: without an NVVM intrinsic call libdevice's ``__nv_*``, linked when PTX is emitted).
 KERNEL_TO_NVVM = (
-    "gpu.module(math-expand-ops{ops=fpowi},expand-strided-metadata,lower-affine,"
-    "convert-scf-to-cf,convert-gpu-to-nvvm{index-bitwidth=64},canonicalize,cse,"
-    "reconcile-unrealized-casts)"
+    "gpu.module(math-expand-ops{ops=fpowi},"
+    "convert-vector-to-scf{full-unroll=true target-rank=1},canonicalize,"
+    "expand-strided-metadata,lower-affine,convert-scf-to-cf,"
+    "convert-vector-to-llvm{use-vector-alignment=true},"
+    "convert-gpu-to-nvvm{index-bitwidth=64},canonicalize,cse,reconcile-unrealized-casts)"
 )
-LOOPS = "func.func(convert-linalg-to-loops),canonicalize,cse"
+LOOPS = "func.func(convert-linalg-to-loops)"
 OUTLINE = "func.func(scf-forall-to-for),gpu-kernel-outlining,canonicalize,cse"
 
 
@@ -41,8 +43,9 @@ def block_dims(forall: Any, params: GpuParams) -> list[int]:
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect
 
-    tagged = collect(forall, lambda op: OP_ATTR in op.attributes)
-    indices = {ir.IntegerAttr(op.attributes[OP_ATTR]).value for op in tagged}
+    tagged = [forall, *collect(forall, lambda op: OP_ATTR in op.attributes)]
+    indices = {ir.IntegerAttr(op.attributes[OP_ATTR]).value for op in tagged
+               if OP_ATTR in op.attributes}  # fmt: skip
     spans = [1, 1, 1]
     for plan in params.kernels:
         if plan.op in indices:
@@ -133,14 +136,16 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     """Foralls to launches, linalg to loops, kernels outlined and lowered to NVVM."""
     from stagegraph.mlir.functions import payload_functions, select_entry
     from stagegraph.stages.common.passes import run_pipeline
-    from stagegraph.stages.gpu.host_kernels import wrap_host_work
+    from stagegraph.stages.gpu.host_kernels import sink_constants, wrap_host_work
 
     with module.ir.context:
         params = schedule_leftovers(module.ir, params)
         map_to_gpu(module.ir, params)
     run_pipeline(module, LOOPS)
     with module.ir.context:
-        wrap_host_work(select_entry(payload_functions(module.ir)))
+        entry = select_entry(payload_functions(module.ir))
+        wrap_host_work(entry)
+        sink_constants(entry)
     run_pipeline(module, OUTLINE)
     run_pipeline(module, config.kernel_pipeline)
     return module

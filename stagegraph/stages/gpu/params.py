@@ -33,6 +33,7 @@ class KernelPlan(Params):
     block_tile: tuple[int, ...] = ()
     thread_tile: tuple[int, ...] = ()
     threads: tuple[int, ...] = ()  # block dims (x, y) the thread tiles span
+    vector: int = 1  # elements per thread along thread x, loaded as one vector
 
     @property
     def mapped(self) -> bool:
@@ -56,9 +57,29 @@ def largest_divisor(n: int, limit: int) -> int:
     return 1
 
 
-def plan_op(op: OpFacts, threads_per_block: int) -> KernelPlan:
-    """Map one op: thread x on its innermost parallel loop, thread y on the next one while
-    the block has room, blocks on the rest."""
+#: Bytes one thread loads at once: a 16-byte vector (``ld.global.v4.f32``).
+VECTOR_BYTES = 16
+
+
+def vector_width(op: OpFacts) -> int:
+    """Elements per thread for a pointwise op whose every operand's rows split into whole
+    16-byte vectors (4-byte elements, innermost dims a multiple of 4), else 1."""
+    from stagegraph.dtypes import byte_size
+
+    values = (*op.inputs, *op.outputs)
+    sizes = {byte_size(v.dtype, default=0) for v in values if v.shape}
+    if "reduction" in op.iterator_types or not op.loop_ranges or sizes != {4}:
+        return 1
+    lanes = VECTOR_BYTES // 4
+    if op.loop_ranges[-1] % lanes or any(v.shape[-1] % lanes for v in values if v.shape):
+        return 1
+    return lanes
+
+
+def plan_op(op: OpFacts, threads_per_block: int, vector: int = 1) -> KernelPlan:
+    """Map one op: thread x on its innermost parallel loop (``vector`` elements each, when
+    that loop is the innermost one), thread y on the next one while the block has room,
+    blocks on the rest."""
     ranges = op.loop_ranges
     parallel = [
         i for i, (kind, n) in enumerate(zip(op.iterator_types, ranges, strict=False))
@@ -68,14 +89,17 @@ def plan_op(op: OpFacts, threads_per_block: int) -> KernelPlan:
     thread = [0] * len(ranges)
     spans: list[int] = []
     budget = threads_per_block
+    if not parallel or parallel[-1] != len(ranges) - 1:
+        vector = 1
     for dim in reversed(parallel[-2:]):
-        count = largest_divisor(ranges[dim], budget)
+        width = vector if not spans else 1
+        count = largest_divisor(ranges[dim] // width, budget)
         if count == 1 and spans:
             break
         spans.append(count)
         budget //= count
-        block[dim] = count  # a whole loop in one block still makes a (unit) block dim
-        thread[dim] = 1
+        block[dim] = count * width  # a whole loop in one block still makes a (unit) block dim
+        thread[dim] = width
     for dim in parallel[: len(parallel) - len(spans)]:
         block[dim] = 1
     return KernelPlan(
@@ -84,6 +108,7 @@ def plan_op(op: OpFacts, threads_per_block: int) -> KernelPlan:
         block_tile=tuple(block),
         thread_tile=tuple(thread),
         threads=tuple(spans),
+        vector=vector if parallel else 1,
     )
 
 
@@ -93,6 +118,6 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     threads = min(GpuParams.model_fields["threads_per_block"].default,
                   target.max_threads_per_block)  # fmt: skip
     threads = int(config.overrides.get("threads_per_block", threads))
-    kernels = [plan_op(op, threads) for op in facts.ops]
+    kernels = [plan_op(op, threads, vector_width(op)) for op in facts.ops]
     params = GpuParams(threads_per_block=threads, kernels=tuple(kernels))
     return apply_overrides(params, config.overrides)

@@ -22,7 +22,7 @@ VIEW_OPS = frozenset({
     "memref.subview", "memref.collapse_shape", "memref.expand_shape", "memref.cast",
     "memref.reinterpret_cast",
 })  # fmt: skip
-IGNORED_OPS = frozenset({"memref.assume_alignment"})
+IGNORED_OPS = frozenset({"memref.assume_alignment", "ub.poison"})
 
 
 @dataclass

@@ -65,6 +65,24 @@ def _llvm():
     return llvm
 
 
+#: Special float literals as MLIR's (newer) LLVM prints them -> the hex forms every LLVM
+#: reads (llvmlite's parser rejects ``float -inf``).
+_SPECIAL_FLOATS = {
+    ("float", "inf"): "0x7FF0000000000000", ("float", "-inf"): "0xFFF0000000000000",
+    ("double", "inf"): "0x7FF0000000000000", ("double", "-inf"): "0xFFF0000000000000",
+    ("float", "nan"): "0x7FF8000000000000", ("double", "nan"): "0x7FF8000000000000",
+    ("half", "inf"): "0xH7C00", ("half", "-inf"): "0xHFC00", ("half", "nan"): "0xH7E00",
+    ("bfloat", "inf"): "0xR7F80", ("bfloat", "-inf"): "0xRFF80", ("bfloat", "nan"): "0xR7FC0",
+}  # fmt: skip
+_SPECIAL = re.compile(r"\b(float|double|half|bfloat) (-?inf|nan)\b")
+
+
+def portable_llvm_ir(text: str) -> str:
+    """The LLVM IR text with special float literals in hex, so llvmlite's LLVM parses what
+    the bindings' LLVM printed (a syntax difference between versions, nothing else)."""
+    return _SPECIAL.sub(lambda m: f"{m[1]} {_SPECIAL_FLOATS[(m[1], m[2])]}", text)
+
+
 def llvm_ir_to_ptx(llvm_ir: str, arch: str, kernels: list[str]) -> str:
     """PTX for the LLVM IR of one kernel module, built for ``arch`` (``sm_90a``).
 
@@ -76,7 +94,7 @@ def llvm_ir_to_ptx(llvm_ir: str, arch: str, kernels: list[str]) -> str:
     """
     llvm = _llvm()
     try:
-        module = llvm.parse_assembly(llvm_ir)
+        module = llvm.parse_assembly(portable_llvm_ir(llvm_ir))
         module.triple = TRIPLE
         machine = llvm.Target.from_triple(TRIPLE).create_target_machine(
             cpu=arch, features=PTX_FEATURES, opt=3

@@ -69,9 +69,17 @@ def kernel_script(plan: KernelPlan) -> str:
     i = plan.op
     text = _match(f"%op{i}", i)
     text += _tile(f"%op{i}", plan.block_tile, block_mapping(plan.block_tile), f"%blocks{i}")
+    # The block forall carries its op's index too (vectorizing replaces the op itself).
+    text += f"    %index{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
+    text += (
+        f'    transform.annotate %blocks{i} "{OP_ATTR}" = %index{i} '
+        f": {_ANY}, !transform.param<i64>\n"
+    )
     text += _tile(
         f"%blocks{i}_op", plan.thread_tile, thread_mapping(plan.thread_tile), f"%threads{i}"
     )
+    if plan.vector > 1:  # each thread's 1x..xV piece becomes vector transfers
+        text += f"    transform.structured.vectorize %threads{i}_op : {_ANY}\n"
     return text
 
 
