@@ -166,13 +166,23 @@ def test_ptxas_assembles_every_kernel_without_spills(artifact):
         assert 0 < report.registers <= 255
 
 
-def test_special_floats_become_hex_for_llvmlite():
+def test_float_literals_become_hex_for_llvmlite():
     from stagegraph.stages.gpu.ptx import portable_llvm_ir
 
-    text = "store <4 x float> splat (float -inf), ptr %9\n%x = fadd half inf, %y"
-    assert portable_llvm_ir(text) == (
-        "store <4 x float> splat (float 0xFFF0000000000000), ptr %9\n%x = fadd half 0xH7C00, %y"
+    text = (
+        "store <4 x float> splat (float -inf), ptr %9\n"
+        "%37 = fmul <4 x float> %36, splat (float 3.140000e+00)\n"
+        "%68 = fadd float %67, f0x3727C5AC\n"
+        "%x = fadd half inf, %y\n"
+        "%z = fmul double %w, 5.000000e-01\n"
     )
+    assert portable_llvm_ir(text).splitlines() == [
+        "store <4 x float> splat (float 0xFFF0000000000000), ptr %9",
+        "%37 = fmul <4 x float> %36, splat (float 0x40091EB860000000)",
+        "%68 = fadd float %67, 0x3EE4F8B580000000",
+        "%x = fadd half 0xH7C00, %y",
+        "%z = fmul double %w, 0x3FE0000000000000",
+    ]
 
 
 def test_ptxas_report_parsing():

@@ -65,22 +65,63 @@ def _llvm():
     return llvm
 
 
-#: Special float literals as MLIR's (newer) LLVM prints them -> the hex forms every LLVM
-#: reads (llvmlite's parser rejects ``float -inf``).
-_SPECIAL_FLOATS = {
-    ("float", "inf"): "0x7FF0000000000000", ("float", "-inf"): "0xFFF0000000000000",
-    ("double", "inf"): "0x7FF0000000000000", ("double", "-inf"): "0xFFF0000000000000",
-    ("float", "nan"): "0x7FF8000000000000", ("double", "nan"): "0x7FF8000000000000",
-    ("half", "inf"): "0xH7C00", ("half", "-inf"): "0xHFC00", ("half", "nan"): "0xH7E00",
-    ("bfloat", "inf"): "0xR7F80", ("bfloat", "-inf"): "0xRFF80", ("bfloat", "nan"): "0xR7FC0",
-}  # fmt: skip
-_SPECIAL = re.compile(r"\b(float|double|half|bfloat) (-?inf|nan)\b")
+_FP_TYPE = re.compile(r"\b(float|double|half|bfloat)\b")
+_FP_LITERAL = re.compile(
+    r"(?<![\w%@.$-])(f0x[0-9A-Fa-f]+|[-+]?(?:inf|nan)\b|[-+]?\d+\.\d+(?:e[-+]?\d+)?)"
+)
+
+
+def _bits_hex(kind: str, value: float) -> str:
+    """The literal every LLVM reads for ``value`` of FP type ``kind``: doubles and floats as
+    the 64-bit pattern of the (float-rounded) value, halves ``0xH``, bfloats ``0xR``."""
+    import numpy as np
+
+    if kind == "half":
+        return f"0xH{int(np.float16(value).view(np.uint16)):04X}"
+    if kind == "bfloat":
+        bits = int(np.float32(value).view(np.uint32))
+        bits += 0x7FFF + ((bits >> 16) & 1)  # round to nearest even
+        return f"0xR{(bits >> 16) & 0xFFFF:04X}"
+    if kind == "float":
+        value = float(np.float32(value))
+    return f"0x{int(np.float64(value).view(np.uint64)):016X}"
+
+
+def _literal(kind: str, token: str) -> str:
+    import numpy as np
+
+    if token.startswith("f0x"):  # the exact bits of the type (LLVM 23 syntax)
+        digits = token[3:]
+        if kind in ("half", "bfloat"):
+            return f"0x{'H' if kind == 'half' else 'R'}{digits.upper()}"
+        if len(digits) == 8:
+            return _bits_hex("double", float(np.uint32(int(digits, 16)).view(np.float32)))
+        return f"0x{digits.upper()}"
+    return _bits_hex(kind, float(token))
 
 
 def portable_llvm_ir(text: str) -> str:
-    """The LLVM IR text with special float literals in hex, so llvmlite's LLVM parses what
-    the bindings' LLVM printed (a syntax difference between versions, nothing else)."""
-    return _SPECIAL.sub(lambda m: f"{m[1]} {_SPECIAL_FLOATS[(m[1], m[2])]}", text)
+    """The LLVM IR text with every floating-point literal in the hex forms every LLVM reads.
+
+    The bindings' LLVM prints ``float 3.140000e+00`` (inexact in f32), ``f0x3C23D70A``
+    (exact bits, a newer syntax) and ``float -inf``, which llvmlite's older parser rejects.
+    A literal's type is the nearest FP type named before it on its line (LLVM writes the
+    type before the operands of an instruction or a ``splat``). A change of spelling only.
+    """
+    lines = []
+    for line in text.splitlines():
+        if line.lstrip().startswith((";", "!", "source_filename", "target ")):
+            lines.append(line)
+            continue
+        out, last = [], 0
+        for match in _FP_LITERAL.finditer(line):
+            types = _FP_TYPE.findall(line, 0, match.start())
+            if not types:
+                continue
+            out += [line[last : match.start()], _literal(types[-1], match.group(1))]
+            last = match.end()
+        lines.append("".join(out) + line[last:])
+    return "\n".join(lines) + "\n"
 
 
 def llvm_ir_to_ptx(llvm_ir: str, arch: str, kernels: list[str]) -> str:
