@@ -153,6 +153,18 @@ def test_manifest_plans_allocations_copies_and_launches(artifact):
     assert [r["shape"] for r in manifest["results"]] == [[64, 512], [64]]
 
 
+def test_a_launch_that_disagrees_with_its_kernel_is_an_error():
+    from stagegraph.errors import EmitError
+    from stagegraph.stages.gpu.emit import check_launches, marshalled_arity
+
+    view = {"buffer": "b", "offset": 0, "sizes": [2, 3], "strides": [3, 1], "dtype": "f32"}
+    assert marshalled_arity([view, {"scalar": 1.0, "dtype": "f32"}]) == 8
+    step = {"op": "launch", "kernel": "m__k", "args": [view]}
+    check_launches([step], {"m__k": 7})
+    with pytest.raises(EmitError, match="takes 8 parameters, but its launch in the host plan"):
+        check_launches([step], {"m__k": 8})
+
+
 @needs_llvmlite
 def test_ptx_has_one_entry_per_kernel_and_libdevice_linked(artifact):
     texts = [p.read_text() for p in sorted(artifact.glob("*.ptx"))]

@@ -79,6 +79,41 @@ def kernel_llvm_ir(gpu_module: Any) -> tuple[str, list[str]]:
     return dialect("llvm").translate_module_to_llvmir(holder.operation), names
 
 
+def kernel_arities(gpu_module: Any) -> dict[str, int]:
+    """The number of parameters of each kernel (``llvm.func`` with ``gpu.kernel``)."""
+    from stagegraph.mlir.bindings import ir
+
+    found = {}
+    for op in gpu_module.regions[0].blocks[0].operations:
+        if "gpu.kernel" in op.operation.attributes:
+            name = ir.StringAttr(op.operation.attributes["sym_name"]).value
+            found[name] = len(op.operation.regions[0].blocks[0].arguments)
+    return found
+
+
+def marshalled_arity(args: list[dict[str, Any]]) -> int:
+    """Parameters the runtime passes for a launch's arguments: a buffer view as allocated
+    and aligned pointers, offset, sizes and strides; a scalar as itself."""
+    return sum(3 + 2 * len(a["sizes"]) if "buffer" in a else 1 for a in args)
+
+
+def check_launches(steps: list[dict[str, Any]], arities: dict[str, int]) -> None:
+    """Every launch passes as many parameters as its kernel takes.
+
+    Raises:
+        EmitError: the host plan and a kernel's signature disagree (a lowering bug).
+    """
+    from stagegraph.errors import EmitError
+
+    for step in (s for s in steps if s["op"] == "launch"):
+        want, given = arities[step["kernel"]], marshalled_arity(step["args"])
+        if want != given:
+            raise EmitError(
+                f"stage gpu.emit: kernel {step['kernel']} takes {want} parameters, but its "
+                f"launch in the host plan passes {given}"
+            )
+
+
 class GpuEmitConfig(Config):
     """``output``: a folder to write the artifact to (else it stays in memory)."""
 
@@ -88,16 +123,18 @@ class GpuEmitConfig(Config):
 @stage("emit", name="gpu.emit")
 def gpu_emit(module: AnyModule, target: GpuTarget, config: GpuEmitConfig) -> Binary:
     """PTX for every kernel (for the target's architecture) and the host plan."""
+    from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import function_name, payload_functions, select_entry
     from stagegraph.stages.gpu.plan import host_plan
     from stagegraph.stages.gpu.ptx import llvm_ir_to_ptx
 
     ptx: dict[str, str] = {}
     entries: dict[str, str] = {}
+    arities: dict[str, int] = {}
     for gpu_module in kernel_modules(module.ir):
-        from stagegraph.mlir.bindings import ir
-
         module_name = ir.StringAttr(gpu_module.attributes["sym_name"]).value
+        for kernel, arity in kernel_arities(gpu_module).items():
+            arities[f"{module_name}__{kernel}"] = arity
         llvm_ir, kernels = kernel_llvm_ir(gpu_module)
         text = llvm_ir_to_ptx(llvm_ir, target.arch, kernels)
         for kernel in kernels:
@@ -105,6 +142,7 @@ def gpu_emit(module: AnyModule, target: GpuTarget, config: GpuEmitConfig) -> Bin
         ptx[module_name] = text
     entry = function_name(select_entry(payload_functions(module.ir)))
     plan = host_plan(module.ir, entry)
+    check_launches(plan.steps, arities)
     kernels = [
         {"name": name, "ptx": f"{entries[name]}.ptx", "entry": name.split("__", 1)[1],
          "launch": plan.launches[name]}
