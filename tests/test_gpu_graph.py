@@ -153,6 +153,17 @@ def test_manifest_plans_allocations_copies_and_launches(artifact):
     assert [r["shape"] for r in manifest["results"]] == [[64, 512], [64]]
 
 
+def test_launches_beyond_cuda_limits_are_refused_at_compile_time():
+    from stagegraph.errors import UnsupportedPayloadError
+    from stagegraph.stages.gpu.plan import check_launch_limits
+
+    check_launch_limits("m::k", {"grid": [2**31 - 1, 65535, 1], "block": [1024, 1, 1]})
+    with pytest.raises(UnsupportedPayloadError, match=r"kernel m::k .*grid y = 70000 > 65535"):
+        check_launch_limits("m::k", {"grid": [1, 70000, 1], "block": [32, 1, 1]})
+    with pytest.raises(UnsupportedPayloadError, match="2048 threads per block > 1024"):
+        check_launch_limits("m::k", {"grid": [1, 1, 1], "block": [64, 32, 1]})
+
+
 def test_a_launch_that_disagrees_with_its_kernel_is_an_error():
     from stagegraph.errors import EmitError
     from stagegraph.stages.gpu.emit import check_launches, marshalled_arity

@@ -79,6 +79,34 @@ def _scalar(op: Any) -> dict[str, Any]:
     raise UnsupportedPayloadError(f"the GPU plan cannot pass the host constant {attr} to kernels")
 
 
+#: CUDA's limits on a launch (every architecture this graph targets).
+MAX_GRID = (2**31 - 1, 65535, 65535)
+MAX_BLOCK = (1024, 1024, 64)
+MAX_THREADS = 1024
+
+
+def check_launch_limits(kernel: str, config: dict[str, Any]) -> None:
+    """Refuse a launch CUDA would reject, at compile time and naming the kernel.
+
+    Raises:
+        UnsupportedPayloadError: a grid or block dim over CUDA's limits.
+    """
+    grid, block = config["grid"], config["block"]
+    over = [
+        f"{what} {axis} = {n} > {limit}"
+        for what, sizes, limits in (("grid", grid, MAX_GRID), ("block", block, MAX_BLOCK))
+        for axis, n, limit in zip("xyz", sizes, limits, strict=True)
+        if n > limit
+    ]
+    if math.prod(block) > MAX_THREADS:
+        over.append(f"{math.prod(block)} threads per block > {MAX_THREADS}")
+    if over:
+        raise UnsupportedPayloadError(
+            f"stage gpu.emit: kernel {kernel} would launch beyond CUDA's limits "
+            f"({', '.join(over)}); the mapping does not fold such grids yet"
+        )
+
+
 def _segments(op: Any) -> list[int]:
     from stagegraph.mlir.bindings import ir
 
@@ -123,6 +151,7 @@ class _Reader:
         module_name, function = ir.SymbolRefAttr(op.attributes["kernel"]).value
         kernel = f"{module_name}__{function}"
         config = {"grid": sizes[:3], "block": sizes[3:], "shared_mem_bytes": shared}
+        check_launch_limits(f"{module_name}::{function}", config)
         self.plan.launches.setdefault(kernel, config)
         self.plan.steps.append({"op": "launch", "kernel": kernel, "args": args, **config})
 
