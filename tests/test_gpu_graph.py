@@ -211,6 +211,7 @@ def test_float_literals_become_hex_for_llvmlite():
         "%68 = fadd float %67, f0x3727C5AC\n"
         "%x = fadd half inf, %y\n"
         "%z = fmul double %w, 5.000000e-01\n"
+        "%40 = select i1 %39, float +qnan, float %38\n"
     )
     assert portable_llvm_ir(text).splitlines() == [
         "store <4 x float> splat (float 0xFFF0000000000000), ptr %9",
@@ -218,6 +219,7 @@ def test_float_literals_become_hex_for_llvmlite():
         "%68 = fadd float %67, 0x3EE4F8B580000000",
         "%x = fadd half 0xH7C00, %y",
         "%z = fmul double %w, 0x3FE0000000000000",
+        "%40 = select i1 %39, float 0x7FF8000000000000, float %38",
     ]
 
 

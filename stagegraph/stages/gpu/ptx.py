@@ -67,7 +67,7 @@ def _llvm():
 
 _FP_TYPE = re.compile(r"\b(float|double|half|bfloat)\b")
 _FP_LITERAL = re.compile(
-    r"(?<![\w%@.$-])(f0x[0-9A-Fa-f]+|[-+]?(?:inf|nan)\b|[-+]?\d+\.\d+(?:e[-+]?\d+)?)"
+    r"(?<![\w%@.$-])(f0x[0-9A-Fa-f]+|[-+]?(?:inf|[qs]?nan)\b|[-+]?\d+\.\d+(?:e[-+]?\d+)?)"
 )
 
 
@@ -97,7 +97,7 @@ def _literal(kind: str, token: str) -> str:
         if len(digits) == 8:
             return _bits_hex("double", float(np.uint32(int(digits, 16)).view(np.float32)))
         return f"0x{digits.upper()}"
-    return _bits_hex(kind, float(token))
+    return _bits_hex(kind, float(token.replace("qnan", "nan").replace("snan", "nan")))
 
 
 def portable_llvm_ir(text: str) -> str:

@@ -78,8 +78,13 @@ def kernel_script(plan: KernelPlan) -> str:
     text += _tile(
         f"%blocks{i}_op", plan.thread_tile, thread_mapping(plan.thread_tile), f"%threads{i}"
     )
-    if plan.vector > 1:  # each thread's 1x..xV piece becomes vector transfers
-        text += f"    transform.structured.vectorize %threads{i}_op : {_ANY}\n"
+    if plan.vector > 1:  # each thread's 1x..xV piece becomes vector transfers, where it can
+        text += (
+            f"    transform.sequence %threads{i}_op : {_ANY} failures(suppress) {{\n"
+            f"    ^bb0(%piece{i}: {_ANY}):\n"
+            f"      transform.structured.vectorize %piece{i} : {_ANY}\n"
+            "    }\n"
+        )
     return text
 
 
