@@ -2,16 +2,19 @@
 
 On the CPU machine (compiles; needs the MLIR bindings):
 
-    python benchmarks/gpu_check.py --build build/gpu [--target sm_90a] [--root DIR]
+    python benchmarks/gpu_check.py --build build/gpu-l1 --levels level1 [--target sm_90a]
+    python benchmarks/gpu_check.py --build build/gpu-l2 --levels level2
 
 On the GPU machine (needs numpy, cuda-bindings and, for the baseline, torch; no pydantic,
 no MLIR):
 
-    python benchmarks/gpu_check.py --run build/gpu
+    python benchmarks/gpu_check.py --run build/gpu-l1
 
 Each artifact folder holds the manifest, PTX and constants, the payload's ``data.npz``
 (inputs ``in*`` and reference outputs ``out*``) and, when found, its KernelBench problem file
-and scaled init inputs. Every payload is run once on fresh copies of its inputs and checked
+and scaled init inputs. A level's folder is 24-38 MiB (the ``.npz`` files are most of it):
+build one level per folder so each fits what a device call carries (64 MiB with the
+repository). Every payload is run once on fresh copies of its inputs and checked
 by ``||out - ref|| / ||ref||`` (NaN never passes); then both it and PyTorch eager are timed
 with CUDA events (median of repeats after warm-up). The whole run stops taking new payloads
 after ``--budget`` seconds (default 450: under 8 minutes with start-up).
@@ -113,9 +116,14 @@ def torch_eager_ms(folder: Path, inputs: list[np.ndarray], repeats: int) -> floa
 
 def run(directory: Path, budget_s: float, repeats: int) -> int:
     sys.path.insert(0, str(ROOT))
+    from stagegraph.errors import GpuUnavailableError
     from stagegraph.runtime.cuda import device_properties
 
-    props = device_properties(0)
+    try:
+        props = device_properties(0)
+    except GpuUnavailableError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     print(f"GPU: {props['name']} (sm_{props['capability'][0]}{props['capability'][1]}, "
           f"{props['sm_count']} SMs)", flush=True)  # fmt: skip
     rows, started = [], time.perf_counter()
@@ -161,13 +169,14 @@ def main() -> int:
     parser.add_argument("--run", type=Path, help="verify and time the artifacts here (GPU)")
     parser.add_argument("--target", default="sm_90a")
     parser.add_argument("--root", default=str(ROOT.parent / "shared" / "kernelbench"))
+    parser.add_argument("--levels", default="level1,level2", help="for --build")
     parser.add_argument("--budget", type=float, default=450.0)
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     if args.build:
         script = Path(__file__).with_name("gpu_compile.py")
         command = [sys.executable, str(script), args.root, "--targets", args.target,
-                   "--build", str(args.build)]  # fmt: skip
+                   "--levels", args.levels, "--build", str(args.build)]  # fmt: skip
         return subprocess.run(command, check=False).returncode
     if args.run:
         return run(args.run, args.budget, args.repeats)

@@ -300,3 +300,46 @@ def test_kernelbench_payloads_compile_and_assemble(stem, tmp_path):
     for ptx in out.glob("*.ptx"):
         for report in assemble(ptx.read_text(), "sm_90a"):
             assert report.spill_stores == 0, (stem, report)
+
+
+# -- benchmarks/gpu_check.py: its run side -------------------------------------------------
+
+BLOCK_PYDANTIC_AND_MLIR = """
+import sys
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('pydantic', 'torch_mlir', 'mlir'):
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Blocker())
+folder, one = sys.argv[1], sys.argv[2]
+sys.argv = ['gpu_check.py', '--run', folder]
+sys.path.insert(0, 'benchmarks')
+import gpu_check
+manifest, ptx, constants = gpu_check.load_artifact(__import__('pathlib').Path(one))
+assert manifest['kind'] == 'cuda' and ptx and constants == {}
+sys.exit(gpu_check.main())
+"""
+
+
+@needs_llvmlite
+def test_gpu_check_run_side_needs_no_pydantic_or_mlir(artifact):
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCK_PYDANTIC_AND_MLIR, str(artifact.parent), str(artifact)],
+        capture_output=True, text=True, cwd=root,
+    )  # fmt: skip
+    if gpu_present():
+        assert done.returncode == 0, done.stderr
+    else:
+        assert done.returncode == 2 and "no NVIDIA GPU" in done.stderr, done.stderr
+
+
+def test_gpu_check_relative_error():
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from gpu_check import relative_error
+
+    ref = np.array([3.0, 4.0], np.float32)
+    assert relative_error(ref, ref) == 0.0
+    assert relative_error(np.array([3.0, 4.5], np.float32), ref) == pytest.approx(0.1)
+    assert relative_error(np.array([np.nan, 4.0], np.float32), ref) == float("inf")
+    assert relative_error(ref[:1], ref) == float("inf")
