@@ -112,6 +112,30 @@ def test_params_map_inner_loops_to_threads_and_the_rest_to_blocks():
     assert total.block_tile == (64, 0)  # the reduction loop stays in the thread
 
 
+def test_schedule_maps_block_foralls_to_blocks_and_nested_ones_to_threads():
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect, top_level_ops
+
+    module = sg.run("gpu", str(PAYLOAD), until="scheduled").module.ir
+    entry = next(op for op in top_level_ops(module) if op.name == "func.func")
+    blocks = [op for op in top_level_ops(entry) if op.name == "scf.forall"]
+    assert len(blocks) == 3  # relu, fill, row sums: one block forall each
+    with module.context:
+        block, thread = (ir.Attribute.parse(f"#gpu.{kind}") for kind in
+                         ("block<linear_dim_0>", "thread<x>"))  # fmt: skip
+        for forall in blocks:
+            mapping = list(ir.ArrayAttr(forall.attributes["mapping"]))
+            assert mapping[-1] == block
+            (inner,) = [op for op in collect(forall, "scf.forall") if op != forall]
+            assert list(ir.ArrayAttr(inner.attributes["mapping"]))[-1] == thread
+        relu_threads = list(ir.ArrayAttr(collect(blocks[0], "scf.forall")[-1]
+                                         .attributes["mapping"]))  # fmt: skip
+        assert relu_threads == [ir.Attribute.parse("#gpu.thread<y>"), thread]
+    # The pointwise op's thread piece is vector transfers; the reduction's stays a loop nest.
+    assert collect(blocks[0], "vector.transfer_read")
+    assert not collect(blocks[2], lambda op: op.name.startswith("vector."))
+
+
 def test_lowering_outlines_one_kernel_per_op_with_block_and_thread_sizes():
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect
