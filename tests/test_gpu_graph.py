@@ -89,7 +89,7 @@ def test_driver_properties_become_facts():
 
 def test_gpu_target_names_need_the_gpu_graph(capsys):
     code, _, err = run_cli(capsys, "run", "x86", "matmul:m=8,n=8,k=8", "--target", "sm_80")
-    assert code == 2 and "unknown target 'sm_80'" in err
+    assert code == 2 and "graph 'x86' builds for CPUs; 'sm_80' is a GPU target" in err
     code, _, err = run_cli(capsys, "run", "gpu", str(PAYLOAD), "--target", "znver4")
     assert code == 2 and "unknown GPU target 'znver4'" in err
 

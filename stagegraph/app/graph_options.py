@@ -61,6 +61,7 @@ def with_target(graph: Graph, name: str | None) -> Graph:
     """
     if name is None:
         return graph
+    from stagegraph.stages.gpu import is_gpu_target
     from stagegraph.stages.gpu.target import GpuTarget, resolve_gpu_target
     from stagegraph.stages.target import Target, TargetConfig, resolve_target
 
@@ -71,6 +72,11 @@ def with_target(graph: Graph, name: str | None) -> Graph:
         and any(issubclass(p.type, Target | GpuTarget) for p in s.outputs.values())
     ]
     gpu = any(issubclass(p.type, GpuTarget) for s in stages for p in s.outputs.values())
+    if not gpu and is_gpu_target(name):
+        raise ConfigError(
+            f"graph {graph.name!r} builds for CPUs; {name!r} is a GPU target (compile for it "
+            "with the gpu graph: stagegraph run gpu ...)"
+        )
     (resolve_gpu_target if gpu else resolve_target)(name)  # unknown names fail here
     if not stages:
         if name.strip().lower() == "host":
