@@ -60,6 +60,9 @@ class FakeDriver:
         ctypes.memmove(dst, bytes(self.memory[src][:nbytes]), nbytes)
         return (Result.CUDA_SUCCESS,)
 
+    def do_cuEventElapsedTime(self, start, stop):
+        return (Result.CUDA_SUCCESS, 0.25)
+
     def do_cuLaunchKernel(self, function, *rest):
         # The driver copies the parameters at the call: read them now (7 int64s, a float).
         pointers = ctypes.cast(rest[-2], ctypes.POINTER(ctypes.c_uint64))
@@ -128,3 +131,15 @@ def test_wrong_input_count_is_refused(fake):
     program = cuda.CudaProgram(MANIFEST, {"m": ""}, {})
     with pytest.raises(CudaError, match="takes 2 inputs, got 1"):
         program.run([np.zeros((2, 4), np.float32)])
+
+
+def test_bench_samples_are_cuda_event_times(fake):
+    from stagegraph.stages.gpu.emit import CudaBinary
+
+    binary = CudaBinary("key", MANIFEST, {"m": ""}, {})
+    samples = binary.benchmark("main", [np.ones((2, 4), np.float32), 1.0], 2, 3)
+    np.testing.assert_allclose(samples, [0.25e-3] * 3)  # seconds, warm-up runs dropped
+    names = [c[0] for c in fake.calls]
+    assert names.count("cuLaunchKernel") == 5 and names.count("cuEventSynchronize") == 5
+    assert names.count("cuMemcpyHtoD") == 1  # inputs uploaded once, not per sample
+    assert names[-1] == "cuModuleUnload"
