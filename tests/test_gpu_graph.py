@@ -175,6 +175,9 @@ def test_manifest_plans_allocations_copies_and_launches(artifact):
     buffer = next(a for a in launch["args"] if "buffer" in a)
     assert buffer["sizes"] and buffer["strides"][-1] == 1
     assert [r["shape"] for r in manifest["results"]] == [[64, 512], [64]]
+    assert [r["strides"] for r in manifest["results"]] == [[512, 1], [1]]
+    assert manifest["producer"]["graph"] == "gpu"
+    assert all(set(s) == {"op", "kernel", "args"} for s in manifest["plan"] if s["op"] == "launch")
 
 
 def test_launches_beyond_cuda_limits_are_refused_at_compile_time():

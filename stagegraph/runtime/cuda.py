@@ -130,6 +130,7 @@ class CudaProgram:
             self.functions[kernel["name"]] = self._call(
                 "cuModuleGetFunction", self.modules[stem], kernel["entry"].encode()
             )
+        self.launches = {k["name"]: k["launch"] for k in manifest["kernels"]}
         self.buffers: dict[str, int] = {}
         self.scalars: dict[str, Any] = {}
 
@@ -185,9 +186,10 @@ class CudaProgram:
             else:
                 holders.append(SCALAR_CTYPES[arg["dtype"]](arg["scalar"]))
         pointers = np.array([ctypes.addressof(h) for h in holders], dtype=np.uint64)
+        config = self.launches[step["kernel"]]
         self._call(
-            "cuLaunchKernel", self.functions[step["kernel"]], *step["grid"], *step["block"],
-            step["shared_mem_bytes"], 0, pointers.ctypes.data, 0,
+            "cuLaunchKernel", self.functions[step["kernel"]], *config["grid"], *config["block"],
+            config["shared_mem_bytes"], 0, pointers.ctypes.data, 0,
         )  # fmt: skip
 
     def _copy(self, src: dict[str, Any], dst: dict[str, Any]) -> None:

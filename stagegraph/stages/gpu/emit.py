@@ -72,6 +72,19 @@ class CudaBinary(Binary):
         return root
 
 
+def producer() -> dict[str, Any]:
+    """What built the artifact (for reproducing it, not for running it)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    from stagegraph.mlir.bindings import ROOT
+
+    try:
+        ours = version("stagegraph")
+    except PackageNotFoundError:
+        ours = "unknown"
+    return {"stagegraph": ours, "mlir": ROOT, "graph": "gpu", "workload": "", "params": None}
+
+
 def kernel_modules(module: Any) -> list[Any]:
     """The ``gpu.module`` ops of the lowered module."""
     return [op.operation for op in module.body.operations if op.operation.name == "gpu.module"]
@@ -165,6 +178,7 @@ def gpu_emit(module: AnyModule, target: GpuTarget, config: GpuEmitConfig) -> Bin
         "schema_version": SCHEMA_VERSION,
         "kind": "cuda",
         "name": entry,
+        "producer": producer(),
         "target": {"name": target.arch, "sm": target.sm},
         "arguments": plan.arguments,
         "results": plan.results,

@@ -142,18 +142,21 @@ class _Reader:
         operands = list(op.operands)
         start = seg[0]
         sizes = [self.operand(v)["scalar"] for v in operands[start : start + 6]]
-        start += 6 + (seg[7] if len(seg) > 9 else 0)  # cluster sizes, when present
-        shared = 0
-        if len(seg) > 9 and seg[-3]:
-            shared = self.operand(operands[start])["scalar"]
+        # Segments: async deps, grid x/y/z, block x/y/z, cluster x/y/z, dynamic shared
+        # memory, kernel operands, async object.
+        shared = self.operand(operands[sum(seg[:-3])])["scalar"] if seg[-3] else 0
         start = sum(seg[:-2])
         args = [self.operand(v) for v in operands[start : start + seg[-2]]]
         module_name, function = ir.SymbolRefAttr(op.attributes["kernel"]).value
         kernel = f"{module_name}__{function}"
         config = {"grid": sizes[:3], "block": sizes[3:], "shared_mem_bytes": shared}
         check_launch_limits(f"{module_name}::{function}", config)
-        self.plan.launches.setdefault(kernel, config)
-        self.plan.steps.append({"op": "launch", "kernel": kernel, "args": args, **config})
+        if self.plan.launches.setdefault(kernel, config) != config:
+            raise UnsupportedPayloadError(
+                f"stage gpu.emit: kernel {kernel} is launched with two configurations; the "
+                "manifest gives each kernel one"
+            )
+        self.plan.steps.append({"op": "launch", "kernel": kernel, "args": args})
 
     def global_buffer(self, op: Any) -> None:
         from stagegraph.mlir.bindings import ir
@@ -198,6 +201,15 @@ class _Reader:
             )
 
 
+def row_major_strides(shape: list[int]) -> list[int]:
+    """Element strides of a dense row-major array of ``shape``."""
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return strides[::-1]
+
+
 def _global_value(module: Any, symbol: str) -> np.ndarray:
     """The initial value of ``memref.global @symbol`` as an array (``dense_resource``
     blobs, which the bindings cannot read, are evaluated by a small compiled probe)."""
@@ -239,9 +251,11 @@ def host_plan(module: Any, entry: str) -> HostPlan:
         kind = "results" if spec.output else "arguments"
         name = f"{'out' if spec.output else 'arg'}{position}"
         shape = None if spec.shape is None else list(spec.shape)
-        getattr(plan, kind).append(
-            {"name": name, "position": position, "dtype": spec.dtype, "shape": shape}
-        )
+        getattr(plan, kind).append({
+            "name": name, "position": position, "dtype": spec.dtype, "shape": shape,
+            "strides": None if shape is None else row_major_strides(shape),
+            "layout": "row-major",
+        })  # fmt: skip
         if spec.shape is None:  # a scalar argument: passed to kernels by value
             reader.values[value] = {"argument": name, "dtype": spec.dtype}
             continue
