@@ -362,6 +362,12 @@ LIBRARY_MODULES = (
     "stagegraph.stages.common.wrapper",
     "stagegraph.stages.x86.stages",
     "stagegraph.stages.x86.costmodels",
+    "stagegraph.stages.gpu.target",
+    "stagegraph.stages.gpu.normalize",
+    "stagegraph.stages.gpu.params",
+    "stagegraph.stages.gpu.schedule",
+    "stagegraph.stages.gpu.lower",
+    "stagegraph.stages.gpu.emit",
 )
 
 
