@@ -1,5 +1,5 @@
 """The NVIDIA GPU flow: analyse the payload, map each op to blocks and threads for the
-target GPU, schedule (transform dialect: tile to block and thread foralls, fuse fills),
+target GPU, schedule (transform dialect: tile to block and thread foralls, vectorize),
 bufferize, map the foralls to kernels and lower them to NVVM, emit PTX per kernel and the
 host-side plan that allocates, copies and launches them.
 
