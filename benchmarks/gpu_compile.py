@@ -3,12 +3,15 @@ and (``--build``) leave artifact folders that ``benchmarks/gpu_check.py --run`` 
 
     python benchmarks/gpu_compile.py ../shared/kernelbench --targets sm_90a,sm_80
     python benchmarks/gpu_compile.py ../shared/kernelbench --targets sm_90a --build build/gpu
+    python benchmarks/gpu_compile.py ../shared/kernelbench --targets cpu   # schedule on CPU
 
 Each payload compiles in its own process (time and memory limits), so one crash or hang
 costs one row. Prints the fraction that compiled and assembled per target, and every
 failure with its reason. ``--build DIR`` also copies each payload's ``.npz`` (inputs and
 reference outputs), its KernelBench problem file (for the PyTorch eager baseline) and its
-scaled init inputs into ``DIR/<stem>/``: the folder is all the GPU machine needs.
+scaled init inputs into ``DIR/<stem>/``: the folder is all the GPU machine needs. The
+pseudo-target ``cpu`` runs the GPU schedule serially on the CPU (graph ``gpu_cpu``) and
+verifies it against the payload's ``.npz``: the tiling's correctness, without a GPU.
 """
 
 from __future__ import annotations
@@ -30,10 +33,28 @@ def payloads(root: Path, levels: list[str]) -> list[Path]:
     return [p for level in levels for p in sorted((root / level).glob("*.mlir"))]
 
 
+def check_on_cpu(path: Path) -> dict:
+    """In this (child) process: the GPU schedule run serially on the CPU (``gpu_cpu``
+    graph) and verified against the payload's reference."""
+    import stagegraph as sg
+
+    try:
+        report = sg.run("gpu_cpu", str(path))
+    except Exception as error:  # every failure is a row of the report
+        return {"ok": False, "stage": "cpu-check", "reason": f"{type(error).__name__}: {error}"}
+    reason = "" if report.verified else report.message[:300]
+    return {"ok": bool(report.verified), "stage": "" if report.verified else "verify",
+            "reason": reason}  # fmt: skip
+
+
 def compile_one(path: Path, target: str, out: Path) -> dict:
-    """In this (child) process: compile, write the artifact, ptxas every kernel."""
+    """In this (child) process: compile, write the artifact, ptxas every kernel (target
+    ``cpu``: :func:`check_on_cpu` instead)."""
     import stagegraph as sg
     from stagegraph.stages.gpu.ptx import assemble
+
+    if target == "cpu":
+        return check_on_cpu(path)
 
     started = time.perf_counter()
     try:
