@@ -143,6 +143,14 @@ def test_schedule_maps_block_foralls_to_blocks_and_nested_ones_to_threads():
     assert not collect(blocks[2], lambda op: op.name.startswith("vector."))
 
 
+def test_threads_per_block_is_a_param(capsys):
+    params = sg.run("gpu", str(PAYLOAD), until="select", param={"threads_per_block": 64})
+    relu = params.value("select").kernels[0]
+    assert relu.threads == (64,) and relu.block_tile == (1, 256)
+    code, _, err = run_cli(capsys, "run", "gpu", str(PAYLOAD), "--param", "threads_per_block=100")
+    assert code == 2 and "threads_per_block=100: Input should be a multiple of 32" in err
+
+
 def test_lowering_outlines_one_kernel_per_op_with_block_and_thread_sizes():
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect

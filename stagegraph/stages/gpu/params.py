@@ -115,9 +115,13 @@ def plan_op(op: OpFacts, threads_per_block: int, vector: int = 1) -> KernelPlan:
 @stage("params", name="gpu.heuristic")
 def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfig) -> GpuParams:
     """Blocks and threads per op from the target's block limit and the ops' loop ranges."""
-    threads = min(GpuParams.model_fields["threads_per_block"].default,
-                  target.max_threads_per_block)  # fmt: skip
-    threads = int(config.overrides.get("threads_per_block", threads))
-    kernels = [plan_op(op, threads, vector_width(op)) for op in facts.ops]
-    params = GpuParams(threads_per_block=threads, kernels=tuple(kernels))
-    return apply_overrides(params, config.overrides)
+    default = GpuParams.model_fields["threads_per_block"].default
+    # Overrides first (validated, an invalid --param is a ConfigError naming the rule);
+    # then the ops are mapped with the block size they settle on.
+    params = apply_overrides(
+        GpuParams(threads_per_block=min(default, target.max_threads_per_block)), config.overrides
+    )
+    if "kernels" in config.overrides:
+        return params
+    kernels = [plan_op(op, params.threads_per_block, vector_width(op)) for op in facts.ops]
+    return params.model_copy(update={"kernels": tuple(kernels)})
