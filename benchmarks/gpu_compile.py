@@ -152,7 +152,8 @@ def report(rows: list[dict]) -> None:
         mine = [r for r in rows if r["target"] == target]
         ok = sum(r["ok"] for r in mine)
         share = 100 * ok / max(1, len(mine))
-        print(f"{target}: {ok}/{len(mine)} compiled and assembled ({share:.0f}%)")
+        what = "verified on the CPU" if target == "cpu" else "compiled and assembled"
+        print(f"{target}: {ok}/{len(mine)} {what} ({share:.0f}%)")
     for r in rows:
         if not r["ok"]:
             print(f"  {r['target']} {r['payload']}: [{r['stage']}] {r['reason'][:200]}")
