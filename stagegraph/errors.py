@@ -353,3 +353,16 @@ class TuneDBError(StagegraphError, RuntimeError):
 class ArtifactError(StagegraphError, ValueError):
     """An artifact folder cannot be used: a missing or unreadable file, a manifest of another
     schema version or kind, or inputs that do not match what the manifest declares."""
+
+
+class GpuUnavailableError(StagegraphError, RuntimeError):
+    """The GPU graph's code needs an NVIDIA GPU (``--target cuda``, ``run``, ``bench``) and
+    this machine has none (no driver, or no device): compile or emit it instead."""
+
+
+class CudaError(StagegraphError, RuntimeError):
+    """A CUDA driver call returned an error code (named in the message)."""
+
+
+class PtxError(StagegraphError, RuntimeError):
+    """A kernel's PTX could not be produced (LLVM) or assembled (ptxas)."""

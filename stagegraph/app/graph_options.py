@@ -56,15 +56,23 @@ def with_target(graph: Graph, name: str | None) -> Graph:
     """
     if name is None:
         return graph
+    from stagegraph.stages.gpu import is_gpu_target
+    from stagegraph.stages.gpu.target import GpuTarget, resolve_gpu_target
     from stagegraph.stages.target import Target, TargetConfig, resolve_target
 
-    resolve_target(name)  # an unknown name fails before anything compiles
     stages = [
         s
         for s in graph.stages.values()
         if isinstance(s.config, TargetConfig)
-        and any(issubclass(p.type, Target) for p in s.outputs.values())
+        and any(issubclass(p.type, Target | GpuTarget) for p in s.outputs.values())
     ]
+    gpu = any(issubclass(p.type, GpuTarget) for s in stages for p in s.outputs.values())
+    if not gpu and is_gpu_target(name):
+        raise ConfigError(
+            f"graph {graph.name!r} builds for CPUs; {name!r} is a GPU target (compile for it "
+            "with the gpu graph: stagegraph run gpu ...)"
+        )
+    (resolve_gpu_target if gpu else resolve_target)(name)  # unknown names fail here
     if not stages:
         if name.strip().lower() == "host":
             return graph
@@ -82,6 +90,12 @@ def with_emit(graph: Graph, kind: str, path: str | None, workload: str = "") -> 
     exporting the entry as the default symbol of the ``workload`` spec)."""
     if kind == "jit":
         return graph
+    gpu = [
+        s for s in graph.stages.values()
+        if s.kind == "emit" and "output" in type(s.config).model_fields
+    ]  # fmt: skip
+    if gpu and path:  # the GPU graph writes its artifact folder (PTX, plan) for any --emit
+        return graph.with_config(gpu[0].name, output=str(Path(path)))
     from stagegraph.artifact.cabi import default_symbol
     from stagegraph.stages.common.emit import object_file, shared_library
 

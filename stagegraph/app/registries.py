@@ -20,6 +20,7 @@ MODULES = (
     "stagegraph.stages.common.runtime_libs",  # runtime-libraries
     "stagegraph.stages.target",  # targets
     "stagegraph.app.versus",  # peers
+    "stagegraph.stages.gpu",  # gpu-targets
 )
 
 

@@ -74,6 +74,7 @@ _DIALECTS = {
     "arith": "arith",
     "bufferization": "bufferization",
     "func": "func",
+    "gpu": "gpu",
     "linalg": "linalg",
     "llvm": "llvm",
     "memref": "memref",

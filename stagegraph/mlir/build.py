@@ -124,3 +124,11 @@ def expand_shape(value: Any, groups: Sequence[Sequence[int]], shape: Sequence[in
     result = ir.RankedTensorType.get(list(shape), element)
     groups_attr = reassociation_attr(groups)
     return dialect("tensor").ExpandShapeOp(result, value, groups_attr, [], list(shape)).result
+
+
+def ir_location(payload: Any) -> Any:
+    """An unknown location in ``payload``'s context: what rewrites that build ops outside any
+    builder need entered (``with payload.context, ir_location(payload)``)."""
+    from stagegraph.mlir.bindings import ir
+
+    return ir.Location.unknown(payload.context)

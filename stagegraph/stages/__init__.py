@@ -15,4 +15,5 @@ for _module in (
 ):
     register_stage_module(_module)
 
+from stagegraph.stages import gpu as _gpu  # noqa: E402,F401  (registers itself)
 from stagegraph.stages import x86 as _x86  # noqa: E402,F401  (registers itself)

@@ -62,7 +62,7 @@ def fold_reshaping_gathers(module: Any) -> int:
     constants = list(dict.fromkeys(g.constants[i] for g in gathers for i in g.index_inputs))
     if sum(_elements(c) for c in constants) > MAX_INDEX_ELEMENTS:
         return 0
-    values = dict(zip(constants, _evaluate(module, constants), strict=True))
+    values = dict(zip(constants, evaluate_constants(module, constants), strict=True))
     rewritten = 0
     for gather in gathers:
         if _only_reshapes(gather, values):
@@ -174,9 +174,9 @@ def _only_reshapes(gather: _Gather, values: dict[Any, np.ndarray]) -> bool:
     return bool(np.array_equal(flat.ravel(), np.arange(flat.size)))
 
 
-def _evaluate(module: Any, constants: list[Any]) -> list[np.ndarray]:
-    """The values of integer tensor ``constants`` (dense or ``dense_resource``), by
-    compiling and calling a function that returns them."""
+def evaluate_constants(module: Any, constants: list[Any]) -> list[np.ndarray]:
+    """The values of tensor ``constants`` (``arith.constant`` ops, dense or
+    ``dense_resource``), by compiling and calling a function that returns them."""
     from stagegraph.mlir.bindings import func, ir, passmanager
     from stagegraph.runtime.jit import jit
     from stagegraph.runtime.memref import record_signature

@@ -15,6 +15,7 @@ from pydantic import Field
 from stagegraph.core.ports import BufferModule, Config, LLVMModule, TensorModule
 from stagegraph.core.stage import stage
 from stagegraph.errors import ConfigError
+from stagegraph.mlir.build import ir_location
 from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.matmul.params import MatmulParams
@@ -163,12 +164,6 @@ def _apply_schedules(
 #: Set on each linalg op of the entry while repeated groups are outlined: its index in
 #: the original ``PayloadFacts.ops``, by which its params are found again.
 ORIGIN_ATTR = "stagegraph.origin"
-
-
-def ir_location(payload: Any) -> Any:
-    from stagegraph.mlir.bindings import ir
-
-    return ir.Location.unknown(payload.context)
 
 
 def _outline_repeated(payload: Any, facts: PayloadFacts, params: X86Params) -> Any:

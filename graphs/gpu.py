@@ -1,0 +1,52 @@
+"""The NVIDIA GPU flow: analyse the payload, map each op to blocks and threads for the
+target GPU, schedule (transform dialect: tile to block and thread foralls, vectorize),
+bufferize, map the foralls to kernels and lower them to NVVM, emit PTX per kernel and the
+host-side plan that allocates, copies and launches them.
+
+Compiles anywhere (PTX comes from llvmlite's NVPTX backend); ``run`` needs a GPU.
+"""
+
+from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.ports import Module
+from stagegraph.stages.analysis import analyze_stage
+from stagegraph.stages.common.passes import bufferize, verify
+from stagegraph.stages.gpu.emit import gpu_emit
+from stagegraph.stages.gpu.lower import gpu_lower
+from stagegraph.stages.gpu.normalize import gpu_normalize
+from stagegraph.stages.gpu.params import gpu_heuristic
+from stagegraph.stages.gpu.schedule import gpu_schedule
+from stagegraph.stages.gpu.target import gpu_target
+
+
+def build() -> Graph:
+    return Graph(
+        "gpu",
+        [
+            verify("load"),
+            gpu_normalize("normalize"),
+            analyze_stage("analyze"),
+            gpu_target("target"),
+            gpu_heuristic("select"),
+            gpu_schedule("schedule", tags={"scheduled"}),
+            bufferize(tags={"bufferized"}),
+            gpu_lower("lower"),
+            gpu_emit("emit"),
+        ],
+        [
+            "payload -> load.module",
+            "load.module -> normalize.module",
+            "normalize.module -> analyze.module",
+            "analyze.facts -> select.facts",
+            "target.facts -> select.target",
+            "normalize.module -> schedule.module",
+            "select.params -> schedule.params",
+            "schedule.module -> bufferize.module",
+            "bufferize.module -> lower.module",
+            "select.params -> lower.params",
+            "lower.module -> emit.module",
+            "target.facts -> emit.target",
+        ],
+        [GraphInput("payload", Module["tensor"], frozenset({"input"}))],
+        default_splice="bufferized",
+        description=__doc__,
+    )

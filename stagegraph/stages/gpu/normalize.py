@@ -1,0 +1,25 @@
+"""The GPU graph's normalization: the payload rewrites every graph wants (gathers that only
+reshape become reshapes, unit dims leave the generic ops), then elementwise producers fuse
+into their consumers (``linalg-fuse-elementwise-ops``): a chain of pointwise ops, or a
+pointwise op feeding a reduction, becomes one op, hence one kernel."""
+
+from __future__ import annotations
+
+from stagegraph.core.ports import TensorModule
+from stagegraph.core.stage import stage
+
+FUSE = "linalg-fuse-elementwise-ops,canonicalize,cse"
+
+
+@stage("passes", name="gpu.normalize")
+def gpu_normalize(module: TensorModule) -> TensorModule:
+    """Fold reshaping gathers and unit dims, then fuse elementwise producers."""
+    from stagegraph.mlir.build import ir_location
+    from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
+    from stagegraph.stages.common.passes import run_pipeline
+    from stagegraph.stages.common.unit_dims import fold_unit_dims
+
+    with module.ir.context, ir_location(module.ir):
+        fold_reshaping_gathers(module.ir)
+        fold_unit_dims(module.ir)
+    return run_pipeline(module, FUSE)

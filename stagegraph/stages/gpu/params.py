@@ -1,0 +1,127 @@
+"""The GPU cost model: how each linalg op of the payload maps to blocks and threads.
+
+Every op becomes (at least) one kernel. Its parallel loops are split in two levels: the
+innermost one or two parallel loops (the output's contiguous dims, so neighbouring threads
+touch neighbouring elements) go to the threads of a block, up to ``threads_per_block``;
+every other parallel loop goes to the grid, one block per index. Reduction loops stay
+sequential inside each thread. Tiles divide their loop exactly (the largest divisor that
+fits), so every block and thread forall has a static trip count the GPU mapping needs.
+An op without parallel loops (a full reduction) is left unmapped: the GPU lowering runs it
+in a kernel of one thread (:mod:`stagegraph.stages.gpu.host_kernels`).
+
+Elementwise producers were fused into their consumers before (``gpu.normalize``); a fill
+that initialises a reduction's output is its own kernel, launched before the reduction's.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from stagegraph.core.ports import Params
+from stagegraph.core.stage import stage
+from stagegraph.stages.analysis import OpFacts, PayloadFacts
+from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
+from stagegraph.stages.gpu.target import GpuTarget
+
+
+class KernelPlan(Params):
+    """One op's mapping. ``block_tile``/``thread_tile`` have one entry per loop of the op
+    (0: not tiled at that level)."""
+
+    op: int
+    name: str
+    block_tile: tuple[int, ...] = ()
+    thread_tile: tuple[int, ...] = ()
+    threads: tuple[int, ...] = ()  # block dims (x, y) the thread tiles span
+    vector: int = 1  # elements per thread along thread x, loaded as one vector
+
+    @property
+    def mapped(self) -> bool:
+        """Whether the op has parallel work for blocks or threads (else one thread runs it)."""
+        return any(self.block_tile) or any(self.thread_tile)
+
+
+class GpuParams(Params):
+    """``threads_per_block``: the most threads a kernel's block gets (a multiple of the
+    warp size); ``kernels``: one plan per linalg op of the entry, in program order."""
+
+    threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
+    kernels: tuple[KernelPlan, ...] = ()
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest divisor of ``n`` not above ``limit`` (at least 1)."""
+    for d in range(min(n, limit), 0, -1):
+        if n % d == 0:
+            return d
+    return 1
+
+
+#: Bytes one thread loads at once: a 16-byte vector (``ld.global.v4.f32``).
+VECTOR_BYTES = 16
+
+
+def vector_width(op: OpFacts) -> int:
+    """Elements per thread for a pointwise op whose every operand's rows split into whole
+    16-byte vectors (4-byte elements, innermost dims a multiple of 4), else 1."""
+    from stagegraph.dtypes import byte_size
+
+    values = (*op.inputs, *op.outputs)
+    sizes = {byte_size(v.dtype, default=0) for v in values if v.shape}
+    if "reduction" in op.iterator_types or not op.loop_ranges or sizes != {4}:
+        return 1
+    lanes = VECTOR_BYTES // 4
+    if op.loop_ranges[-1] % lanes or any(v.shape[-1] % lanes for v in values if v.shape):
+        return 1
+    return lanes
+
+
+def plan_op(op: OpFacts, threads_per_block: int, vector: int = 1) -> KernelPlan:
+    """Map one op: thread x on its innermost parallel loop (``vector`` elements each, when
+    that loop is the innermost one), thread y on the next one while the block has room,
+    blocks on the rest."""
+    ranges = op.loop_ranges
+    parallel = [
+        i for i, (kind, n) in enumerate(zip(op.iterator_types, ranges, strict=False))
+        if kind == "parallel" and n > 1
+    ]  # fmt: skip
+    block = [0] * len(ranges)
+    thread = [0] * len(ranges)
+    spans: list[int] = []
+    budget = threads_per_block
+    if not parallel or parallel[-1] != len(ranges) - 1:
+        vector = 1
+    for dim in reversed(parallel[-2:]):
+        width = vector if not spans else 1
+        count = largest_divisor(ranges[dim] // width, budget)
+        if count == 1 and spans:
+            break
+        spans.append(count)
+        budget //= count
+        block[dim] = count * width  # a whole loop in one block still makes a (unit) block dim
+        thread[dim] = width
+    for dim in parallel[: len(parallel) - len(spans)]:
+        block[dim] = 1
+    return KernelPlan(
+        op=op.index,
+        name=op.name,
+        block_tile=tuple(block),
+        thread_tile=tuple(thread),
+        threads=tuple(spans),
+        vector=vector if parallel else 1,
+    )
+
+
+@stage("params", name="gpu.heuristic")
+def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfig) -> GpuParams:
+    """Blocks and threads per op from the target's block limit and the ops' loop ranges."""
+    default = GpuParams.model_fields["threads_per_block"].default
+    # Overrides first (validated, an invalid --param is a ConfigError naming the rule);
+    # then the ops are mapped with the block size they settle on.
+    params = apply_overrides(
+        GpuParams(threads_per_block=min(default, target.max_threads_per_block)), config.overrides
+    )
+    if "kernels" in config.overrides:
+        return params
+    kernels = [plan_op(op, params.threads_per_block, vector_width(op)) for op in facts.ops]
+    return params.model_copy(update={"kernels": tuple(kernels)})

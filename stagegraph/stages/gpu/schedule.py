@@ -1,0 +1,123 @@
+"""The GPU schedule: a transform-dialect script that tiles each op to a ``forall`` over
+blocks and, inside it, a ``forall`` over threads, following the cost model's plan.
+
+Ops are addressed by an attribute (:data:`OP_ATTR`, the op's index in the analysis's program
+order), set on the payload before the script runs. Block foralls carry ``#gpu.block``
+linear mappings (any number of grid dims, folded onto the 3-D grid when mapped), thread
+foralls ``#gpu.thread<x|y>``. After bufferization the GPU lowering maps the
+foralls to ``gpu.launch`` (:mod:`stagegraph.stages.gpu.lower`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagegraph.core.ports import Config, TensorModule
+from stagegraph.core.stage import stage
+from stagegraph.stages.gpu.params import GpuParams, KernelPlan
+
+#: Marks each linalg op of the entry with its index in the analysis's order.
+OP_ATTR = "stagegraph.gpu_op"
+_ANY = "!transform.any_op"
+_TILED = f"({_ANY}) -> ({_ANY}, {_ANY})"
+_THREAD_DIMS = ("x", "y", "z")
+
+
+def tag_ops(module: Any) -> int:
+    """Set :data:`OP_ATTR` on every linalg op of the entry (analysis order); returns how many."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import payload_functions, select_entry
+    from stagegraph.stages.analysis import linalg_ops
+
+    entry = select_entry(payload_functions(module))
+    ops = linalg_ops(entry)
+    i64 = ir.IntegerType.get_signless(64)
+    for index, op in enumerate(ops):
+        op.attributes[OP_ATTR] = ir.IntegerAttr.get(i64, index)
+    return len(ops)
+
+
+def _match(handle: str, index: int) -> str:
+    return (
+        f"    {handle} = transform.structured.match attributes{{{OP_ATTR} = {index} : i64}} "
+        f"in %root : ({_ANY}) -> {_ANY}\n"
+    )
+
+
+def block_mapping(tiles: tuple[int, ...]) -> list[str]:
+    """``#gpu.block<linear_dim_N>`` per tiled loop, linear dim 0 on the innermost."""
+    tiled = [i for i, t in enumerate(tiles) if t]
+    return [f"#gpu.block<linear_dim_{len(tiled) - 1 - k}>" for k in range(len(tiled))]
+
+
+def thread_mapping(tiles: tuple[int, ...]) -> list[str]:
+    """``#gpu.thread<x>`` on the innermost tiled loop, ``y`` (then ``z``) outward."""
+    tiled = [i for i, t in enumerate(tiles) if t]
+    return [f"#gpu.thread<{_THREAD_DIMS[len(tiled) - 1 - k]}>" for k in range(len(tiled))]
+
+
+def _tile(target: str, tiles: tuple[int, ...], mapping: list[str], out: str) -> str:
+    sizes = ", ".join(map(str, tiles))
+    return (
+        f"    {out}_op, {out} = transform.structured.tile_using_forall {target} tile_sizes "
+        f"[{sizes}] (mapping = [{', '.join(mapping)}]) : {_TILED}\n"
+    )
+
+
+def kernel_script(plan: KernelPlan) -> str:
+    """The transform ops that tile one op to blocks, then each block's piece to threads."""
+    i = plan.op
+    text = _match(f"%op{i}", i)
+    text += _tile(f"%op{i}", plan.block_tile, block_mapping(plan.block_tile), f"%blocks{i}")
+    # The block forall carries its op's index too (vectorizing replaces the op itself).
+    text += f"    %index{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
+    text += (
+        f'    transform.annotate %blocks{i} "{OP_ATTR}" = %index{i} '
+        f": {_ANY}, !transform.param<i64>\n"
+    )
+    text += _tile(
+        f"%blocks{i}_op", plan.thread_tile, thread_mapping(plan.thread_tile), f"%threads{i}"
+    )
+    if plan.vector > 1:  # each thread's 1x..xV piece becomes vector transfers, where it can
+        text += (
+            f"    transform.sequence %threads{i}_op : {_ANY} failures(suppress) {{\n"
+            f"    ^bb0(%piece{i}: {_ANY}):\n"
+            f"      transform.structured.vectorize %piece{i} : {_ANY}\n"
+            "    }\n"
+        )
+    return text
+
+
+def schedule_text(params: GpuParams) -> str:
+    """The whole transform module for ``params``: one kernel script per mapped op."""
+    body = ""
+    for plan in params.kernels:
+        if plan.mapped:
+            body += kernel_script(plan)
+    return wrap_script(body)
+
+
+def wrap_script(body: str) -> str:
+    """A transform module whose ``@__transform_main`` on the payload root runs ``body``."""
+    return (
+        "module attributes {transform.with_named_sequence} {\n"
+        f"  transform.named_sequence @__transform_main(%root: {_ANY} {{transform.readonly}}) {{\n"
+        f"{body}    transform.yield\n  }}\n}}\n"
+    )
+
+
+class GpuScheduleConfig(Config):
+    """No options yet: the schedule follows the params."""
+
+
+@stage("schedule", name="gpu.schedule")
+def gpu_schedule(
+    module: TensorModule, params: GpuParams, config: GpuScheduleConfig
+) -> TensorModule:
+    """Tile every op to a block forall and a thread forall, as the params say."""
+    from stagegraph.stages.common.transform import apply_transform_module
+
+    with module.ir.context:
+        tag_ops(module.ir)
+    apply_transform_module(module, schedule_text(params), "__transform_main", "<gpu schedule>")
+    return module
