@@ -10,7 +10,8 @@ no MLIR):
 
     python benchmarks/gpu_check.py --run build/gpu-l1
 
-Each artifact folder holds the manifest, PTX and constants, the payload's ``data.npz``
+Each artifact folder holds the manifest (the ``cuda`` kind of the versioned artifact format,
+read without pydantic), PTX and constants, the payload's ``data.npz``
 (inputs ``in*`` and reference outputs ``out*``) and, when found, its KernelBench problem file
 and scaled init inputs. A level's folder is 24-38 MiB (the ``.npz`` files are most of it):
 build one level per folder so each fits what a device call carries (64 MiB with the
@@ -52,11 +53,15 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
 
 
 def load_artifact(folder: Path) -> tuple[dict, dict, dict]:
-    """Manifest, PTX by module and constants of one artifact folder."""
-    manifest = json.loads((folder / "manifest.json").read_text())
-    ptx = {p.stem: p.read_text() for p in folder.glob("*.ptx")}
-    constants = {name: np.load(folder / file) for name, file in manifest["constants"].items()}
-    return manifest, ptx, constants
+    """Manifest, PTX by module and constants of one artifact folder, read without pydantic
+    (:func:`stagegraph.artifact.cuda_folder.load_cuda_folder`: another schema version or
+    kind, or a missing file, is an ``ArtifactError`` naming the folder)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from stagegraph.artifact.cuda_folder import load_cuda_folder
+
+    loaded = load_cuda_folder(folder)
+    return loaded.manifest, loaded.ptx, loaded.constants
 
 
 def check_one(folder: Path, repeats: int) -> dict:

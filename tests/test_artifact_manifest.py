@@ -46,6 +46,12 @@ def cpu_dict() -> dict:
     }
 
 
+def view(buffer: str, offset: int = 0) -> dict:
+    """A kernel argument: a view of a 64x64 f32 device buffer (a memref descriptor)."""
+    return {"buffer": buffer, "offset": offset, "sizes": [64, 64], "strides": [64, 1],
+            "dtype": "f32"}  # fmt: skip
+
+
 def cuda_dict() -> dict:
     launch = {"grid": [4, 4, 1], "block": [16, 16, 1], "shared_mem_bytes": 8192}
     return {
@@ -66,12 +72,7 @@ def cuda_dict() -> dict:
             {
                 "op": "launch",
                 "kernel": "mm",
-                "args": [
-                    {"buffer": "a"},
-                    {"buffer": "b"},
-                    {"buffer": "c"},
-                    {"scalar": 64, "dtype": "i32"},
-                ],
+                "args": [view("a"), view("b"), view("c"), {"scalar": 64, "dtype": "i32"}],
             },
             {"op": "copy_d2h", "src": "c", "dst": "out0"},
             {"op": "free", "buffer": "a"},
@@ -109,8 +110,20 @@ def test_cuda_plan_steps_are_discriminated_by_op():
          "uses buffer 'a' before alloc"),
         (lambda d: d["plan"][5].update(kernel="nope"), "unknown kernel 'nope'"),
         (lambda d: d["plan"][6].update(dst="in0"), "unknown result 'in0'"),
-        (lambda d: d["plan"].append({"op": "launch", "kernel": "mm", "args": [{"buffer": "a"}]}),
+        (lambda d: d["plan"].append({"op": "launch", "kernel": "mm", "args": [view("a")]}),
          "uses buffer 'a' before alloc"),
+        (lambda d: d["plan"][5]["args"][0].update(strides=[1]), "2 sizes but 1 strides"),
+        (lambda d: d["plan"][5]["args"].append({"buffer": "a"}), "offset"),
+        (lambda d: d["plan"][5]["args"].append({"argument": "in0", "dtype": "f32"}),
+         "'in0', which is no scalar argument"),
+        (lambda d: d["plan"].insert(3, {"op": "constant", "buffer": "a", "data": "w"}),
+         "fills from 'w', which constants lacks"),
+        (lambda d: d["plan"].insert(3, {"op": "copy_d2d", "src": view("a"),
+                                        "dst": {**view("b"), "sizes": [64], "strides": [1]}}),
+         "copy_d2d between sizes"),
+        (lambda d: d["plan"].insert(3, {"op": "alloc", "buffer": "a", "bytes": 4}),
+         "allocates 'a' twice"),
+        (lambda d: d.update(constants={"w": "../w.npy"}), "file name inside"),
         (lambda d: d["plan"].append({"op": "sync"}), "does not match any of the expected tags"),
         (lambda d: d["kernels"][0]["launch"].update(grid=[0, 1, 1]), "must be positive"),
         (lambda d: d["kernels"][0].update(ptx="../mm.ptx"), "file name inside"),
@@ -177,3 +190,26 @@ def test_plain_reader_needs_no_pydantic(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[4, 4, 1] launch"
+
+
+def test_cuda_constants_views_scalar_arguments_and_device_copies_validate():
+    """What the GPU graph's plans hold: a constant buffer filled from a .npy, views with an
+    offset, the entry's scalar argument passed on to a kernel, a device-to-device copy."""
+    data = cuda_dict()
+    data["arguments"].append(value("alpha", 3, None))
+    data["constants"] = {"const_w": "const_w.npy"}
+    data["plan"][3:3] = [
+        {"op": "alloc", "buffer": "const_w", "bytes": 16384},
+        {"op": "constant", "buffer": "const_w", "data": "const_w"},
+        {"op": "copy_d2d", "src": view("const_w"), "dst": view("c")},
+    ]
+    launch = next(s for s in data["plan"] if s["op"] == "launch")
+    launch["args"] = [view("a", offset=64), view("const_w"), view("c"),
+                      {"argument": "alpha", "dtype": "f32"}]  # fmt: skip
+    manifest = CudaManifest.model_validate(data)
+    kinds = [type(s).__name__ for s in manifest.plan[3:6]]
+    assert kinds == ["Alloc", "Constant", "CopyD2D"]
+    assert [type(a).__name__ for a in manifest.plan[8].args] == [
+        "BufferArg", "BufferArg", "BufferArg", "ArgumentArg"]  # fmt: skip
+    assert manifest.plan[8].args[0].offset == 64
+    assert CudaManifest.model_validate(manifest.model_dump(mode="json")) == manifest

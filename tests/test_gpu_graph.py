@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import stagegraph as sg
+from stagegraph.artifact.manifest import load_manifest
 from stagegraph.errors import GpuUnavailableError, UnknownTargetError
 from stagegraph.stages.gpu.target import resolve_gpu_target, target_from_properties
 from tests.conftest import kernelbench_or_skip
@@ -179,6 +180,9 @@ def artifact(tmp_path_factory) -> Path:
 @needs_llvmlite
 def test_manifest_plans_allocations_copies_and_launches(artifact):
     manifest = json.loads((artifact / "manifest.json").read_text())
+    assert load_manifest(artifact, kind="cuda").model_dump(mode="json") == manifest
+    assert [v["name"] for v in (*manifest["arguments"], *manifest["results"])] == [
+        "in0", "out0", "out1"]  # fmt: skip
     assert manifest["kind"] == "cuda" and manifest["target"] == {"name": "sm_80", "sm": 80}
     ops = [step["op"] for step in manifest["plan"]]
     assert ops[:2] == ["alloc", "copy_h2d"] and ops.count("launch") == 3
@@ -337,6 +341,7 @@ def test_kernelbench_payloads_compile_and_assemble(stem, tmp_path):
     sg.run("gpu", str(folder / f"{stem}.mlir"), target="sm_90a", emit="object", output=str(out))
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["kernels"]
+    assert load_manifest(out, kind="cuda").model_dump(mode="json") == manifest  # the schema's
     if ptxas_path() is None:
         return
     for ptx in out.glob("*.ptx"):

@@ -156,11 +156,43 @@ def execute_artifact(
     Raises:
         ArtifactError: a bad folder, manifest, input or reference (named in the message).
         TargetNotRunnableError: this host lacks the ISA features the code was built for.
+        GpuUnavailableError: a cuda artifact (its manifest valid) and no GPU here.
     """
+    artifact = open_artifact(directory)
+    try:
+        return _execute(directory, artifact, input_files, output_files, check, bench)
+    finally:
+        getattr(artifact, "close", lambda: None)()
+
+
+def open_artifact(directory: str | Path) -> Any:
+    """The artifact folder loaded by its manifest's kind: CPU code for this host, or
+    (validated first) GPU code, which needs an NVIDIA GPU here.
+
+    Raises:
+        ArtifactError, TargetNotRunnableError, GpuUnavailableError: what the kind's runner
+            refuses.
+    """
+    from stagegraph.artifact.manifest_json import load_manifest_dict
+
+    if load_manifest_dict(directory)["kind"] == "cuda":
+        from stagegraph.artifact.cuda_runner import CudaArtifact
+
+        return CudaArtifact(directory)
     from stagegraph.artifact.runner import CpuArtifact
     from stagegraph.stages.target import detect_target
 
-    artifact = CpuArtifact(directory, detect_target().isa)
+    return CpuArtifact(directory, detect_target().isa)
+
+
+def _execute(
+    directory: str | Path,
+    artifact: Any,
+    input_files: Sequence[str],
+    output_files: Sequence[str],
+    check: str | None,
+    bench: BenchOptions | None,
+) -> ExecReport:
     reference = read_reference(check) if check else None
     inputs, sources = gather_inputs(artifact, input_files, reference, str(check))
     results = artifact.manifest.results

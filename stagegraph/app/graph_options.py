@@ -88,12 +88,14 @@ def with_target(graph: Graph, name: str | None) -> Graph:
 def with_emit(graph: Graph, kind: str, path: str | None, workload: str = "") -> Graph:
     """Swap the graph's emit stage for ``jit``, ``object`` or ``shared`` (to ``path``,
     exporting the entry as the default symbol of the ``workload`` spec)."""
-    if kind == "jit":
-        return graph
     gpu = [
         s for s in graph.stages.values()
         if s.kind == "emit" and "output" in type(s.config).model_fields
     ]  # fmt: skip
+    if gpu and "workload" in type(gpu[0].config).model_fields:  # named in its manifest
+        graph = graph.with_config(gpu[0].name, workload=workload)
+    if kind == "jit":
+        return graph
     if gpu and path:  # the GPU graph writes its artifact folder (PTX, plan) for any --emit
         return graph.with_config(gpu[0].name, output=str(Path(path)))
     from stagegraph.artifact.cabi import default_symbol

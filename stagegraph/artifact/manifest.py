@@ -219,10 +219,35 @@ class Kernel(Schema):
 
 
 class BufferArg(Schema):
+    """A view of device buffer ``buffer`` as a kernel takes it (an MLIR memref descriptor:
+    allocated and aligned pointer, then ``offset``, ``sizes`` and ``strides`` in elements of
+    ``dtype``). Launches pass views, so one allocation can feed several kernels reshaped."""
+
     buffer: str
+    offset: int = Field(ge=0)
+    sizes: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: str
+
+    @model_validator(mode="after")
+    def _rank(self) -> BufferArg:
+        if len(self.sizes) != len(self.strides):
+            raise ValueError(
+                f"view of {self.buffer!r}: {len(self.sizes)} sizes but {len(self.strides)} strides"
+            )
+        return self
+
+
+class ArgumentArg(Schema):
+    """A scalar argument of the entry (by value), passed on to a kernel as itself."""
+
+    argument: str
+    dtype: str
 
 
 class ScalarArg(Schema):
+    """A constant of the host code, passed to a kernel by value."""
+
     scalar: int | float
     dtype: str
 
@@ -241,10 +266,32 @@ class CopyH2D(Schema):
     dst: str
 
 
+class Constant(Schema):
+    """Fill device buffer ``buffer`` with the constant ``data`` (a key of ``constants``)."""
+
+    op: Literal["constant"] = "constant"
+    buffer: str
+    data: str
+
+
+class CopyD2D(Schema):
+    """Copy the view ``src`` into the view ``dst`` on the device (same sizes)."""
+
+    op: Literal["copy_d2d"] = "copy_d2d"
+    src: BufferArg
+    dst: BufferArg
+
+    @model_validator(mode="after")
+    def _same_sizes(self) -> CopyD2D:
+        if self.src.sizes != self.dst.sizes:
+            raise ValueError(f"copy_d2d between sizes {self.src.sizes} and {self.dst.sizes}")
+        return self
+
+
 class Launch(Schema):
     op: Literal["launch"] = "launch"
     kernel: str
-    args: tuple[BufferArg | ScalarArg, ...]
+    args: tuple[BufferArg | ArgumentArg | ScalarArg, ...]
 
 
 class CopyD2H(Schema):
@@ -260,48 +307,71 @@ class Free(Schema):
     buffer: str
 
 
-Step = Annotated[Alloc | CopyH2D | Launch | CopyD2H | Free, Field(discriminator="op")]
+Step = Annotated[
+    Alloc | CopyH2D | Constant | Launch | CopyD2D | CopyD2H | Free, Field(discriminator="op")
+]
 
 
 class CudaManifest(_Common):
     kind: Literal["cuda"] = "cuda"
     target: CudaTarget
     kernels: tuple[Kernel, ...]
+    #: Constant buffers' values: a name (what ``constant`` steps fill from) -> a ``.npy``
+    #: file in the folder.
+    constants: dict[str, FileName] = Field(default_factory=dict)
     plan: tuple[Step, ...]
 
     @model_validator(mode="after")
     def _plan_refers_to_known_names(self) -> CudaManifest:
-        """Every step names a live buffer, a kernel, an argument or a result that exists."""
+        """Every step names a live buffer, a kernel, an argument, a result or a constant
+        that exists."""
         self._check_positions()
-        kernels = {k.name for k in self.kernels}
-        inputs, outputs = {v.name for v in self.arguments}, {v.name for v in self.results}
+        names = [k.name for k in self.kernels]
+        if len(set(names)) != len(names):
+            raise ValueError(f"kernel names {names} repeat")
         live: set[str] = set()
-
-        def need(buffer: str, step: int) -> None:
-            if buffer not in live:
-                raise ValueError(f"plan step {step} uses buffer {buffer!r} before alloc")
-
         for i, step in enumerate(self.plan):
+            for problem in self._step_problems(step, live):
+                raise ValueError(f"plan step {i} ({step.op}): {problem}")
             if isinstance(step, Alloc):
                 live.add(step.buffer)
-            elif isinstance(step, CopyH2D):
-                need(step.dst, i)
-                if step.src not in inputs:
-                    raise ValueError(f"plan step {i} copies unknown argument {step.src!r}")
-            elif isinstance(step, CopyD2H):
-                need(step.src, i)
-                if step.dst not in outputs:
-                    raise ValueError(f"plan step {i} copies into unknown result {step.dst!r}")
-            elif isinstance(step, Launch):
-                if step.kernel not in kernels:
-                    raise ValueError(f"plan step {i} launches unknown kernel {step.kernel!r}")
-                for arg in step.args:
-                    if isinstance(arg, BufferArg):
-                        need(arg.buffer, i)
-            else:
-                need(step.buffer, i)
+            elif isinstance(step, Free):
                 live.discard(step.buffer)
         return self
+
+    def _step_problems(self, step: Any, live: set[str]) -> list[str]:
+        """What is wrong with one step, given the buffers allocated (and not freed) before."""
+        scalars = {v.name for v in self.arguments if v.shape is None}
+        used: list[str] = []
+        problems: list[str] = []
+        if isinstance(step, CopyH2D):
+            used.append(step.dst)
+            if step.src not in {v.name for v in self.arguments} - scalars:
+                problems.append(f"copies unknown array argument {step.src!r}")
+        elif isinstance(step, CopyD2H):
+            used.append(step.src)
+            if step.dst not in {v.name for v in self.results}:
+                problems.append(f"copies into unknown result {step.dst!r}")
+        elif isinstance(step, Constant):
+            used.append(step.buffer)
+            if step.data not in self.constants:
+                problems.append(f"fills from {step.data!r}, which constants lacks")
+        elif isinstance(step, CopyD2D):
+            used += [step.src.buffer, step.dst.buffer]
+        elif isinstance(step, Launch):
+            if step.kernel not in {k.name for k in self.kernels}:
+                problems.append(f"launches unknown kernel {step.kernel!r}")
+            used += [a.buffer for a in step.args if isinstance(a, BufferArg)]
+            problems += [
+                f"passes {a.argument!r}, which is no scalar argument"
+                for a in step.args
+                if isinstance(a, ArgumentArg) and a.argument not in scalars
+            ]
+        elif isinstance(step, Free):
+            used.append(step.buffer)
+        elif step.buffer in live:
+            problems.append(f"allocates {step.buffer!r} twice")
+        return problems + [f"uses buffer {b!r} before alloc" for b in used if b not in live]
 
 
 Manifest = Annotated[CpuManifest | CudaManifest, Field(discriminator="kind")]

@@ -34,7 +34,35 @@ def signature_of(manifest: CpuManifest) -> Signature:
     )
 
 
-class CpuArtifact:
+class CheckedInputs:
+    """What every artifact kind shares: ``directory``, ``manifest`` (its ``arguments``) and
+    checking the caller's arrays against them before anything runs."""
+
+    directory: Path
+    manifest: Any
+
+    def check_inputs(self, inputs: Sequence[Any], sources: Sequence[str] = ()) -> list[Any]:
+        """The inputs as the call takes them, after checking each against the manifest.
+
+        ``sources`` name where each input came from (its file), for the message.
+
+        Raises:
+            ArtifactError: a wrong count, dtype or shape (naming the argument and source).
+        """
+        specs = sorted(self.manifest.arguments, key=lambda v: v.position)
+        if len(inputs) != len(specs):
+            names = ", ".join(v.name for v in specs) or "none"
+            raise ArtifactError(
+                f"{self.directory}: the artifact takes {len(specs)} inputs ({names}), "
+                f"got {len(inputs)}"
+            )
+        return [
+            _checked(spec, value, sources[i] if i < len(sources) else f"input #{i}")
+            for i, (spec, value) in enumerate(zip(specs, inputs, strict=True))
+        ]
+
+
+class CpuArtifact(CheckedInputs):
     """A loaded CPU artifact folder.
 
     Args:
@@ -82,26 +110,6 @@ class CpuArtifact:
         except OSError as error:
             raise ArtifactError(f"{library}: cannot be loaded ({error})") from None
         self.binary.function(manifest.name)  # a library without the entry fails here
-
-    def check_inputs(self, inputs: Sequence[Any], sources: Sequence[str] = ()) -> list[Any]:
-        """The inputs as the call takes them, after checking each against the manifest.
-
-        ``sources`` name where each input came from (its file), for the message.
-
-        Raises:
-            ArtifactError: a wrong count, dtype or shape (naming the argument and source).
-        """
-        specs = sorted(self.manifest.arguments, key=lambda v: v.position)
-        if len(inputs) != len(specs):
-            names = ", ".join(v.name for v in specs) or "none"
-            raise ArtifactError(
-                f"{self.directory}: the artifact takes {len(specs)} inputs ({names}), "
-                f"got {len(inputs)}"
-            )
-        return [
-            _checked(spec, value, sources[i] if i < len(sources) else f"input #{i}")
-            for i, (spec, value) in enumerate(zip(specs, inputs, strict=True))
-        ]
 
     def call(self, inputs: Sequence[Any]) -> list[np.ndarray]:
         """Run the entry on checked ``inputs``; returns freshly allocated outputs in order."""

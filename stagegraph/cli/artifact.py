@@ -78,8 +78,9 @@ def compile_command(**options: Any) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
 def exec_command(**options: Any) -> None:
-    """Run the artifact folder DIRECTORY (from `stagegraph compile`) on your arrays; needs
-    no compiler and loads no MLIR."""
+    """Run the artifact folder DIRECTORY (from `stagegraph compile`, or the gpu graph's
+    --emit folder, which needs an NVIDIA GPU) on your arrays; needs no compiler and loads
+    no MLIR."""
     from stagegraph.app.bench_options import BenchOptions
     from stagegraph.app.exec_artifact import execute_artifact
 

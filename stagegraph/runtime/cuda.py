@@ -221,8 +221,12 @@ class CudaProgram:
         """Upload, launch everything, synchronize and return the results."""
         self.upload(inputs)
         self.launch_all()
-        self._call("cuCtxSynchronize")
+        self.synchronize()
         return self.download()
+
+    def synchronize(self) -> None:
+        """Wait until the launches issued so far have finished."""
+        self._call("cuCtxSynchronize")
 
     def time_ms(self, repeats: int = 20, warmup: int = 3) -> list[float]:
         """Milliseconds per run of the launches (after :meth:`upload`), by CUDA events."""

@@ -3,9 +3,12 @@
 Each ``gpu.module`` is translated to LLVM IR in MLIR and compiled to PTX by llvmlite
 (:mod:`stagegraph.stages.gpu.ptx`); the host function becomes the plan
 (:mod:`stagegraph.stages.gpu.plan`). The result, :class:`CudaBinary`, holds a manifest as
-plain dicts (kind ``cuda``) that the MLIR-free runtime runs (:mod:`stagegraph.runtime.cuda`);
-with ``output`` set it is also written to that folder (``manifest.json``, one ``.ptx`` per
-kernel, one ``.npy`` per constant), to be copied to a GPU machine.
+plain dicts (kind ``cuda`` of the artifact format, :mod:`stagegraph.artifact.manifest`:
+built through :class:`~stagegraph.artifact.manifest.CudaManifest`, so a plan the schema
+refuses fails here at compile time, not on the GPU machine) that the MLIR-free runtime runs
+(:mod:`stagegraph.runtime.cuda`); with ``output`` set it is also written to that folder
+(``manifest.json``, one ``.ptx`` per module, one ``.npy`` per constant), to be copied to a
+GPU machine and run there (``stagegraph exec``, ``benchmarks/gpu_check.py --run``).
 """
 
 from __future__ import annotations
@@ -19,8 +22,6 @@ import numpy as np
 from stagegraph.core.ports import AnyModule, Binary, Config
 from stagegraph.core.stage import stage
 from stagegraph.stages.gpu.target import GpuTarget
-
-SCHEMA_VERSION = 1
 
 
 class CudaBinary(Binary):
@@ -72,7 +73,7 @@ class CudaBinary(Binary):
         return root
 
 
-def producer() -> dict[str, Any]:
+def producer(workload: str) -> dict[str, Any]:
     """What built the artifact (for reproducing it, not for running it)."""
     from importlib.metadata import PackageNotFoundError, version
 
@@ -82,7 +83,8 @@ def producer() -> dict[str, Any]:
         ours = version("stagegraph")
     except PackageNotFoundError:
         ours = "unknown"
-    return {"stagegraph": ours, "mlir": ROOT, "graph": "gpu", "workload": "", "params": None}
+    return {"stagegraph": ours, "mlir": ROOT, "graph": "gpu", "workload": workload,
+            "params": None}  # fmt: skip
 
 
 def kernel_modules(module: Any) -> list[Any]:
@@ -141,9 +143,36 @@ def check_launches(steps: list[dict[str, Any]], arities: dict[str, int]) -> None
 
 
 class GpuEmitConfig(Config):
-    """``output``: a folder to write the artifact to (else it stays in memory)."""
+    """``output``: a folder to write the artifact to (else it stays in memory);
+    ``workload``: the workload's spec, recorded in the manifest's ``producer``."""
 
     output: str | None = None
+    workload: str = ""
+
+
+def validated_manifest(fields: dict[str, Any]) -> dict[str, Any]:
+    """The ``cuda`` manifest as JSON-able dicts, after the schema accepted it.
+
+    Raises:
+        EmitError: the plan breaks the artifact schema (a lowering bug; the first problems
+            are named).
+    """
+    from pydantic import ValidationError
+
+    from stagegraph.artifact.manifest import CudaManifest
+    from stagegraph.errors import EmitError
+
+    try:
+        manifest = CudaManifest.model_validate(fields)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5]
+        )
+        raise EmitError(
+            f"stage gpu.emit: the manifest of {fields.get('name')!r} breaks the cuda artifact "
+            f"schema: {problems}"
+        ) from None
+    return manifest.model_dump(mode="json")
 
 
 @stage("emit", name="gpu.emit")
@@ -174,18 +203,17 @@ def gpu_emit(module: AnyModule, target: GpuTarget, config: GpuEmitConfig) -> Bin
          "launch": plan.launches[name]}
         for name in plan.launches
     ]  # fmt: skip
-    manifest = {
-        "schema_version": SCHEMA_VERSION,
+    manifest = validated_manifest({
         "kind": "cuda",
         "name": entry,
-        "producer": producer(),
+        "producer": producer(config.workload),
         "target": {"name": target.arch, "sm": target.sm},
         "arguments": plan.arguments,
         "results": plan.results,
         "kernels": kernels,
         "constants": {name: f"{name}.npy" for name in plan.constants},
         "plan": plan.steps,
-    }
+    })  # fmt: skip
     key = module.content_hash() + target.content_hash()
     binary = CudaBinary(key, manifest, ptx, plan.constants)
     if not config.output:

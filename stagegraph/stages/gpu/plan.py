@@ -249,7 +249,8 @@ def host_plan(module: Any, entry: str) -> HostPlan:
     arguments = function.regions[0].blocks[0].arguments
     for position, (spec, value) in enumerate(zip(signature.args, arguments, strict=True)):
         kind = "results" if spec.output else "arguments"
-        name = f"{'out' if spec.output else 'arg'}{position}"
+        # Named as the CPU kind names them (in0, in1, ..., out0, ...: a reference .npz's keys)
+        name = f"{'out' if spec.output else 'in'}{len(getattr(plan, kind))}"
         shape = None if spec.shape is None else list(spec.shape)
         getattr(plan, kind).append({
             "name": name, "position": position, "dtype": spec.dtype, "shape": shape,
