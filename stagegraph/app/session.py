@@ -63,6 +63,7 @@ class SessionRequest(Schema):
     trace_file: str | None = None
     bench: BenchOptions | None = None
     splice_at: str | None = None
+    save_payload: str | None = None
 
 
 def parse_assignments(items: Sequence[str] | Mapping[str, Any]) -> dict[str, Any]:
@@ -161,10 +162,17 @@ class Session:
 
             self.hooks.append(TraceEvents(request.trace_file))
         self.engine = Engine(self.hooks, cache=cache, cache_dir=request.cache_dir)
+        if request.save_payload:
+            from stagegraph.workload.torch_model import check_savable
+
+            check_savable(self.workload)
 
     def compile(self, until: str | None = None) -> RunResult:
         """Run the graph's stages for the workload (up to the tag ``until``)."""
-        return self.engine.run(self.graph, self.workload, until=until)
+        result = self.engine.run(self.graph, self.workload, until=until)
+        if self.request.save_payload:  # imported by now: the stages asked for the payload
+            self.workload.save_payload(self.request.save_payload)
+        return result
 
     def close(self) -> None:
         """Stop the hooks that run a thread (time limits, progress): the work is done."""
@@ -244,6 +252,7 @@ def request_from_options(graph: str, workload: str, options: Mapping[str, Any]) 
         run_timeout_s=options.get("run_timeout"),
         cache_dir=absolute_path(options.get("cache")),
         trace_file=absolute_path(options.get("trace")),
+        save_payload=absolute_path(options.get("save_payload")),
     )
 
 

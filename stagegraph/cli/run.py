@@ -36,6 +36,8 @@ from stagegraph.cli.output import emit_json, print_run_report, report_cost_model
 )
 @click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON report.")
+@click.option("--save-payload", type=click.Path(file_okay=False), metavar="DIR",
+              help="Write a PyTorch workload's imported .mlir and .npz to DIR.")
 @isolation_options
 @click.option("--ranks", type=click.IntRange(min=1), help="Run on N MPI ranks (sharded workloads).")
 @cost_model_options

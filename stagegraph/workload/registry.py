@@ -1,5 +1,7 @@
 """Workloads by name: ``NAME[:key=value,...]`` specs (lists written with ``-``, e.g.
-``mlp:batch=64,widths=256-512-256``) or the path of a ``.mlir`` file.
+``mlp:batch=64,widths=256-512-256``), the path of a ``.mlir`` file, or a PyTorch model: a
+problem file ``FILE.py[:name=value,...]`` or ``package.module:factory``
+(:mod:`.torch_model`).
 
 Workload classes live in the ``stagegraph.workloads`` package; each module there registers
 its classes with :func:`register`, and the package is imported only when a name is first
@@ -23,6 +25,7 @@ from stagegraph.errors import (
     unknown_name_message,
 )
 from stagegraph.workload.base import Workload, WorkloadParams
+from stagegraph.workload.torch_source import is_factory_spec
 
 PACKAGE = "stagegraph.workloads"
 
@@ -111,6 +114,10 @@ def parse_workload(text: str) -> Workload:
     """
     text = text.strip()
     head, _, rest = text.partition(":")
+    if head.endswith(".py"):
+        from stagegraph.workload.torch_model import parse_problem_spec
+
+        return parse_problem_spec(text)
     if text.endswith(".mlir") or head.endswith(".mlir"):
         from stagegraph.workload.mlir_file import MlirFileWorkload
 
@@ -121,6 +128,10 @@ def parse_workload(text: str) -> Workload:
         return MlirFileWorkload(path, **values)
     _discover()
     found = _REGISTRY.get(head)
+    if found is None and is_factory_spec(text):
+        from stagegraph.workload.torch_model import Factory, TorchWorkload
+
+        return TorchWorkload(Factory(text))
     if found is None:
         raise UnknownWorkloadError(_unknown(head))
     if isinstance(found, Path):

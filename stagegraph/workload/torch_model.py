@@ -1,0 +1,339 @@
+"""A PyTorch model as a workload: imported with torch-mlir's FX importer, checked against
+eager PyTorch on the same inputs.
+
+The import happens on first use (the first stage that asks for the payload, its inputs or
+its reference), so it runs where compiles run: in the ``--isolate`` child, under the
+compile time limit. It exports the model (``torch.export``), lowers it to linalg on tensors
+(:mod:`stagegraph.mlir.torch_import`), runs the model eagerly on the same inputs, and writes
+the ``.mlir`` and an ``.npz`` (``in0..``; updated buffers ``mut0..`` then outputs
+``out0..``, the layout of ``../shared/kernelbench``) to a private directory; from there the
+:class:`~stagegraph.workload.mlir_file.MlirFileWorkload` of that file serves the payload,
+inputs, reference and costs. A model in training mode that updates buffers (BatchNorm's
+running statistics) returns them as extra results, which are verified like the outputs.
+Dropout modules are put in eval mode: a random mask cannot be verified.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import shutil
+import tempfile
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from stagegraph.errors import PayloadError
+from stagegraph.workload.base import Complexity, TensorSpec, Workload, WorkloadParams
+from stagegraph.workload.torch_source import (
+    TorchProblem,
+    load_factory,
+    load_problem_file,
+    parse_value,
+    require_torch,
+)
+
+if TYPE_CHECKING:
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.workload.mlir_file import MlirFileWorkload
+
+
+@dataclass(frozen=True)
+class ProblemFile:
+    """``FILE.py[:name=value,...]``: overrides kept as written (``16x1x1``)."""
+
+    path: str
+    overrides: tuple[tuple[str, str], ...] = ()
+
+    def load(self, seed: int) -> TorchProblem:
+        values = {}
+        for name, text in self.overrides:
+            try:
+                values[name] = parse_value(text)
+            except ValueError as exc:
+                from stagegraph.errors import WorkloadParamError
+
+                raise WorkloadParamError(f"{self.path}: {name}={exc}") from None
+        return load_problem_file(Path(self.path), values, seed)
+
+    def spec(self, seed: int) -> str:
+        items = [f"{k}={v}" for k, v in self.overrides] + ([f"seed={seed}"] if seed else [])
+        return f"{self.path}:{','.join(items)}" if items else self.path
+
+
+@dataclass(frozen=True)
+class Factory:
+    """``package.module:factory``."""
+
+    target: str
+
+    def load(self, seed: int) -> TorchProblem:
+        return load_factory(self.target, seed)
+
+    def spec(self, seed: int) -> str:
+        return self.target
+
+
+@dataclass(frozen=True)
+class Live:
+    """A model object and its example inputs (``sg.from_torch``)."""
+
+    problem: TorchProblem = field(compare=False)
+
+    def load(self, seed: int) -> TorchProblem:
+        return self.problem
+
+    def spec(self, seed: int) -> str:
+        return f"torch:{type(self.problem.model).__name__}"
+
+
+class TorchWorkload(Workload):
+    """A PyTorch model and its inputs (see the module docstring)."""
+
+    name = "torch"
+    Params = WorkloadParams
+
+    def __init__(self, source: ProblemFile | Factory | Live, /, **values: Any) -> None:
+        super().__init__(**values)
+        self.source = source
+        stem = Path(source.path).stem if isinstance(source, ProblemFile) else None
+        self.name = stem or self.spec.rpartition(":")[2].removesuffix("()")
+
+    @property
+    def spec(self) -> str:
+        return self.source.spec(self.params.seed)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        options = self.params.model_dump(exclude_defaults=True)
+        return (functools.partial(TorchWorkload, self.source, **options), ())
+
+    # -- the PyTorch side
+    @functools.cached_property
+    def problem(self) -> TorchProblem:
+        """The model (dropout in eval mode) and inputs, built once."""
+        torch = require_torch(f"the workload {self.spec}")
+        problem = self.source.load(self.params.seed)
+        if not isinstance(problem.model, torch.nn.Module):
+            raise PayloadError(f"{problem.what}: is a {type(problem.model).__name__}, not a "
+                               f"torch.nn.Module")  # fmt: skip
+        for module in problem.model.modules():
+            if isinstance(module, torch.nn.modules.dropout._DropoutNd):
+                module.eval()
+        self._pristine = copy.deepcopy(problem.model)
+        return problem
+
+    def torch_model(self) -> Any:
+        """A fresh copy of the model in its state before any call (for a peer's runs)."""
+        self.problem  # noqa: B018 -- builds the pristine copy
+        return copy.deepcopy(self._pristine)
+
+    def torch_inputs(self) -> list[Any]:
+        return list(self.problem.inputs)
+
+    # -- the imported payload
+    @functools.cached_property
+    def imported(self) -> MlirFileWorkload:
+        """The ``.mlir`` + ``.npz`` of the import, as a file workload (imported on first use).
+
+        Raises:
+            PayloadError: ``torch.export`` or torch-mlir cannot take the model (the message
+                names the op), or the eager run fails.
+        """
+        from stagegraph.mlir.torch_import import import_program
+        from stagegraph.workload.mlir_file import MlirFileWorkload
+
+        problem = self.problem
+        program = export(problem)
+        text, signature = import_program(program, problem.what)
+        arrays = eager_arrays(self.torch_model(), problem, signature)
+        folder = Path(tempfile.mkdtemp(prefix=f"stagegraph-torch-{self.name}-"))
+        weakref.finalize(self, shutil.rmtree, folder, True)
+        path = folder / f"{self.name}.mlir"
+        path.write_text(text)
+        np.savez(path.with_suffix(".npz"), **arrays)
+        return MlirFileWorkload(path)
+
+    def save_payload(self, directory: str | Path) -> list[Path]:
+        """Write ``<name>.mlir`` and ``<name>.npz`` to ``directory`` (runs without PyTorch)."""
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
+        written = []
+        for source in (self.imported.path, self.imported.npz_path):
+            written.append(Path(shutil.copyfile(source, folder / source.name)))
+        return written
+
+    # -- the Workload interface, served by the imported file
+    def payload(self, context: ir.Context | None = None) -> ir.Module:
+        return self.imported.payload(context)
+
+    def input_specs(self) -> list[TensorSpec]:
+        return self.imported.input_specs()
+
+    def output_specs(self) -> list[TensorSpec]:
+        return self.imported.output_specs()
+
+    def _generate_inputs(self) -> list[np.ndarray]:
+        return list(self.imported.inputs())
+
+    def _compute_reference(self) -> list[np.ndarray]:
+        return list(self.imported.reference())
+
+    @property
+    def reduction_length(self) -> int:
+        return self.imported.reduction_length
+
+    @property
+    def complexity(self) -> Complexity:
+        return self.imported.complexity
+
+
+# ---------------------------------------------------------------- export and eager
+
+
+def export(problem: TorchProblem) -> Any:
+    """``torch.export`` of the model on its inputs (non-strict, static shapes).
+
+    Raises:
+        PayloadError: the model cannot be captured (data-dependent control flow, ...).
+    """
+    import warnings
+
+    import torch
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.export.export(problem.model, tuple(problem.inputs), strict=False)
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise PayloadError(
+            f"{problem.what}: torch.export cannot capture it: {type(exc).__name__}: {first}"
+        ) from None
+
+
+def eager_arrays(model: Any, problem: TorchProblem, signature: Any) -> dict[str, np.ndarray]:
+    """``in*``, ``mut*`` and ``out*`` arrays: the inputs, then what eager PyTorch returns
+    and the buffers (and inputs) it updates, in the order of the exported program's results.
+
+    Raises:
+        PayloadError: the eager run fails or returns a value that is no tensor.
+    """
+    import torch
+    from torch.export.graph_signature import OutputKind
+    from torch.utils._pytree import tree_leaves
+
+    arrays = {f"in{i}": to_numpy(value) for i, value in enumerate(problem.inputs)
+              if value is not None}  # fmt: skip
+    args = [v.clone() if isinstance(v, torch.Tensor) else v for v in problem.inputs]
+    try:
+        with torch.no_grad():
+            outputs = iter(tree_leaves(model(*args)))
+    except Exception as exc:
+        raise PayloadError(f"{problem.what}: the eager run failed: {type(exc).__name__}: {exc}"
+                           ) from None  # fmt: skip
+    user_inputs = [s.arg.name for s in signature.input_specs if s.kind.name == "USER_INPUT"]
+    mutated = 0
+    for index, spec in enumerate(signature.output_specs):
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            value = model.get_buffer(spec.target)
+        elif spec.kind == OutputKind.USER_INPUT_MUTATION:
+            value = args[user_inputs.index(spec.target)]
+        else:
+            value = next(outputs, None)
+            if not isinstance(value, torch.Tensor):
+                raise PayloadError(f"{problem.what}: result #{index} is "
+                                   f"{type(value).__name__}, not a tensor")  # fmt: skip
+            arrays[f"out{index - mutated}"] = to_numpy(value)
+            continue
+        arrays[f"mut{mutated}"] = to_numpy(value)
+        mutated += 1
+    return arrays
+
+
+def to_numpy(value: Any) -> np.ndarray:
+    """A tensor or Python scalar as a numpy array (scalars: 0-d f64/i64/bool, as the
+    importer types them)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().contiguous().numpy()
+    if isinstance(value, bool):
+        return np.array(value, np.bool_)
+    if isinstance(value, int):
+        return np.array(value, np.int64)
+    if isinstance(value, float):
+        return np.array(value, np.float64)
+    raise PayloadError(f"an input of type {type(value).__name__} is no tensor or scalar")
+
+
+# ---------------------------------------------------------------- specs
+
+
+def parse_problem_spec(text: str) -> TorchWorkload:
+    """``FILE.py[:name=value,...,seed=N]``: names and values are checked here, before
+    anything imports torch (the file is parsed, not run).
+
+    Raises:
+        UnknownWorkloadError: no such file.
+        WorkloadParamError: ``key=value`` malformed or repeated, an unknown constant, or a
+            value that is no integer, float or ``AxB`` tuple.
+    """
+    import ast
+
+    from stagegraph.errors import UnknownWorkloadError, WorkloadParamError
+    from stagegraph.workload.torch_source import apply_overrides
+
+    path, _, rest = text.partition(":")
+    if not Path(path).is_file():
+        raise UnknownWorkloadError(f"PyTorch problem file workload: no such file {path!r}")
+    overrides: dict[str, str] = {}
+    seed = 0
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, eq, value = (part.strip() for part in item.partition("="))
+        if not eq or not key or not value:
+            raise WorkloadParamError(f"workload {path!r}: expected name=value, got {item!r}")
+        if key in overrides or (key == "seed" and seed):
+            raise WorkloadParamError(f"workload {path!r}: {key!r} given twice")
+        try:
+            parsed = parse_value(value)
+        except ValueError as exc:
+            raise WorkloadParamError(f"workload {path!r}: {key}={exc}") from None
+        if key == "seed":
+            if not isinstance(parsed, int) or parsed < 0:
+                raise WorkloadParamError(f"workload {path!r}: seed must be an integer >= 0")
+            seed = parsed
+        else:
+            overrides[key] = value
+    try:
+        tree = ast.parse(Path(path).read_text(), filename=path)
+    except SyntaxError as exc:
+        raise PayloadError(f"{path}:{exc.lineno}: {exc.msg}") from None
+    apply_overrides(tree, {k: parse_value(v) for k, v in overrides.items()}, path)
+    return TorchWorkload(ProblemFile(path, tuple(overrides.items())), seed=seed)
+
+
+def from_torch(model: Any, example_inputs: Any) -> TorchWorkload:
+    """The workload of a model object and its example inputs (a tensor or a sequence)."""
+    require_torch("stagegraph.from_torch")
+    inputs = list(example_inputs) if isinstance(example_inputs, list | tuple) else [
+        example_inputs
+    ]  # fmt: skip
+    return TorchWorkload(Live(TorchProblem(model, inputs, f"{type(model).__name__}")))
+
+
+def check_savable(workload: Workload) -> None:
+    """Refuse ``--save-payload`` for a workload that was not imported from PyTorch.
+
+    Raises:
+        ConfigError: the workload is no :class:`TorchWorkload`.
+    """
+    if not isinstance(workload, TorchWorkload):
+        from stagegraph.errors import ConfigError
+
+        raise ConfigError(
+            f"--save-payload writes the payload imported from a PyTorch model (FILE.py or "
+            f"package.module:factory); {workload.spec} is already an MLIR payload"
+        )
