@@ -282,4 +282,9 @@ def tune(
     return run_tune(options, progress=progress)
 
 
-__all__ = ["bench", "run", "tune"]
+# PyTorch in (the ``torch`` extra): a model as a workload, compiled for PyTorch callers.
+from stagegraph.app.torch_compiled import compile_model as compile  # noqa: E402
+from stagegraph.app.torch_compiled import torch_backend  # noqa: E402
+from stagegraph.workload.torch_model import from_torch  # noqa: E402
+
+__all__ = ["bench", "compile", "from_torch", "run", "torch_backend", "tune"]

@@ -29,20 +29,31 @@ def import_program(program: Any, what: str) -> tuple[str, Any]:
         PayloadError: the importer or torch-mlir's lowering cannot take an op; the message
             quotes torch-mlir's diagnostic, which names the op (``torch.aten.foo``).
     """
-    from torch_mlir import fx
+    from torch_mlir import fx, ir
+    from torch_mlir.dialects import torch as torch_dialect
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+    from torch_mlir.extras.fx_importer import FxImporter
 
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            program = program.run_decompositions(get_decomposition_table())
-            module = fx.export_and_import(
-                program, output_type="linalg-on-tensors", decomposition_table={}
-            )
-    except Exception as exc:  # torch-mlir raises plain Python errors of many kinds
-        raise PayloadError(
-            f"{what}: torch-mlir's FX importer cannot lower it to linalg on tensors: {_reason(exc)}"
-        ) from None
+    from stagegraph.mlir.diagnostics import capture_diagnostics
+
+    context = ir.Context()
+    torch_dialect.register_dialect(context)
+    with capture_diagnostics(context) as diagnostics:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                program = program.run_decompositions(get_decomposition_table())
+                module = fx.export_and_import(
+                    program,
+                    output_type="linalg-on-tensors",
+                    decomposition_table={},
+                    fx_importer=FxImporter(context=context),
+                )
+        except Exception as exc:  # torch-mlir raises plain Python errors of many kinds
+            reason = "; ".join(diagnostics[:3]) if diagnostics else _reason(exc)
+            raise PayloadError(
+                f"{what}: torch-mlir's FX importer cannot lower it to linalg on tensors: {reason}"
+            ) from None
     return str(module), program.graph_signature
 
 

@@ -148,7 +148,8 @@ class TorchWorkload(Workload):
         problem = self.problem
         program = export(problem)
         text, signature = import_program(program, problem.what)
-        arrays = eager_arrays(self.torch_model(), problem, signature)
+        arrays, self.output_tree = eager_arrays(self.torch_model(), problem, signature)
+        self.mutated = sum(name.startswith("mut") for name in arrays)
         folder = Path(tempfile.mkdtemp(prefix=f"stagegraph-torch-{self.name}-"))
         weakref.finalize(self, shutil.rmtree, folder, True)
         path = folder / f"{self.name}.mlir"
@@ -214,23 +215,27 @@ def export(problem: TorchProblem) -> Any:
         ) from None
 
 
-def eager_arrays(model: Any, problem: TorchProblem, signature: Any) -> dict[str, np.ndarray]:
+def eager_arrays(
+    model: Any, problem: TorchProblem, signature: Any
+) -> tuple[dict[str, np.ndarray], Any]:
     """``in*``, ``mut*`` and ``out*`` arrays: the inputs, then what eager PyTorch returns
-    and the buffers (and inputs) it updates, in the order of the exported program's results.
+    and the buffers (and inputs) it updates, in the order of the exported program's results;
+    and the structure of the model's output (a pytree spec: tensor, tuple, ...).
 
     Raises:
         PayloadError: the eager run fails or returns a value that is no tensor.
     """
     import torch
     from torch.export.graph_signature import OutputKind
-    from torch.utils._pytree import tree_leaves
+    from torch.utils._pytree import tree_flatten
 
     arrays = {f"in{i}": to_numpy(value) for i, value in enumerate(problem.inputs)
               if value is not None}  # fmt: skip
     args = [v.clone() if isinstance(v, torch.Tensor) else v for v in problem.inputs]
     try:
         with torch.no_grad():
-            outputs = iter(tree_leaves(model(*args)))
+            leaves, tree = tree_flatten(model(*args))
+            outputs = iter(leaves)
     except Exception as exc:
         raise PayloadError(f"{problem.what}: the eager run failed: {type(exc).__name__}: {exc}"
                            ) from None  # fmt: skip
@@ -250,7 +255,7 @@ def eager_arrays(model: Any, problem: TorchProblem, signature: Any) -> dict[str,
             continue
         arrays[f"mut{mutated}"] = to_numpy(value)
         mutated += 1
-    return arrays
+    return arrays, tree
 
 
 def to_numpy(value: Any) -> np.ndarray:
