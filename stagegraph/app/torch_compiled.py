@@ -74,20 +74,11 @@ class CompiledModel:
         from torch.utils._pytree import tree_leaves
 
         from stagegraph.errors import VerificationError
-        from stagegraph.workload.verify import compare
 
         inputs = [torch.from_numpy(np.array(a)) if isinstance(a, np.ndarray) else a for a in args]
         with torch.no_grad():
             expected = [to_numpy(t) for t in tree_leaves(self.workload.torch_model()(*inputs))]
-        mutated = self.workload.mutated
-        verdict = compare(
-            results,
-            expected,
-            self.workload.output_specs()[mutated:],
-            reduction_length=self.workload.reduction_length,
-            magnitudes=self.workload.magnitudes()[mutated:],
-            who=self.workload.spec,
-        )
+        verdict = self.workload.verify_outputs(results, expected)
         if not verdict.ok:
             raise VerificationError(f"{self.workload.spec}: check=True: {verdict.message}")
 

@@ -1,6 +1,6 @@
-"""The two sides of ``bench --vs``: the session's graph against another graph, numpy or IREE,
-each compiled (or prepared) and verified before :func:`~stagegraph.app.bench.compare` times
-them interleaved."""
+"""The two sides of ``bench --vs``: the session's graph against another graph, numpy, IREE or
+PyTorch (:mod:`.torch_peer`), each compiled (or prepared) and verified before
+:func:`~stagegraph.app.bench.compare` times them interleaved."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ def versus_measurements(
     session: Any, versus: str, splice_at: str | None
 ) -> tuple[Measurement, Measurement | NumpyMeasurement]:
     """The two sides of ``bench --vs``: the session's graph, and ``versus`` (a graph name,
-    ``numpy`` or ``iree``) with the same ``--param``/``--threads`` and (except ``naive``) target;
-    both compiled and verified, to be timed with :func:`compare`."""
+    ``numpy``, ``iree``, ``torch`` or ``torch-compile``) with the same ``--param``/``--threads``
+    and (except ``naive``) target; both compiled and verified, to be timed with
+    :func:`compare`."""
     from stagegraph.app.graph_options import params_stages, with_params, with_target
     from stagegraph.core.catalog import load_graph
 
@@ -22,6 +23,10 @@ def versus_measurements(
     first = prepare(session.engine, session.graph, session.workload, splice_at)
     if versus == "numpy":
         return first, NumpyMeasurement(session.workload, threads)
+    if versus in ("torch", "torch-compile"):
+        from stagegraph.app.torch_peer import TorchMeasurement
+
+        return first, TorchMeasurement(session.workload, threads, versus)
     if versus == "iree":
         from stagegraph.app.iree import IreeMeasurement
 

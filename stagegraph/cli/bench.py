@@ -62,9 +62,10 @@ from stagegraph.cli.output import (
 @click.option(
     "--vs",
     "versus",
-    metavar="GRAPH|numpy|iree",
+    metavar="GRAPH|numpy|iree|torch|torch-compile",
     help="Measure a second variant interleaved and report the ratio (iree: the same payload "
-    "compiled by IREE for llvm-cpu; needs pip install 'stagegraph[peers]').",
+    "compiled by IREE for llvm-cpu; needs pip install 'stagegraph[peers]'; torch, "
+    "torch-compile: a PyTorch workload's model, eager or inductor; needs the torch extra).",
 )
 @param_option
 @click.option("--threads", type=click.IntRange(min=1), help="Threads (default: all cores).")

@@ -133,6 +133,24 @@ class TorchWorkload(Workload):
     def torch_inputs(self) -> list[Any]:
         return list(self.problem.inputs)
 
+    def verify_outputs(
+        self, outputs: list[np.ndarray], expected: list[np.ndarray] | None = None
+    ) -> Any:
+        """The :class:`~stagegraph.workload.verify.Verdict` of a model's own outputs (no
+        updated buffers) against ``expected`` (default: the reference's outputs), by the
+        workload's tolerances."""
+        from stagegraph.workload.verify import compare
+
+        mutated = self.mutated
+        return compare(
+            outputs,
+            expected if expected is not None else list(self.reference())[mutated:],
+            self.output_specs()[mutated:],
+            reduction_length=self.reduction_length,
+            magnitudes=self.magnitudes()[mutated:],
+            who=self.spec,
+        )
+
     # -- the imported payload
     @functools.cached_property
     def imported(self) -> MlirFileWorkload:
@@ -148,14 +166,26 @@ class TorchWorkload(Workload):
         problem = self.problem
         program = export(problem)
         text, signature = import_program(program, problem.what)
-        arrays, self.output_tree = eager_arrays(self.torch_model(), problem, signature)
-        self.mutated = sum(name.startswith("mut") for name in arrays)
+        arrays, self._output_tree = eager_arrays(self.torch_model(), problem, signature)
+        self._mutated = sum(name.startswith("mut") for name in arrays)
         folder = Path(tempfile.mkdtemp(prefix=f"stagegraph-torch-{self.name}-"))
         weakref.finalize(self, shutil.rmtree, folder, True)
         path = folder / f"{self.name}.mlir"
         path.write_text(text)
         np.savez(path.with_suffix(".npz"), **arrays)
         return MlirFileWorkload(path)
+
+    @property
+    def mutated(self) -> int:
+        """How many results (the first) are buffers the model updates, not its outputs."""
+        self.imported  # noqa: B018 -- imports on first use
+        return self._mutated
+
+    @property
+    def output_tree(self) -> Any:
+        """The structure of the model's output (a pytree spec: a tensor, a tuple, ...)."""
+        self.imported  # noqa: B018 -- imports on first use
+        return self._output_tree
 
     def save_payload(self, directory: str | Path) -> list[Path]:
         """Write ``<name>.mlir`` and ``<name>.npz`` to ``directory`` (runs without PyTorch)."""
