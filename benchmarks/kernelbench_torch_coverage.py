@@ -71,6 +71,20 @@ def problem_specs(root: Path, levels: list[int], only: str = "") -> list[tuple[s
     return specs
 
 
+def payload_problem_spec(payload: Path) -> str | None:
+    """The problem-file spec of a shipped payload (``levelN/lN_XXX_*.mlir``): its file in
+    ``src/levelN`` at the payload's ``scaled_constants``; None when there is none."""
+    level = payload.parent.name.removeprefix("level")
+    if not level.isdigit():
+        return None
+    found = sorted((payload.parent.parent / "src" / payload.parent.name).glob(
+        f"{payload.stem[:6]}_*.py"))  # fmt: skip
+    if not found:
+        return None
+    constants = manifest_sizes(payload.parent.parent, int(level)).get(payload.stem[:6], {})
+    return problem_spec(found[0].resolve(), constants)
+
+
 def check(graph: str, spec: str) -> dict[str, Any]:
     """Import, compile, run and verify one problem (runs in the child)."""
     from stagegraph.app.run import run_report

@@ -173,7 +173,15 @@ class TorchWorkload(Workload):
         path = folder / f"{self.name}.mlir"
         path.write_text(text)
         np.savez(path.with_suffix(".npz"), **arrays)
-        return MlirFileWorkload(path)
+        try:
+            return MlirFileWorkload(path)
+        except PayloadError:
+            raise
+        except Exception as exc:  # the bindings' MLIRError: an op stagegraph cannot parse
+            raise PayloadError(
+                f"{problem.what}: the module torch-mlir imported does not load: "
+                f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+            ) from None
 
     @property
     def mutated(self) -> int:
