@@ -4,6 +4,8 @@ is parsed and its constants evaluated, never its model built)."""
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 
 import pytest
 
@@ -105,3 +107,27 @@ def test_factory_specs_are_told_from_named_workloads():
 
     with pytest.raises(UnknownWorkloadError, match="cannot import module 'no_such_pkg.models'"):
         parse_workload("no_such_pkg.models:make").input_specs()
+
+
+def test_without_pytorch_the_extra_is_named(capsys, tmp_path, monkeypatch):
+    from stagegraph.cli.main import main
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    path = tmp_path / "problem.py"
+    path.write_text(SOURCE)
+    assert main(["run", "x86", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "needs PyTorch" in err and "pip install 'stagegraph[torch]'" in err
+    assert main(["bench", "x86", "matmul:m=8,n=8,k=8", "--vs", "torch"]) == 2
+
+
+def test_the_core_never_imports_torch():
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import stagegraph as sg, stagegraph.api, stagegraph.cli.main\n"
+        "from stagegraph.workload import parse_workload\n"
+        "assert sg.compile and sg.from_torch and sg.torch_backend\n"
+        "parse_workload('matmul:m=8,n=8,k=8').inputs()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr

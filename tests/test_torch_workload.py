@@ -5,7 +5,6 @@ training-mode model updates), factories, ``--save-payload``, ``--isolate`` and t
 from __future__ import annotations
 
 import json
-import sys
 
 import numpy as np
 import pytest
@@ -166,10 +165,3 @@ def test_a_failing_problem_file_is_named(capsys, tmp_path):
     code, _, err = run_json(capsys, "x86", str(path))
     assert code == 2 and "broken.py: get_inputs() failed: AttributeError" in err
 
-
-def test_without_pytorch_the_extra_is_named(capsys, problem, monkeypatch):
-    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
-    code, _, err = run_json(capsys, "x86", str(problem))
-    assert code == 2 and "pip install 'stagegraph[torch]'" in err
-    code, _, err = run_json(capsys, "x86", f"{problem}:batch=3")  # checked without torch
-    assert code == 2 and "no module-level constant 'batch'" in err
