@@ -37,8 +37,11 @@ def format_value(value: Any) -> str:
 
 def problem_spec(path: Path, constants: dict[str, Any]) -> str:
     """``path:name=value,...``; a manifest key ``height=width`` (a chained assignment)
-    sets both names through the first."""
-    items = [f"{key.split('=')[0]}={format_value(value)}" for key, value in constants.items()]
+    sets each name, and a later key for one of them (``height``) wins."""
+    values: dict[str, Any] = {}
+    for key, value in constants.items():
+        values.update(dict.fromkeys(key.split("="), value))
+    items = [f"{name}={format_value(value)}" for name, value in values.items()]
     return f"{path}:{','.join(items)}" if items else str(path)
 
 
