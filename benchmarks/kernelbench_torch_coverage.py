@@ -3,10 +3,11 @@ eager PyTorch: the PyTorch front door's coverage.
 
 Each problem file ``src/levelN/<stem>.py`` runs at the sizes its shipped payload was scaled
 to (``scaled_constants`` of ``levelN/manifest.json``); a file with no shipped payload (the
-large level-3 models) runs with its batch shrunk to 1 and nothing else changed unless
-``--shrink`` names more constants. Every problem is imported, compiled, run and verified in
-an isolated child process with a time and memory limit, so a crash or a hang is a row, not
-the end. Usage:
+large level-3 models) runs at the sizes of :data:`LEVEL3_SIZES`. The scaler also changed
+literals inside some functions (``lit:get_inputs@68:48`` in the manifest); a spec cannot,
+so those files run at the file's literals (l3_021 then with batch 1). Every problem is
+imported, compiled, run and verified in an isolated child process with a time and memory
+limit, so a crash or a hang is a row, not the end. Usage:
 
     python benchmarks/kernelbench_torch_coverage.py ../shared/kernelbench [--levels 1 2 3]
         [--timeout S] [--memory GB] [--json] [--only SUBSTRING]
@@ -24,8 +25,24 @@ from typing import Any
 from stagegraph.app.isolate import Limits
 from stagegraph.errors import StagegraphError
 
-#: Constants of the large level-3 models (no shipped payload) shrunk to keep a run small.
-LEVEL3_SHRINK = {"batch_size": 1}
+#: Sizes of the level-3 models that have no shipped payload (by problem number): batch 1 and,
+#: where the model does not fix its input size (a final 7x7 pool, a classifier sized for
+#: 224x224), smaller images and sequences.
+LEVEL3_SIZES: dict[str, dict[str, Any]] = {
+    "l3_003": {"batch_size": 8, "input_size": 256, "output_size": 256},
+    "l3_005": {"batch_size": 1},
+    "l3_007": {"batch_size": 1, "height": 64, "width": 64},
+    "l3_009": {"batch_size": 1, "input_shape": [1, 3, 64, 64]},
+    "l3_011": {"batch_size": 1},
+    "l3_015": {"batch_size": 1, "height": 64, "width": 64},
+    "l3_019": {"batch_size": 1},
+    "l3_023": {"batch_size": 1},
+    "l3_029": {"batch_size": 1},
+    "l3_035": {"batch_size": 2, "sequence_length": 16},
+    "l3_045": {"batch_size": 1, "height": 32, "width": 64, "features": 16},
+    "l3_049": {"batch_size": 2},
+    "l3_021": {"batch_size": 1},  # its images stay 224x224: a literal in get_inputs()
+}
 
 
 def format_value(value: Any) -> str:
@@ -51,25 +68,22 @@ def manifest_sizes(root: Path, level: int) -> dict[str, dict[str, Any]]:
     if not manifest.is_file():
         return {}
     entries = json.loads(manifest.read_text())
-    return {e["stem"][:6]: dict(e.get("scaled_constants") or {}) for e in entries}
+    return {
+        e["stem"][:6]: {k: v for k, v in (e.get("scaled_constants") or {}).items()
+                        if not k.startswith("lit:")}  # literals inside functions: no spec
+        for e in entries
+    }  # fmt: skip
 
 
 def problem_specs(root: Path, levels: list[int], only: str = "") -> list[tuple[str, str]]:
     """``(name, spec)`` of every problem file of ``levels`` (see the module docstring)."""
-    import ast
-
-    from stagegraph.workload.torch_source import constant_names
-
     specs = []
     for level in levels:
         sizes = manifest_sizes(root, level)
         for path in sorted((root / "src" / f"level{level}").glob("*.py")):
             if only and only not in path.stem:
                 continue
-            constants = sizes.get(path.stem[:6])
-            if constants is None:
-                names = constant_names(ast.parse(path.read_text()))
-                constants = {k: v for k, v in LEVEL3_SHRINK.items() if k in names}
+            constants = {**sizes.get(path.stem[:6], {}), **LEVEL3_SIZES.get(path.stem[:6], {})}
             specs.append((path.stem, problem_spec(path.resolve(), constants)))
     return specs
 

@@ -22,6 +22,7 @@ batch_size = 8
 in_channels = 3
 out_channels = 16
 height = width = 32
+depth, frames = (4, 6)
 kernel_size = (3, 3)
 layer_sizes = [400, 800]
 scale: float = 2.0
@@ -59,6 +60,11 @@ def test_either_name_of_a_chained_assignment_sets_both():
     assert constants({"width": 7})["height"] == 7
     both = constants({"height": 5, "width": 9})
     assert (both["height"], both["width"]) == (5, 9)
+
+
+def test_a_name_of_an_unpacking_assignment_is_overridden_alone():
+    values = constants({"frames": 2})
+    assert (values["depth"], values["frames"]) == (4, 2)
 
 
 def test_overrides_take_the_shape_of_the_literal_they_replace():

@@ -79,10 +79,33 @@ def parse_value(text: str) -> int | float | tuple[int, ...]:
     return int(text) if re.fullmatch(r"[+-]?\d+", text) else float(text)
 
 
+def split_unpacking(tree: ast.Module) -> ast.Module:
+    """``height, width = (224, 224)`` at the top level becomes one assignment per name, so
+    each name can be overridden (only where no item reads a name being assigned)."""
+    body: list[ast.stmt] = []
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) else None
+        items = getattr(node, "value", None)
+        if (
+            isinstance(target, ast.Tuple) and len(node.targets) == 1
+            and isinstance(items, ast.Tuple | ast.List) and len(items.elts) == len(target.elts)
+            and all(isinstance(t, ast.Name) for t in target.elts)
+        ):  # fmt: skip
+            bound = {t.id for t in target.elts}
+            read = {n.id for n in ast.walk(items) if isinstance(n, ast.Name)}
+            if not bound & read:
+                body += [ast.copy_location(ast.Assign(targets=[t], value=v), node)
+                         for t, v in zip(target.elts, items.elts, strict=True)]  # fmt: skip
+                continue
+        body.append(node)
+    tree.body = body
+    return ast.fix_missing_locations(tree)
+
+
 def constant_names(tree: ast.Module) -> list[str]:
     """Names bound by the file's top-level assignments, in order."""
     names: list[str] = []
-    for node in tree.body:
+    for node in split_unpacking(tree).body:
         targets = node.targets if isinstance(node, ast.Assign) else (
             [node.target] if isinstance(node, ast.AnnAssign) and node.value else []
         )  # fmt: skip
@@ -100,7 +123,7 @@ def apply_overrides(tree: ast.Module, overrides: dict[str, Any], source: str) ->
     Raises:
         WorkloadParamError: a name the file does not assign (the names it does are listed).
     """
-    known = constant_names(tree)
+    known = constant_names(tree)  # (unpacking split: tree.body is the split one now)
     unknown = [name for name in overrides if name not in known]
     if unknown:
         raise WorkloadParamError(
