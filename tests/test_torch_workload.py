@@ -165,3 +165,19 @@ def test_a_failing_problem_file_is_named(capsys, tmp_path):
     code, _, err = run_json(capsys, "x86", str(path))
     assert code == 2 and "broken.py: get_inputs() failed: AttributeError" in err
 
+
+
+def test_the_import_counts_against_the_compile_time_limit(problem):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    cli = Path(sys.executable).with_name("stagegraph")
+    done = subprocess.run(
+        [str(cli), "run", "x86", str(problem), "--compile-timeout", "0.2"],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert f"importing the workload {problem} did not finish within the compile time" in (
+        done.stderr
+    )

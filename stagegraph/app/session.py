@@ -169,6 +169,11 @@ class Session:
 
     def compile(self, until: str | None = None) -> RunResult:
         """Run the graph's stages for the workload (up to the tag ``until``)."""
+        prepare = getattr(self.workload, "prepare", None)  # a PyTorch model's import
+        if callable(prepare):
+            if self.watchdog is not None:
+                self.watchdog.preparing(f"importing the workload {self.workload.spec}")
+            prepare()
         result = self.engine.run(self.graph, self.workload, until=until)
         if self.request.save_payload:  # imported by now: the stages asked for the payload
             self.workload.save_payload(self.request.save_payload)

@@ -183,6 +183,11 @@ class TorchWorkload(Workload):
                 f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
             ) from None
 
+    def prepare(self) -> None:
+        """Import now (a Session calls it before the first stage, under the compile time
+        limit; otherwise the first use imports)."""
+        self.imported  # noqa: B018
+
     @property
     def mutated(self) -> int:
         """How many results (the first) are buffers the model updates, not its outputs."""
