@@ -170,9 +170,10 @@ class Session:
     def compile(self, until: str | None = None) -> RunResult:
         """Run the graph's stages for the workload (up to the tag ``until``)."""
         prepare = getattr(self.workload, "prepare", None)  # a PyTorch model's import
-        if callable(prepare):
-            if self.watchdog is not None:
-                self.watchdog.preparing(f"importing the workload {self.workload.spec}")
+        if callable(prepare):  # under the time limit, with progress (hooks with `preparing`)
+            for hook in self.hooks:
+                if callable(getattr(hook, "preparing", None)):
+                    hook.preparing(f"importing the workload {self.workload.spec}")
             prepare()
         result = self.engine.run(self.graph, self.workload, until=until)
         if self.request.save_payload:  # imported by now: the stages asked for the payload
