@@ -105,7 +105,8 @@ def _unknown(name: str) -> str:
 
 
 def parse_workload(text: str) -> Workload:
-    """Build a workload from ``NAME[:key=value,...]`` or a ``.mlir`` path.
+    """Build a workload from ``NAME[:key=value,...]``, a ``.mlir`` path, a PyTorch problem
+    file ``FILE.py[:name=value,...]`` or ``package.module:factory``.
 
     Raises:
         UnknownWorkloadError: no workload of that name and no such ``.mlir`` file.

@@ -84,7 +84,9 @@ class Live:
     problem: TorchProblem = field(compare=False)
 
     def load(self, seed: int) -> TorchProblem:
-        return self.problem
+        """A copy of the model: putting its dropout in eval mode must not touch the caller's."""
+        problem = self.problem
+        return TorchProblem(copy.deepcopy(problem.model), problem.inputs, problem.what)
 
     def spec(self, seed: int) -> str:
         return f"torch:{type(self.problem.model).__name__}"
