@@ -130,9 +130,9 @@ def parse_workload(text: str) -> Workload:
     _discover()
     found = _REGISTRY.get(head)
     if found is None and is_factory_spec(text):
-        from stagegraph.workload.torch_model import Factory, TorchWorkload
+        from stagegraph.workload.torch_model import parse_factory_spec
 
-        return TorchWorkload(Factory(text))
+        return parse_factory_spec(text)
     if found is None:
         raise UnknownWorkloadError(_unknown(head))
     if isinstance(found, Path):

@@ -365,6 +365,30 @@ def parse_problem_spec(text: str) -> TorchWorkload:
     return TorchWorkload(ProblemFile(path, tuple(overrides.items())), seed=seed)
 
 
+def parse_factory_spec(text: str) -> TorchWorkload:
+    """``package.module:factory``; the module must be findable (it is imported, and the
+    factory called, where the workload is first used).
+
+    Raises:
+        UnknownWorkloadError: no such module.
+    """
+    import importlib.util
+
+    from stagegraph.errors import UnknownWorkloadError
+
+    module = text.partition(":")[0]
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise UnknownWorkloadError(
+            f"no workload named {module!r}, and no module {module!r} to call "
+            f"{text.partition(':')[2]!r} from (a package.module:factory spec)"
+        )
+    return TorchWorkload(Factory(text))
+
+
 def from_torch(model: Any, example_inputs: Any) -> TorchWorkload:
     """The workload of a model object and its example inputs (a tensor or a sequence)."""
     require_torch("stagegraph.from_torch")
