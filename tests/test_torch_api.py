@@ -12,7 +12,11 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import stagegraph as sg  # noqa: E402
-from stagegraph.errors import SignatureError, VerificationError  # noqa: E402
+from stagegraph.errors import (  # noqa: E402
+    SignatureError,
+    StagegraphWarning,
+    VerificationError,
+)
 
 
 class TwoOutputs(torch.nn.Module):
@@ -111,3 +115,20 @@ def test_backend_runs_what_it_cannot_take_eagerly_with_one_warning():
     ours = [str(w.message) for w in caught if "stagegraph backend" in str(w.message)]
     assert len(ours) == 1
     assert "running this graph eagerly" in ours[0] and "torch.aten.i0" in ours[0]
+
+
+def test_backend_keeps_batchnorm_running_statistics_like_eager():
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))
+    eager = copy.deepcopy(model)
+    fast = torch.compile(model, backend=sg.torch_backend(threads=1), dynamic=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", StagegraphWarning)
+        for _ in range(2):  # compiled, not the eager fallback (that would warn: an error here)
+            x = torch.rand(2, 3, 8, 8)
+            torch.testing.assert_close(fast(x), eager(x).detach(), rtol=1e-5, atol=1e-5)
+    bn, expected = model[1], eager[1]
+    assert int(bn.num_batches_tracked) == 2
+    torch.testing.assert_close(bn.running_mean, expected.running_mean)
+    torch.testing.assert_close(bn.running_var, expected.running_var)

@@ -8,7 +8,9 @@ structure the model returns. Contiguous CPU tensors cross without a copy (``.num
 views them) and outputs come back as ``torch.from_numpy`` views of the arrays the compiled
 code wrote. The import is frozen: parameters and buffers are constants of the compiled
 code, so a later change to the model's weights needs a new compile, and buffers a
-training-mode model updates (BatchNorm's running statistics) are not written back.
+training-mode model updates (BatchNorm's running statistics) are not written back. Inputs
+the graph updates in place are: under ``torch.compile``, Dynamo passes a module's buffers
+as inputs, so the backend keeps BatchNorm's running statistics current, as eager does.
 """
 
 from __future__ import annotations
@@ -41,14 +43,18 @@ class CompiledModel:
 
     def __call__(self, *args: Any) -> Any:
         torch = require_torch("a compiled PyTorch model")
-        arrays = self._arrays(args)
-        results = self.binary.call(self.workload.entry, arrays)[self.workload.mutated :]
-        if self.check:
-            self.check = False
-            self._compare(args, results)
-        tensors = [torch.from_numpy(r) if r.ndim else torch.tensor(r) for r in results]
         from torch.utils._pytree import tree_unflatten
 
+        results = self.binary.call(self.workload.entry, self._arrays(args))
+        mutations = self.workload.mutations
+        outputs = results[len(mutations) :]
+        if self.check:
+            self.check = False
+            self._compare(args, outputs)
+        for index, updated in zip(mutations, results, strict=False):
+            if index is not None and isinstance(args[index], torch.Tensor):
+                args[index].copy_(torch.from_numpy(updated))  # an input updated in place
+        tensors = [torch.from_numpy(r) for r in outputs]
         return tree_unflatten(tensors, self.workload.output_tree)
 
     def _arrays(self, args: Sequence[Any]) -> list[np.ndarray]:
@@ -65,7 +71,7 @@ class CompiledModel:
                     f"{self.workload.spec}: input #{i} is {array.dtype}{list(array.shape)}, "
                     f"but it was compiled for {spec.dtype}{list(spec.shape)}"
                 )
-            arrays.append(np.ascontiguousarray(array))
+            arrays.append(np.require(array, requirements="C"))  # (0-d stays 0-d)
         return arrays
 
     def _compare(self, args: Sequence[Any], results: list[np.ndarray]) -> None:

@@ -169,7 +169,7 @@ class TorchWorkload(Workload):
         program = export(problem)
         text, signature = import_program(program, problem.what)
         arrays, self._output_tree = eager_arrays(self.torch_model(), problem, signature)
-        self._mutated = sum(name.startswith("mut") for name in arrays)
+        self._mutations = updated_inputs(signature)
         folder = Path(tempfile.mkdtemp(prefix=f"stagegraph-torch-{self.name}-"))
         weakref.finalize(self, shutil.rmtree, folder, True)
         path = folder / f"{self.name}.mlir"
@@ -193,8 +193,14 @@ class TorchWorkload(Workload):
     @property
     def mutated(self) -> int:
         """How many results (the first) are buffers the model updates, not its outputs."""
+        return len(self.mutations)
+
+    @property
+    def mutations(self) -> list[int | None]:
+        """Per updated-buffer result, the input it updates in place (an index of the
+        inputs), or None for a buffer of the model (frozen into the payload)."""
         self.imported  # noqa: B018 -- imports on first use
-        return self._mutated
+        return self._mutations
 
     @property
     def output_tree(self) -> Any:
@@ -258,6 +264,21 @@ def export(problem: TorchProblem) -> Any:
         raise PayloadError(
             f"{problem.what}: torch.export cannot capture it: {type(exc).__name__}: {first}"
         ) from None
+
+
+def updated_inputs(signature: Any) -> list[int | None]:
+    """For each buffer-update result of an exported program (they come first), the index of
+    the user input it updates, or None for a buffer of the model."""
+    from torch.export.graph_signature import OutputKind
+
+    user_inputs = [s.arg.name for s in signature.input_specs if s.kind.name == "USER_INPUT"]
+    found: list[int | None] = []
+    for spec in signature.output_specs:
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            found.append(user_inputs.index(spec.target))
+        elif spec.kind == OutputKind.BUFFER_MUTATION:
+            found.append(None)
+    return found
 
 
 def eager_arrays(
