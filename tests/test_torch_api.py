@@ -132,3 +132,13 @@ def test_backend_keeps_batchnorm_running_statistics_like_eager():
     assert int(bn.num_batches_tracked) == 2
     torch.testing.assert_close(bn.running_mean, expected.running_mean)
     torch.testing.assert_close(bn.running_var, expected.running_var)
+
+
+def test_bf16_models_take_and_return_bfloat16_tensors():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(32, 16).to(torch.bfloat16)
+    x = torch.rand(8, 32, dtype=torch.bfloat16)
+    compiled = sg.compile(model, (x,), threads=1, check=True)
+    result = compiled(x)
+    assert result.dtype == torch.bfloat16 and result.shape == (8, 16)
+    torch.testing.assert_close(result.float(), model(x).detach().float(), rtol=2e-2, atol=2e-2)

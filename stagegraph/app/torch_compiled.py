@@ -54,7 +54,8 @@ class CompiledModel:
         for index, updated in zip(mutations, results, strict=False):
             if index is not None and isinstance(args[index], torch.Tensor):
                 args[index].copy_(torch.from_numpy(updated))  # an input updated in place
-        tensors = [torch.from_numpy(r) for r in outputs]
+        specs = self.workload.output_specs()[len(mutations) :]
+        tensors = [_tensor(torch, r, s.dtype) for r, s in zip(outputs, specs, strict=True)]
         return tree_unflatten(tensors, self.workload.output_tree)
 
     def _arrays(self, args: Sequence[Any]) -> list[np.ndarray]:
@@ -87,6 +88,12 @@ class CompiledModel:
         verdict = self.workload.verify_outputs(results, expected)
         if not verdict.ok:
             raise VerificationError(f"{self.workload.spec}: check=True: {verdict.message}")
+
+
+def _tensor(torch: Any, array: np.ndarray, dtype: str) -> Any:
+    """A tensor over ``array`` (bf16: its uint16 bit patterns viewed as bfloat16)."""
+    tensor = torch.from_numpy(array)
+    return tensor.view(torch.bfloat16) if dtype == "bf16" else tensor
 
 
 def compile_model(

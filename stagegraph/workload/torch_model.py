@@ -330,7 +330,10 @@ def to_numpy(value: Any) -> np.ndarray:
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().contiguous().numpy()
+        value = value.detach().cpu().contiguous()
+        if value.dtype == torch.bfloat16:  # numpy has none: its bit patterns, as stagegraph
+            return value.view(torch.uint16).numpy()  # stores bf16 (see stagegraph.dtypes)
+        return value.numpy()
     if isinstance(value, bool):
         return np.array(value, np.bool_)
     if isinstance(value, int):
