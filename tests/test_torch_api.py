@@ -142,3 +142,18 @@ def test_bf16_models_take_and_return_bfloat16_tensors():
     result = compiled(x)
     assert result.dtype == torch.bfloat16 and result.shape == (8, 16)
     torch.testing.assert_close(result.float(), model(x).detach().float(), rtol=2e-2, atol=2e-2)
+
+
+class ConcatParameter(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows = torch.nn.Parameter(torch.rand(2, 3))
+
+    def forward(self, x):
+        return torch.relu(torch.cat((x, self.rows), dim=0) - 0.5)
+
+
+def test_a_parameter_inside_an_ops_list_is_imported():
+    model, x = ConcatParameter(), torch.rand(4, 3)
+    result = sg.compile(model, (x,), threads=1, check=True)(x)
+    torch.testing.assert_close(result, model(x).detach())

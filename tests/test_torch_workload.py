@@ -181,3 +181,35 @@ def test_the_import_counts_against_the_compile_time_limit(problem):
     assert f"importing the workload {problem} did not finish within the compile time" in (
         done.stderr
     )
+
+
+STATEFUL = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cell = torch.nn.Linear(12, 4)
+        self.hidden = torch.randn(2, 4)  # a plain tensor attribute, reassigned in forward
+
+    def forward(self, x):
+        self.hidden = torch.tanh(self.cell(torch.cat((x, self.hidden), dim=1)))
+        return self.hidden * 2.0
+
+def get_inputs():
+    return [torch.rand(2, 8)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_reassigned_tensor_attribute_becomes_a_verified_buffer(capsys, tmp_path):
+    path = tmp_path / "stateful.py"
+    path.write_text(STATEFUL)
+    code, report, _ = run_json(capsys, "x86", str(path), "--threads", "1")
+    assert code == 0 and report["verified"] is True
+    workload = parse_workload(str(path))
+    assert [s.shape for s in workload.output_specs()] == [(2, 4), (2, 4)]  # hidden, output
+    hidden, output = workload.reference()
+    np.testing.assert_allclose(output, hidden * 2.0, rtol=1e-6)

@@ -43,6 +43,7 @@ def import_program(program: Any, what: str) -> tuple[str, Any]:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 program = program.run_decompositions(get_decomposition_table())
+                _no_state_in_lists(program)
                 module = fx.export_and_import(
                     program,
                     output_type="linalg-on-tensors",
@@ -55,6 +56,40 @@ def import_program(program: Any, what: str) -> tuple[str, Any]:
                 f"{what}: torch-mlir's FX importer cannot lower it to linalg on tensors: {reason}"
             ) from None
     return str(module), program.graph_signature
+
+
+def _no_state_in_lists(program: Any) -> None:
+    """Give each parameter or buffer that an op takes inside a list (``cat((x, self.h))``)
+    its own ``aten.clone`` node in that list. The frozen import replaces state placeholders
+    with their tensors, and its list import takes a bare tensor for a heterogeneous list."""
+    import torch
+    from torch.fx import Node
+
+    signature = program.graph_signature
+    state = {*signature.inputs_to_parameters, *signature.inputs_to_buffers,
+             *getattr(signature, "inputs_to_lifted_tensor_constants", {})}  # fmt: skip
+    graph = program.graph
+
+    def is_state(item: Any) -> bool:
+        return isinstance(item, Node) and item.op == "placeholder" and item.name in state
+
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        args = list(node.args)
+        for position, arg in enumerate(args):
+            if not (isinstance(arg, list | tuple) and any(map(is_state, arg))):
+                continue
+            items = []
+            for item in arg:
+                if is_state(item):
+                    with graph.inserting_before(node):
+                        copy = graph.call_function(torch.ops.aten.clone.default, (item,))
+                    copy.meta = dict(item.meta)
+                    item = copy
+                items.append(item)
+            args[position] = type(arg)(items)
+        node.args = tuple(args)
 
 
 def _reason(exc: BaseException) -> str:

@@ -124,6 +124,7 @@ class TorchWorkload(Workload):
         for module in problem.model.modules():
             if isinstance(module, torch.nn.modules.dropout._DropoutNd):
                 module.eval()
+            register_tensor_attributes(module)
         self._pristine = copy.deepcopy(problem.model)
         return problem
 
@@ -264,6 +265,18 @@ def export(problem: TorchProblem) -> Any:
         raise PayloadError(
             f"{problem.what}: torch.export cannot capture it: {type(exc).__name__}: {first}"
         ) from None
+
+
+def register_tensor_attributes(module: Any) -> None:
+    """Make a module's plain tensor attributes (``self.hidden = torch.randn(...)``, neither
+    parameter nor buffer) buffers: ``torch.export`` refuses a forward that
+    reassigns such a constant, while an updated buffer becomes an extra, verified result."""
+    import torch
+
+    for name, value in list(vars(module).items()):
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+            delattr(module, name)
+            module.register_buffer(name, value)  # persistent: the frozen import reads it
 
 
 def updated_inputs(signature: Any) -> list[int | None]:
