@@ -213,3 +213,34 @@ def test_a_reassigned_tensor_attribute_becomes_a_verified_buffer(capsys, tmp_pat
     assert [s.shape for s in workload.output_specs()] == [(2, 4), (2, 4)]  # hidden, output
     hidden, output = workload.reference()
     np.testing.assert_allclose(output, hidden * 2.0, rtol=1e-6)
+
+
+RANDOM = """
+import torch
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.drop = torch.nn.Dropout(0.5)  # put in eval mode: verifiable
+
+    def forward(self, x):
+        return self.drop(x) + NOISE
+
+def get_inputs():
+    return [torch.rand(4, 8)]
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_dropout_is_verified_in_eval_mode_and_other_draws_are_refused(capsys, tmp_path):
+    path = tmp_path / "dropout.py"
+    path.write_text(RANDOM.replace("NOISE", "1.0"))
+    code, report, _ = run_json(capsys, "x86", str(path), "--threads", "1")
+    assert code == 0 and report["verified"] is True
+    path = tmp_path / "noisy.py"
+    path.write_text(RANDOM.replace("NOISE", "torch.randn(4, 8)"))
+    code, _, err = run_json(capsys, "x86", str(path))
+    assert code == 2
+    assert "noisy.py:Model: its forward draws random numbers (aten.randn.default)" in err

@@ -250,7 +250,9 @@ def export(problem: TorchProblem) -> Any:
     """``torch.export`` of the model on its inputs (non-strict, static shapes).
 
     Raises:
-        PayloadError: the model cannot be captured (data-dependent control flow, ...).
+        PayloadError: the model cannot be captured (data-dependent control flow, ...), or
+            its forward draws random numbers (dropout in training mode is put in eval mode
+            before; other draws cannot be verified).
     """
     import warnings
 
@@ -259,12 +261,20 @@ def export(problem: TorchProblem) -> Any:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return torch.export.export(problem.model, tuple(problem.inputs), strict=False)
+            program = torch.export.export(problem.model, tuple(problem.inputs), strict=False)
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise PayloadError(
             f"{problem.what}: torch.export cannot capture it: {type(exc).__name__}: {first}"
         ) from None
+    random = sorted({str(n.target) for n in program.graph.nodes if _draws_random(n.target)})
+    if random:
+        raise PayloadError(
+            f"{problem.what}: its forward draws random numbers ({', '.join(random)}); "
+            f"compiled code cannot reproduce PyTorch's generator, so its results cannot be "
+            f"checked against eager PyTorch (make the random tensors inputs or attributes)"
+        )
+    return program
 
 
 def register_tensor_attributes(module: Any) -> None:
@@ -292,6 +302,17 @@ def updated_inputs(signature: Any) -> list[int | None]:
         elif spec.kind == OutputKind.BUFFER_MUTATION:
             found.append(None)
     return found
+
+
+#: Recurrent ops tagged as seeded only for their dropout between layers (0 by default).
+_RECURRENT = ("aten.lstm", "aten.gru", "aten.rnn_tanh", "aten.rnn_relu")
+
+
+def _draws_random(target: Any) -> bool:
+    import torch
+
+    tagged = torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
+    return tagged and not str(target).startswith(_RECURRENT)
 
 
 def eager_arrays(
