@@ -267,7 +267,7 @@ def export(problem: TorchProblem) -> Any:
         raise PayloadError(
             f"{problem.what}: torch.export cannot capture it: {type(exc).__name__}: {first}"
         ) from None
-    random = sorted({str(n.target) for n in program.graph.nodes if _draws_random(n.target)})
+    random = sorted({str(n.target) for n in program.graph.nodes if _draws_random(n)})
     if random:
         raise PayloadError(
             f"{problem.what}: its forward draws random numbers ({', '.join(random)}); "
@@ -308,11 +308,17 @@ def updated_inputs(signature: Any) -> list[int | None]:
 _RECURRENT = ("aten.lstm", "aten.gru", "aten.rnn_tanh", "aten.rnn_relu")
 
 
-def _draws_random(target: Any) -> bool:
+def _draws_random(node: Any) -> bool:
+    """Whether an exported node draws random numbers: a seeded op, except recurrent ops
+    and dropout whose ``train`` argument is false (a model in eval mode)."""
     import torch
 
-    tagged = torch.Tag.nondeterministic_seeded in getattr(target, "tags", ())
-    return tagged and not str(target).startswith(_RECURRENT)
+    name = str(node.target)
+    if torch.Tag.nondeterministic_seeded not in getattr(node.target, "tags", ()):
+        return False
+    if "dropout" in name:
+        return len(node.args) > 2 and node.args[2] is True
+    return not name.startswith(_RECURRENT)
 
 
 def eager_arrays(
