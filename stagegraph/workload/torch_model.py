@@ -309,8 +309,9 @@ _RECURRENT = ("aten.lstm", "aten.gru", "aten.rnn_tanh", "aten.rnn_relu")
 
 
 def _draws_random(node: Any) -> bool:
-    """Whether an exported node draws random numbers: a seeded op, except recurrent ops
-    and dropout whose ``train`` argument is false (a model in eval mode)."""
+    """Whether an exported node draws random numbers: a seeded op, except recurrent ops,
+    dropout whose ``train`` argument is false (a model in eval mode) and attention without
+    dropout."""
     import torch
 
     name = str(node.target)
@@ -318,6 +319,8 @@ def _draws_random(node: Any) -> bool:
         return False
     if "dropout" in name:
         return len(node.args) > 2 and node.args[2] is True
+    if "scaled_dot_product" in name:  # attention's own dropout, 0 unless asked for
+        return node.kwargs.get("dropout_p", node.args[4] if len(node.args) > 4 else 0.0) != 0
     return not name.startswith(_RECURRENT)
 
 
