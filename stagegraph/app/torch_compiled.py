@@ -23,7 +23,8 @@ import numpy as np
 
 from stagegraph.core.graph import Graph
 from stagegraph.errors import SignatureError, StagegraphError, StagegraphWarning
-from stagegraph.workload.torch_model import TorchWorkload, from_torch, to_numpy
+from stagegraph.workload.torch_eager import to_numpy
+from stagegraph.workload.torch_model import TorchWorkload, from_torch
 from stagegraph.workload.torch_source import require_torch
 
 

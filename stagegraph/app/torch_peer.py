@@ -21,7 +21,8 @@ import numpy as np
 from stagegraph.app.bench import BenchReport, timing_fields
 from stagegraph.errors import ConfigError, StagegraphError
 from stagegraph.stages.target import effective_threads
-from stagegraph.workload.torch_model import TorchWorkload, to_numpy
+from stagegraph.workload.torch_eager import to_numpy
+from stagegraph.workload.torch_model import TorchWorkload
 from stagegraph.workload.torch_source import require_torch
 
 #: ``--vs`` names -> how the model runs.
