@@ -11,6 +11,11 @@ the geometric means (times over the payloads both x86 and IREE verify). Usage:
 
     python benchmarks/kernelbench.py ../shared/kernelbench/level1 [--json] [--timeout S]
     python benchmarks/kernelbench.py ../shared/kernelbench/level3 --no-naive --threads 1
+    python benchmarks/kernelbench.py ../shared/kernelbench/level2 --torch --threads 1
+
+``--torch`` adds PyTorch eager and ``torch.compile`` (inductor) columns for the payloads whose
+problem file lies in ``../src/levelN`` (run at the payload's ``scaled_constants``, verified
+against eager PyTorch, threads pinned like ``bench --vs torch``).
 """
 
 from __future__ import annotations
@@ -40,6 +45,9 @@ class Row(Schema):
     x86_vs_iree: float | None = None  # x86 time / IREE time: below 1, x86 is faster
     iree_error: str = ""
     trustworthy: bool | None = None  # both medians precise enough to quote
+    torch_s: float | None = None  # PyTorch eager on the problem file (--torch)
+    torch_compile_s: float | None = None  # torch.compile (inductor)
+    torch_error: str = ""
     warning: str = ""
     error: str = ""
 
@@ -73,6 +81,42 @@ def measure_iree(path: str, budget_s: float, threads: int | None = None) -> dict
     measurement.measure(1, warmup=1)
     samples, _ = sample(measurement.measure, BenchOptions(warmup=1, repeat=5, budget_s=budget_s))
     return {"verified": True, "median_s": measurement.report(samples).median_s, "message": ""}
+
+
+def measure_torch(spec: str, peer: str, budget_s: float, threads: int | None = None) -> dict:
+    """Verify and time the problem file's model in PyTorch (``torch``: eager;
+    ``torch-compile``: inductor), as ``bench --vs`` does (runs in the child)."""
+    from stagegraph.app.bench import BenchOptions, sample
+    from stagegraph.app.session import open_workload
+    from stagegraph.app.torch_peer import TorchMeasurement
+
+    measurement = TorchMeasurement(open_workload(spec), threads, peer)
+    if not measurement.verdict.ok:
+        return {"verified": False, "median_s": None, "message": measurement.verdict.message}
+    samples, _ = sample(measurement.measure, BenchOptions(warmup=1, repeat=5, budget_s=budget_s))
+    return {"verified": True, "median_s": measurement.report(samples).median_s, "message": ""}
+
+
+def with_torch(row: Row, path: Path, limits: Limits, budget_s: float, threads: int | None) -> Row:
+    """The row with PyTorch's columns, when the payload has a problem file beside the set
+    (``../src/levelN/<stem>*.py``, run at the payload's ``scaled_constants``)."""
+    from kernelbench_torch_coverage import payload_problem_spec
+
+    spec = payload_problem_spec(path)
+    if spec is None:
+        return row.model_copy(update={"torch_error": "no problem file"})
+    update: dict = {}
+    for peer, column in (("torch", "torch_s"), ("torch-compile", "torch_compile_s")):
+        try:
+            result = limits.run(measure_torch, spec, peer, budget_s, threads, label=peer)
+        except StagegraphError as exc:
+            update["torch_error"] = f"{peer}: {str(exc).splitlines()[0]}"
+            break
+        if not result["verified"]:
+            update["torch_error"] = f"{peer}: not verified: {result['message']}"
+            break
+        update[column] = result["median_s"]
+    return row.model_copy(update=update)
 
 
 def iree_missing() -> str:
@@ -158,6 +202,9 @@ def main() -> int:
     parser.add_argument("--budget", type=float, default=1.0, help="timing budget per graph (s)")
     parser.add_argument("--threads", type=int, help="threads of x86 and IREE (default: all)")
     parser.add_argument("--no-naive", action="store_true", help="skip the naive graph (models)")
+    parser.add_argument("--torch", action="store_true",
+                        help="add PyTorch eager and torch.compile columns (payloads with a "
+                        "problem file in ../src/levelN; needs the torch extra)")  # fmt: skip
     args = parser.parse_args()
     limits = Limits(timeout_s=args.timeout, memory_bytes=16 * 2**30)
     rows, host = [], None
@@ -165,6 +212,8 @@ def main() -> int:
     for path in sorted(args.folder.glob("*.mlir")):
         row, row_host = run_one(path, limits, args.budget, args.threads, not args.no_naive)
         row = with_iree(row, path, limits, args.budget, missing, args.threads)
+        if args.torch:
+            row = with_torch(row, path, limits, args.budget, args.threads)
         rows.append(row)
         host = host or row_host
         if not args.json:
@@ -183,6 +232,8 @@ def main() -> int:
                "geomean_iree_s": gm_iree, "geomean_x86_vs_iree": gm_ratio,
                "noisy": len(noisy), "host": host, "note": note,
                "threads": args.threads}  # fmt: skip
+    if args.torch:
+        summary["torch"] = torch_summary(rows)
     if args.json:
         print(json.dumps({"rows": [r.model_dump() for r in rows], "summary": summary}, indent=1))
         return 0
@@ -221,7 +272,38 @@ def main() -> int:
         print(f"{len(noisy)} speedups marked noisy (samples too spread to trust):")
         for r in noisy:
             print(f"  {r.payload}: {r.warning}")
+    if args.torch:
+        print_torch_table(rows, summary["torch"])
     return 0
+
+
+def torch_summary(rows: list[Row]) -> dict:
+    """Geometric means of x86 time / PyTorch time over the payloads both verified."""
+    result = {}
+    for column in ("torch_s", "torch_compile_s"):
+        pairs = [(r.x86_s, getattr(r, column)) for r in rows
+                 if r.verified and r.x86_s and getattr(r, column)]  # fmt: skip
+        result[column] = {"payloads": len(pairs),
+                          "geomean_x86_vs": geomean([a / b for a, b in pairs])}  # fmt: skip
+    return result
+
+
+def print_torch_table(rows: list[Row], summary: dict) -> None:
+    """x86 against PyTorch eager and torch.compile (time ratios: below 1, x86 is faster)."""
+    ms = lambda s: f"{s * 1e3:.3f}" if s else "-"  # noqa: E731
+    ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"  # noqa: E731
+    print("\n| payload | x86 ms | torch ms | x86/torch | torch.compile ms | x86/torch.compile "
+          "| note |\n|---|---|---|---|---|---|---|")  # fmt: skip
+    for r in rows:
+        x86 = r.x86_s if r.verified else None
+        print(f"| {r.payload} | {ms(x86)} | {ms(r.torch_s)} | {ratio(x86, r.torch_s)} | "
+              f"{ms(r.torch_compile_s)} | {ratio(x86, r.torch_compile_s)} | "
+              f"{r.torch_error[:60]} |")  # fmt: skip
+    for column, name in (("torch_s", "PyTorch eager"), ("torch_compile_s", "torch.compile")):
+        entry = summary[column]
+        if entry["geomean_x86_vs"]:
+            print(f"x86/{name} time, geometric mean over {entry['payloads']} payloads: "
+                  f"{entry['geomean_x86_vs']:.2f}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ Building graphs: :class:`Graph`, :class:`GraphInput`, :func:`stage`, the port ty
 :class:`Module`, :class:`Params`, :class:`Facts`, :class:`Config`, :class:`Binary`,
 :class:`WorkloadRef`; tuning them: :func:`declare_space` (with :class:`Range`,
 :class:`Choice`, :class:`TuningSite`); running them:
-:class:`Engine`, :func:`run`, :func:`bench`, :func:`tune`; names: :func:`load_graph`,
+:class:`Engine`, :func:`run`, :func:`bench`, :func:`tune`; PyTorch in: :func:`from_torch`,
+:func:`compile`, :func:`torch_backend`; names: :func:`load_graph`,
 :func:`parse_workload`, :class:`Workload`; extending: :func:`register_graph`,
 :func:`register_workload`, :func:`register_cost_model`, :func:`load_plugin`. Everything else
 lives in the subpackages (``stagegraph.core``, ``stagegraph.app``, ...).
@@ -52,6 +53,9 @@ _EXPORTS = {
     "Range": "stagegraph.core.tunable",
     "Choice": "stagegraph.core.tunable",
     "TuningSite": "stagegraph.core.tunable",
+    "from_torch": "stagegraph.api",
+    "compile": "stagegraph.api",
+    "torch_backend": "stagegraph.api",
 }
 _RENAMED = {"register_workload": "register"}
 
@@ -72,7 +76,9 @@ __all__ = [
     "WorkloadRef",
     "bench",
     "build_artifact",
+    "compile",
     "declare_space",
+    "from_torch",
     "load_graph",
     "load_plugin",
     "parse_workload",
@@ -81,11 +87,20 @@ __all__ = [
     "register_workload",
     "run",
     "stage",
+    "torch_backend",
     "tune",
 ]
 
 if TYPE_CHECKING:
-    from stagegraph.api import bench, build_artifact, run, tune
+    from stagegraph.api import (
+        bench,
+        build_artifact,
+        compile,
+        from_torch,
+        run,
+        torch_backend,
+        tune,
+    )
     from stagegraph.core.catalog import load_graph, register_graph
     from stagegraph.core.engine import Engine
     from stagegraph.core.graph import Graph, GraphInput

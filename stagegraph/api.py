@@ -209,4 +209,11 @@ def build_artifact(
                  graph=graph if isinstance(graph, Graph) else None)  # fmt: skip
 
 
-__all__ = ["bench", "build_artifact", "run", "tune"]
+# PyTorch in (the ``torch`` extra): a model as a workload, compiled for PyTorch callers.
+from stagegraph.app.torch_compiled import compile_model as compile  # noqa: E402
+from stagegraph.app.torch_compiled import torch_backend  # noqa: E402
+from stagegraph.workload.torch_model import from_torch  # noqa: E402
+
+__all__ = [
+    "bench", "build_artifact", "compile", "from_torch", "run", "torch_backend", "tune",
+]  # fmt: skip

@@ -321,6 +321,11 @@ class PeerUnavailableError(StagegraphError, ImportError):
     """A peer compiler (``--vs iree``) whose optional packages are not installed."""
 
 
+class TorchUnavailableError(StagegraphError, ImportError):
+    """A PyTorch feature (a ``.py`` workload, ``sg.compile``, ``--vs torch``) without the
+    ``torch`` extra installed."""
+
+
 class PeerCompileError(StagegraphError, RuntimeError):
     """A peer compiler rejected the payload."""
 

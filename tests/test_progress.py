@@ -45,3 +45,12 @@ def test_json_and_pipes_get_no_progress(monkeypatch):
     assert progress_hooks(as_json=True) == []
     monkeypatch.setattr("sys.stderr", io.StringIO())  # not a terminal
     assert progress_hooks(as_json=False) == []
+
+
+def test_work_before_the_first_stage_is_named():
+    stream = io.StringIO()
+    progress = Progress(stream, delay_s=0.0)
+    progress.preparing("importing the workload model.py")
+    time.sleep(0.6)
+    progress.stop()
+    assert "importing the workload model.py" in stream.getvalue()

@@ -63,7 +63,10 @@ _INSPECT = ("dump_ir", "print_ir_after", "verify_each", "repro_dir")
 _LIMITS = ("isolate", "timeout", "memory", "ranks", "compile_timeout", "run_timeout")
 _RECORD = ("cache", "trace")
 #: The options of ``stagegraph run`` / ``sg.run``, in help order.
-RUN = (*_COMPILE, "until", "emit", "output", "reference", *_INSPECT, *_LIMITS, *_RECORD)
+RUN = (
+    *_COMPILE, "until", "emit", "output", "reference", "save_payload", *_INSPECT, *_LIMITS,
+    *_RECORD,
+)  # fmt: skip
 #: The options of ``stagegraph bench`` / ``sg.bench``, in help order.
 BENCH = (
     "splice_at", "warmup", "repeat", "min_time", "budget", "vs", *_COMPILE, "csv", *_INSPECT,

@@ -168,6 +168,14 @@ class SessionRequest(Schema):
         "the .npz, numpy or PyTorch result, else the naive graph); none: run without "
         "verifying.",
     )
+    save_payload: Annotated[
+        str | None,
+        Option("--save-payload", metavar="DIR", parse=absolute_path, path="dir"),
+    ] = Field(
+        None,
+        description="Write a PyTorch workload's imported .mlir and .npz (inputs and eager "
+        "reference outputs) to DIR, so the payload reruns without PyTorch.",
+    )
 
 
 def open_workload(spec: str, reference: str | None = None) -> Any:
@@ -233,10 +241,23 @@ class Session:
 
             self.hooks.append(TraceEvents(request.trace_file))
         self.engine = Engine(self.hooks, cache=cache, cache_dir=request.cache_dir)
+        if request.save_payload:
+            from stagegraph.workload.torch_model import check_savable
+
+            check_savable(self.workload)
 
     def compile(self, until: str | None = None) -> RunResult:
         """Run the graph's stages for the workload (up to the tag ``until``)."""
-        return self.engine.run(self.graph, self.workload, until=until)
+        prepare = getattr(self.workload, "prepare", None)  # a PyTorch model's import
+        if callable(prepare):  # under the time limit, with progress (hooks with `preparing`)
+            for hook in self.hooks:
+                if callable(getattr(hook, "preparing", None)):
+                    hook.preparing(f"importing the workload {self.workload.spec}")
+            prepare()
+        result = self.engine.run(self.graph, self.workload, until=until)
+        if self.request.save_payload:  # imported by now: the stages asked for the payload
+            self.workload.save_payload(self.request.save_payload)
+        return result
 
     def close(self) -> None:
         """Stop the hooks that run a thread (time limits, progress): the work is done."""

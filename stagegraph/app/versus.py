@@ -83,6 +83,19 @@ PEERS.register(
     ),
     origin=__name__,
 )
+PEERS.register(
+    "torch",
+    Peer("stagegraph.app.torch_peer:eager_measurement", "stagegraph.app.torch_peer:check_torch",
+         "PyTorch eager (a PyTorch workload; pip install 'stagegraph[torch]')"),
+    origin=__name__,
+)  # fmt: skip
+PEERS.register(
+    "torch-compile",
+    Peer("stagegraph.app.torch_peer:inductor_measurement",
+         "stagegraph.app.torch_peer:check_torch",
+         "torch.compile, inductor (a PyTorch workload; pip install 'stagegraph[torch]')"),
+    origin=__name__,
+)  # fmt: skip
 
 
 def check_versus(versus: str) -> None:

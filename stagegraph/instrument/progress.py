@@ -37,6 +37,13 @@ class Progress(Hook):
             self._started = time.monotonic()
             self._done = None
 
+    def preparing(self, what: str) -> None:
+        """Work before the first stage (importing a PyTorch model) shows as ``what``."""
+        with self._lock:
+            self._label = what
+            self._started = time.monotonic()
+            self._done = None
+
     def after_stage(self, event: StageEvent) -> None:
         with self._lock:
             self._label = None

@@ -65,6 +65,14 @@ class Watchdog(Hook):
         self._phase = "compile"
         self._arm(what, self.compile_s, limit, keep_deadline=not fresh)
 
+    def preparing(self, what: str) -> None:
+        """Start the compile phase before the first stage: ``what`` (importing a PyTorch
+        model) counts against the compile time limit, and the first stage keeps its
+        deadline."""
+        self._phase = "compile"
+        limit = f"the compile time limit ({self.compile_s:g} s, --compile-timeout)"
+        self._arm(what, self.compile_s, limit)
+
     def after_stage(self, event: StageEvent) -> None:
         if event.stage.kind == "emit":
             self.running(f"the code compiled by graph {event.graph.name!r}")

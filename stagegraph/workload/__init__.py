@@ -1,9 +1,11 @@
 """Workloads: a payload with its inputs, a reference result, a verifier and its cost.
 
 :mod:`.base` holds the interface, :mod:`.registry` the names (``matmul:m=64``, ``.mlir``
-paths), :mod:`.mlir_file` the ``.mlir`` workloads, :mod:`.verify` the comparison with the
-reference, :mod:`.layout` how sharded workloads split over ranks. The names users need are
-re-exported here. Importing this package does not import MLIR.
+paths), :mod:`.mlir_file` the ``.mlir`` workloads, :mod:`.torch_model` PyTorch models
+(problem files, factories; :mod:`.torch_source` reads them, :mod:`.torch_eager` exports
+and runs them), :mod:`.verify` the comparison with the reference, :mod:`.layout` how
+sharded workloads split over ranks. The names users need are re-exported here. Importing
+this package does not import MLIR.
 """
 
 from stagegraph.dtypes import decode, from_bf16, numpy_dtype, to_bf16

@@ -1,5 +1,7 @@
 """Workloads by name: ``NAME[:key=value,...]`` specs (lists written with ``-``, e.g.
-``mlp:batch=64,widths=256-512-256``) or the path of a ``.mlir`` file.
+``mlp:batch=64,widths=256-512-256``), the path of a ``.mlir`` file, or a PyTorch model: a
+problem file ``FILE.py[:name=value,...]`` or ``package.module:factory``
+(:mod:`.torch_model`).
 
 Workload classes live in the ``stagegraph.workloads`` package; each module there registers
 its classes with :func:`register`, and the package is imported only when a name is first
@@ -17,6 +19,7 @@ from typing import Any
 from stagegraph.core.registry import Registry
 from stagegraph.errors import UnknownWorkloadError, WorkloadParamError, did_you_mean
 from stagegraph.workload.base import Workload, WorkloadParams
+from stagegraph.workload.torch_source import is_factory_spec
 
 PACKAGE = "stagegraph.workloads"
 
@@ -81,7 +84,8 @@ def workload_class(name: str) -> type[Workload]:
 
 
 def parse_workload(text: str) -> Workload:
-    """Build a workload from ``NAME[:key=value,...]`` or a ``.mlir`` path.
+    """Build a workload from ``NAME[:key=value,...]``, a ``.mlir`` path, a PyTorch problem
+    file ``FILE.py[:name=value,...]`` or ``package.module:factory``.
 
     Raises:
         UnknownWorkloadError: no workload of that name and no such ``.mlir`` file.
@@ -90,6 +94,10 @@ def parse_workload(text: str) -> Workload:
     """
     text = text.strip()
     head, _, rest = text.partition(":")
+    if head.endswith(".py"):
+        from stagegraph.workload.torch_model import parse_problem_spec
+
+        return parse_problem_spec(text)
     if text.endswith(".mlir") or head.endswith(".mlir"):
         from stagegraph.workload.mlir_file import MlirFileWorkload
 
@@ -98,6 +106,10 @@ def parse_workload(text: str) -> Workload:
             raise UnknownWorkloadError(f"mlir file workload: no such file {str(path)!r}")
         values = _split(path.stem, MlirFileWorkload.Params, rest if head != text else "")
         return MlirFileWorkload(path, **values)
+    if head not in WORKLOADS.names() and is_factory_spec(text):
+        from stagegraph.workload.torch_model import parse_factory_spec
+
+        return parse_factory_spec(text)
     found = WORKLOADS.entry(head)
     if isinstance(found, Path):
         from stagegraph.workload.mlir_file import MlirFileWorkload

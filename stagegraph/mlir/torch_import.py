@@ -1,0 +1,103 @@
+"""torch-mlir's FX importer: a ``torch.export`` program to linalg-on-tensors MLIR text.
+
+This is the one place that calls ``torch_mlir.fx`` (only :mod:`stagegraph.mlir` may import
+the torch-mlir wheel). The program is decomposed with torch-mlir's own decomposition table
+and imported frozen (parameters and buffers become constants, updated buffers extra
+results first), the layout the KernelBench payloads in ``../shared/kernelbench`` have. The
+result is returned as text: the bindings stagegraph parses with may be another copy of MLIR
+than the importer's (:mod:`stagegraph.mlir.bindings` prefers the official ``mlir``
+package), so the module crosses as its printed form, resources included.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+from stagegraph.errors import PayloadError
+
+
+def import_program(program: Any, what: str) -> tuple[str, Any]:
+    """The linalg-on-tensors module (entry ``@main``) of an exported program, as text, and
+    the graph signature of the decomposed program (its ``output_specs`` say which results
+    are updated buffers: a training-mode export shows them only after decomposition).
+
+    ``program`` is a ``torch.export.ExportedProgram`` (decompositions are applied here);
+    ``what`` names the model in messages (``l1_019_ReLU.py:Model``).
+
+    Raises:
+        PayloadError: the importer or torch-mlir's lowering cannot take an op; the message
+            quotes torch-mlir's diagnostic, which names the op (``torch.aten.foo``).
+    """
+    from torch_mlir import fx, ir
+    from torch_mlir.dialects import torch as torch_dialect
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+    from torch_mlir.extras.fx_importer import FxImporter
+
+    from stagegraph.mlir.diagnostics import capture_diagnostics
+
+    context = ir.Context()
+    torch_dialect.register_dialect(context)
+    with capture_diagnostics(context) as diagnostics:
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                program = program.run_decompositions(get_decomposition_table())
+                _no_state_in_lists(program)
+                module = fx.export_and_import(
+                    program,
+                    output_type="linalg-on-tensors",
+                    decomposition_table={},
+                    fx_importer=FxImporter(context=context),
+                )
+        except Exception as exc:  # torch-mlir raises plain Python errors of many kinds
+            reason = "; ".join(diagnostics[:3]) if diagnostics else _reason(exc)
+            raise PayloadError(
+                f"{what}: torch-mlir's FX importer cannot lower it to linalg on tensors: {reason}"
+            ) from None
+    return str(module), program.graph_signature
+
+
+def _no_state_in_lists(program: Any) -> None:
+    """Give each parameter or buffer that an op takes inside a list (``cat((x, self.h))``)
+    its own ``aten.clone`` node in that list. The frozen import replaces state placeholders
+    with their tensors, and its list import takes a bare tensor for a heterogeneous list."""
+    import torch
+    from torch.fx import Node
+
+    signature = program.graph_signature
+    state = {*signature.inputs_to_parameters, *signature.inputs_to_buffers,
+             *getattr(signature, "inputs_to_lifted_tensor_constants", {})}  # fmt: skip
+    graph = program.graph
+
+    def is_state(item: Any) -> bool:
+        return isinstance(item, Node) and item.op == "placeholder" and item.name in state
+
+    for node in list(graph.nodes):
+        if node.op != "call_function":
+            continue
+        args = list(node.args)
+        for position, arg in enumerate(args):
+            if not (isinstance(arg, list | tuple) and any(map(is_state, arg))):
+                continue
+            items = []
+            for item in arg:
+                if is_state(item):
+                    with graph.inserting_before(node):
+                        copy = graph.call_function(torch.ops.aten.clone.default, (item,))
+                    copy.meta = dict(item.meta)
+                    item = copy
+                items.append(item)
+            args[position] = type(arg)(items)
+        node.args = tuple(args)
+
+
+def _reason(exc: BaseException) -> str:
+    """The diagnostic part of an importer error: its first lines, without the pipeline
+    reproducer torch-mlir appends (hundreds of lines of pass names)."""
+    lines = [line.rstrip() for line in str(exc).strip().splitlines() if line.strip()]
+    kept = [
+        line for line in lines if "error:" in line or "note:" in line or "failed" in line.lower()
+    ] or lines[:3]
+    text = "; ".join(kept[:4]) or type(exc).__name__
+    return f"{type(exc).__name__}: {text}"
