@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from stagegraph.app.isolate import Limits
+from stagegraph.app.child_process import Limits
 from stagegraph.errors import StagegraphError
 
 #: Sizes of the level-3 models that have no shipped payload (by problem number): batch 1 and,

@@ -63,6 +63,7 @@ def run(
     cache: str | None = _RUN["cache"],
     trace: str | None = _RUN["trace"],
     reference: str | None = _RUN["reference"],
+    save_payload: str | None = _RUN["save_payload"],
 ) -> RunReport | RunResult | Any:
     """``stagegraph run``: compile ``workload`` through ``graph``, run it once and verify.
 

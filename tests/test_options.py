@@ -158,6 +158,7 @@ RUN_CASES = [
     ("x86", {"cost_model": "tuned", "db": "{tmp}/none.db"}, "tuning database does not exist"),
     ("x86", {"reference": "naive"}, "ok"),
     ("naive", {"reference": "nave"}, "did you mean 'naive'"),
+    ("naive", {"save_payload": "{tmp}/payload"}, "is already an MLIR payload"),
     ("x86", {"cost_model": "fixed", "params_file": "{params}"}, "ok"),
     ("x86", {"cost_model": "heuristc"}, "did you mean 'heuristic'"),
     ("naive", {"until": "bufferized"}, "ok"),

@@ -326,6 +326,7 @@ def _bench_in_process(
     with Session(request, graph=own, write=console.write, extra_hooks=console.hooks,
                  run_budget_s=options.budget_s) as session:  # fmt: skip
         check_single_process(session.workload)
+        session.prepare_workload()  # a PyTorch import, under the compile time limit
         info = _cost_model_info(session, request, console)
         threads, splice_at = request.threads, request.splice_at
         if versus is None:

@@ -44,6 +44,7 @@ def _isolated_child(request: IsolatedRequest) -> Any:
             return run_report(session)
         from stagegraph.app.bench import benchmark
 
+        session.prepare_workload()
         return benchmark(session.engine, session.graph, session.workload,
                          request.session.splice_at, bench, request.session.threads)  # fmt: skip
 

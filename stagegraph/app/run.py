@@ -98,6 +98,7 @@ def run_report(session: Session) -> RunReport:
 
     workload = session.workload
     check_single_process(workload)
+    session.prepare_workload()  # the checks below read its signature
     if verifies(session.request.reference):
         check_verifiable(workload)
     if session.request.emit == "jit":  # it will run: its buffers must fit

@@ -241,19 +241,28 @@ class Session:
 
             self.hooks.append(TraceEvents(request.trace_file))
         self.engine = Engine(self.hooks, cache=cache, cache_dir=request.cache_dir)
+        self._prepared = False
         if request.save_payload:
             from stagegraph.workload.torch_model import check_savable
 
             check_savable(self.workload)
 
+    def prepare_workload(self) -> None:
+        """Bring the workload's payload in (a PyTorch model's import), once, under the
+        compile time limit and with progress (hooks with ``preparing``): before anything
+        asks the workload for its signature."""
+        prepare = getattr(self.workload, "prepare", None)
+        if self._prepared or not callable(prepare):
+            return
+        for hook in self.hooks:
+            if callable(getattr(hook, "preparing", None)):
+                hook.preparing(f"importing the workload {self.workload.spec}")
+        prepare()
+        self._prepared = True
+
     def compile(self, until: str | None = None) -> RunResult:
         """Run the graph's stages for the workload (up to the tag ``until``)."""
-        prepare = getattr(self.workload, "prepare", None)  # a PyTorch model's import
-        if callable(prepare):  # under the time limit, with progress (hooks with `preparing`)
-            for hook in self.hooks:
-                if callable(getattr(hook, "preparing", None)):
-                    hook.preparing(f"importing the workload {self.workload.spec}")
-            prepare()
+        self.prepare_workload()
         result = self.engine.run(self.graph, self.workload, until=until)
         if self.request.save_payload:  # imported by now: the stages asked for the payload
             self.workload.save_payload(self.request.save_payload)
