@@ -14,7 +14,7 @@ and PyTorch's version. On a shared, loaded machine the ratios are noisy: a row m
 ``~`` had samples too spread to quote. Usage:
 
     python benchmarks/conv_vs_torch.py ../shared/kernelbench/level1 [--threads 1]
-        [--match l1_06] [--budget 2] [--target x86-64-v3] [--json]
+        [--match l1_06] [--budget 2] [--target x86-64-v3] [--direct] [--json]
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ class TorchMeasurement:
 
         self.torch, self.threads, self.workload = torch, threads, workload
         scope: dict = {"__name__": f"kernelbench_{problem.stem}"}
-        exec(compile(problem.read_text(), str(problem), "exec"), scope)  # noqa: S102
+        exec(compile(problem.read_text(), str(problem), "exec"), scope)
         scope.update({k: tuple(v) if isinstance(v, list) else v for k, v in constants.items()})
         torch.manual_seed(0)
         self.model = scope["Model"](*scope["get_init_inputs"]()).eval()
@@ -77,17 +77,32 @@ def conv_payloads(folder: Path, match: str | None) -> list[dict]:
     return [e for e in keep if "conv" in e["stem"].lower()]
 
 
-def measure_row(entry: dict, folder: Path, threads: int, budget: float, target) -> dict:
+def problem_file(folder: Path, stem: str) -> Path:
+    """The problem file of payload ``stem`` (``src/levelN/<prefix>_*.py``: the file keeps
+    the problem's own spelling, the stem a normalized one, so only the number is matched)."""
+    prefix = "_".join(stem.split("_")[:2])
+    found = sorted((folder.parent / "src" / folder.name).glob(f"{prefix}_*.py"))
+    if not found:
+        raise FileNotFoundError(f"no problem file {prefix}_*.py for {stem}")
+    return found[0]
+
+
+def measure_row(
+    entry: dict, folder: Path, threads: int, budget: float, target, direct: bool = False
+) -> dict:
     """Compile, verify and compare one payload against PyTorch."""
     from stagegraph.app.bench import BenchOptions, compare, prepare
     from stagegraph.app.session import Session, SessionRequest
 
     path = folder / entry["mlir"]
-    problem = folder.parent / "src" / folder.name / f"{entry['stem']}.py"
+    problem = problem_file(folder, entry["stem"])
     row: dict = {"payload": entry["stem"], "flops": entry.get("flops")}
     request = SessionRequest(graph="x86", workload=str(path), threads=threads, target=target)
     session = Session(request)
-    fast = prepare(session.engine, session.graph, session.workload, None)
+    graph = session.graph
+    if direct:  # the direct path only: what the x86 graph did before the implicit GEMM
+        graph = graph.with_config("normalize", conv_gemm=False)
+    fast = prepare(session.engine, graph, session.workload, None)
     row["verified"] = fast.verdict.ok
     row["compile_s"] = fast.result.trace.compile_seconds()
     if not fast.verdict.ok:
@@ -108,6 +123,9 @@ def main() -> None:
     parser.add_argument("--match", help="only payloads whose stem contains this")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds per comparison")
     parser.add_argument("--target", help="x86-64 level to compile for (default: the host)")
+    parser.add_argument(
+        "--direct", action="store_true", help="x86 without the implicit GEMM (the baseline)"
+    )
     parser.add_argument("--json", action="store_true", help="one JSON line per payload")
     args = parser.parse_args()
 
@@ -122,8 +140,10 @@ def main() -> None:
     rows = []
     for entry in conv_payloads(args.folder, args.match):
         try:
-            row = measure_row(entry, args.folder, args.threads, args.budget, args.target)
-        except Exception as error:  # noqa: BLE001  (a failing payload is a row, not the end)
+            row = measure_row(
+                entry, args.folder, args.threads, args.budget, args.target, args.direct
+            )
+        except Exception as error:
             row = {"payload": entry["stem"], "verified": False, "error": str(error)[:200]}
         rows.append(row)
         if args.json:

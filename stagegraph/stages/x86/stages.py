@@ -20,6 +20,7 @@ from stagegraph.errors import ConfigError
 from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
 from stagegraph.stages.target import Target
+from stagegraph.stages.x86.conv_config import ConvGemmConfig
 from stagegraph.stages.x86.generic_params import GenericParams, heuristic_generic_params
 from stagegraph.stages.x86.matmul_params import MatmulParams, heuristic_matmul_params
 
@@ -203,17 +204,22 @@ class ScheduleConfig(Config):
 
 
 @stage("passes", name="x86.normalize")
-def normalize(module: TensorModule) -> TensorModule:
+def normalize(
+    module: TensorModule,
+    config: ConvGemmConfig = ConvGemmConfig(),  # noqa: B008  (frozen, safe to share)
+) -> TensorModule:
     """Rewrites that decide which schedule an op takes, run before the analysis so the cost
     model sees the ops the schedule will: strided transposed convolutions become one
     convolution per output phase (:mod:`stagegraph.stages.x86.transposed_conv`), then
     pointwise convolutions (some phases' among them) become matmuls
-    (:mod:`stagegraph.stages.x86.pointwise`). Before those, gathers through constant
-    positions that only reshape become reshapes
+    (:mod:`stagegraph.stages.x86.pointwise`), and other channels-first ones the implicit
+    GEMM of their patches (:mod:`stagegraph.stages.x86.conv_gemm`, as ``config`` says).
+    Before those, gathers through constant positions that only reshape become reshapes
     (:mod:`stagegraph.stages.common.constant_gathers`), and unit dims leave the generic ops
     (:mod:`stagegraph.stages.common.unit_dims`)."""
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
     from stagegraph.stages.common.unit_dims import fold_unit_dims
+    from stagegraph.stages.x86.conv_gemm import convolutions_to_gemm
     from stagegraph.stages.x86.pointwise import pointwise_convolutions_to_matmuls
     from stagegraph.stages.x86.transposed_conv import decompose_strided_transposed_convolutions
 
@@ -222,6 +228,7 @@ def normalize(module: TensorModule) -> TensorModule:
         fold_unit_dims(module.ir)
         decompose_strided_transposed_convolutions(module.ir)
         pointwise_convolutions_to_matmuls(module.ir)
+        convolutions_to_gemm(module.ir, config)
     return module
 
 
