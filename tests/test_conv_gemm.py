@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import stagegraph as sg
+from stagegraph.core.catalog import load_graph
 from stagegraph.mlir.bindings import ir, new_context
 from stagegraph.mlir.walk import collect
 from stagegraph.stages.analysis import analyze
@@ -19,6 +20,8 @@ from stagegraph.stages.x86.conv_gemm import convolutions_to_gemm
 from stagegraph.stages.x86.matmul_sites import matmul_like_ops
 
 _CONV = {1: "conv_1d_ncw_fcw", 2: "conv_2d_nchw_fchw", 3: "conv_3d_ncdhw_fcdhw"}
+# Every spatial rank through the GEMM (the default takes 1-D ones only).
+_ALL_RANKS = ConvGemmConfig(ranks=frozenset({1, 2, 3}))
 
 
 def _dims(values) -> str:
@@ -50,13 +53,14 @@ def _payload(n, c, f, image, kernel, stride, dilation, init) -> str:
             f"dimensions = [{dims}]"
         )
     steps, dil = ", ".join(map(str, stride)), ", ".join(map(str, dilation))
+    vec = f"vector<{rank}xi64>"
     return f"""
 func.func @main(%x: tensor<{x}xf32>, %w: tensor<{w}xf32>, %b: tensor<{f}xf32>)
     -> tensor<{y}xf32> {{
   %e = tensor.empty() : tensor<{y}xf32>
   {start}
   %r = linalg.{_CONV[rank]}
-    {{dilations = dense<[{dil}]> : vector<{rank}xi64>, strides = dense<[{steps}]> : vector<{rank}xi64>}}
+    {{dilations = dense<[{dil}]> : {vec}, strides = dense<[{steps}]> : {vec}}}
     ins(%x, %w : tensor<{x}xf32>, tensor<{w}xf32>) outs(%i : tensor<{y}xf32>)
     -> tensor<{y}xf32>
   return %r : tensor<{y}xf32>
@@ -82,7 +86,7 @@ def _reference(x, w, b, stride, dilation, init) -> np.ndarray:
     return result.astype(np.float32)
 
 
-def _rewrite(text: str, config: ConvGemmConfig | None = None):
+def _rewrite(text: str, config: ConvGemmConfig = _ALL_RANKS):
     """Rewrite count, linalg op names left, and the facts of the rewritten module."""
     with new_context(), ir.Location.unknown():
         module = ir.Module.parse(text)
@@ -123,10 +127,13 @@ def test_a_convolution_becomes_one_matmul_the_packed_kernel_takes(case):
 def test_few_filters_a_one_tap_window_or_the_config_keep_the_convolution():
     few = _payload(2, 3, 2, (6, 6), (3, 3), (1, 1), (1, 1), "zero")
     assert _rewrite(few)[0] == 0
-    assert _rewrite(few, ConvGemmConfig(min_filters=2))[0] == 1
+    assert _rewrite(few, _ALL_RANKS.model_copy(update={"min_filters": 2}))[0] == 1
     many = _payload(2, 3, 8, (6, 6), (3, 3), (1, 1), (1, 1), "zero")
-    assert _rewrite(many, ConvGemmConfig(conv_gemm=False))[0] == 0
-    assert _rewrite(many, ConvGemmConfig(max_patch_elements=100))[0] == 0
+    assert _rewrite(many, ConvGemmConfig())[0] == 0  # by default 2-D takes the direct path
+    assert _rewrite(many, ConvGemmConfig(conv_gemm=False, ranks=frozenset({2})))[0] == 0
+    assert _rewrite(many, _ALL_RANKS.model_copy(update={"max_patch_elements": 100}))[0] == 0
+    line = _payload(2, 3, 8, (9,), (3,), (1,), (1,), "zero")
+    assert _rewrite(line, ConvGemmConfig())[0] == 1
     one_tap = _payload(2, 3, 8, (6, 6), (1, 1), (1, 1), (1, 1), "zero")
     count, names, _ = _rewrite(one_tap)
     assert count == 0 and "linalg.conv_2d_nchw_fchw" in names
@@ -143,7 +150,8 @@ def _run(tmp_path, case: str, init: str, target: str | None):
     expected = _reference(x, w, b, stride, dilation, init)
     np.savez(tmp_path / "conv.npz", in0=x, in1=w, in2=b, out0=expected)
     dumped = tmp_path / "ir"
-    report = sg.run("x86", str(path), threads=1, target=target, dump_ir=str(dumped))
+    graph = load_graph("x86").with_config("normalize", ranks=frozenset({1, 2, 3}))
+    report = sg.run(graph, str(path), threads=1, target=target, dump_ir=str(dumped))
     normalized = [p for p in dumped.iterdir() if "normalize" in p.name]
     with new_context():
         module = ir.Module.parse(normalized[0].read_text())

@@ -13,11 +13,20 @@ class ConvGemmConfig(Config):
     """Which channels-first convolutions run as the implicit GEMM of their patches
     (:mod:`stagegraph.stages.x86.conv_gemm`) instead of the direct path.
 
-    ``conv_gemm``: off, every convolution takes the direct path. ``min_filters``: fewer
+    ``conv_gemm``: off, every convolution takes the direct path. ``ranks``: the spatial
+    ranks (1: ``conv_1d``, 2, 3) that take the GEMM; the others keep the direct path.
+    ``min_filters``: fewer
     filters than this keep the direct path (the patch copy costs one move per ``2 *
     filters`` flops). ``max_patch_elements``: a larger patch matrix streams through memory
     instead of cache; such convolutions keep the direct path."""
 
     conv_gemm: bool = True
+    # Measured on an AVX-512 Xeon, one thread, against the direct path on the 35 KernelBench
+    # level-1 convolutions (benchmarks/conv_vs_torch.py --direct): every 1-D one ran faster
+    # as the GEMM (1.1-3.0x: the direct path has no channels-last form for 1-D and gathers
+    # its strided channels); of 19 2-D/3-D ones, one ran faster and 16 slower (0.05-0.7x:
+    # their channels-last direct path runs at 60-90% of the FMA peak, and a 3-D window of
+    # 27-105 taps makes patch matrices of 10-45 MB that stream through memory).
+    ranks: frozenset[int] = frozenset({1})
     min_filters: int = Field(4, ge=1)
     max_patch_elements: int = Field(1 << 26, ge=1)

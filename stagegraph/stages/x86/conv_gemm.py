@@ -96,11 +96,13 @@ def conv_shape(op: Any) -> ConvShape | None:
 
 
 def gemm_worth(shape: ConvShape, config: ConvGemmConfig) -> bool:
-    """Whether the implicit GEMM should run ``shape`` (else the direct path does): a window
-    of more than one tap (a 1x1 one is a matmul already), enough filters to pay for the
-    patch copy (2 flops per filter for each element moved), a patch matrix that stays
-    within ``config.max_patch_elements``."""
-    if not config.conv_gemm or math.prod(shape.taps) == 1 or shape.f < config.min_filters:
+    """Whether the implicit GEMM should run ``shape`` (else the direct path does): a
+    spatial rank the config takes, a window of more than one tap (a 1x1 one is a matmul
+    already), enough filters to pay for the patch copy (2 flops per filter for each
+    element moved), a patch matrix within ``config.max_patch_elements``."""
+    if not config.conv_gemm or len(shape.taps) not in config.ranks:
+        return False
+    if math.prod(shape.taps) == 1 or shape.f < config.min_filters:
         return False
     return shape.depth * shape.columns <= config.max_patch_elements
 
