@@ -73,7 +73,7 @@ def conv_payloads(folder: Path, match: str | None) -> list[dict]:
     entries = json.loads((folder / "manifest.json").read_text())
     keep = [e for e in entries if e.get("mlir") and (folder / e["mlir"]).exists()]
     if match:
-        return [e for e in keep if match in e["stem"]]
+        return [e for e in keep if any(part in e["stem"] for part in match.split(","))]
     return [e for e in keep if "conv" in e["stem"].lower()]
 
 
@@ -120,7 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--match", help="only payloads whose stem contains this")
+    parser.add_argument("--match", help="only payloads whose stem contains one of these (comma-separated)")
     parser.add_argument("--budget", type=float, default=2.0, help="seconds per comparison")
     parser.add_argument("--target", help="x86-64 level to compile for (default: the host)")
     parser.add_argument(

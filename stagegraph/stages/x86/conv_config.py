@@ -15,7 +15,7 @@ class ConvGemmConfig(Config):
 
     ``conv_gemm``: off, every convolution takes the direct path. ``ranks``: the spatial
     ranks (1: ``conv_1d``, 2, 3) that take the GEMM; the others keep the direct path.
-    ``min_filters``: fewer
+    ``col2im``, ``col2im_max_useful``: see below. ``min_filters``: fewer
     filters than this keep the direct path (the patch copy costs one move per ``2 *
     filters`` flops). ``max_patch_elements``: a larger patch matrix streams through memory
     instead of cache; such convolutions keep the direct path."""
@@ -28,5 +28,10 @@ class ConvGemmConfig(Config):
     # their channels-last direct path runs at 60-90% of the FMA peak, and a 3-D window of
     # 27-105 taps makes patch matrices of 10-45 MB that stream through memory).
     ranks: frozenset[int] = frozenset({1})
+    # Stride-1 transposed convolutions (a convolution of a zero-padded input) whose useful
+    # flops are at most this fraction of the padded convolution's: GEMM on the real input,
+    # then shifted adds (stagegraph.stages.x86.conv_col2im).
+    col2im: bool = True
+    col2im_max_useful: float = Field(0.7, ge=0.0, le=1.0)
     min_filters: int = Field(4, ge=1)
     max_patch_elements: int = Field(1 << 26, ge=1)

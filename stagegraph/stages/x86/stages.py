@@ -210,7 +210,8 @@ def normalize(
 ) -> TensorModule:
     """Rewrites that decide which schedule an op takes, run before the analysis so the cost
     model sees the ops the schedule will: strided transposed convolutions become one
-    convolution per output phase (:mod:`stagegraph.stages.x86.transposed_conv`), then
+    convolution per output phase (:mod:`stagegraph.stages.x86.transposed_conv`), stride-1
+    ones a GEMM on their real input (:mod:`stagegraph.stages.x86.conv_col2im`), then
     pointwise convolutions (some phases' among them) become matmuls
     (:mod:`stagegraph.stages.x86.pointwise`), and other channels-first ones the implicit
     GEMM of their patches (:mod:`stagegraph.stages.x86.conv_gemm`, as ``config`` says).
@@ -219,6 +220,7 @@ def normalize(
     (:mod:`stagegraph.stages.common.unit_dims`)."""
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
     from stagegraph.stages.common.unit_dims import fold_unit_dims
+    from stagegraph.stages.x86.conv_col2im import stride1_transposed_to_col2im
     from stagegraph.stages.x86.conv_gemm import convolutions_to_gemm
     from stagegraph.stages.x86.pointwise import pointwise_convolutions_to_matmuls
     from stagegraph.stages.x86.transposed_conv import decompose_strided_transposed_convolutions
@@ -227,6 +229,7 @@ def normalize(
         fold_reshaping_gathers(module.ir)
         fold_unit_dims(module.ir)
         decompose_strided_transposed_convolutions(module.ir)
+        stride1_transposed_to_col2im(module.ir, config)
         pointwise_convolutions_to_matmuls(module.ir)
         convolutions_to_gemm(module.ir, config)
     return module
