@@ -14,7 +14,7 @@ and PyTorch's version. On a shared, loaded machine the ratios are noisy: a row m
 ``~`` had samples too spread to quote. Usage:
 
     python benchmarks/conv_vs_torch.py ../shared/kernelbench/level1 [--threads 1]
-        [--match l1_06] [--budget 2] [--target x86-64-v3] [--direct] [--json]
+        [--match l1_06] [--budget 2] [--target x86-64-v3] [--direct] [--conv KEY=VALUE] [--json]
 """
 
 from __future__ import annotations
@@ -87,9 +87,7 @@ def problem_file(folder: Path, stem: str) -> Path:
     return found[0]
 
 
-def measure_row(
-    entry: dict, folder: Path, threads: int, budget: float, target, direct: bool = False
-) -> dict:
+def measure_row(entry: dict, folder: Path, threads: int, budget: float, target, conv: dict) -> dict:
     """Compile, verify and compare one payload against PyTorch."""
     from stagegraph.app.bench import BenchOptions, compare, prepare
     from stagegraph.app.session import Session, SessionRequest
@@ -100,8 +98,8 @@ def measure_row(
     request = SessionRequest(graph="x86", workload=str(path), threads=threads, target=target)
     session = Session(request)
     graph = session.graph
-    if direct:  # the direct path only: what the x86 graph did before the implicit GEMM
-        graph = graph.with_config("normalize", conv_gemm=False)
+    if conv:  # ConvGemmConfig fields (--direct: conv_gemm=False, the path before the GEMMs)
+        graph = graph.with_config("normalize", **conv)
     fast = prepare(session.engine, graph, session.workload, None)
     row["verified"] = fast.verdict.ok
     row["compile_s"] = fast.result.trace.compile_seconds()
@@ -120,12 +118,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--match", help="only payloads whose stem contains one of these (comma-separated)")
+    parser.add_argument(
+        "--match", help="only payloads whose stem contains one of these (comma-separated)"
+    )
     parser.add_argument("--budget", type=float, default=2.0, help="seconds per comparison")
     parser.add_argument("--target", help="x86-64 level to compile for (default: the host)")
     parser.add_argument(
         "--direct", action="store_true", help="x86 without the implicit GEMM (the baseline)"
     )
+    parser.add_argument(
+        "--conv", action="append", default=[], metavar="KEY=VALUE",
+        help="a ConvGemmConfig field for x86.normalize (ranks=1,2,3; col2im_max_useful=1)",
+    )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="one JSON line per payload")
     args = parser.parse_args()
 
@@ -136,13 +140,16 @@ def main() -> None:
     from stagegraph.stages.target import resolve_target
 
     target = resolve_target(args.target) if args.target else None
+    conv = dict(item.split("=", 1) for item in args.conv)
+    if "ranks" in conv:
+        conv["ranks"] = frozenset(int(r) for r in conv["ranks"].split(","))
+    if args.direct:
+        conv["conv_gemm"] = False
     peak = fma_peak_gflops(args.threads, target)
     rows = []
     for entry in conv_payloads(args.folder, args.match):
         try:
-            row = measure_row(
-                entry, args.folder, args.threads, args.budget, args.target, args.direct
-            )
+            row = measure_row(entry, args.folder, args.threads, args.budget, args.target, conv)
         except Exception as error:
             row = {"payload": entry["stem"], "verified": False, "error": str(error)[:200]}
         rows.append(row)

@@ -15,8 +15,9 @@ kernel runs, on the real input only; and each tap adds its rows into the output 
 are the useful ones; the adds cost ``T`` passes over ``N*F*I`` elements against ``2*C``
 flops each.
 
-Taken when at most ``ConvGemmConfig.col2im_max_useful`` of the convolution's flops are
-useful (:func:`useful_fraction`). Runs in ``x86.normalize`` before the patch GEMM.
+Taken when :func:`col2im_worth` estimates it faster than the direct path on the padded
+input (the model's constants are ``ConvGemmConfig`` fields). Runs in ``x86.normalize``
+before the patch GEMM.
 """
 
 from __future__ import annotations
@@ -61,10 +62,18 @@ def _valid(size: int, out: int, shift: int) -> range:
     return range(max(0, shift), min(size, out + shift))
 
 
+def col2im_worth(channels: int, useful: float, config: ConvGemmConfig) -> bool:
+    """Whether GEMM + shifted adds beat the direct path, per useful flop: the GEMM runs at
+    ``gemm_efficiency`` of the peak and each of its results (``2 * channels`` flops) costs
+    one shifted add (``add_cost`` flops of time); the direct path runs at
+    ``direct_efficiency`` but only ``useful`` of its flops count."""
+    col2im = 1 / config.gemm_efficiency + config.add_cost / (2 * channels)
+    return col2im < 1 / (useful * config.direct_efficiency)
+
+
 def stride1_transposed_to_col2im(module: Any, config: ConvGemmConfig | None = None) -> int:
-    """Rewrite every channels-first convolution of a zero-padded input whose useful flops
-    are at most ``config.col2im_max_useful`` of its flops (see the module); returns the
-    count."""
+    """Rewrite every channels-first convolution of a zero-padded input that
+    :func:`col2im_worth` takes (see the module); returns the count."""
     config = config or ConvGemmConfig()
     if not config.conv_gemm or not config.col2im:
         return 0
@@ -104,7 +113,7 @@ def _match(op: Any, uses: DefUse, config: ConvGemmConfig) -> _Padded | None:
         return None
     inputs, pads = tuple(source_shape[2:]), tuple(offsets[2:])
     fraction = useful_fraction(inputs, shape.out, shape.taps, pads, shape.dilations)
-    if fraction > config.col2im_max_useful:
+    if not col2im_worth(shape.c, fraction, config):
         return None
     return _Padded(op, source, inputs, pads)
 

@@ -15,7 +15,7 @@ class ConvGemmConfig(Config):
 
     ``conv_gemm``: off, every convolution takes the direct path. ``ranks``: the spatial
     ranks (1: ``conv_1d``, 2, 3) that take the GEMM; the others keep the direct path.
-    ``col2im``, ``col2im_max_useful``: see below. ``min_filters``: fewer
+    ``col2im`` and its cost model: see below. ``min_filters``: fewer
     filters than this keep the direct path (the patch copy costs one move per ``2 *
     filters`` flops). ``max_patch_elements``: a larger patch matrix streams through memory
     instead of cache; such convolutions keep the direct path."""
@@ -28,10 +28,15 @@ class ConvGemmConfig(Config):
     # their channels-last direct path runs at 60-90% of the FMA peak, and a 3-D window of
     # 27-105 taps makes patch matrices of 10-45 MB that stream through memory).
     ranks: frozenset[int] = frozenset({1})
-    # Stride-1 transposed convolutions (a convolution of a zero-padded input) whose useful
-    # flops are at most this fraction of the padded convolution's: GEMM on the real input,
-    # then shifted adds (stagegraph.stages.x86.conv_col2im).
+    # Stride-1 transposed convolutions (a convolution of a zero-padded input): GEMM on the
+    # real input then shifted adds (stagegraph.stages.x86.conv_col2im) when its estimated
+    # time per useful flop, 1/gemm_efficiency + add_cost/(2*channels), beats the direct
+    # path's, 1/(useful_fraction * direct_efficiency). add_cost: an element's shifted add,
+    # in flops at the FMA peak. Fitted on an AVX-512 Xeon, one thread: 8 KernelBench
+    # stride-1 transposed convolutions with 12-32 channels and 30-100% useful flops.
     col2im: bool = True
-    col2im_max_useful: float = Field(0.7, ge=0.0, le=1.0)
+    gemm_efficiency: float = Field(0.8, gt=0.0, le=1.0)
+    direct_efficiency: float = Field(0.8, gt=0.0, le=1.0)
+    add_cost: float = Field(18.0, ge=0.0)
     min_filters: int = Field(4, ge=1)
     max_patch_elements: int = Field(1 << 26, ge=1)
