@@ -6,7 +6,9 @@ same module: the problem file (``src/levelN/<stem>.py``) executed with the manif
 ``scaled_constants`` in place of its own, so both sides compute the same shapes (PyTorch
 with its own random weights: the values do not change a convolution's time). The two are
 timed interleaved in one process (``stagegraph.app.bench.compare``), PyTorch on exactly as
-many threads as the x86 code (``torch.set_num_threads``). Per payload the table gives both
+many threads as the x86 code (``torch.set_num_threads``); above one thread both OpenMP
+runtimes' idle workers sleep (``KMP_BLOCKTIME=0``, ``OMP_WAIT_POLICY=PASSIVE``) so neither
+spins on the other's cores. Per payload the table gives both
 medians, PyTorch time / x86 time (above 1: x86 is faster), and each side's GFLOP/s and
 fraction of the FMA peak (``stagegraph.app.fma_peak``, measured in the same process before
 and after the payloads: the best of the two). The first lines name the CPU, the ISA tier
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -132,6 +135,13 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--json", action="store_true", help="one JSON line per payload")
     args = parser.parse_args()
+    if args.threads > 1:
+        # Two OpenMP runtimes share this process (PyTorch's libgomp, the x86 code's
+        # libiomp5): a side's idle workers must sleep, not spin on the cores the other side
+        # is measured on (spinning, PyTorch at 2 threads read 20-100x its 1-thread time).
+        # Set before either runtime loads; the user's own settings win.
+        os.environ.setdefault("KMP_BLOCKTIME", "0")
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
     import torch
 
@@ -157,7 +167,10 @@ def main() -> None:
             print(json.dumps(row), flush=True)
     peak = max(peak, fma_peak_gflops(args.threads, target))
     print(f"{describe(host_info())}; PyTorch {torch.__version__} eager (oneDNN)  ")
-    print(f"threads {args.threads}; FMA peak {peak:.1f} GFLOP/s; shared loaded machine: noisy  \n")
+    waits = f"; KMP_BLOCKTIME={os.environ.get('KMP_BLOCKTIME')}, OMP_WAIT_POLICY=" + str(
+        os.environ.get("OMP_WAIT_POLICY")
+    )
+    print(f"threads {args.threads}; FMA peak {peak:.1f} GFLOP/s{waits}; shared machine: noisy  \n")
     print(table(rows, peak))
 
 
