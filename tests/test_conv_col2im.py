@@ -81,6 +81,10 @@ def test_the_cost_model_takes_it_when_the_border_wastes_enough():
     text = _payload(1, 3, 4, image, (1, 1), kernel, dilation, pad, high, init="zero")
     assert _rewritten(text, ConvGemmConfig(col2im=False))[0] == 0
     assert _rewritten(text, ConvGemmConfig(conv_gemm=False))[0] == 0
+    # products: 1 image x 4 filters x 6 taps x 30 positions = 720 elements
+    bounded = _ALWAYS.model_copy(update={"col2im_max_elements": 719})
+    assert _rewritten(text, bounded)[0] == 0
+    assert _rewritten(text, bounded.model_copy(update={"col2im_max_elements": 720}))[0] == 1
 
 
 def test_a_strided_insert_or_a_nonzero_border_is_left_alone():

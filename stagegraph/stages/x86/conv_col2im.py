@@ -16,7 +16,8 @@ are the useful ones; the adds cost ``T`` passes over ``N*F*I`` elements against 
 flops each.
 
 Taken when :func:`col2im_worth` estimates it faster than the direct path on the padded
-input (the model's constants are ``ConvGemmConfig`` fields). Runs in ``x86.normalize``
+input (the model's constants are ``ConvGemmConfig`` fields) and the products fit
+``ConvGemmConfig.col2im_max_elements``. Runs in ``x86.normalize``
 before the patch GEMM.
 """
 
@@ -114,6 +115,9 @@ def _match(op: Any, uses: DefUse, config: ConvGemmConfig) -> _Padded | None:
     inputs, pads = tuple(source_shape[2:]), tuple(offsets[2:])
     fraction = useful_fraction(inputs, shape.out, shape.taps, pads, shape.dilations)
     if not col2im_worth(shape.c, fraction, config):
+        return None
+    products = shape.n * shape.f * math.prod(shape.taps) * math.prod(inputs)
+    if products > config.col2im_max_elements:
         return None
     return _Padded(op, source, inputs, pads)
 

@@ -38,5 +38,9 @@ class ConvGemmConfig(Config):
     gemm_efficiency: float = Field(0.8, gt=0.0, le=1.0)
     direct_efficiency: float = Field(0.8, gt=0.0, le=1.0)
     add_cost: float = Field(18.0, ge=0.0)
+    # The GEMM's products (images x filters x taps x input positions) are all made before
+    # the adds read them: beyond this many elements they stream through memory (a 5^3
+    # window, 8 images of 16 x 8^3: 8M elements ran 0.75x the direct path; 1.7M, 2x).
+    col2im_max_elements: int = Field(1 << 22, ge=1)
     min_filters: int = Field(4, ge=1)
     max_patch_elements: int = Field(1 << 26, ge=1)
