@@ -15,7 +15,9 @@ positions per image is still one large matmul the packed micro-kernel runs near 
 peak, where the direct path (a 1-D convolution vectorized along the filters, see
 :mod:`stagegraph.stages.x86.prepare_convolutions`) starves on a few filters (8, 12) or
 gathers on channels-first tiles. The patch copy costs ``C*T*N*O`` moves against
-``2*F*C*T*N*O`` flops: :func:`gemm_worth` takes the GEMM when the filters pay for it.
+``2*F*C*T*N*O`` flops. :func:`gemm_worth` takes the GEMM for the spatial ranks
+``ConvGemmConfig.ranks`` names (by default 1-D ones: 2-D and 3-D ones have a channels-last
+direct path that measured faster) when the filters pay for the copy.
 
 Transposed convolutions reach here as the plain convolutions of their zero-stuffed (or,
 after :mod:`stagegraph.stages.x86.transposed_conv`, per phase) inputs. Runs in
@@ -110,6 +112,8 @@ def gemm_worth(shape: ConvShape, config: ConvGemmConfig) -> bool:
 def convolutions_to_gemm(module: Any, config: ConvGemmConfig | None = None) -> int:
     """Rewrite every channels-first convolution of ``module``'s functions that
     :func:`gemm_worth` takes into patches and one ``linalg.matmul``; returns the count."""
+    from stagegraph.mlir.bindings import ir
+
     found = []
     for fn in top_level_ops(module.operation):
         if fn.name != "func.func":
@@ -119,8 +123,6 @@ def convolutions_to_gemm(module: Any, config: ConvGemmConfig | None = None) -> i
             if shape is not None and gemm_worth(shape, config or ConvGemmConfig()):
                 found.append((op, shape))
     for op, shape in found:
-        from stagegraph.mlir.bindings import ir
-
         with ir.InsertionPoint(op), op.location:
             result = _gemm(op, shape)
         op.results[0].replace_all_uses_with(result)
