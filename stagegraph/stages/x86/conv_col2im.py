@@ -8,10 +8,10 @@ read the zero border: a 3-D one of a 6^3 input and 3^3 taps multiplies 2.4 times
 useful flops, a 3x5x7 window on 8^3 3.3 times.
 
 Here, with ``Wf`` the convolution's (flipped) filter ``[F, C, T...]``:
-``Y[n, (f, t), i] = sum_c Wf[f, c, t] * X[n, c, i]`` is one matmul per image (filters and
-taps the rows, the input's positions the columns, the channels its depth) that the packed
-kernel runs, on the real input only; and each tap adds its rows into the output shifted,
-``out[n, f, i - t*d + P] += Y[n, f, t, i]`` where that lands inside the output. The flops
+``Y[(f, t), (n, i)] = sum_c Wf[f, c, t] * X[n, c, i]`` is one matmul (filters and taps
+the rows, every image's input positions the columns, the channels its depth) that the
+packed kernel runs, on the real input only; and each tap adds its rows into the output
+shifted, ``out[n, f, i - t*d + P] += Y[f, t, n, i]`` where that lands inside the output. The flops
 are the useful ones; the adds cost ``T`` passes over ``N*F*I`` elements against ``2*C``
 flops each.
 
@@ -31,7 +31,7 @@ from typing import Any
 from stagegraph.mlir.build import collapse_shape, expand_shape, generic, named_structured_op
 from stagegraph.mlir.walk import DefUse, top_level_ops
 from stagegraph.stages.x86.conv_config import ConvGemmConfig
-from stagegraph.stages.x86.conv_gemm import conv_shape
+from stagegraph.stages.x86.conv_gemm import conv_shape, swap_leading
 from stagegraph.stages.x86.transposed_conv import _only_reader, _zero_tensor
 
 
@@ -137,14 +137,16 @@ def _rewrite(match: _Padded) -> None:
 
 
 def _tap_products(match: _Padded, shape: Any) -> Any:
-    """``Y[n, f, t..., i...] = sum_c Wf[f, c, t] X[n, c, i]``: one matmul per image."""
+    """``Y[f, t..., n, i...] = sum_c Wf[f, c, t] X[n, c, i]``: one matmul for all images
+    (the input's positions of every image its columns: one parallel loop, not one per
+    image), as ``[F, T..., N, I...]``."""
     from stagegraph.mlir.bindings import dialect, ir
 
     tensor = dialect("tensor")
     rank, taps = len(shape.taps), math.prod(shape.taps)
     kernel = match.conv.operands[1]
     element = ir.RankedTensorType(kernel.type).element_type
-    positions = math.prod(match.inputs)
+    columns = shape.n * math.prod(match.inputs)
     rows = shape.f * taps
     # Wf [F, C, T...] -> [F, T..., C] -> [(F, T), C]
     order = [0, *range(2, rank + 2), 1]
@@ -152,27 +154,19 @@ def _tap_products(match: _Padded, shape: Any) -> Any:
     permutation = {"permutation": ir.DenseI64ArrayAttr.get(order)}
     by_tap = named_structured_op("linalg.transpose", [kernel], [empty], permutation)
     weights = collapse_shape(by_tap, [list(range(rank + 1)), [rank + 1]], [rows, shape.c])
+    # X [N, C, I...] -> [C, (N, I...)]
+    by_channel = swap_leading(match.source, element)
+    image = collapse_shape(by_channel, [[0], list(range(1, rank + 2))], [shape.c, columns])
     zero = dialect("arith").ConstantOp(element, 0.0).result
-    image = collapse_shape(
-        match.source, [[0], [1], list(range(2, rank + 2))], [shape.n, shape.c, positions]
-    )
-    # The filters once per image (batch_matmul's operands all index the batch loop).
-    per_image = tensor.EmptyOp([shape.n, rows, shape.c], element).result
-    d = [ir.AffineDimExpr.get(i) for i in range(3)]
-    broadcast = generic(
-        [weights], [per_image],
-        [ir.AffineMap.get(3, 0, [d[1], d[2]]), ir.AffineMap.get_identity(3)],
-        ["parallel"] * 3, lambda value, _out: value,
-    )  # fmt: skip
-    init = tensor.EmptyOp([shape.n, rows, positions], element).result
+    init = tensor.EmptyOp([rows, columns], element).result
     acc = named_structured_op("linalg.fill", [zero], [init])
-    made = named_structured_op("linalg.batch_matmul", [broadcast, image], [acc])
-    groups = [[0], list(range(1, rank + 2)), list(range(rank + 2, 2 * rank + 2))]
-    return expand_shape(made, groups, [shape.n, shape.f, *shape.taps, *match.inputs])
+    made = named_structured_op("linalg.matmul", [weights, image], [acc])
+    groups = [list(range(rank + 1)), list(range(rank + 1, 2 * rank + 2))]
+    return expand_shape(made, groups, [shape.f, *shape.taps, shape.n, *match.inputs])
 
 
 def _add_tap(result: Any, products: Any, match: _Padded, shape: Any, tap: tuple) -> Any:
-    """``result[n, f, i - t*d + P] += Y[n, f, t, i]`` over the valid ``i`` of tap ``t``."""
+    """``result[n, f, i - t*d + P] += Y[f, t, n, i]`` over the valid ``i`` of tap ``t``."""
     from stagegraph.mlir.bindings import arith, dialect, ir
 
     tensor = dialect("tensor")
@@ -193,14 +187,17 @@ def _add_tap(result: Any, products: Any, match: _Padded, shape: Any, tap: tuple)
     out_offsets, out_sizes = [0, 0, *starts], [shape.n, shape.f, *lengths]
     ones = [1] * (rank + 2)
     region = tensor.ExtractSliceOp(block, result, [], [], [], out_offsets, out_sizes, ones)
-    y_offsets = [0, 0, *tap, *(r.start for r in ranges)]
-    y_sizes = [shape.n, shape.f, *[1] * rank, *lengths]
+    y_offsets = [0, *tap, 0, *(r.start for r in ranges)]
+    y_sizes = [shape.f, *[1] * rank, shape.n, *lengths]
+    y_block = ir.RankedTensorType.get([shape.f, shape.n, *lengths], element)
     rows = tensor.ExtractSliceOp(
-        block, products, [], [], [], y_offsets, y_sizes, [1] * (2 * rank + 2)
+        y_block, products, [], [], [], y_offsets, y_sizes, [1] * (2 * rank + 2)
     )
     identity = ir.AffineMap.get_identity(rank + 2)
+    d = [ir.AffineDimExpr.get(i) for i in range(rank + 2)]
+    by_filter = ir.AffineMap.get(rank + 2, 0, [d[1], d[0], *d[2:]])  # Y[f, n, o...]
     added = generic(
-        [rows.result], [region.result], [identity, identity], ["parallel"] * (rank + 2),
+        [rows.result], [region.result], [by_filter, identity], ["parallel"] * (rank + 2),
         lambda y, out: arith.AddFOp(out, y).result,
     )  # fmt: skip
     return tensor.InsertSliceOp(added, result, [], [], [], out_offsets, out_sizes, ones).result

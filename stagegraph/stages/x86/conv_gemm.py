@@ -143,12 +143,12 @@ def _gemm(op: Any, shape: ConvShape) -> Any:
     made = named_structured_op("linalg.matmul", [weights, patches], [acc])
     # out'[F, (N, O...)] -> [N, F, O...]
     by_filter = expand_shape(made, [[0], list(range(1, rank + 2))], [shape.f, shape.n, *shape.out])
-    return _swap_leading(by_filter, element)
+    return swap_leading(by_filter, element)
 
 
-def _swap_leading(value: Any, element: Any) -> Any:
-    """``value`` with its first two dims swapped: a reshape when one of them is 1, else a
-    ``linalg.transpose``."""
+def swap_leading(value: Any, element: Any) -> Any:
+    """``value`` (a tensor of ``element``) with its first two dims swapped: a reshape when
+    one of them is 1, else a ``linalg.transpose``."""
     from stagegraph.mlir.bindings import ir
 
     source = list(ir.RankedTensorType(value.type).shape)
@@ -217,5 +217,5 @@ def _accumulator(init: Any, shape: ConvShape, element: Any) -> Any:
         value = owner.operation.operands[0]
         empty = dialect("tensor").EmptyOp([shape.f, shape.columns], element).result
         return named_structured_op("linalg.fill", [value], [empty])
-    swapped = _swap_leading(init, element)
+    swapped = swap_leading(init, element)
     return collapse_shape(swapped, [[0], list(range(1, rank + 2))], [shape.f, shape.columns])
