@@ -18,6 +18,7 @@ from stagegraph.errors import ConfigError
 from stagegraph.mlir.build import ir_location
 from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.target import Target
+from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.matmul.params import MatmulParams
 from stagegraph.stages.x86.params_stage import X86Params, matmul_ops, serial_below
 
@@ -42,17 +43,25 @@ class ScheduleConfig(Config):
 
 
 @stage("passes", name="x86.normalize")
-def normalize(module: TensorModule) -> TensorModule:
+def normalize(
+    module: TensorModule,
+    config: ConvGemmConfig = ConvGemmConfig(),  # noqa: B008  (frozen, safe to share)
+) -> TensorModule:
     """Rewrites that decide which schedule an op takes, run before the analysis so the cost
     model sees the ops the schedule will: strided transposed convolutions become one
-    convolution per output phase (:mod:`stagegraph.stages.x86.conv.transposed`), then
+    convolution per output phase (:mod:`stagegraph.stages.x86.conv.transposed`), stride-1
+    ones a GEMM on their real input (:mod:`stagegraph.stages.x86.conv.col2im`), then
     pointwise convolutions (some phases' among them) become matmuls
-    (:mod:`stagegraph.stages.x86.conv.pointwise`). Before those, gathers through constant
+    (:mod:`stagegraph.stages.x86.conv.pointwise`), and other channels-first ones the implicit
+    GEMM of their patches (:mod:`stagegraph.stages.x86.conv.gemm`, as ``config`` says);
+    3-D poolings become 2-D then 1-D ones. Before those, gathers through constant
     positions that only reshape become reshapes
     (:mod:`stagegraph.stages.common.constant_gathers`), and unit dims leave the generic ops
     (:mod:`stagegraph.stages.common.unit_dims`)."""
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
     from stagegraph.stages.common.unit_dims import fold_unit_dims
+    from stagegraph.stages.x86.conv.col2im import stride1_transposed_to_col2im
+    from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
     from stagegraph.stages.x86.conv.pointwise import pointwise_convolutions_to_matmuls
     from stagegraph.stages.x86.conv.transposed import decompose_strided_transposed_convolutions
     from stagegraph.stages.x86.pool3d import separate_3d_poolings
@@ -61,7 +70,9 @@ def normalize(module: TensorModule) -> TensorModule:
         fold_reshaping_gathers(module.ir)
         fold_unit_dims(module.ir)
         decompose_strided_transposed_convolutions(module.ir)
+        stride1_transposed_to_col2im(module.ir, config)
         pointwise_convolutions_to_matmuls(module.ir)
+        convolutions_to_gemm(module.ir, config)
         separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized
     return module
 

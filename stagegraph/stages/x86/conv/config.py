@@ -1,0 +1,46 @@
+"""The implicit-GEMM choice for convolutions, as the ``x86.normalize`` stage's config: pure
+data, no MLIR, so a graph file, a tuner or a benchmark can set it
+(``graph.with_config("normalize", conv_gemm=False)``)."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from stagegraph.core.ports import Config
+
+
+class ConvGemmConfig(Config):
+    """Which channels-first convolutions run as the implicit GEMM of their patches
+    (:mod:`stagegraph.stages.x86.conv.gemm`) instead of the direct path.
+
+    ``conv_gemm``: off, every convolution takes the direct path. ``ranks``: the spatial
+    ranks (1: ``conv_1d``, 2, 3) that take the GEMM; the others keep the direct path.
+    ``col2im`` and its cost model: see below. ``min_filters``: fewer
+    filters than this keep the direct path (the patch copy costs one move per ``2 *
+    filters`` flops). ``max_patch_elements``: a larger patch matrix streams through memory
+    instead of cache; such convolutions keep the direct path."""
+
+    conv_gemm: bool = True
+    # Measured on an AVX-512 Xeon, one thread, against the direct path on the 35 KernelBench
+    # level-1 convolutions (benchmarks/conv_vs_torch.py --direct): every 1-D one ran faster
+    # as the GEMM (1.1-3.0x: the direct path has no channels-last form for 1-D and gathers
+    # its strided channels); of 19 2-D/3-D ones, one ran faster and 16 slower (0.05-0.7x:
+    # their channels-last direct path runs at 60-90% of the FMA peak, and a 3-D window of
+    # 27-105 taps makes patch matrices of 10-45 MB that stream through memory).
+    ranks: frozenset[int] = frozenset({1})
+    # Stride-1 transposed convolutions (a convolution of a zero-padded input): GEMM on the
+    # real input then shifted adds (stagegraph.stages.x86.conv.col2im) when its estimated
+    # time per useful flop, 1/gemm_efficiency + add_cost/(2*channels), beats the direct
+    # path's, 1/(useful_fraction * direct_efficiency). add_cost: an element's shifted add,
+    # in flops at the FMA peak. Fitted on an AVX-512 Xeon, one thread: 8 KernelBench
+    # stride-1 transposed convolutions with 12-32 channels and 30-100% useful flops.
+    col2im: bool = True
+    gemm_efficiency: float = Field(0.8, gt=0.0, le=1.0)
+    direct_efficiency: float = Field(0.8, gt=0.0, le=1.0)
+    add_cost: float = Field(18.0, ge=0.0)
+    # The GEMM's products (images x filters x taps x input positions) are all made before
+    # the adds read them: beyond this many elements they stream through memory (a 5^3
+    # window, 8 images of 16 x 8^3: 8M elements ran 0.75x the direct path; 1.7M, 2x).
+    col2im_max_elements: int = Field(1 << 22, ge=1)
+    min_filters: int = Field(4, ge=1)
+    max_patch_elements: int = Field(1 << 26, ge=1)

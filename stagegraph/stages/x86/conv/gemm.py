@@ -1,0 +1,221 @@
+"""Channels-first convolutions as one GEMM through the packed matmul kernel (implicit GEMM).
+
+A convolution ``out[n, f, o] = sum_{c, t} W[f, c, t] * X[n, c, o*s + t*d]`` (``o``: output
+position, ``t``: kernel tap, per spatial dim) is a matmul once the input's patches are laid
+out as a matrix: ``P[(c, t), (n, o)] = X[n, c, o*s + t*d]``. Then ``out'[f, (n, o)] =
+W[f, (c, t)] @ P`` reads the filter as it is stored (``FCHW`` collapses to ``[F, C*T]``
+with no copy), and ``out'`` is ``[F, N, O]``: the output (``[N, F, O]``) is one transpose
+of it, none for one image. The patch matrix is built by one copy per tap: a strided slice
+of the input (the tap's window, ``[N, C, O...]``) transposed into the tap's rows of ``P``.
+
+Why this form: the filters are the matmul's rows (``m``), the images' output positions
+together its columns (``n``, long and contiguous: the vectors run along them), the
+channels and taps its depth (``k``). So a convolution with few filters or few output
+positions per image is still one large matmul the packed micro-kernel runs near the FMA
+peak, where the direct path (a 1-D convolution vectorized along the filters, see
+:mod:`stagegraph.stages.x86.prepare_convolutions`) starves on a few filters (8, 12) or
+gathers on channels-first tiles. The patch copy costs ``C*T*N*O`` moves against
+``2*F*C*T*N*O`` flops. :func:`gemm_worth` takes the GEMM for the spatial ranks
+``ConvGemmConfig.ranks`` names (by default 1-D ones: 2-D and 3-D ones have a channels-last
+direct path that measured faster) when the filters pay for the copy.
+
+Transposed convolutions reach here as the plain convolutions of their zero-stuffed (or,
+after :mod:`stagegraph.stages.x86.conv.transposed`, per phase) inputs. Runs in
+``x86.normalize``, after the pointwise rewrite (1x1 windows need no patches).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from stagegraph.mlir.build import collapse_shape, expand_shape, named_structured_op
+from stagegraph.mlir.walk import top_level_ops
+from stagegraph.stages.x86.conv.config import ConvGemmConfig
+from stagegraph.stages.x86.conv.pointwise import window_attr
+
+# Channels-first convolutions with (image, filter, output) = ([N, C, S...], [F, C, T...],
+# [N, F, O...]): their spatial rank.
+CONVOLUTIONS = {
+    "linalg.conv_1d_ncw_fcw": 1,
+    "linalg.conv_2d_nchw_fchw": 2,
+    "linalg.conv_3d_ncdhw_fcdhw": 3,
+}
+_FLOATS = ("f16", "bf16", "f32", "f64")
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A channels-first convolution's sizes: images ``n``, channels ``c``, filters ``f``,
+    kernel taps per spatial dim ``taps``, output sizes ``out``, ``strides``, ``dilations``."""
+
+    n: int
+    c: int
+    f: int
+    taps: tuple[int, ...]
+    out: tuple[int, ...]
+    strides: tuple[int, ...]
+    dilations: tuple[int, ...]
+
+    @property
+    def depth(self) -> int:
+        """The matmul's ``k``: channels times taps."""
+        return self.c * math.prod(self.taps)
+
+    @property
+    def columns(self) -> int:
+        """The matmul's ``n``: output positions of all images."""
+        return self.n * math.prod(self.out)
+
+
+def conv_shape(op: Any) -> ConvShape | None:
+    """The sizes of a static float channels-first convolution ``op``, or None when it is
+    not one :func:`convolutions_to_gemm` can rewrite."""
+    from stagegraph.mlir.bindings import ir
+
+    rank = CONVOLUTIONS.get(op.name)
+    if rank is None or len(op.operands) != 3 or len(op.results) != 1:
+        return None
+    types = [op.operands[i].type for i in range(3)]
+    if not all(isinstance(t, ir.RankedTensorType) for t in types):
+        return None
+    image, kernel, out = (ir.RankedTensorType(t) for t in types)
+    if not all(t.has_static_shape for t in (image, kernel, out)):
+        return None
+    elements = {str(t.element_type) for t in (image, kernel, out)}
+    if len(elements) != 1 or elements.pop() not in _FLOATS:
+        return None
+    return ConvShape(
+        n=image.shape[0],
+        c=image.shape[1],
+        f=kernel.shape[0],
+        taps=tuple(kernel.shape[2:]),
+        out=tuple(out.shape[2:]),
+        strides=tuple(window_attr(op, "strides")),
+        dilations=tuple(window_attr(op, "dilations")),
+    )
+
+
+def gemm_worth(shape: ConvShape, config: ConvGemmConfig) -> bool:
+    """Whether the implicit GEMM should run ``shape`` (else the direct path does): a
+    spatial rank the config takes, a window of more than one tap (a 1x1 one is a matmul
+    already), enough filters to pay for the patch copy (2 flops per filter for each
+    element moved), a patch matrix within ``config.max_patch_elements``."""
+    if not config.conv_gemm or len(shape.taps) not in config.ranks:
+        return False
+    if math.prod(shape.taps) == 1 or shape.f < config.min_filters:
+        return False
+    return shape.depth * shape.columns <= config.max_patch_elements
+
+
+def convolutions_to_gemm(module: Any, config: ConvGemmConfig | None = None) -> int:
+    """Rewrite every channels-first convolution of ``module``'s functions that
+    :func:`gemm_worth` takes into patches and one ``linalg.matmul``; returns the count."""
+    from stagegraph.mlir.bindings import ir
+
+    found = []
+    for fn in top_level_ops(module.operation):
+        if fn.name != "func.func":
+            continue
+        for op in top_level_ops(fn):
+            shape = conv_shape(op)
+            if shape is not None and gemm_worth(shape, config or ConvGemmConfig()):
+                found.append((op, shape))
+    for op, shape in found:
+        with ir.InsertionPoint(op), op.location:
+            result = _gemm(op, shape)
+        op.results[0].replace_all_uses_with(result)
+        op.erase()
+    return len(found)
+
+
+def _gemm(op: Any, shape: ConvShape) -> Any:
+    """``out = W @ P`` for the convolution ``op``, in its output's layout."""
+    from stagegraph.mlir.bindings import ir
+
+    image, kernel, init = op.operands
+    element = ir.RankedTensorType(init.type).element_type
+    rank = len(shape.taps)
+    patches = _patches(image, shape, element)
+    weights = collapse_shape(kernel, [[0], list(range(1, rank + 2))], [shape.f, shape.depth])
+    acc = _accumulator(init, shape, element)
+    made = named_structured_op("linalg.matmul", [weights, patches], [acc])
+    # out'[F, (N, O...)] -> [N, F, O...]
+    by_filter = expand_shape(made, [[0], list(range(1, rank + 2))], [shape.f, shape.n, *shape.out])
+    return swap_leading(by_filter, element)
+
+
+def swap_leading(value: Any, element: Any) -> Any:
+    """``value`` (a tensor of ``element``) with its first two dims swapped: a reshape when
+    one of them is 1, else a ``linalg.transpose``."""
+    from stagegraph.mlir.bindings import ir
+
+    source = list(ir.RankedTensorType(value.type).shape)
+    if 1 in source[:2]:
+        groups = [[0, 1], *[[d] for d in range(2, len(source))]]
+        flat = collapse_shape(value, groups, [source[0] * source[1], *source[2:]])
+        return expand_shape(flat, groups, [source[1], source[0], *source[2:]])
+    return _transposed(value, [1, 0, *range(2, len(source))], element)
+
+
+def _transposed(value: Any, permutation: list[int], element: Any) -> Any:
+    from stagegraph.mlir.bindings import dialect, ir
+
+    source = ir.RankedTensorType(value.type).shape
+    empty = dialect("tensor").EmptyOp([source[p] for p in permutation], element).result
+    attributes = {"permutation": ir.DenseI64ArrayAttr.get(permutation)}
+    return named_structured_op("linalg.transpose", [value], [empty], attributes)
+
+
+def _patches(image: Any, shape: ConvShape, element: Any) -> Any:
+    """``P[(c, t), (n, o)] = X[n, c, o*s + t*d]`` as a ``[C*T, N*O]`` matrix: per tap, the
+    strided window of the input transposed into the tap's rows."""
+    from stagegraph.mlir.bindings import dialect, ir
+
+    tensor = dialect("tensor")
+    rank, taps = len(shape.taps), math.prod(shape.taps)
+    # P as [C, T, N, O...]: its rows (c, t) in the order the filter [F, C, T...] stores them.
+    full = [shape.c, taps, shape.n, *shape.out]
+    patches = tensor.EmptyOp(full, element).result
+    window = [shape.n, shape.c, *shape.out]
+    window_type = ir.RankedTensorType.get(window, element)
+    block = [shape.c, shape.n, *shape.out]
+    block_type = ir.RankedTensorType.get(block, element)
+    for index, tap in enumerate(_taps(shape.taps)):
+        starts = [t * d for t, d in zip(tap, shape.dilations, strict=True)]
+        source = tensor.ExtractSliceOp(
+            window_type, image, [], [], [], [0, 0, *starts], window, [1, 1, *shape.strides]
+        ).result
+        offsets, sizes = [0, index, *[0] * (rank + 1)], [shape.c, 1, shape.n, *shape.out]
+        dest = tensor.ExtractSliceOp(
+            block_type, patches, [], [], [], offsets, sizes, [1] * len(full)
+        ).result
+        attributes = {"permutation": ir.DenseI64ArrayAttr.get([1, 0, *range(2, rank + 2)])}
+        moved = named_structured_op("linalg.transpose", [source], [dest], attributes)
+        patches = tensor.InsertSliceOp(
+            moved, patches, [], [], [], offsets, sizes, [1] * len(full)
+        ).result
+    return collapse_shape(patches, [[0, 1], list(range(2, rank + 3))], [shape.depth, shape.columns])
+
+
+def _taps(taps: tuple[int, ...]) -> list[tuple[int, ...]]:
+    """Every tap position, row-major (the filter's storage order)."""
+    import itertools
+
+    return list(itertools.product(*(range(t) for t in taps)))
+
+
+def _accumulator(init: Any, shape: ConvShape, element: Any) -> Any:
+    """The matmul's ``[F, N*O]`` accumulator: a fill of the same value when ``init`` is a
+    fill (the matmul schedule fuses it into its tiles), else ``init`` transposed."""
+    from stagegraph.mlir.bindings import dialect, ir
+
+    rank = len(shape.taps)
+    owner = init.owner
+    if isinstance(owner, ir.Operation | ir.OpView) and owner.operation.name == "linalg.fill":
+        value = owner.operation.operands[0]
+        empty = dialect("tensor").EmptyOp([shape.f, shape.columns], element).result
+        return named_structured_op("linalg.fill", [value], [empty])
+    swapped = swap_leading(init, element)
+    return collapse_shape(swapped, [[0], list(range(1, rank + 2))], [shape.f, shape.columns])
