@@ -34,6 +34,7 @@ class KernelPlan(Params):
     thread_tile: tuple[int, ...] = ()
     threads: tuple[int, ...] = ()  # block dims (x, y) the thread tiles span
     vector: int = 1  # elements per thread along thread x, loaded as one vector
+    mma: tuple[int, ...] = ()  # the mma.sync instruction shape (m, n, k): a tensor-core op
 
     @property
     def mapped(self) -> bool:
@@ -43,9 +44,12 @@ class KernelPlan(Params):
 
 class GpuParams(Params):
     """``threads_per_block``: the most threads a kernel's block gets (a multiple of the
-    warp size); ``kernels``: one plan per linalg op of the entry, in program order."""
+    warp size); ``kernels``: one plan per linalg op of the entry, in program order;
+    ``tf32``: f32 matmuls on tensor cores through TF32 (off by default: it rounds the
+    inputs to 10 mantissa bits, so results change)."""
 
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
+    tf32: bool = False
     kernels: tuple[KernelPlan, ...] = ()
 
 
@@ -112,6 +116,23 @@ def plan_op(op: OpFacts, threads_per_block: int, vector: int = 1) -> KernelPlan:
     )
 
 
+def plan_mma(op: OpFacts, target: GpuTarget, tf32: bool) -> KernelPlan | None:
+    """A tensor-core plan (:mod:`stagegraph.stages.gpu.mma`) for a matmul that takes one on
+    ``target`` (sm_80 and up), or None."""
+    from stagegraph.stages.gpu.mma import WARP_GRID, WARP_SIZE, block_tile, mma_shape
+
+    shape = mma_shape(op, tf32) if target.sm >= 80 else None
+    if shape is None:
+        return None
+    m, n, k = op.loop_ranges
+    block = block_tile(m, n, k, shape)
+    if block is None:
+        return None
+    warps = WARP_GRID[0] * WARP_GRID[1]
+    return KernelPlan(op=op.index, name=op.name, block_tile=(*block, 0),
+                      threads=(warps * WARP_SIZE,), mma=shape)  # fmt: skip
+
+
 @stage("params", name="gpu.heuristic")
 def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfig) -> GpuParams:
     """Blocks and threads per op from the target's block limit and the ops' loop ranges."""
@@ -123,5 +144,7 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     )
     if "kernels" in config.overrides:
         return params
-    kernels = [plan_op(op, params.threads_per_block, vector_width(op)) for op in facts.ops]
+    kernels = [plan_mma(op, target, params.tf32)
+               or plan_op(op, params.threads_per_block, vector_width(op))
+               for op in facts.ops]  # fmt: skip
     return params.model_copy(update={"kernels": tuple(kernels)})

@@ -1,0 +1,202 @@
+"""Tensor-core matmuls (``mma.sync``, sm_80 and up) for the GPU graph.
+
+A ``linalg.matmul`` whose inputs are f16 or bf16 and whose output is f32 (or all f32 with
+the ``tf32`` param on, which rounds the inputs to TF32 and so changes results) is tiled
+three times by the schedule: to a ``forall`` over blocks, inside it a ``forall`` over the
+block's warps (``#gpu.warp`` linear mapping), and inside each warp to ``scf.for`` loops
+whose body is one instruction-sized matmul (16x8x16 for f16/bf16, 16x8x8 for TF32),
+annotated with :data:`MMA_ATTR`. After bufferization :func:`rewrite_mma` replaces each
+annotated matmul by the loads of this lane's fragment elements (the PTX ISA's fragment
+layouts, indexed by ``gpu.lane_id``), one ``nvgpu.mma.sync`` and the stores of the
+accumulator fragment; ``convert-nvgpu-to-nvvm`` lowers it to the ``llvm.nvvm.mma`` intrinsic.
+
+Why not ``transform.nvgpu.rewrite_matmul_as_mma_sync``: it handles only f16 x f16 -> f16
+and f32 (TF32) matmuls, not f16/bf16 inputs with f32 accumulation, which is what users run.
+The fragments here are read from the operands' memory as the warp-level matmul finds them
+(global memory: no shared-memory staging yet).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagegraph.stages.analysis import OpFacts
+
+#: Marks the instruction-sized matmuls the schedule leaves for :func:`rewrite_mma`.
+MMA_ATTR = "stagegraph.gpu_mma"
+#: Instruction shapes (m, n, k) by input element type.
+HALF_SHAPE = (16, 8, 16)
+TF32_SHAPE = (16, 8, 8)
+WARP_SIZE = 32
+#: Block tiles (m, n) tried largest first; each block has a 2x2 grid of warps.
+BLOCK_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (64, 32), (32, 64), (32, 32),
+               (32, 16))  # fmt: skip
+WARP_GRID = (2, 2)
+
+
+def mma_shape(op: OpFacts, tf32: bool = False) -> tuple[int, int, int] | None:
+    """The ``mma.sync`` instruction shape for ``op``, or None where it takes none: a plain
+    ``linalg.matmul`` of f16/bf16 inputs (both the same) into f32, or f32 when ``tf32``."""
+    if op.name != "linalg.matmul" or len(op.inputs) != 2 or len(op.outputs) != 1:
+        return None
+    ins = {v.dtype for v in op.inputs}
+    if op.outputs[0].dtype != "f32" or len(ins) != 1:
+        return None
+    (dtype,) = ins
+    if dtype in ("f16", "bf16"):
+        return HALF_SHAPE
+    if dtype == "f32" and tf32:
+        return TF32_SHAPE
+    return None
+
+
+def block_tile(m: int, n: int, k: int, shape: tuple[int, int, int]) -> tuple[int, int] | None:
+    """The largest block tile of :data:`BLOCK_TILES` dividing (m, n) whose warp tiles are
+    whole instructions, or None (the op then stays on the SIMT path)."""
+    if k % shape[2]:
+        return None
+    for bm, bn in BLOCK_TILES:
+        wm, wn = bm // WARP_GRID[0], bn // WARP_GRID[1]
+        if m % bm == 0 and n % bn == 0 and wm % shape[0] == 0 and wn % shape[1] == 0:
+            return bm, bn
+    return None
+
+
+def mma_script(op: int, block: tuple[int, int], shape: tuple[int, int, int], attr: str) -> str:
+    """Transform ops for op ``op`` (matched by ``attr``): blocks, warps, instruction tiles."""
+    any_op = "!transform.any_op"
+    tiled = f"({any_op}) -> ({any_op}, {any_op})"
+    bm, bn = block
+    wm, wn = bm // WARP_GRID[0], bn // WARP_GRID[1]
+    blocks = "#gpu.block<linear_dim_1>, #gpu.block<linear_dim_0>"
+    warps = "#gpu.warp<linear_dim_1>, #gpu.warp<linear_dim_0>"
+    return (
+        f"    %mm{op} = transform.structured.match attributes{{{attr} = {op} : i64}} "
+        f"in %root : ({any_op}) -> {any_op}\n"
+        f"    %mb{op}_op, %mb{op} = transform.structured.tile_using_forall %mm{op} "
+        f"tile_sizes [{bm}, {bn}, 0] (mapping = [{blocks}]) : {tiled}\n"
+        f"    %mi{op} = transform.param.constant {op} : i64 -> !transform.param<i64>\n"
+        f'    transform.annotate %mb{op} "{attr}" = %mi{op} : {any_op}, !transform.param<i64>\n'
+        f"    %mw{op}_op, %mw{op} = transform.structured.tile_using_forall %mb{op}_op "
+        f"tile_sizes [{wm}, {wn}, 0] (mapping = [{warps}]) : {tiled}\n"
+        f"    %ms{op}, %ml{op}:3 = transform.structured.tile_using_for %mw{op}_op "
+        f"tile_sizes [{shape[0]}, {shape[1]}, {shape[2]}] : "
+        f"({any_op}) -> ({any_op}, {any_op}, {any_op}, {any_op})\n"
+        f'    transform.annotate %ms{op} "{MMA_ATTR}" : {any_op}\n'
+    )
+
+
+#: One element's place in its tile: ``(row_g, row_t, row_c, col_g, col_t, col_c)`` means
+#: row = ``row_g*g + row_t*t + row_c`` and col likewise, with ``g = lane / 4, t = lane % 4``.
+Place = tuple[int, int, int, int, int, int]
+
+
+def fragment_places(shape: tuple[int, int, int]) -> dict[str, list[Place]]:
+    """Per operand (``a``: m x k, ``b``: k x n, ``c``: m x n), where each element of one
+    lane's fragment sits in the tile, in register order (the PTX ISA's ``mma.m16n8k16`` and
+    ``mma.m16n8k8`` TF32 layouts)."""
+    if shape == HALF_SHAPE:  # A 4 regs x 2 halves, B 2 x 2
+        a = [(1, 0, 8 * (i % 2), 0, 2, 8 * (i // 2) + j) for i in range(4) for j in range(2)]
+        b = [(0, 2, 8 * i + j, 1, 0, 0) for i in range(2) for j in range(2)]
+    else:  # TF32 m16n8k8: A 4 x 1, B 2 x 1
+        a = [(1, 0, 8 * (i % 2), 0, 1, 4 * (i // 2)) for i in range(4)]
+        b = [(0, 1, 4 * i, 1, 0, 0) for i in range(2)]
+    c = [(1, 0, 8 * i, 0, 2, j) for i in range(2) for j in range(2)]
+    return {"a": a, "b": b, "c": c}
+
+
+def fragment_vector_shapes(shape: tuple[int, int, int]) -> dict[str, tuple[int, int]]:
+    """The ``nvgpu.mma.sync`` operand vector shapes (registers x elements per register)."""
+    per = 2 if shape == HALF_SHAPE else 1
+    return {"a": (4, per), "b": (2, per), "c": (2, 2)}
+
+
+def lane_places(shape: tuple[int, int, int]) -> dict[str, list[list[tuple[int, int]]]]:
+    """For each operand and lane, the (row, col) of each element it holds: what the rewrite
+    loads and stores, for checking that the lanes cover each tile exactly once."""
+    out: dict[str, list[list[tuple[int, int]]]] = {}
+    for name, places in fragment_places(shape).items():
+        out[name] = [
+            [(rg * (lane // 4) + rt * (lane % 4) + rc, cg * (lane // 4) + ct * (lane % 4) + cc)
+             for rg, rt, rc, cg, ct, cc in places]
+            for lane in range(WARP_SIZE)
+        ]  # fmt: skip
+    return out
+
+
+def rewrite_mma(module: Any) -> int:
+    """Replace every matmul annotated :data:`MMA_ATTR` (on memrefs, one instruction's
+    tile, inside a warp) by fragment loads, one ``nvgpu.mma.sync`` and the accumulator's
+    stores; returns how many. The TF32 form is taken where the inputs are f32."""
+    from stagegraph.mlir.walk import collect
+
+    ops = collect(module, lambda op: MMA_ATTR in op.attributes)
+    for op in ops:
+        _replace(op)
+    return len(ops)
+
+
+class _Builder:
+    """Creates ops before one op, through the generic builder (no dialect wrappers)."""
+
+    def __init__(self, at: Any) -> None:
+        from stagegraph.mlir.bindings import ir
+
+        self.ir, self.at, self.location = ir, at, at.location
+        self.index = ir.IndexType.get(at.context)
+
+    def op(self, name: str, results: list[Any], operands: list[Any], **attrs: Any) -> Any:
+        ir = self.ir
+        with ir.InsertionPoint(self.at), self.location:
+            made = ir.Operation.create(name, results=results, operands=operands,
+                                       attributes=attrs)  # fmt: skip
+        return made.results[0] if results else None
+
+    def const(self, value: int) -> Any:
+        return self.op("arith.constant", [self.index], [],
+                       value=self.ir.IntegerAttr.get(self.index, value))  # fmt: skip
+
+    def affine(self, g: Any, t: Any, g_coef: int, t_coef: int, const: int) -> Any:
+        """``g_coef*g + t_coef*t + const`` as index arithmetic."""
+        total = self.const(const)
+        for value, coef in ((g, g_coef), (t, t_coef)):
+            if coef:
+                term = self.op("arith.muli", [self.index], [value, self.const(coef)])
+                total = self.op("arith.addi", [self.index], [total, term])
+        return total
+
+
+def _replace(op: Any) -> None:
+    ir = _Builder(op).ir
+    build = _Builder(op)
+    a, b, c = (op.operands[i] for i in range(3))
+    element = ir.MemRefType(a.type).element_type
+    m, k = ir.MemRefType(a.type).shape
+    n = ir.MemRefType(b.type).shape[1]
+    shape = (m, n, k)
+    lane = build.op("gpu.lane_id", [build.index], [])
+    g = build.op("arith.divui", [build.index], [lane, build.const(4)])
+    t = build.op("arith.remui", [build.index], [lane, build.const(4)])
+    places = fragment_places(shape)
+    vectors = {}
+    for name, memref in (("a", a), ("b", b), ("c", c)):
+        kind = ir.MemRefType(memref.type).element_type
+        loads = []
+        for rg, rt, rc, cg, ct, cc in places[name]:
+            row, col = build.affine(g, t, rg, rt, rc), build.affine(g, t, cg, ct, cc)
+            loads.append(build.op("memref.load", [kind], [memref, row, col]))
+        vector_type = ir.VectorType.get(list(fragment_vector_shapes(shape)[name]), kind)
+        vectors[name] = build.op("vector.from_elements", [vector_type], loads)
+    attrs = {"mmaShape": ir.ArrayAttr.get([ir.IntegerAttr.get(
+        ir.IntegerType.get_signless(64), d) for d in shape])}  # fmt: skip
+    if isinstance(element, ir.F32Type):
+        attrs["tf32Enabled"] = ir.UnitAttr.get()
+    result = build.op("nvgpu.mma.sync", [vectors["c"].type],
+                      [vectors["a"], vectors["b"], vectors["c"]], **attrs)  # fmt: skip
+    f32 = ir.MemRefType(c.type).element_type
+    for i, (rg, rt, rc, cg, ct, cc) in enumerate(places["c"]):
+        value = build.op("vector.extract", [f32], [result],
+                         static_position=ir.DenseI64ArrayAttr.get([i // 2, i % 2]))  # fmt: skip
+        row, col = build.affine(g, t, rg, rt, rc), build.affine(g, t, cg, ct, cc)
+        build.op("memref.store", [], [value, c, row, col])
+    op.erase()
