@@ -137,7 +137,6 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     from stagegraph.mlir.functions import payload_functions, select_entry
     from stagegraph.stages.common.passes import run_pipeline
     from stagegraph.stages.gpu.host_kernels import sink_constants, wrap_host_work
-
     from stagegraph.stages.gpu.mma import rewrite_mma
 
     with module.ir.context:

@@ -1,0 +1,133 @@
+"""Tensor-core matmuls on the GPU graph without a GPU: the fragment layouts against the PTX
+ISA, the cost model's routing, the schedule's block/warp/instruction tiling, the
+``nvgpu.mma.sync`` rewrite, and the PTX (``mma.sync``, assembled by ptxas, no spills)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stagegraph as sg
+from stagegraph.stages.gpu.mma import HALF_SHAPE, TF32_SHAPE, lane_places
+from tests.test_gpu_graph import needs_gpu, needs_llvmlite
+
+F16 = Path(__file__).parent / "data" / "gpu_matmul_f16.mlir"
+
+
+def payload(tmp_path: Path, dtype: str, m: int = 128, n: int = 256, k: int = 64) -> str:
+    """The f16 payload with another input type and shape."""
+    text = F16.read_text().replace("xf16", f"x{dtype}")
+    for old, new in (("128x", f"{m}x"), ("x256", f"x{n}"), ("x64x", f"x{k}x"),
+                     ("64x", f"{k}x")):  # fmt: skip
+        text = text.replace(old, new)
+    path = tmp_path / f"mm_{dtype}_{m}_{n}_{k}.mlir"
+    path.write_text(text)
+    return str(path)
+
+
+# -- fragment layouts -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [HALF_SHAPE, TF32_SHAPE])
+def test_lanes_cover_every_tile_element_once(shape):
+    m, n, k = shape
+    places = lane_places(shape)
+    for name, rows, cols in (("a", m, k), ("b", k, n), ("c", m, n)):
+        held = [p for lane in places[name] for p in lane]
+        assert sorted(held) == [(r, c) for r in range(rows) for c in range(cols)], name
+
+
+def test_fragment_layouts_follow_the_ptx_isa():
+    # mma.m16n8k16 (PTX ISA, "Matrix fragments for mma.m16n8k16 with floating point type"):
+    # lane 5 is groupID 1, threadID_in_group 1.
+    half = lane_places(HALF_SHAPE)
+    assert half["a"][5] == [(1, 2), (1, 3), (9, 2), (9, 3), (1, 10), (1, 11), (9, 10), (9, 11)]
+    assert half["b"][5] == [(2, 1), (3, 1), (10, 1), (11, 1)]  # (k, n)
+    assert half["c"][5] == [(1, 2), (1, 3), (9, 2), (9, 3)]
+    tf32 = lane_places(TF32_SHAPE)  # mma.m16n8k8 .tf32
+    assert tf32["a"][30] == [(7, 2), (15, 2), (7, 6), (15, 6)]
+    assert tf32["b"][30] == [(2, 7), (6, 7)]
+
+
+# -- cost model and schedule ----------------------------------------------------------
+
+
+def test_half_matmuls_go_to_tensor_cores_and_f32_only_with_tf32(tmp_path):
+    fill, matmul = sg.run("gpu", str(F16), target="sm_80", until="select").value("select").kernels
+    assert fill.mma == () and matmul.mma == (16, 8, 16)
+    assert matmul.block_tile == (128, 128, 0) and matmul.threads == (128,)
+    f32 = payload(tmp_path, "f32")
+    plain = sg.run("gpu", f32, until="select").value("select").kernels[1]
+    assert plain.mma == () and plain.thread_tile  # SIMT: one output per thread
+    tf32 = sg.run("gpu", f32, until="select", param={"tf32": True}).value("select").kernels[1]
+    assert tf32.mma == (16, 8, 8)
+
+
+def test_shapes_without_whole_tiles_stay_on_the_simt_path(tmp_path):
+    odd = sg.run("gpu", payload(tmp_path, "f16", m=100), until="select").value("select")
+    assert odd.kernels[1].mma == ()
+    small = sg.run("gpu", payload(tmp_path, "f16", m=32, n=16), until="select").value("select")
+    assert small.kernels[1].block_tile == (32, 16, 0) and small.kernels[1].mma
+
+
+def test_schedule_tiles_blocks_then_warps_then_instruction_matmuls():
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+
+    module = sg.run("gpu", str(F16), target="sm_80", until="scheduled").module.ir
+    warps = [op for op in collect(module, "scf.forall") if any(
+        "gpu.warp" in str(m) for m in ir.ArrayAttr(op.attributes["mapping"]))]  # fmt: skip
+    assert len(warps) == 1
+    (inner,) = collect(warps[0], lambda op: "stagegraph.gpu_mma" in op.attributes)
+    assert inner.name == "linalg.matmul"
+    shapes = [ir.RankedTensorType(v.type).shape for v in inner.operands]
+    assert shapes == [[16, 16], [16, 8], [16, 8]]
+
+
+def test_lowering_rewrites_each_instruction_matmul_to_nvvm_mma_sync():
+    from stagegraph.mlir.walk import collect
+
+    module = sg.run("gpu", str(F16), target="sm_80", until="lower").module.ir
+    mmas = collect(module, "nvvm.mma.sync")
+    assert mmas and not collect(module, lambda op: op.name.startswith(("linalg.", "nvgpu.")))
+    assert all(op.parent.name != "func.func" for op in mmas)  # inside the kernel
+
+
+# -- PTX ------------------------------------------------------------------------------
+
+
+@needs_llvmlite
+@pytest.mark.parametrize(
+    ("dtype", "params", "instruction"),
+    [("f16", {}, "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32"),
+     ("bf16", {}, "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32"),
+     ("f32", {"tf32": True}, "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32")],
+)  # fmt: skip
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_ptx_holds_mma_sync_and_assembles_without_spills(tmp_path, dtype, params, instruction,
+                                                         arch):  # fmt: skip
+    from stagegraph.stages.gpu.ptx import assemble
+
+    binary = sg.run("gpu", payload(tmp_path, dtype), target=arch, param=params,
+                    until="emit").value("emit")  # fmt: skip
+    matmul = [text for text in binary.ptx.values() if "mma.sync" in text]
+    assert len(matmul) == 1 and instruction in matmul[0]
+    for text in binary.ptx.values():
+        for report in assemble(text, arch):
+            assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
+    (launch,) = [k["launch"] for k in binary.manifest["kernels"] if "mma" in
+                 binary.ptx[k["ptx"].removesuffix(".ptx")]]  # fmt: skip
+    assert launch["block"] == [128, 1, 1] and launch["grid"] == [2, 1, 1]
+
+
+@needs_gpu
+def test_tensor_core_matmul_matches_numpy_on_a_gpu():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((128, 64)).astype(np.float16)
+    b = rng.standard_normal((64, 256)).astype(np.float16)
+    binary = sg.run("gpu", str(F16), target="cuda", until="emit").value("emit")
+    (c,) = binary.call("matmul_f16", [a, b])
+    want = a.astype(np.float32) @ b.astype(np.float32)
+    np.testing.assert_allclose(c, want, rtol=1e-3, atol=1e-3)
