@@ -131,3 +131,46 @@ def test_tensor_core_matmul_matches_numpy_on_a_gpu():
     (c,) = binary.call("matmul_f16", [a, b])
     want = a.astype(np.float32) @ b.astype(np.float32)
     np.testing.assert_allclose(c, want, rtol=1e-3, atol=1e-3)
+
+
+# -- benchmarks/gpu_matmul.py ---------------------------------------------------------
+
+RUN_SIDE = """
+import sys
+class Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('pydantic', 'torch_mlir', 'mlir'):
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Blocker())
+sys.argv = ['gpu_matmul.py', '--run', sys.argv[1]]
+sys.path.insert(0, 'benchmarks')
+import gpu_matmul
+sys.exit(gpu_matmul.main())
+"""
+
+
+@needs_llvmlite
+def test_gpu_matmul_builds_cases_and_its_run_side_needs_no_pydantic_or_mlir(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    from tests.test_gpu_graph import gpu_present
+
+    root = Path(__file__).resolve().parents[1]
+    build = [sys.executable, "benchmarks/gpu_matmul.py", "--build", str(tmp_path),
+             "--target", "sm_80", "--shapes", "64x64x32", "100x64x32"]  # fmt: skip
+    done = subprocess.run(build, capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((tmp_path / "cases.json").read_text())
+    mma = {case["name"]: case["mma"] for case in meta["cases"]}
+    assert mma == {"bf16_64x64x32": [16, 8, 16], "f16_64x64x32": [16, 8, 16],
+                   "bf16_100x64x32": [], "f16_100x64x32": []}  # fmt: skip
+    assert meta["peak_tflops"]["bf16"] > 0
+    assert (tmp_path / "f16_64x64x32" / "manifest.json").exists()
+    ran = subprocess.run([sys.executable, "-c", RUN_SIDE, str(tmp_path)], capture_output=True,
+                         text=True, cwd=root)  # fmt: skip
+    if gpu_present():
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+    else:
+        assert ran.returncode == 2 and "no NVIDIA GPU" in ran.stderr, ran.stderr
