@@ -67,7 +67,7 @@ def build(directory: Path, target: str, shapes: list[tuple[int, int, int]]) -> i
             params = sg.run("gpu", str(source), target=target, until="select").value("select")
             plan = params.kernels[-1]  # the matmul (after its fill)
             cases.append({"name": name, "m": m, "n": n, "k": k, "dtype": dtype,
-                          "mma": list(plan.mma), "block_tile": list(plan.block_tile)})  # fmt: skip
+                          "mma": list(plan.mma), "tile": [plan.tile_m, plan.tile_n]})  # fmt: skip
             print(f"built {name}: tensor cores {'yes' if plan.mma else 'no'}", flush=True)
     peaks = {d: facts.peak_tflops(d, tensor_cores=True) for d in DTYPES}
     meta = {"target": target, "cases": cases, "peak_tflops": peaks}

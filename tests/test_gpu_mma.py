@@ -11,6 +11,7 @@ import pytest
 
 import stagegraph as sg
 from stagegraph.stages.gpu.mma import HALF_SHAPE, TF32_SHAPE, lane_places
+from stagegraph.stages.gpu.schedule import schedule_text
 from tests.test_gpu_graph import needs_gpu, needs_llvmlite
 
 F16 = Path(__file__).parent / "data" / "gpu_matmul_f16.mlir"
@@ -57,7 +58,8 @@ def test_fragment_layouts_follow_the_ptx_isa():
 def test_half_matmuls_go_to_tensor_cores_and_f32_only_with_tf32(tmp_path):
     fill, matmul = sg.run("gpu", str(F16), target="sm_80", until="select").value("select").kernels
     assert fill.mma == () and matmul.mma == (16, 8, 16)
-    assert matmul.block_tile == (128, 128, 0) and matmul.threads == (128,)
+    # 128x256 on 108 SMs: no tile fills the GPU, so the one with the most blocks (64).
+    assert (matmul.tile_m, matmul.tile_n, matmul.threads) == (32, 16, (128,))
     f32 = payload(tmp_path, "f32")
     plain = sg.run("gpu", f32, until="select").value("select").kernels[1]
     assert plain.mma == () and plain.thread_tile  # SIMT: one output per thread
@@ -68,8 +70,29 @@ def test_half_matmuls_go_to_tensor_cores_and_f32_only_with_tf32(tmp_path):
 def test_shapes_without_whole_tiles_stay_on_the_simt_path(tmp_path):
     odd = sg.run("gpu", payload(tmp_path, "f16", m=100), until="select").value("select")
     assert odd.kernels[1].mma == ()
-    small = sg.run("gpu", payload(tmp_path, "f16", m=32, n=16), until="select").value("select")
-    assert small.kernels[1].block_tile == (32, 16, 0) and small.kernels[1].mma
+    big = sg.run("gpu", payload(tmp_path, "f16", m=4096, n=2048, k=128), target="h100",
+                 until="select").value("select").kernels[1]  # fmt: skip
+    assert (big.tile_m, big.tile_n) == (128, 128)  # 512 blocks: the largest tile fills 132 SMs
+
+
+def test_block_tiles_are_a_declared_search_space():
+    from stagegraph.core.search_space import build_space
+    from stagegraph.stages.gpu.mma import tile_fits
+    from stagegraph.stages.gpu.params import MMA_TILES
+    from stagegraph.stages.gpu.target import resolve_gpu_target
+
+    run = sg.run("gpu", str(F16), target="sm_80", until="select")
+    params, facts = run.value("select"), run.value("analyze")
+    space = build_space(params, facts, resolve_gpu_target("sm_80"))
+    assert set(space.variables) == {"op1.tile_m", "op1.tile_n"}
+    assert space.contains(space.values_of(params))
+    fitting = [(bm, bn) for bm in MMA_TILES for bn in MMA_TILES
+               if tile_fits(128, 256, 64, (16, 8, 16), (bm, bn))]  # fmt: skip
+    assert space.count() == (len(fitting), True) and len(fitting) == 15
+    assert "op1.warp_rows_whole_instructions" in space.violated({"op1.tile_m": 16,
+                                                                 "op1.tile_n": 64})  # fmt: skip
+    tuned = space.to_params({"op1.tile_m": 64, "op1.tile_n": 128})
+    assert "tile_sizes [64, 128, 0]" in schedule_text(tuned)
 
 
 def test_schedule_tiles_blocks_then_warps_then_instruction_matmuls():
@@ -119,7 +142,7 @@ def test_ptx_holds_mma_sync_and_assembles_without_spills(tmp_path, dtype, params
             assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
     (launch,) = [k["launch"] for k in binary.manifest["kernels"] if "mma" in
                  binary.ptx[k["ptx"].removesuffix(".ptx")]]  # fmt: skip
-    assert launch["block"] == [128, 1, 1] and launch["grid"] == [2, 1, 1]
+    assert launch["block"] == [128, 1, 1] and launch["grid"] == [16, 4, 1]  # 256 / 16 by 128 / 32
 
 
 @needs_gpu

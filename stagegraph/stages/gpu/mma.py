@@ -50,16 +50,28 @@ def mma_shape(op: OpFacts, tf32: bool = False) -> tuple[int, int, int] | None:
     return None
 
 
-def block_tile(m: int, n: int, k: int, shape: tuple[int, int, int]) -> tuple[int, int] | None:
-    """The largest block tile of :data:`BLOCK_TILES` dividing (m, n) whose warp tiles are
-    whole instructions, or None (the op then stays on the SIMT path)."""
-    if k % shape[2]:
+def tile_fits(m: int, n: int, k: int, shape: tuple[int, int, int], tile: tuple[int, int]) -> bool:
+    """Whether block tile ``tile`` divides (m, n) into whole warp tiles of whole instructions
+    (the schedule's tiles must divide exactly: the GPU mapping needs static trip counts)."""
+    bm, bn = tile
+    wm, wn = bm // WARP_GRID[0], bn // WARP_GRID[1]
+    return (k % shape[2] == 0 and bm > 0 and bn > 0 and m % bm == 0 and n % bn == 0
+            and bm % WARP_GRID[0] == 0 and bn % WARP_GRID[1] == 0
+            and wm % shape[0] == 0 and wn % shape[1] == 0)  # fmt: skip
+
+
+def block_tile(m: int, n: int, k: int, shape: tuple[int, int, int],
+               sm_count: int) -> tuple[int, int] | None:  # fmt: skip
+    """The block tile for a (m, n, k) matmul on a GPU of ``sm_count`` SMs: the largest of
+    :data:`BLOCK_TILES` that fits and still gives every SM a block, else (a small matmul)
+    the fitting one with the most blocks; None when none fits (the op stays SIMT)."""
+    fitting = [t for t in BLOCK_TILES if tile_fits(m, n, k, shape, t)]
+    if not fitting:
         return None
-    for bm, bn in BLOCK_TILES:
-        wm, wn = bm // WARP_GRID[0], bn // WARP_GRID[1]
-        if m % bm == 0 and n % bn == 0 and wm % shape[0] == 0 and wn % shape[1] == 0:
-            return bm, bn
-    return None
+    filling = [t for t in fitting if (m // t[0]) * (n // t[1]) >= sm_count]
+    if filling:
+        return filling[0]
+    return max(fitting, key=lambda t: (m // t[0]) * (n // t[1]))
 
 
 def mma_script(op: int, block: tuple[int, int], shape: tuple[int, int, int], attr: str) -> str:

@@ -35,11 +35,13 @@ class KernelPlan(Params):
     threads: tuple[int, ...] = ()  # block dims (x, y) the thread tiles span
     vector: int = 1  # elements per thread along thread x, loaded as one vector
     mma: tuple[int, ...] = ()  # the mma.sync instruction shape (m, n, k): a tensor-core op
+    tile_m: int = Field(0, ge=0, le=256)  # a tensor-core op's block tile (rows, columns of C)
+    tile_n: int = Field(0, ge=0, le=256)
 
     @property
     def mapped(self) -> bool:
         """Whether the op has parallel work for blocks or threads (else one thread runs it)."""
-        return any(self.block_tile) or any(self.thread_tile)
+        return bool(self.mma) or any(self.block_tile) or any(self.thread_tile)
 
 
 class GpuParams(Params):
@@ -51,6 +53,10 @@ class GpuParams(Params):
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
     tf32: bool = False
     kernels: tuple[KernelPlan, ...] = ()
+
+    def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list:
+        """What a tuner varies: the block tile of each tensor-core kernel."""
+        return gpu_tuning_sites(self, facts, per_op)
 
 
 def largest_divisor(n: int, limit: int) -> int:
@@ -125,12 +131,12 @@ def plan_mma(op: OpFacts, target: GpuTarget, tf32: bool) -> KernelPlan | None:
     if shape is None:
         return None
     m, n, k = op.loop_ranges
-    block = block_tile(m, n, k, shape)
+    block = block_tile(m, n, k, shape, target.sm_count)
     if block is None:
         return None
     warps = WARP_GRID[0] * WARP_GRID[1]
-    return KernelPlan(op=op.index, name=op.name, block_tile=(*block, 0),
-                      threads=(warps * WARP_SIZE,), mma=shape)  # fmt: skip
+    return KernelPlan(op=op.index, name=op.name, threads=(warps * WARP_SIZE,), mma=shape,
+                      tile_m=block[0], tile_n=block[1])  # fmt: skip
 
 
 @stage("params", name="gpu.heuristic")
@@ -148,3 +154,51 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
                or plan_op(op, params.threads_per_block, vector_width(op))
                for op in facts.ops]  # fmt: skip
     return params.model_copy(update={"kernels": tuple(kernels)})
+
+
+# -- search space (read by the tuner through stagegraph.core.tunable) ---------------------
+
+#: The op kind the tensor-core declaration is looked up by.
+MMA_KIND = "mma_matmul"
+#: Block tile sizes a tuner tries for a tensor-core matmul (rows and columns alike).
+MMA_TILES = (16, 32, 64, 128, 256)
+
+
+def gpu_tuning_sites(params: GpuParams, facts: PayloadFacts, per_op: bool = False) -> list:
+    """One site per tensor-core kernel (its block tile); the SIMT mapping is not tuned."""
+    from stagegraph.core.tunable import TuningSite
+
+    ops = {op.index: op for op in facts.ops}
+    return [
+        TuningSite(f"op{plan.op}", ("kernels", i), KernelPlan, (ops[plan.op],),
+                   kind_of=lambda op: MMA_KIND)
+        for i, plan in enumerate(params.kernels) if plan.mma and plan.op in ops
+    ]  # fmt: skip
+
+
+def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) -> dict:
+    """The schedule's exact-tiling rules for a tensor-core matmul: the block tile divides C
+    and splits into the 2x2 warps' tiles of whole instructions (what
+    :func:`stagegraph.stages.gpu.mma.tile_fits` checks)."""
+    from stagegraph.stages.gpu.mma import WARP_GRID
+
+    m, n, _ = op.loop_ranges
+    shape = tuple(p.mma)
+    return {
+        f"tile_m_divides_m={m}": m % p.tile_m == 0,
+        f"tile_n_divides_n={n}": n % p.tile_n == 0,
+        "warp_rows_whole_instructions": p.tile_m % (WARP_GRID[0] * shape[0]) == 0,
+        "warp_cols_whole_instructions": p.tile_n % (WARP_GRID[1] * shape[1]) == 0,
+    }
+
+
+def _declare() -> None:
+    from stagegraph.core.tunable import Choice, declare_space
+
+    declare_space(
+        KernelPlan, MMA_KIND, {"tile_m": Choice(MMA_TILES), "tile_n": Choice(MMA_TILES)},
+        mma_space_rules, applies_to=lambda target: getattr(target, "sm", 0) >= 80,
+    )  # fmt: skip
+
+
+_declare()

@@ -70,7 +70,7 @@ def kernel_script(plan: KernelPlan) -> str:
     if plan.mma:
         from stagegraph.stages.gpu.mma import mma_script
 
-        return mma_script(i, plan.block_tile[:2], plan.mma, OP_ATTR)  # type: ignore[arg-type]
+        return mma_script(i, (plan.tile_m, plan.tile_n), plan.mma, OP_ATTR)  # type: ignore[arg-type]
     text = _match(f"%op{i}", i)
     text += _tile(f"%op{i}", plan.block_tile, block_mapping(plan.block_tile), f"%blocks{i}")
     # The block forall carries its op's index too (vectorizing replaces the op itself).
