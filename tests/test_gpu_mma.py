@@ -197,3 +197,23 @@ def test_gpu_matmul_builds_cases_and_its_run_side_needs_no_pydantic_or_mlir(tmp_
         assert ran.returncode == 0, ran.stdout + ran.stderr
     else:
         assert ran.returncode == 2 and "no NVIDIA GPU" in ran.stderr, ran.stderr
+
+
+# -- the tiling, run on the CPU (gpu_cpu graph) ---------------------------------------
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_tensor_core_tiling_keeps_the_matmul_meaning_on_the_cpu(tmp_path, dtype):
+    # The gpu_cpu graph runs the scheduled module (block, warp and instruction-tile loops,
+    # before the mma.sync rewrite) serially on the CPU: the tiling is checked by numbers.
+    path = Path(payload(tmp_path, dtype))
+    kind = np.float16 if dtype == "f16" else np.float32
+    rng = np.random.default_rng(2)
+    a, b = rng.standard_normal((128, 64)).astype(kind), rng.standard_normal((64, 256)).astype(kind)
+    want = a.astype(np.float32) @ b.astype(np.float32)
+    np.savez(path.with_suffix(".npz"), in0=a, in1=b, out0=want)
+    params = {"tf32": True} if dtype == "f32" else {}
+    run = sg.run("gpu_cpu", str(path), until="select", param=params)
+    assert run.value("select").kernels[1].mma  # the tensor-core plan is what runs
+    report = sg.run("gpu_cpu", str(path), param=params)
+    assert report.verified is True, report.message
