@@ -95,7 +95,7 @@ def test_block_tiles_are_a_declared_search_space():
     assert "tile_sizes [64, 128, 0]" in schedule_text(tuned)
 
 
-def test_schedule_tiles_blocks_then_warps_then_instruction_matmuls():
+def test_schedule_tiles_blocks_then_warps_and_marks_the_warp_matmul():
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect
 
@@ -106,16 +106,46 @@ def test_schedule_tiles_blocks_then_warps_then_instruction_matmuls():
     (inner,) = collect(warps[0], lambda op: "stagegraph.gpu_mma" in op.attributes)
     assert inner.name == "linalg.matmul"
     shapes = [ir.RankedTensorType(v.type).shape for v in inner.operands]
-    assert shapes == [[16, 16], [16, 8], [16, 8]]
+    assert shapes == [[16, 64], [64, 8], [16, 8]]  # a 32x16 block tile on 2x2 warps, all K
 
 
-def test_lowering_rewrites_each_instruction_matmul_to_nvvm_mma_sync():
+def test_rewrite_keeps_accumulators_in_loop_values_across_k(tmp_path):
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.gpu.mma import rewrite_mma
+
+    # Right after the rewrite: one loop over K per warp matmul, carrying one 2x2 f32
+    # accumulator per 16x8 fragment of the warp's 64x64 tile, one mma.sync per fragment.
+    big = payload(tmp_path, "bf16", m=4096, n=2048, k=128)
+    module = sg.run("gpu", big, target="h100", until="bufferized").module.ir
+    with module.context:
+        assert rewrite_mma(module) == 1
+    (loop,) = [op for op in collect(module, "scf.for")
+               if collect(op, "nvgpu.mma.sync")]  # fmt: skip
+    assert len(loop.results) == 32 and str(loop.results[0].type) == "vector<2x2xf32>"
+    assert len(collect(loop, "nvgpu.mma.sync")) == 32
+    assert not collect(loop, "memref.store")  # C is stored once, after the loop
+
+
+def test_lowering_rewrites_each_warp_matmul_to_nvvm_mma_sync():
     from stagegraph.mlir.walk import collect
 
     module = sg.run("gpu", str(F16), target="sm_80", until="lower").module.ir
     mmas = collect(module, "nvvm.mma.sync")
-    assert mmas and not collect(module, lambda op: op.name.startswith(("linalg.", "nvgpu.")))
+    assert len(mmas) == 1  # one 16x8 fragment per warp, in a loop over K (LLVM unrolls it)
+    assert not collect(module, lambda op: op.name.startswith(("linalg.", "nvgpu.")))
     assert all(op.parent.name != "func.func" for op in mmas)  # inside the kernel
+
+
+@needs_llvmlite
+def test_the_largest_tile_assembles_without_spills(tmp_path):
+    from stagegraph.stages.gpu.ptx import assemble
+
+    big = payload(tmp_path, "bf16", m=4096, n=2048, k=128)
+    binary = sg.run("gpu", big, target="h100", until="emit").value("emit")
+    (text,) = [t for t in binary.ptx.values() if "mma.sync" in t]
+    (report,) = assemble(text, "sm_90a")
+    assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
+    assert report.registers <= 255 and text.count("mma.sync.aligned.m16n8k16") == 32
 
 
 # -- PTX ------------------------------------------------------------------------------

@@ -75,7 +75,8 @@ def block_tile(m: int, n: int, k: int, shape: tuple[int, int, int],
 
 
 def mma_script(op: int, block: tuple[int, int], shape: tuple[int, int, int], attr: str) -> str:
-    """Transform ops for op ``op`` (matched by ``attr``): blocks, warps, instruction tiles."""
+    """Transform ops for op ``op`` (matched by ``attr``): tiled to blocks, then warps; the
+    warp-level matmul is annotated for :func:`rewrite_mma`."""
     any_op = "!transform.any_op"
     tiled = f"({any_op}) -> ({any_op}, {any_op})"
     bm, bn = block
@@ -91,10 +92,7 @@ def mma_script(op: int, block: tuple[int, int], shape: tuple[int, int, int], att
         f'    transform.annotate %mb{op} "{attr}" = %mi{op} : {any_op}, !transform.param<i64>\n'
         f"    %mw{op}_op, %mw{op} = transform.structured.tile_using_forall %mb{op}_op "
         f"tile_sizes [{wm}, {wn}, 0] (mapping = [{warps}]) : {tiled}\n"
-        f"    %ms{op}, %ml{op}:3 = transform.structured.tile_using_for %mw{op}_op "
-        f"tile_sizes [{shape[0]}, {shape[1]}, {shape[2]}] : "
-        f"({any_op}) -> ({any_op}, {any_op}, {any_op}, {any_op})\n"
-        f'    transform.annotate %ms{op} "{MMA_ATTR}" : {any_op}\n'
+        f'    transform.annotate %mw{op}_op "{MMA_ATTR}" : {any_op}\n'
     )
 
 
@@ -149,17 +147,19 @@ def rewrite_mma(module: Any) -> int:
 
 
 class _Builder:
-    """Creates ops before one op, through the generic builder (no dialect wrappers)."""
+    """Creates ops at an insertion point (before an op, or at the end of a loop body)
+    through the generic builder (no dialect wrappers)."""
 
     def __init__(self, at: Any) -> None:
         from stagegraph.mlir.bindings import ir
 
-        self.ir, self.at, self.location = ir, at, at.location
+        self.ir, self.location = ir, at.location
+        self.point = ir.InsertionPoint(at)
         self.index = ir.IndexType.get(at.context)
 
     def op(self, name: str, results: list[Any], operands: list[Any], **attrs: Any) -> Any:
         ir = self.ir
-        with ir.InsertionPoint(self.at), self.location:
+        with self.point, self.location:
             made = ir.Operation.create(name, results=results, operands=operands,
                                        attributes=attrs)  # fmt: skip
         return made.results[0] if results else None
@@ -168,47 +168,75 @@ class _Builder:
         return self.op("arith.constant", [self.index], [],
                        value=self.ir.IntegerAttr.get(self.index, value))  # fmt: skip
 
-    def affine(self, g: Any, t: Any, g_coef: int, t_coef: int, const: int) -> Any:
-        """``g_coef*g + t_coef*t + const`` as index arithmetic."""
+    def affine(self, g: Any, t: Any, place: tuple[int, int, int], base: Any = None) -> Any:
+        """``g_coef*g + t_coef*t + const (+ base)`` as index arithmetic."""
+        g_coef, t_coef, const = place
         total = self.const(const)
         for value, coef in ((g, g_coef), (t, t_coef)):
             if coef:
                 term = self.op("arith.muli", [self.index], [value, self.const(coef)])
                 total = self.op("arith.addi", [self.index], [total, term])
+        if base is not None:
+            total = self.op("arith.addi", [self.index], [total, base])
         return total
+
+    def fragment(self, memref: Any, places: list[Place], lane: tuple[Any, Any],
+                 origin: tuple[Any, Any], shape: tuple[int, int]) -> Any:  # fmt: skip
+        """This lane's fragment of the tile of ``memref`` at ``origin``, as a vector."""
+        ir = self.ir
+        kind = ir.MemRefType(memref.type).element_type
+        loads = []
+        for rg, rt, rc, cg, ct, cc in places:
+            row = self.affine(*lane, (rg, rt, rc), origin[0])
+            col = self.affine(*lane, (cg, ct, cc), origin[1])
+            loads.append(self.op("memref.load", [kind], [memref, row, col]))
+        with self.location:  # a type's checks report at a location
+            vector = ir.VectorType.get(list(shape), kind)
+        return self.op("vector.from_elements", [vector], loads)
 
 
 def _replace(op: Any) -> None:
-    ir = _Builder(op).ir
+    """One warp's ``wm x wn x K`` matmul: C's fragments loaded once, a loop over K whose
+    body loads the A and B fragments (each reused across the warp tile) and issues one
+    ``mma.sync`` per (16 x 8) fragment of C, carried as loop values, stored once."""
+    from stagegraph.mlir.bindings import dialect
+
     build = _Builder(op)
+    ir, scf = build.ir, dialect("scf")
     a, b, c = (op.operands[i] for i in range(3))
     element = ir.MemRefType(a.type).element_type
-    m, k = ir.MemRefType(a.type).shape
-    n = ir.MemRefType(b.type).shape[1]
-    shape = (m, n, k)
-    lane = build.op("gpu.lane_id", [build.index], [])
-    g = build.op("arith.divui", [build.index], [lane, build.const(4)])
-    t = build.op("arith.remui", [build.index], [lane, build.const(4)])
-    places = fragment_places(shape)
-    vectors = {}
-    for name, memref in (("a", a), ("b", b), ("c", c)):
-        kind = ir.MemRefType(memref.type).element_type
-        loads = []
-        for rg, rt, rc, cg, ct, cc in places[name]:
-            row, col = build.affine(g, t, rg, rt, rc), build.affine(g, t, cg, ct, cc)
-            loads.append(build.op("memref.load", [kind], [memref, row, col]))
-        vector_type = ir.VectorType.get(list(fragment_vector_shapes(shape)[name]), kind)
-        vectors[name] = build.op("vector.from_elements", [vector_type], loads)
+    shape = TF32_SHAPE if isinstance(element, ir.F32Type) else HALF_SHAPE
+    (wm, k), wn = ir.MemRefType(a.type).shape, ir.MemRefType(b.type).shape[1]
+    places, vectors = fragment_places(shape), fragment_vector_shapes(shape)
+    lane_id = build.op("gpu.lane_id", [build.index], [])
+    lane = (build.op("arith.divui", [build.index], [lane_id, build.const(4)]),
+            build.op("arith.remui", [build.index], [lane_id, build.const(4)]))  # fmt: skip
+    tiles = [(i, j) for i in range(0, wm, shape[0]) for j in range(0, wn, shape[1])]
+    origins = {v: build.const(v) for v in {0, *(i for i, _ in tiles), *(j for _, j in tiles)}}
+    acc = [build.fragment(c, places["c"], lane, (origins[i], origins[j]), vectors["c"])
+           for i, j in tiles]  # fmt: skip
+    with build.location:
+        loop = scf.ForOp(origins[0], build.const(k), build.const(shape[2]), acc, ip=build.point)
+    outer, build.point = build.point, ir.InsertionPoint(loop.body)
+    kk = loop.induction_variable
+    rows = {i: build.fragment(a, places["a"], lane, (origins[i], kk), vectors["a"])
+            for i in sorted({i for i, _ in tiles})}  # fmt: skip
+    cols = {j: build.fragment(b, places["b"], lane, (kk, origins[j]), vectors["b"])
+            for j in sorted({j for _, j in tiles})}  # fmt: skip
     attrs = {"mmaShape": ir.ArrayAttr.get([ir.IntegerAttr.get(
         ir.IntegerType.get_signless(64), d) for d in shape])}  # fmt: skip
-    if isinstance(element, ir.F32Type):
+    if shape == TF32_SHAPE:
         attrs["tf32Enabled"] = ir.UnitAttr.get()
-    result = build.op("nvgpu.mma.sync", [vectors["c"].type],
-                      [vectors["a"], vectors["b"], vectors["c"]], **attrs)  # fmt: skip
+    results = [build.op("nvgpu.mma.sync", [value.type], [rows[i], cols[j], value], **attrs)
+               for (i, j), value in zip(tiles, loop.inner_iter_args, strict=True)]  # fmt: skip
+    build.op("scf.yield", [], results)
+    build.point = outer
     f32 = ir.MemRefType(c.type).element_type
-    for i, (rg, rt, rc, cg, ct, cc) in enumerate(places["c"]):
-        value = build.op("vector.extract", [f32], [result],
-                         static_position=ir.DenseI64ArrayAttr.get([i // 2, i % 2]))  # fmt: skip
-        row, col = build.affine(g, t, rg, rt, rc), build.affine(g, t, cg, ct, cc)
-        build.op("memref.store", [], [value, c, row, col])
+    for (i, j), value in zip(tiles, loop.results, strict=True):
+        for n, (rg, rt, rc, cg, ct, cc) in enumerate(places["c"]):
+            item = build.op("vector.extract", [f32], [value],
+                            static_position=ir.DenseI64ArrayAttr.get([n // 2, n % 2]))  # fmt: skip
+            row = build.affine(*lane, (rg, rt, rc), origins[i])
+            col = build.affine(*lane, (cg, ct, cc), origins[j])
+            build.op("memref.store", [], [item, c, row, col])
     op.erase()
