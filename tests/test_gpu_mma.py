@@ -77,7 +77,12 @@ def test_shapes_without_whole_tiles_stay_on_the_simt_path(tmp_path):
 
 def test_block_tiles_are_a_declared_search_space():
     from stagegraph.core.search_space import build_space
-    from stagegraph.stages.gpu.mma import tile_fits
+    from stagegraph.stages.gpu.mma import (
+        BLOCK_TILES,
+        fragment_registers,
+        register_budget,
+        tile_fits,
+    )
     from stagegraph.stages.gpu.params import MMA_TILES
     from stagegraph.stages.gpu.target import resolve_gpu_target
 
@@ -86,9 +91,14 @@ def test_block_tiles_are_a_declared_search_space():
     space = build_space(params, facts, resolve_gpu_target("sm_80"))
     assert set(space.variables) == {"op1.tile_m", "op1.tile_n"}
     assert space.contains(space.values_of(params))
+    budget = register_budget(65536)  # 191 of 255 for fragments
     fitting = [(bm, bn) for bm in MMA_TILES for bn in MMA_TILES
-               if tile_fits(128, 256, 64, (16, 8, 16), (bm, bn))]  # fmt: skip
-    assert space.count() == (len(fitting), True) and len(fitting) == 15
+               if tile_fits(128, 256, 64, (16, 8, 16), (bm, bn))
+               and fragment_registers(bm, bn) <= budget]  # fmt: skip
+    assert space.count() == (len(fitting), True) and len(fitting) == 14  # not 128x256
+    assert "op1.fragments_fit_registers" in space.violated({"op1.tile_m": 128,
+                                                            "op1.tile_n": 256})  # fmt: skip
+    assert all(fragment_registers(*tile) <= budget for tile in BLOCK_TILES)
     assert "op1.warp_rows_whole_instructions" in space.violated({"op1.tile_m": 16,
                                                                  "op1.tile_n": 64})  # fmt: skip
     tuned = space.to_params({"op1.tile_m": 64, "op1.tile_n": 128})

@@ -50,6 +50,27 @@ def mma_shape(op: OpFacts, tf32: bool = False) -> tuple[int, int, int] | None:
     return None
 
 
+#: Registers per thread kept for addresses, indices and the loop (ptxas's count beyond the
+#: fragments: 165 - 160 at 128x128 tiles).
+REGISTER_RESERVE = 64
+#: The most registers one thread may use (PTX).
+MAX_REGISTERS = 255
+
+
+def fragment_registers(tile_m: int, tile_n: int) -> int:
+    """32-bit registers per thread for a block tile's warp fragments (2x2 warps): four f32
+    accumulators per 16x8 of C, four A registers per 16 rows, two B registers per 8
+    columns (the same counts for f16/bf16 and TF32)."""
+    wm, wn = tile_m // WARP_GRID[0], tile_n // WARP_GRID[1]
+    return (wm // 16) * (wn // 8) * 4 + (wm // 16) * 4 + (wn // 8) * 2
+
+
+def register_budget(registers_per_block: int) -> int:
+    """Fragment registers a thread of a 128-thread block may hold."""
+    threads = WARP_GRID[0] * WARP_GRID[1] * WARP_SIZE
+    return min(MAX_REGISTERS, registers_per_block // threads) - REGISTER_RESERVE
+
+
 def tile_fits(m: int, n: int, k: int, shape: tuple[int, int, int], tile: tuple[int, int]) -> bool:
     """Whether block tile ``tile`` divides (m, n) into whole warp tiles of whole instructions
     (the schedule's tiles must divide exactly: the GPU mapping needs static trip counts)."""

@@ -179,8 +179,10 @@ def gpu_tuning_sites(params: GpuParams, facts: PayloadFacts, per_op: bool = Fals
 def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) -> dict:
     """The schedule's exact-tiling rules for a tensor-core matmul: the block tile divides C
     and splits into the 2x2 warps' tiles of whole instructions (what
-    :func:`stagegraph.stages.gpu.mma.tile_fits` checks)."""
-    from stagegraph.stages.gpu.mma import WARP_GRID
+    :func:`stagegraph.stages.gpu.mma.tile_fits` checks), and the warp fragments within the
+    registers a thread may hold (:func:`~stagegraph.stages.gpu.mma.fragment_registers`,
+    multiplied through by 128 to stay free of division)."""
+    from stagegraph.stages.gpu.mma import WARP_GRID, register_budget
 
     m, n, _ = op.loop_ranges
     shape = tuple(p.mma)
@@ -189,6 +191,8 @@ def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) ->
         f"tile_n_divides_n={n}": n % p.tile_n == 0,
         "warp_rows_whole_instructions": p.tile_m % (WARP_GRID[0] * shape[0]) == 0,
         "warp_cols_whole_instructions": p.tile_n % (WARP_GRID[1] * shape[1]) == 0,
+        "fragments_fit_registers": p.tile_m * p.tile_n + 16 * p.tile_m + 16 * p.tile_n
+        <= 128 * register_budget(target.registers_per_block),
     }
 
 
