@@ -257,3 +257,50 @@ def test_tensor_core_tiling_keeps_the_matmul_meaning_on_the_cpu(tmp_path, dtype)
     assert run.value("select").kernels[1].mma  # the tensor-core plan is what runs
     report = sg.run("gpu_cpu", str(path), param=params)
     assert report.verified is True, report.message
+
+
+# -- batch matmuls (attention) --------------------------------------------------------
+
+
+def batch_payload(tmp_path: Path, dtype: str) -> Path:
+    b, m, n, k = 4, 64, 128, 32
+    a_t, b_t = f"tensor<{b}x{m}x{k}x{dtype}>", f"tensor<{b}x{k}x{n}x{dtype}>"
+    c_t = f"tensor<{b}x{m}x{n}xf32>"
+    path = tmp_path / f"bmm_{dtype}.mlir"
+    path.write_text(
+        f"func.func @bmm(%a: {a_t}, %b: {b_t}) -> {c_t} {{\n"
+        "  %zero = arith.constant 0.0 : f32\n"
+        f"  %empty = tensor.empty() : {c_t}\n"
+        f"  %init = linalg.fill ins(%zero : f32) outs(%empty : {c_t}) -> {c_t}\n"
+        f"  %c = linalg.batch_matmul ins(%a, %b : {a_t}, {b_t}) outs(%init : {c_t}) -> {c_t}\n"
+        f"  return %c : {c_t}\n}}\n"
+    )
+    return path
+
+
+def test_batch_matmul_tiling_verifies_on_the_cpu(tmp_path):
+    path = batch_payload(tmp_path, "f16")
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal((4, 64, 32)).astype(np.float16)
+    b = rng.standard_normal((4, 32, 128)).astype(np.float16)
+    np.savez(
+        path.with_suffix(".npz"), in0=a, in1=b, out0=a.astype(np.float32) @ b.astype(np.float32)
+    )
+    plan = sg.run("gpu_cpu", str(path), until="select").value("select").kernels[1]
+    assert plan.mma == (16, 8, 16)
+    report = sg.run("gpu_cpu", str(path))
+    assert report.verified is True, report.message
+
+
+@needs_llvmlite
+def test_batch_matmul_ptx_holds_mma_sync_with_the_batch_on_the_grid(tmp_path):
+    from stagegraph.stages.gpu.ptx import assemble
+
+    binary = sg.run("gpu", str(batch_payload(tmp_path, "bf16")), target="sm_80",
+                    until="emit").value("emit")  # fmt: skip
+    (name,) = [n for n, t in binary.ptx.items() if "mma.sync" in t]
+    assert "m16n8k16.row.col.f32.bf16.bf16.f32" in binary.ptx[name]
+    (report,) = assemble(binary.ptx[name], "sm_80")
+    assert report.spill_stores == report.spill_loads == 0
+    (launch,) = [k["launch"] for k in binary.manifest["kernels"] if k["ptx"] == f"{name}.ptx"]
+    assert launch["grid"] == [8, 2, 4] and launch["block"] == [128, 1, 1]  # n/16, m/32, batch

@@ -28,6 +28,8 @@ MMA_ATTR = "stagegraph.gpu_mma"
 HALF_SHAPE = (16, 8, 16)
 TF32_SHAPE = (16, 8, 8)
 WARP_SIZE = 32
+#: The named ops taken (default indexing maps; a batch matmul's batch loop goes to blocks).
+MATMULS = ("linalg.matmul", "linalg.batch_matmul")
 #: Block tiles (m, n) tried largest first; each block has a 2x2 grid of warps.
 BLOCK_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (64, 32), (32, 64), (32, 32),
                (32, 16))  # fmt: skip
@@ -36,8 +38,9 @@ WARP_GRID = (2, 2)
 
 def mma_shape(op: OpFacts, tf32: bool = False) -> tuple[int, int, int] | None:
     """The ``mma.sync`` instruction shape for ``op``, or None where it takes none: a plain
-    ``linalg.matmul`` of f16/bf16 inputs (both the same) into f32, or f32 when ``tf32``."""
-    if op.name != "linalg.matmul" or len(op.inputs) != 2 or len(op.outputs) != 1:
+    ``linalg.matmul`` or ``linalg.batch_matmul`` of f16/bf16 inputs (both the same) into
+    f32, or f32 when ``tf32``."""
+    if op.name not in MATMULS or len(op.inputs) != 2 or len(op.outputs) != 1:
         return None
     ins = {v.dtype for v in op.inputs}
     if op.outputs[0].dtype != "f32" or len(ins) != 1:
@@ -95,24 +98,27 @@ def block_tile(m: int, n: int, k: int, shape: tuple[int, int, int],
     return max(fitting, key=lambda t: (m // t[0]) * (n // t[1]))
 
 
-def mma_script(op: int, block: tuple[int, int], shape: tuple[int, int, int], attr: str) -> str:
-    """Transform ops for op ``op`` (matched by ``attr``): tiled to blocks, then warps; the
-    warp-level matmul is annotated for :func:`rewrite_mma`."""
+def mma_script(op: int, block: tuple[int, int], attr: str, batched: bool = False) -> str:
+    """Transform ops for op ``op`` (matched by ``attr``): tiled to blocks (a batch matmul's
+    batch index too), then warps; the warp-level matmul is annotated for :func:`rewrite_mma`."""
     any_op = "!transform.any_op"
     tiled = f"({any_op}) -> ({any_op}, {any_op})"
     bm, bn = block
     wm, wn = bm // WARP_GRID[0], bn // WARP_GRID[1]
     blocks = "#gpu.block<linear_dim_1>, #gpu.block<linear_dim_0>"
     warps = "#gpu.warp<linear_dim_1>, #gpu.warp<linear_dim_0>"
+    batch_block, batch_warp = ("1, ", "0, ") if batched else ("", "")
+    if batched:
+        blocks = "#gpu.block<linear_dim_2>, " + blocks
     return (
         f"    %mm{op} = transform.structured.match attributes{{{attr} = {op} : i64}} "
         f"in %root : ({any_op}) -> {any_op}\n"
         f"    %mb{op}_op, %mb{op} = transform.structured.tile_using_forall %mm{op} "
-        f"tile_sizes [{bm}, {bn}, 0] (mapping = [{blocks}]) : {tiled}\n"
+        f"tile_sizes [{batch_block}{bm}, {bn}, 0] (mapping = [{blocks}]) : {tiled}\n"
         f"    %mi{op} = transform.param.constant {op} : i64 -> !transform.param<i64>\n"
         f'    transform.annotate %mb{op} "{attr}" = %mi{op} : {any_op}, !transform.param<i64>\n'
         f"    %mw{op}_op, %mw{op} = transform.structured.tile_using_forall %mb{op}_op "
-        f"tile_sizes [{wm}, {wn}, 0] (mapping = [{warps}]) : {tiled}\n"
+        f"tile_sizes [{batch_warp}{wm}, {wn}, 0] (mapping = [{warps}]) : {tiled}\n"
         f'    transform.annotate %mw{op}_op "{MMA_ATTR}" : {any_op}\n'
     )
 
@@ -185,6 +191,10 @@ class _Builder:
                                        attributes=attrs)  # fmt: skip
         return made.results[0] if results else None
 
+    def batch(self, memref: Any) -> list[Any]:
+        """Index 0 for each leading (unit) batch dim of a batch matmul's warp-level operand."""
+        return [self.const(0)] * (self.ir.MemRefType(memref.type).rank - 2)
+
     def const(self, value: int) -> Any:
         return self.op("arith.constant", [self.index], [],
                        value=self.ir.IntegerAttr.get(self.index, value))  # fmt: skip
@@ -210,7 +220,8 @@ class _Builder:
         for rg, rt, rc, cg, ct, cc in places:
             row = self.affine(*lane, (rg, rt, rc), origin[0])
             col = self.affine(*lane, (cg, ct, cc), origin[1])
-            loads.append(self.op("memref.load", [kind], [memref, row, col]))
+            indices = [*self.batch(memref), row, col]
+            loads.append(self.op("memref.load", [kind], [memref, *indices]))
         with self.location:  # a type's checks report at a location
             vector = ir.VectorType.get(list(shape), kind)
         return self.op("vector.from_elements", [vector], loads)
@@ -227,7 +238,7 @@ def _replace(op: Any) -> None:
     a, b, c = (op.operands[i] for i in range(3))
     element = ir.MemRefType(a.type).element_type
     shape = TF32_SHAPE if isinstance(element, ir.F32Type) else HALF_SHAPE
-    (wm, k), wn = ir.MemRefType(a.type).shape, ir.MemRefType(b.type).shape[1]
+    (wm, k), wn = ir.MemRefType(a.type).shape[-2:], ir.MemRefType(b.type).shape[-1]
     places, vectors = fragment_places(shape), fragment_vector_shapes(shape)
     lane_id = build.op("gpu.lane_id", [build.index], [])
     lane = (build.op("arith.divui", [build.index], [lane_id, build.const(4)]),
@@ -259,5 +270,5 @@ def _replace(op: Any) -> None:
                             static_position=ir.DenseI64ArrayAttr.get([n // 2, n % 2]))  # fmt: skip
             row = build.affine(*lane, (rg, rt, rc), origins[i])
             col = build.affine(*lane, (cg, ct, cc), origins[j])
-            build.op("memref.store", [], [item, c, row, col])
+            build.op("memref.store", [], [item, c, *build.batch(c), row, col])
     op.erase()

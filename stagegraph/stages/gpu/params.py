@@ -130,8 +130,9 @@ def plan_mma(op: OpFacts, target: GpuTarget, tf32: bool) -> KernelPlan | None:
     shape = mma_shape(op, tf32) if target.sm >= 80 else None
     if shape is None:
         return None
-    m, n, k = op.loop_ranges
-    block = block_tile(m, n, k, shape, target.sm_count)
+    m, n, k = op.loop_ranges[-3:]
+    batches = op.loop_ranges[0] if len(op.loop_ranges) == 4 else 1
+    block = block_tile(m, n, k, shape, max(1, target.sm_count // batches))
     if block is None:
         return None
     warps = WARP_GRID[0] * WARP_GRID[1]
@@ -184,7 +185,7 @@ def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) ->
     multiplied through by 128 to stay free of division)."""
     from stagegraph.stages.gpu.mma import WARP_GRID, register_budget
 
-    m, n, _ = op.loop_ranges
+    m, n, _ = op.loop_ranges[-3:]
     shape = tuple(p.mma)
     return {
         f"tile_m_divides_m={m}": m % p.tile_m == 0,

@@ -70,7 +70,8 @@ def kernel_script(plan: KernelPlan) -> str:
     if plan.mma:
         from stagegraph.stages.gpu.mma import mma_script
 
-        return mma_script(i, (plan.tile_m, plan.tile_n), plan.mma, OP_ATTR)  # type: ignore[arg-type]
+        batched = plan.name == "linalg.batch_matmul"
+        return mma_script(i, (plan.tile_m, plan.tile_n), OP_ATTR, batched)
     text = _match(f"%op{i}", i)
     text += _tile(f"%op{i}", plan.block_tile, block_mapping(plan.block_tile), f"%blocks{i}")
     # The block forall carries its op's index too (vectorizing replaces the op itself).
