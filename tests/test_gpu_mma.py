@@ -304,3 +304,12 @@ def test_batch_matmul_ptx_holds_mma_sync_with_the_batch_on_the_grid(tmp_path):
     assert report.spill_stores == report.spill_loads == 0
     (launch,) = [k["launch"] for k in binary.manifest["kernels"] if k["ptx"] == f"{name}.ptx"]
     assert launch["grid"] == [8, 2, 4] and launch["block"] == [128, 1, 1]  # n/16, m/32, batch
+
+
+def test_tune_explains_the_tensor_core_space(capsys):
+    from tests.test_cli_core import run_cli
+
+    code, out, _ = run_cli(capsys, "tune", "gpu", str(F16), "--target", "sm_80", "--explain")
+    assert code == 0, out
+    assert "op1.tile_m {16,32,64,128,256}" in out and "op1.fragments_fit_registers" in out
+    assert "size: 14" in out
