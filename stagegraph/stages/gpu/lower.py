@@ -138,6 +138,7 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     from stagegraph.stages.common.passes import run_pipeline
     from stagegraph.stages.gpu.host_kernels import sink_constants, wrap_host_work
     from stagegraph.stages.gpu.mma import rewrite_mma
+    from stagegraph.stages.gpu.mma_staged import allocs_to_globals
 
     with module.ir.context:
         rewrite_mma(module.ir)
@@ -149,5 +150,7 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
         wrap_host_work(entry)
         sink_constants(entry)
     run_pipeline(module, OUTLINE)
+    with module.ir.context:
+        allocs_to_globals(module.ir)
     run_pipeline(module, config.kernel_pipeline)
     return module

@@ -212,19 +212,45 @@ class _Builder:
         return total
 
     def fragment(self, memref: Any, places: list[Place], lane: tuple[Any, Any],
-                 origin: tuple[Any, Any], shape: tuple[int, int]) -> Any:  # fmt: skip
-        """This lane's fragment of the tile of ``memref`` at ``origin``, as a vector."""
+                 origin: tuple[Any, Any], shape: tuple[int, int],
+                 prefix: list[Any] | None = None) -> Any:  # fmt: skip
+        """This lane's fragment of the tile of ``memref`` at ``origin`` (after the
+        ``prefix`` indices: a batch's 0, or a staging buffer's warp and stage), a vector."""
         ir = self.ir
         kind = ir.MemRefType(memref.type).element_type
         loads = []
         for rg, rt, rc, cg, ct, cc in places:
             row = self.affine(*lane, (rg, rt, rc), origin[0])
             col = self.affine(*lane, (cg, ct, cc), origin[1])
-            indices = [*self.batch(memref), row, col]
+            indices = [*(self.batch(memref) if prefix is None else prefix), row, col]
             loads.append(self.op("memref.load", [kind], [memref, *indices]))
         with self.location:  # a type's checks report at a location
             vector = ir.VectorType.get(list(shape), kind)
         return self.op("vector.from_elements", [vector], loads)
+
+
+def _stager(build: _Builder, a: Any, b: Any, tile: tuple[int, int, int], lane: Any) -> Any:
+    """The cp.async staging of this warp's tiles (None where they cannot be staged)."""
+    from stagegraph.stages.gpu.mma_staged import Stager, can_stage
+
+    wm, wn, bk = tile
+    warps = WARP_GRID[0] * WARP_GRID[1]
+    if not can_stage(a, b, wm, wn, bk, warps):
+        return None
+    return Stager(build, a, b, wm, wn, bk, warps, lane)
+
+
+def _next_step(build: _Builder, stager: Any, kk: Any, k: int) -> Any:
+    """In the loop body at K offset ``kk``: copy the next step (the last one again at the
+    end, into the free stage), wait for this one; returns this step's stage."""
+    bk = stager.bk
+    step = build.op("arith.divui", [build.index], [kk, build.const(bk)])
+    stage = build.op("arith.remui", [build.index], [step, build.const(2)])
+    following = build.op("arith.addi", [build.index], [kk, build.const(bk)])
+    following = build.op("arith.minui", [build.index], [following, build.const(k - bk)])
+    other = build.op("arith.subi", [build.index], [build.const(1), stage])
+    stager.wait(stager.copy_step(following, other), 1)
+    return stage
 
 
 def _replace(op: Any) -> None:
@@ -247,22 +273,37 @@ def _replace(op: Any) -> None:
     origins = {v: build.const(v) for v in {0, *(i for i, _ in tiles), *(j for _, j in tiles)}}
     acc = [build.fragment(c, places["c"], lane, (origins[i], origins[j]), vectors["c"])
            for i, j in tiles]  # fmt: skip
+    stager = _stager(build, a, b, (wm, wn, shape[2]), lane_id)
+    if stager is not None:
+        stager.copy_step(origins[0], origins[0])
     with build.location:
         loop = scf.ForOp(origins[0], build.const(k), build.const(shape[2]), acc, ip=build.point)
     outer, build.point = build.point, ir.InsertionPoint(loop.body)
     kk = loop.induction_variable
-    rows = {i: build.fragment(a, places["a"], lane, (origins[i], kk), vectors["a"])
-            for i in sorted({i for i, _ in tiles})}  # fmt: skip
-    cols = {j: build.fragment(b, places["b"], lane, (kk, origins[j]), vectors["b"])
-            for j in sorted({j for _, j in tiles})}  # fmt: skip
+    if stager is None:
+        a_at, b_at, a_prefix, b_prefix = a, b, None, None
+        a_col, b_row = kk, kk
+    else:
+        stage = _next_step(build, stager, kk, k)
+        a_at, b_at = stager.buffers
+        a_prefix = b_prefix = [stager.warp, stage]
+        a_col = b_row = origins[0]
+    rows = {i: build.fragment(a_at, places["a"], lane, (origins[i], a_col), vectors["a"],
+                              a_prefix) for i in sorted({i for i, _ in tiles})}  # fmt: skip
+    cols = {j: build.fragment(b_at, places["b"], lane, (b_row, origins[j]), vectors["b"],
+                              b_prefix) for j in sorted({j for _, j in tiles})}  # fmt: skip
     attrs = {"mmaShape": ir.ArrayAttr.get([ir.IntegerAttr.get(
         ir.IntegerType.get_signless(64), d) for d in shape])}  # fmt: skip
     if shape == TF32_SHAPE:
         attrs["tf32Enabled"] = ir.UnitAttr.get()
     results = [build.op("nvgpu.mma.sync", [value.type], [rows[i], cols[j], value], **attrs)
                for (i, j), value in zip(tiles, loop.inner_iter_args, strict=True)]  # fmt: skip
+    if stager is not None:
+        stager.barrier()  # every lane has read this stage before it is copied over
     build.op("scf.yield", [], results)
     build.point = outer
+    if stager is not None:
+        stager.wait(stager.first, 0)
     f32 = ir.MemRefType(c.type).element_type
     for (i, j), value in zip(tiles, loop.results, strict=True):
         for n, (rg, rt, rc, cg, ct, cc) in enumerate(places["c"]):
