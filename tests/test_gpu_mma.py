@@ -83,6 +83,7 @@ def test_block_tiles_are_a_declared_search_space():
         register_budget,
         tile_fits,
     )
+    from stagegraph.stages.gpu.mma_staged import shared_bytes
     from stagegraph.stages.gpu.params import MMA_TILES
     from stagegraph.stages.gpu.target import resolve_gpu_target
 
@@ -94,8 +95,10 @@ def test_block_tiles_are_a_declared_search_space():
     budget = register_budget(65536)  # 191 of 255 for fragments
     fitting = [(bm, bn) for bm in MMA_TILES for bn in MMA_TILES
                if tile_fits(128, 256, 64, (16, 8, 16), (bm, bn))
-               and fragment_registers(bm, bn) <= budget]  # fmt: skip
+               and fragment_registers(bm, bn) <= budget
+               and shared_bytes(bm // 2, bn // 2, 16, 2, 4) <= 48 * 1024]  # fmt: skip
     assert space.count() == (len(fitting), True) and len(fitting) == 14  # not 128x256
+    assert "op1.staging_fits_shared=49152B" in space.constraints
     assert "op1.fragments_fit_registers" in space.violated({"op1.tile_m": 128,
                                                             "op1.tile_n": 256})  # fmt: skip
     assert all(fragment_registers(*tile) <= budget for tile in BLOCK_TILES)
@@ -156,6 +159,7 @@ def test_the_largest_tile_assembles_without_spills(tmp_path):
     (report,) = assemble(text, "sm_90a")
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
     assert report.registers <= 255 and text.count("mma.sync.aligned.m16n8k16") == 32
+    assert report.shared_bytes == 4 * 2 * (64 + 64) * 16 * 2  # 32 KiB of cp.async stages
 
 
 # -- PTX ------------------------------------------------------------------------------
@@ -177,9 +181,13 @@ def test_ptx_holds_mma_sync_and_assembles_without_spills(tmp_path, dtype, params
                     until="emit").value("emit")  # fmt: skip
     matmul = [text for text in binary.ptx.values() if "mma.sync" in text]
     assert len(matmul) == 1 and instruction in matmul[0]
+    # Both operands staged through shared memory by cp.async, two stages deep.
+    assert "cp.async.cg.shared.global" in matmul[0] and "cp.async.wait_group 	1" in matmul[0]
     for text in binary.ptx.values():
         for report in assemble(text, arch):
             assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
+            if text is matmul[0]:  # 4 warps x 2 stages x (16 + 8) x 16 (8 for TF32) elements
+                assert report.shared_bytes == 6144
     (launch,) = [k["launch"] for k in binary.manifest["kernels"] if "mma" in
                  binary.ptx[k["ptx"].removesuffix(".ptx")]]  # fmt: skip
     assert launch["block"] == [128, 1, 1] and launch["grid"] == [16, 4, 1]  # 256 / 16 by 128 / 32
@@ -312,4 +320,5 @@ def test_tune_explains_the_tensor_core_space(capsys):
     code, out, _ = run_cli(capsys, "tune", "gpu", str(F16), "--target", "sm_80", "--explain")
     assert code == 0, out
     assert "op1.tile_m {16,32,64,128,256}" in out and "op1.fragments_fit_registers" in out
+    assert "op1.staging_fits_shared=49152B" in out
     assert "size: 14" in out

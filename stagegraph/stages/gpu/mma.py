@@ -12,8 +12,9 @@ accumulator fragment; ``convert-nvgpu-to-nvvm`` lowers it to the ``llvm.nvvm.mma
 
 Why not ``transform.nvgpu.rewrite_matmul_as_mma_sync``: it handles only f16 x f16 -> f16
 and f32 (TF32) matmuls, not f16/bf16 inputs with f32 accumulation, which is what users run.
-The fragments here are read from the operands' memory as the warp-level matmul finds them
-(global memory: no shared-memory staging yet).
+Where the tiles' rows are whole 16-byte chunks, each warp stages its A and B tiles through
+shared memory with ``cp.async`` (:mod:`stagegraph.stages.gpu.mma_staged`); elsewhere the
+fragments are read from global memory.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def mma_shape(op: OpFacts, tf32: bool = False) -> tuple[int, int, int] | None:
 
 
 #: Registers per thread kept for addresses, indices and the loop (ptxas's count beyond the
-#: fragments: 165 - 160 at 128x128 tiles).
+#: fragments at 128x128 tiles with cp.async staging: 217 - 160).
 REGISTER_RESERVE = 64
 #: The most registers one thread may use (PTX).
 MAX_REGISTERS = 255

@@ -96,9 +96,13 @@ class Stager:
                     src_row, src_col = build.op("arith.addi", [build.index], [row, k]), col
                 with build.location:
                     copy = nvgpu.DeviceAsyncCopyOp(
-                        buffer, [self.warp, stage, row, col], source,
-                        [*build.batch(source), src_row, src_col], self.lanes,
-                        bypassL1=True, ip=build.point,
+                        buffer,
+                        [self.warp, stage, row, col],
+                        source,
+                        [*build.batch(source), src_row, src_col],
+                        self.lanes,
+                        bypassL1=True,
+                        ip=build.point,
                     )
                 tokens.append(copy.result)
         with build.location:

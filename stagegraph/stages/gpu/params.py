@@ -180,13 +180,18 @@ def gpu_tuning_sites(params: GpuParams, facts: PayloadFacts, per_op: bool = Fals
 def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) -> dict:
     """The schedule's exact-tiling rules for a tensor-core matmul: the block tile divides C
     and splits into the 2x2 warps' tiles of whole instructions (what
-    :func:`stagegraph.stages.gpu.mma.tile_fits` checks), and the warp fragments within the
+    :func:`stagegraph.stages.gpu.mma.tile_fits` checks), the warp fragments within the
     registers a thread may hold (:func:`~stagegraph.stages.gpu.mma.fragment_registers`,
-    multiplied through by 128 to stay free of division)."""
+    multiplied through by 128 to stay free of division), and the cp.async stages within
+    static shared memory (:func:`~stagegraph.stages.gpu.mma_staged.shared_bytes`)."""
+    from stagegraph.dtypes import byte_size
     from stagegraph.stages.gpu.mma import WARP_GRID, register_budget
+    from stagegraph.stages.gpu.mma_staged import STATIC_SHARED_BYTES, shared_bytes
 
     m, n, _ = op.loop_ranges[-3:]
     shape = tuple(p.mma)
+    warps = WARP_GRID[0] * WARP_GRID[1]
+    per_row = shared_bytes(1, 1, shape[2], byte_size(op.inputs[0].dtype, 2), warps)
     return {
         f"tile_m_divides_m={m}": m % p.tile_m == 0,
         f"tile_n_divides_n={n}": n % p.tile_n == 0,
@@ -194,6 +199,10 @@ def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) ->
         "warp_cols_whole_instructions": p.tile_n % (WARP_GRID[1] * shape[1]) == 0,
         "fragments_fit_registers": p.tile_m * p.tile_n + 16 * p.tile_m + 16 * p.tile_n
         <= 128 * register_budget(target.registers_per_block),
+        # Every warp's cp.async stages of its A and B tiles (gpu.mma_staged): linear in
+        # wm + wn = (tile_m + tile_n) / 2, and per_row is for wm + wn = 2: times 4.
+        f"staging_fits_shared={STATIC_SHARED_BYTES}B": (p.tile_m + p.tile_n) * per_row
+        <= 4 * STATIC_SHARED_BYTES,
     }
 
 
