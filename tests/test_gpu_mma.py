@@ -65,6 +65,8 @@ def test_half_matmuls_go_to_tensor_cores_and_f32_only_with_tf32(tmp_path):
     assert plain.mma == () and plain.thread_tile  # SIMT: one output per thread
     tf32 = sg.run("gpu", f32, until="select", param={"tf32": True}).value("select").kernels[1]
     assert tf32.mma == (16, 8, 8)
+    simt = sg.run("gpu", str(F16), until="select", param={"tensor_cores": False})
+    assert simt.value("select").kernels[1].mma == ()
 
 
 def test_shapes_without_whole_tiles_stay_on_the_simt_path(tmp_path):
@@ -322,3 +324,32 @@ def test_tune_explains_the_tensor_core_space(capsys):
     assert "op1.tile_m {16,32,64,128,256}" in out and "op1.fragments_fit_registers" in out
     assert "op1.staging_fits_shared=49152B" in out
     assert "size: 14" in out
+
+
+def test_staging_copies_each_step_with_cp_async_into_two_stages(tmp_path):
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.gpu.mma import rewrite_mma
+
+    big = payload(tmp_path, "bf16", m=4096, n=2048, k=128)  # 64x64 warp tiles, 16-deep steps
+    module = sg.run("gpu", big, target="h100", until="bufferized").module.ir
+    with module.context:
+        rewrite_mma(module)
+    (loop,) = [op for op in collect(module, "scf.for") if collect(op, "nvgpu.mma.sync")]
+    # 64x16 of A and 16x64 of B are 128 16-byte chunks each: 4 per lane, per step.
+    assert len(collect(loop, "nvgpu.device_async_copy")) == 8
+    waits = collect(module, "nvgpu.device_async_wait")
+    assert [ir.IntegerAttr(w.attributes["numGroups"]).value for w in waits] == [1, 0]
+    (a_stages, b_stages) = collect(module, "memref.alloc")
+    assert [ir.MemRefType(x.results[0].type).shape for x in (a_stages, b_stages)] == [
+        [4, 2, 64, 16], [4, 2, 16, 64]]  # fmt: skip
+
+
+def test_shared_buffers_become_module_globals_in_shared_memory():
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+
+    module = sg.run("gpu", str(F16), target="sm_80", until="lower").module.ir
+    spaces = [ir.IntegerAttr(g.attributes["addr_space"]).value
+              for g in collect(module, "llvm.mlir.global") if "addr_space" in g.attributes]  # fmt: skip
+    assert spaces == [3, 3] and not collect(module, "memref.alloc")  # NVVM's shared space

@@ -48,10 +48,12 @@ class GpuParams(Params):
     """``threads_per_block``: the most threads a kernel's block gets (a multiple of the
     warp size); ``kernels``: one plan per linalg op of the entry, in program order;
     ``tf32``: f32 matmuls on tensor cores through TF32 (off by default: it rounds the
-    inputs to 10 mantissa bits, so results change)."""
+    inputs to 10 mantissa bits, so results change); ``tensor_cores``: off puts every
+    matmul on the SIMT path (to compare the two)."""
 
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
     tf32: bool = False
+    tensor_cores: bool = True
     kernels: tuple[KernelPlan, ...] = ()
 
     def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list:
@@ -151,7 +153,7 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     )
     if "kernels" in config.overrides:
         return params
-    kernels = [plan_mma(op, target, params.tf32)
+    kernels = [(params.tensor_cores and plan_mma(op, target, params.tf32))
                or plan_op(op, params.threads_per_block, vector_width(op))
                for op in facts.ops]  # fmt: skip
     return params.model_copy(update={"kernels": tuple(kernels)})
