@@ -350,6 +350,6 @@ def test_shared_buffers_become_module_globals_in_shared_memory():
     from stagegraph.mlir.walk import collect
 
     module = sg.run("gpu", str(F16), target="sm_80", until="lower").module.ir
-    spaces = [ir.IntegerAttr(g.attributes["addr_space"]).value
-              for g in collect(module, "llvm.mlir.global") if "addr_space" in g.attributes]  # fmt: skip
+    globals_ = [g for g in collect(module, "llvm.mlir.global") if "addr_space" in g.attributes]
+    spaces = [ir.IntegerAttr(g.attributes["addr_space"]).value for g in globals_]
     assert spaces == [3, 3] and not collect(module, "memref.alloc")  # NVVM's shared space
