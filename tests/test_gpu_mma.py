@@ -162,6 +162,7 @@ def test_the_largest_tile_assembles_without_spills(tmp_path):
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
     assert report.registers <= 255 and text.count("mma.sync.aligned.m16n8k16") == 32
     assert report.shared_bytes == 4 * 2 * (64 + 64) * 16 * 2  # 32 KiB of cp.async stages
+    assert text.count("ldmatrix") == 4 + 8  # per K step: A's 4 row blocks, B's 8 column ones
 
 
 # -- PTX ------------------------------------------------------------------------------
@@ -185,6 +186,10 @@ def test_ptx_holds_mma_sync_and_assembles_without_spills(tmp_path, dtype, params
     assert len(matmul) == 1 and instruction in matmul[0]
     # Both operands staged through shared memory by cp.async, two stages deep.
     assert "cp.async.cg.shared.global" in matmul[0] and "cp.async.wait_group 	1" in matmul[0]
+    # f16/bf16 fragments come from shared memory by ldmatrix (B transposed); TF32's by loads.
+    ldmatrix = ("ldmatrix.sync.aligned.m8n8.x4.shared.b16" in matmul[0],
+                "ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16" in matmul[0])  # fmt: skip
+    assert ldmatrix == ((True, True) if dtype != "f32" else (False, False))
     for text in binary.ptx.values():
         for report in assemble(text, arch):
             assert report.spill_stores == report.spill_loads == report.stack_bytes == 0

@@ -55,7 +55,7 @@ def mma_shape(op: OpFacts, tf32: bool = False) -> tuple[int, int, int] | None:
 
 
 #: Registers per thread kept for addresses, indices and the loop (ptxas's count beyond the
-#: fragments at 128x128 tiles with cp.async staging: 217 - 160).
+#: fragments at 128x128 tiles with cp.async staging and ldmatrix: 205 - 160).
 REGISTER_RESERVE = 64
 #: The most registers one thread may use (PTX).
 MAX_REGISTERS = 255
@@ -289,10 +289,15 @@ def _replace(op: Any) -> None:
         a_at, b_at = stager.buffers
         a_prefix = b_prefix = [stager.warp, stage]
         a_col = b_row = origins[0]
-    rows = {i: build.fragment(a_at, places["a"], lane, (origins[i], a_col), vectors["a"],
-                              a_prefix) for i in sorted({i for i, _ in tiles})}  # fmt: skip
-    cols = {j: build.fragment(b_at, places["b"], lane, (b_row, origins[j]), vectors["b"],
-                              b_prefix) for j in sorted({j for _, j in tiles})}  # fmt: skip
+    row_origins = {i: origins[i] for i in sorted({i for i, _ in tiles})}
+    col_origins = {j: origins[j] for j in sorted({j for _, j in tiles})}
+    if stager is not None and shape == HALF_SHAPE:  # ldmatrix from the staged tiles
+        rows, cols = stager.ldmatrix_fragments(a_prefix[1], row_origins, col_origins)
+    else:
+        rows = {i: build.fragment(a_at, places["a"], lane, (at, a_col), vectors["a"], a_prefix)
+                for i, at in row_origins.items()}  # fmt: skip
+        cols = {j: build.fragment(b_at, places["b"], lane, (b_row, at), vectors["b"], b_prefix)
+                for j, at in col_origins.items()}  # fmt: skip
     attrs = {"mmaShape": ir.ArrayAttr.get([ir.IntegerAttr.get(
         ir.IntegerType.get_signless(64), d) for d in shape])}  # fmt: skip
     if shape == TF32_SHAPE:

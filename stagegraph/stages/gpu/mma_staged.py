@@ -119,6 +119,39 @@ class Stager:
             dialect("nvgpu").DeviceAsyncWaitOp(group, numGroups=pending, ip=self.build.point)
         self.barrier()
 
+    def ldmatrix_fragments(self, stage: Any, rows: dict[int, Any], cols: dict[int, Any]
+                           ) -> tuple[dict[int, Any], dict[int, Any]]:  # fmt: skip
+        """The f16/bf16 A fragments (one per 16-row origin in ``rows``) and B fragments (one
+        per 8-column origin in ``cols``) of ``stage`` by ``ldmatrix``: A as four 8x8
+        matrices (rows 0-7/8-15 by columns 0-7/8-15, in the register order of
+        ``mma.m16n8k16``), lane ``l`` naming row ``l % 16`` of column block ``l / 16``; B as
+        two transposed 8x8 matrices (K rows 0-7 and 8-15), lane ``l`` naming K row
+        ``l % 16``."""
+        from stagegraph.mlir.bindings import dialect
+
+        build, ir, nvgpu = self.build, self.ir, dialect("nvgpu")
+        lane = self.lane
+        a_row = build.op("arith.remui", [build.index], [lane, build.const(16)])
+        a_col = build.op("arith.divui", [build.index], [lane, build.const(16)])
+        a_col = build.op("arith.muli", [build.index], [a_col, build.const(8)])
+        with build.location:
+            a_type = ir.VectorType.get([4, 2], self.kind)
+            b_type = ir.VectorType.get([2, 2], self.kind)
+        a_frags, b_frags = {}, {}
+        a_buffer, b_buffer = self.buffers
+        for origin, at in rows.items():
+            row = build.op("arith.addi", [build.index], [at, a_row])
+            indices = [self.warp, stage, row, a_col]
+            with build.location:
+                load = nvgpu.LdMatrixOp(a_type, a_buffer, indices, False, 4, ip=build.point)
+            a_frags[origin] = load.result
+        for origin, at in cols.items():
+            indices = [self.warp, stage, a_row, at]
+            with build.location:
+                load = nvgpu.LdMatrixOp(b_type, b_buffer, indices, True, 2, ip=build.point)
+            b_frags[origin] = load.result
+        return a_frags, b_frags
+
     def barrier(self) -> None:
         self.build.op("gpu.barrier", [], [])
 
