@@ -30,9 +30,18 @@ def _row_aligned(memref_type: Any, element_bytes: int) -> bool:
     return inner == 1 and 0 < row < 2**62 and (row * element_bytes) % CHUNK_BYTES == 0
 
 
+def padded_shapes(wm: int, wn: int, bk: int, element_bytes: int) -> tuple[tuple[int, int], ...]:
+    """The A (``wm x bk``) and B (``bk x wn``) stage buffers, each row padded by one
+    16-byte chunk: the eight 16-byte rows an ``ldmatrix`` phase reads then fall in
+    distinct banks (a row of 32 or 128 bytes would put two of them in the same banks)."""
+    pad = CHUNK_BYTES // element_bytes
+    return (wm, bk + pad), (bk, wn + pad)
+
+
 def shared_bytes(wm: int, wn: int, bk: int, element_bytes: int, warps: int) -> int:
-    """Shared memory of one block: every warp's two stages of A and B tiles."""
-    return warps * STAGES * (wm + wn) * bk * element_bytes
+    """Shared memory of one block: every warp's two stages of (padded) A and B tiles."""
+    (am, ak), (bkr, bn) = padded_shapes(wm, wn, bk, element_bytes)
+    return warps * STAGES * (am * ak + bkr * bn) * element_bytes
 
 
 def can_stage(a: Any, b: Any, wm: int, wn: int, bk: int, warps: int) -> bool:
@@ -64,8 +73,9 @@ class Stager:
         self.shapes = ((wm, bk), (bk, wn))
         with build.location:
             space = ir.Attribute.parse("#gpu.address_space<workgroup>")
+            size = CHUNK_BYTES // self.lanes
             types = [ir.MemRefType.get([warps, STAGES, *s], self.kind, memory_space=space)
-                     for s in self.shapes]  # fmt: skip
+                     for s in padded_shapes(wm, wn, bk, size)]  # fmt: skip
         self.buffers = [build.op("memref.alloc", [t], [], operandSegmentSizes=ir.DenseI32ArrayAttr
                                  .get([0, 0])) for t in types]  # fmt: skip
         tid = build.op("gpu.thread_id", [build.index], [],

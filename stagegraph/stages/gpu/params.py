@@ -193,7 +193,11 @@ def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) ->
     m, n, _ = op.loop_ranges[-3:]
     shape = tuple(p.mma)
     warps = WARP_GRID[0] * WARP_GRID[1]
-    per_row = shared_bytes(1, 1, shape[2], byte_size(op.inputs[0].dtype, 2), warps)
+    size = byte_size(op.inputs[0].dtype, 2)
+    # shared_bytes is affine in (wm, wn) = (tile_m, tile_n) / 2: its value at 0 and slopes.
+    base = shared_bytes(0, 0, shape[2], size, warps)
+    per_m = shared_bytes(1, 0, shape[2], size, warps) - base
+    per_n = shared_bytes(0, 1, shape[2], size, warps) - base
     return {
         f"tile_m_divides_m={m}": m % p.tile_m == 0,
         f"tile_n_divides_n={n}": n % p.tile_n == 0,
@@ -201,10 +205,11 @@ def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) ->
         "warp_cols_whole_instructions": p.tile_n % (WARP_GRID[1] * shape[1]) == 0,
         "fragments_fit_registers": p.tile_m * p.tile_n + 16 * p.tile_m + 16 * p.tile_n
         <= 128 * register_budget(target.registers_per_block),
-        # Every warp's cp.async stages of its A and B tiles (gpu.mma_staged): linear in
-        # wm + wn = (tile_m + tile_n) / 2, and per_row is for wm + wn = 2: times 4.
-        f"staging_fits_shared={STATIC_SHARED_BYTES}B": (p.tile_m + p.tile_n) * per_row
-        <= 4 * STATIC_SHARED_BYTES,
+        # Every warp's cp.async stages of its A and B tiles (gpu.mma_staged), times 2.
+        f"staging_fits_shared={STATIC_SHARED_BYTES}B": 2 * base
+        + p.tile_m * per_m
+        + p.tile_n * per_n
+        <= 2 * STATIC_SHARED_BYTES,
     }
 
 
