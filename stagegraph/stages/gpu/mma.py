@@ -1,14 +1,16 @@
 """Tensor-core matmuls (``mma.sync``, sm_80 and up) for the GPU graph.
 
 A ``linalg.matmul`` whose inputs are f16 or bf16 and whose output is f32 (or all f32 with
-the ``tf32`` param on, which rounds the inputs to TF32 and so changes results) is tiled
-three times by the schedule: to a ``forall`` over blocks, inside it a ``forall`` over the
-block's warps (``#gpu.warp`` linear mapping), and inside each warp to ``scf.for`` loops
-whose body is one instruction-sized matmul (16x8x16 for f16/bf16, 16x8x8 for TF32),
-annotated with :data:`MMA_ATTR`. After bufferization :func:`rewrite_mma` replaces each
-annotated matmul by the loads of this lane's fragment elements (the PTX ISA's fragment
-layouts, indexed by ``gpu.lane_id``), one ``nvgpu.mma.sync`` and the stores of the
-accumulator fragment; ``convert-nvgpu-to-nvvm`` lowers it to the ``llvm.nvvm.mma`` intrinsic.
+the ``tf32`` param on, which rounds the inputs to TF32 and so changes results; a
+``linalg.batch_matmul`` likewise, its batch index on the grid) is tiled twice by the
+schedule: to a ``forall`` over blocks and inside it a ``forall`` over the block's 2x2
+warps (``#gpu.warp`` linear mapping); each warp's matmul is annotated with
+:data:`MMA_ATTR`. After bufferization :func:`rewrite_mma` replaces it by this lane's
+fragments of C (the PTX ISA's fragment layouts, indexed by ``gpu.lane_id``), a loop over K
+(16 for f16/bf16, 8 for TF32 per step) that carries them as loop values and issues one
+``nvgpu.mma.sync`` per 16x8 of C, and the stores of C after it; ``convert-nvgpu-to-nvvm``
+lowers it to the ``llvm.nvvm.mma`` intrinsic (which llvmlite's LLVM prints as
+``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`` and the like; ptxas takes it).
 
 Why not ``transform.nvgpu.rewrite_matmul_as_mma_sync``: it handles only f16 x f16 -> f16
 and f32 (TF32) matmuls, not f16/bf16 inputs with f32 accumulation, which is what users run.
@@ -23,7 +25,7 @@ from typing import Any
 
 from stagegraph.stages.analysis import OpFacts
 
-#: Marks the instruction-sized matmuls the schedule leaves for :func:`rewrite_mma`.
+#: Marks the warp-level matmuls the schedule leaves for :func:`rewrite_mma`.
 MMA_ATTR = "stagegraph.gpu_mma"
 #: Instruction shapes (m, n, k) by input element type.
 HALF_SHAPE = (16, 8, 16)
