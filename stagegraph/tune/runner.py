@@ -90,7 +90,9 @@ class Problem:
         edges = self.graph.in_edges(select.name)
         inputs = {e.dst_port: result.value(e.src, e.src_port) for e in edges}
         self.facts = next((v for v in inputs.values() if isinstance(v, PayloadFacts)), None)
-        self.target = next((v for v in inputs.values() if isinstance(v, Target)), None)
+        # A CPU Target, else what the params stage takes as ``target`` (the GPU's facts).
+        self.target = next((v for v in inputs.values() if isinstance(v, Target)),
+                           inputs.get("target"))  # fmt: skip
         self.base = result.value(select.name, port.name)
         self.params_model = f"{port.type.__module__}:{port.type.__qualname__}"
         self.space = build_space(

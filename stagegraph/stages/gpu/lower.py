@@ -24,7 +24,7 @@ KERNEL_TO_NVVM = (
     "gpu.module(math-expand-ops{ops=fpowi},"
     "convert-vector-to-scf{full-unroll=true target-rank=1},canonicalize,"
     "expand-strided-metadata,lower-affine,convert-scf-to-cf,"
-    "convert-vector-to-llvm{use-vector-alignment=true},"
+    "convert-vector-to-llvm{use-vector-alignment=true},convert-nvgpu-to-nvvm,"
     "convert-gpu-to-nvvm{index-bitwidth=64},canonicalize,cse,reconcile-unrealized-casts)"
 )
 LOOPS = "func.func(convert-linalg-to-loops)"
@@ -137,8 +137,11 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     from stagegraph.mlir.functions import payload_functions, select_entry
     from stagegraph.stages.common.passes import run_pipeline
     from stagegraph.stages.gpu.host_kernels import sink_constants, wrap_host_work
+    from stagegraph.stages.gpu.mma import rewrite_mma
+    from stagegraph.stages.gpu.mma_staged import allocs_to_globals
 
     with module.ir.context:
+        rewrite_mma(module.ir)
         params = schedule_leftovers(module.ir, params)
         map_to_gpu(module.ir, params)
     run_pipeline(module, LOOPS)
@@ -147,5 +150,7 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
         wrap_host_work(entry)
         sink_constants(entry)
     run_pipeline(module, OUTLINE)
+    with module.ir.context:
+        allocs_to_globals(module.ir)
     run_pipeline(module, config.kernel_pipeline)
     return module

@@ -34,19 +34,31 @@ class KernelPlan(Params):
     thread_tile: tuple[int, ...] = ()
     threads: tuple[int, ...] = ()  # block dims (x, y) the thread tiles span
     vector: int = 1  # elements per thread along thread x, loaded as one vector
+    mma: tuple[int, ...] = ()  # the mma.sync instruction shape (m, n, k): a tensor-core op
+    tile_m: int = Field(0, ge=0, le=256)  # a tensor-core op's block tile (rows, columns of C)
+    tile_n: int = Field(0, ge=0, le=256)
 
     @property
     def mapped(self) -> bool:
         """Whether the op has parallel work for blocks or threads (else one thread runs it)."""
-        return any(self.block_tile) or any(self.thread_tile)
+        return bool(self.mma) or any(self.block_tile) or any(self.thread_tile)
 
 
 class GpuParams(Params):
     """``threads_per_block``: the most threads a kernel's block gets (a multiple of the
-    warp size); ``kernels``: one plan per linalg op of the entry, in program order."""
+    warp size); ``kernels``: one plan per linalg op of the entry, in program order;
+    ``tf32``: f32 matmuls on tensor cores through TF32 (off by default: it rounds the
+    inputs to 10 mantissa bits, so results change); ``tensor_cores``: off puts every
+    matmul on the SIMT path (to compare the two)."""
 
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
+    tf32: bool = False
+    tensor_cores: bool = True
     kernels: tuple[KernelPlan, ...] = ()
+
+    def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list:
+        """What a tuner varies: the block tile of each tensor-core kernel."""
+        return gpu_tuning_sites(self, facts, per_op)
 
 
 def largest_divisor(n: int, limit: int) -> int:
@@ -112,6 +124,24 @@ def plan_op(op: OpFacts, threads_per_block: int, vector: int = 1) -> KernelPlan:
     )
 
 
+def plan_mma(op: OpFacts, target: GpuTarget, tf32: bool) -> KernelPlan | None:
+    """A tensor-core plan (:mod:`stagegraph.stages.gpu.mma`) for a matmul that takes one on
+    ``target`` (sm_80 and up), or None."""
+    from stagegraph.stages.gpu.mma import WARP_GRID, WARP_SIZE, block_tile, mma_shape
+
+    shape = mma_shape(op, tf32) if target.sm >= 80 else None
+    if shape is None:
+        return None
+    m, n, k = op.loop_ranges[-3:]
+    batches = op.loop_ranges[0] if len(op.loop_ranges) == 4 else 1
+    block = block_tile(m, n, k, shape, max(1, target.sm_count // batches))
+    if block is None:
+        return None
+    warps = WARP_GRID[0] * WARP_GRID[1]
+    return KernelPlan(op=op.index, name=op.name, threads=(warps * WARP_SIZE,), mma=shape,
+                      tile_m=block[0], tile_n=block[1])  # fmt: skip
+
+
 @stage("params", name="gpu.heuristic")
 def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfig) -> GpuParams:
     """Blocks and threads per op from the target's block limit and the ops' loop ranges."""
@@ -123,5 +153,73 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     )
     if "kernels" in config.overrides:
         return params
-    kernels = [plan_op(op, params.threads_per_block, vector_width(op)) for op in facts.ops]
+    kernels = [(params.tensor_cores and plan_mma(op, target, params.tf32))
+               or plan_op(op, params.threads_per_block, vector_width(op))
+               for op in facts.ops]  # fmt: skip
     return params.model_copy(update={"kernels": tuple(kernels)})
+
+
+# -- search space (read by the tuner through stagegraph.core.tunable) ---------------------
+
+#: The op kind the tensor-core declaration is looked up by.
+MMA_KIND = "mma_matmul"
+#: Block tile sizes a tuner tries for a tensor-core matmul (rows and columns alike).
+MMA_TILES = (16, 32, 64, 128, 256)
+
+
+def gpu_tuning_sites(params: GpuParams, facts: PayloadFacts, per_op: bool = False) -> list:
+    """One site per tensor-core kernel (its block tile); the SIMT mapping is not tuned."""
+    from stagegraph.core.tunable import TuningSite
+
+    ops = {op.index: op for op in facts.ops}
+    return [
+        TuningSite(f"op{plan.op}", ("kernels", i), KernelPlan, (ops[plan.op],),
+                   kind_of=lambda op: MMA_KIND)
+        for i, plan in enumerate(params.kernels) if plan.mma and plan.op in ops
+    ]  # fmt: skip
+
+
+def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) -> dict:
+    """The schedule's exact-tiling rules for a tensor-core matmul: the block tile divides C
+    and splits into the 2x2 warps' tiles of whole instructions (what
+    :func:`stagegraph.stages.gpu.mma.tile_fits` checks), the warp fragments within the
+    registers a thread may hold (:func:`~stagegraph.stages.gpu.mma.fragment_registers`,
+    multiplied through by 128 to stay free of division), and the cp.async stages within
+    static shared memory (:func:`~stagegraph.stages.gpu.mma_staged.shared_bytes`)."""
+    from stagegraph.dtypes import byte_size
+    from stagegraph.stages.gpu.mma import WARP_GRID, register_budget
+    from stagegraph.stages.gpu.mma_staged import STATIC_SHARED_BYTES, shared_bytes
+
+    m, n, _ = op.loop_ranges[-3:]
+    shape = tuple(p.mma)
+    warps = WARP_GRID[0] * WARP_GRID[1]
+    size = byte_size(op.inputs[0].dtype, 2)
+    # shared_bytes is affine in (wm, wn) = (tile_m, tile_n) / 2: its value at 0 and slopes.
+    base = shared_bytes(0, 0, shape[2], size, warps)
+    per_m = shared_bytes(1, 0, shape[2], size, warps) - base
+    per_n = shared_bytes(0, 1, shape[2], size, warps) - base
+    return {
+        f"tile_m_divides_m={m}": m % p.tile_m == 0,
+        f"tile_n_divides_n={n}": n % p.tile_n == 0,
+        "warp_rows_whole_instructions": p.tile_m % (WARP_GRID[0] * shape[0]) == 0,
+        "warp_cols_whole_instructions": p.tile_n % (WARP_GRID[1] * shape[1]) == 0,
+        "fragments_fit_registers": p.tile_m * p.tile_n + 16 * p.tile_m + 16 * p.tile_n
+        <= 128 * register_budget(target.registers_per_block),
+        # Every warp's cp.async stages of its A and B tiles (gpu.mma_staged), times 2.
+        f"staging_fits_shared={STATIC_SHARED_BYTES}B": 2 * base
+        + p.tile_m * per_m
+        + p.tile_n * per_n
+        <= 2 * STATIC_SHARED_BYTES,
+    }
+
+
+def _declare() -> None:
+    from stagegraph.core.tunable import Choice, declare_space
+
+    declare_space(
+        KernelPlan, MMA_KIND, {"tile_m": Choice(MMA_TILES), "tile_n": Choice(MMA_TILES)},
+        mma_space_rules, applies_to=lambda target: getattr(target, "sm", 0) >= 80,
+    )  # fmt: skip
+
+
+_declare()

@@ -67,6 +67,11 @@ def _tile(target: str, tiles: tuple[int, ...], mapping: list[str], out: str) -> 
 def kernel_script(plan: KernelPlan) -> str:
     """The transform ops that tile one op to blocks, then each block's piece to threads."""
     i = plan.op
+    if plan.mma:
+        from stagegraph.stages.gpu.mma import mma_script
+
+        batched = plan.name == "linalg.batch_matmul"
+        return mma_script(i, (plan.tile_m, plan.tile_n), OP_ATTR, batched)
     text = _match(f"%op{i}", i)
     text += _tile(f"%op{i}", plan.block_tile, block_mapping(plan.block_tile), f"%blocks{i}")
     # The block forall carries its op's index too (vectorizing replaces the op itself).

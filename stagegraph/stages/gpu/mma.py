@@ -1,0 +1,323 @@
+"""Tensor-core matmuls (``mma.sync``, sm_80 and up) for the GPU graph.
+
+A ``linalg.matmul`` whose inputs are f16 or bf16 and whose output is f32 (or all f32 with
+the ``tf32`` param on, which rounds the inputs to TF32 and so changes results; a
+``linalg.batch_matmul`` likewise, its batch index on the grid) is tiled twice by the
+schedule: to a ``forall`` over blocks and inside it a ``forall`` over the block's 2x2
+warps (``#gpu.warp`` linear mapping); each warp's matmul is annotated with
+:data:`MMA_ATTR`. After bufferization :func:`rewrite_mma` replaces it by this lane's
+fragments of C (the PTX ISA's fragment layouts, indexed by ``gpu.lane_id``), a loop over K
+(16 for f16/bf16, 8 for TF32 per step) that carries them as loop values and issues one
+``nvgpu.mma.sync`` per 16x8 of C, and the stores of C after it; ``convert-nvgpu-to-nvvm``
+lowers it to the ``llvm.nvvm.mma`` intrinsic (which llvmlite's LLVM prints as
+``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32`` and the like; ptxas takes it).
+
+Why not ``transform.nvgpu.rewrite_matmul_as_mma_sync``: it handles only f16 x f16 -> f16
+and f32 (TF32) matmuls, not f16/bf16 inputs with f32 accumulation, which is what users run.
+Where the tiles' rows are whole 16-byte chunks, each warp stages its A and B tiles through
+shared memory with ``cp.async`` (:mod:`stagegraph.stages.gpu.mma_staged`); elsewhere the
+fragments are read from global memory.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagegraph.stages.analysis import OpFacts
+
+#: Marks the warp-level matmuls the schedule leaves for :func:`rewrite_mma`.
+MMA_ATTR = "stagegraph.gpu_mma"
+#: Instruction shapes (m, n, k) by input element type.
+HALF_SHAPE = (16, 8, 16)
+TF32_SHAPE = (16, 8, 8)
+WARP_SIZE = 32
+#: The named ops taken (default indexing maps; a batch matmul's batch loop goes to blocks).
+MATMULS = ("linalg.matmul", "linalg.batch_matmul")
+#: Block tiles (m, n) tried largest first; each block has a 2x2 grid of warps.
+BLOCK_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (64, 32), (32, 64), (32, 32),
+               (32, 16))  # fmt: skip
+WARP_GRID = (2, 2)
+
+
+def mma_shape(op: OpFacts, tf32: bool = False) -> tuple[int, int, int] | None:
+    """The ``mma.sync`` instruction shape for ``op``, or None where it takes none: a plain
+    ``linalg.matmul`` or ``linalg.batch_matmul`` of f16/bf16 inputs (both the same) into
+    f32, or f32 when ``tf32``."""
+    if op.name not in MATMULS or len(op.inputs) != 2 or len(op.outputs) != 1:
+        return None
+    ins = {v.dtype for v in op.inputs}
+    if op.outputs[0].dtype != "f32" or len(ins) != 1:
+        return None
+    (dtype,) = ins
+    if dtype in ("f16", "bf16"):
+        return HALF_SHAPE
+    if dtype == "f32" and tf32:
+        return TF32_SHAPE
+    return None
+
+
+#: Registers per thread kept for addresses, indices and the loop (ptxas's count beyond the
+#: fragments at 128x128 tiles with cp.async staging and ldmatrix: 205 - 160).
+REGISTER_RESERVE = 64
+#: The most registers one thread may use (PTX).
+MAX_REGISTERS = 255
+
+
+def fragment_registers(tile_m: int, tile_n: int) -> int:
+    """32-bit registers per thread for a block tile's warp fragments (2x2 warps): four f32
+    accumulators per 16x8 of C, four A registers per 16 rows, two B registers per 8
+    columns (the same counts for f16/bf16 and TF32)."""
+    wm, wn = tile_m // WARP_GRID[0], tile_n // WARP_GRID[1]
+    return (wm // 16) * (wn // 8) * 4 + (wm // 16) * 4 + (wn // 8) * 2
+
+
+def register_budget(registers_per_block: int) -> int:
+    """Fragment registers a thread of a 128-thread block may hold."""
+    threads = WARP_GRID[0] * WARP_GRID[1] * WARP_SIZE
+    return min(MAX_REGISTERS, registers_per_block // threads) - REGISTER_RESERVE
+
+
+def tile_fits(m: int, n: int, k: int, shape: tuple[int, int, int], tile: tuple[int, int]) -> bool:
+    """Whether block tile ``tile`` divides (m, n) into whole warp tiles of whole instructions
+    (the schedule's tiles must divide exactly: the GPU mapping needs static trip counts)."""
+    bm, bn = tile
+    wm, wn = bm // WARP_GRID[0], bn // WARP_GRID[1]
+    return (k % shape[2] == 0 and bm > 0 and bn > 0 and m % bm == 0 and n % bn == 0
+            and bm % WARP_GRID[0] == 0 and bn % WARP_GRID[1] == 0
+            and wm % shape[0] == 0 and wn % shape[1] == 0)  # fmt: skip
+
+
+def block_tile(m: int, n: int, k: int, shape: tuple[int, int, int],
+               sm_count: int) -> tuple[int, int] | None:  # fmt: skip
+    """The block tile for a (m, n, k) matmul on a GPU of ``sm_count`` SMs: the largest of
+    :data:`BLOCK_TILES` that fits and still gives every SM a block, else (a small matmul)
+    the fitting one with the most blocks; None when none fits (the op stays SIMT)."""
+    fitting = [t for t in BLOCK_TILES if tile_fits(m, n, k, shape, t)]
+    if not fitting:
+        return None
+    filling = [t for t in fitting if (m // t[0]) * (n // t[1]) >= sm_count]
+    if filling:
+        return filling[0]
+    return max(fitting, key=lambda t: (m // t[0]) * (n // t[1]))
+
+
+def mma_script(op: int, block: tuple[int, int], attr: str, batched: bool = False) -> str:
+    """Transform ops for op ``op`` (matched by ``attr``): tiled to blocks (a batch matmul's
+    batch index too), then warps; the warp-level matmul is annotated for :func:`rewrite_mma`."""
+    any_op = "!transform.any_op"
+    tiled = f"({any_op}) -> ({any_op}, {any_op})"
+    bm, bn = block
+    wm, wn = bm // WARP_GRID[0], bn // WARP_GRID[1]
+    blocks = "#gpu.block<linear_dim_1>, #gpu.block<linear_dim_0>"
+    warps = "#gpu.warp<linear_dim_1>, #gpu.warp<linear_dim_0>"
+    batch_block, batch_warp = ("1, ", "0, ") if batched else ("", "")
+    if batched:
+        blocks = "#gpu.block<linear_dim_2>, " + blocks
+    return (
+        f"    %mm{op} = transform.structured.match attributes{{{attr} = {op} : i64}} "
+        f"in %root : ({any_op}) -> {any_op}\n"
+        f"    %mb{op}_op, %mb{op} = transform.structured.tile_using_forall %mm{op} "
+        f"tile_sizes [{batch_block}{bm}, {bn}, 0] (mapping = [{blocks}]) : {tiled}\n"
+        f"    %mi{op} = transform.param.constant {op} : i64 -> !transform.param<i64>\n"
+        f'    transform.annotate %mb{op} "{attr}" = %mi{op} : {any_op}, !transform.param<i64>\n'
+        f"    %mw{op}_op, %mw{op} = transform.structured.tile_using_forall %mb{op}_op "
+        f"tile_sizes [{batch_warp}{wm}, {wn}, 0] (mapping = [{warps}]) : {tiled}\n"
+        f'    transform.annotate %mw{op}_op "{MMA_ATTR}" : {any_op}\n'
+    )
+
+
+#: One element's place in its tile: ``(row_g, row_t, row_c, col_g, col_t, col_c)`` means
+#: row = ``row_g*g + row_t*t + row_c`` and col likewise, with ``g = lane / 4, t = lane % 4``.
+Place = tuple[int, int, int, int, int, int]
+
+
+def fragment_places(shape: tuple[int, int, int]) -> dict[str, list[Place]]:
+    """Per operand (``a``: m x k, ``b``: k x n, ``c``: m x n), where each element of one
+    lane's fragment sits in the tile, in register order (the PTX ISA's ``mma.m16n8k16`` and
+    ``mma.m16n8k8`` TF32 layouts)."""
+    if shape == HALF_SHAPE:  # A 4 regs x 2 halves, B 2 x 2
+        a = [(1, 0, 8 * (i % 2), 0, 2, 8 * (i // 2) + j) for i in range(4) for j in range(2)]
+        b = [(0, 2, 8 * i + j, 1, 0, 0) for i in range(2) for j in range(2)]
+    else:  # TF32 m16n8k8: A 4 x 1, B 2 x 1
+        a = [(1, 0, 8 * (i % 2), 0, 1, 4 * (i // 2)) for i in range(4)]
+        b = [(0, 1, 4 * i, 1, 0, 0) for i in range(2)]
+    c = [(1, 0, 8 * i, 0, 2, j) for i in range(2) for j in range(2)]
+    return {"a": a, "b": b, "c": c}
+
+
+def fragment_vector_shapes(shape: tuple[int, int, int]) -> dict[str, tuple[int, int]]:
+    """The ``nvgpu.mma.sync`` operand vector shapes (registers x elements per register)."""
+    per = 2 if shape == HALF_SHAPE else 1
+    return {"a": (4, per), "b": (2, per), "c": (2, 2)}
+
+
+def lane_places(shape: tuple[int, int, int]) -> dict[str, list[list[tuple[int, int]]]]:
+    """For each operand and lane, the (row, col) of each element it holds: what the rewrite
+    loads and stores, for checking that the lanes cover each tile exactly once."""
+    out: dict[str, list[list[tuple[int, int]]]] = {}
+    for name, places in fragment_places(shape).items():
+        out[name] = [
+            [(rg * (lane // 4) + rt * (lane % 4) + rc, cg * (lane // 4) + ct * (lane % 4) + cc)
+             for rg, rt, rc, cg, ct, cc in places]
+            for lane in range(WARP_SIZE)
+        ]  # fmt: skip
+    return out
+
+
+def rewrite_mma(module: Any) -> int:
+    """Replace every matmul annotated :data:`MMA_ATTR` (on memrefs, one instruction's
+    tile, inside a warp) by fragment loads, one ``nvgpu.mma.sync`` and the accumulator's
+    stores; returns how many. The TF32 form is taken where the inputs are f32."""
+    from stagegraph.mlir.walk import collect
+
+    ops = collect(module, lambda op: MMA_ATTR in op.attributes)
+    for op in ops:
+        _replace(op)
+    return len(ops)
+
+
+class _Builder:
+    """Creates ops at an insertion point (before an op, or at the end of a loop body)
+    through the generic builder (no dialect wrappers)."""
+
+    def __init__(self, at: Any) -> None:
+        from stagegraph.mlir.bindings import ir
+
+        self.ir, self.location = ir, at.location
+        self.point = ir.InsertionPoint(at)
+        self.index = ir.IndexType.get(at.context)
+
+    def op(self, name: str, results: list[Any], operands: list[Any], **attrs: Any) -> Any:
+        ir = self.ir
+        with self.point, self.location:
+            made = ir.Operation.create(name, results=results, operands=operands,
+                                       attributes=attrs)  # fmt: skip
+        return made.results[0] if results else None
+
+    def batch(self, memref: Any) -> list[Any]:
+        """Index 0 for each leading (unit) batch dim of a batch matmul's warp-level operand."""
+        return [self.const(0)] * (self.ir.MemRefType(memref.type).rank - 2)
+
+    def const(self, value: int) -> Any:
+        return self.op("arith.constant", [self.index], [],
+                       value=self.ir.IntegerAttr.get(self.index, value))  # fmt: skip
+
+    def affine(self, g: Any, t: Any, place: tuple[int, int, int], base: Any = None) -> Any:
+        """``g_coef*g + t_coef*t + const (+ base)`` as index arithmetic."""
+        g_coef, t_coef, const = place
+        total = self.const(const)
+        for value, coef in ((g, g_coef), (t, t_coef)):
+            if coef:
+                term = self.op("arith.muli", [self.index], [value, self.const(coef)])
+                total = self.op("arith.addi", [self.index], [total, term])
+        if base is not None:
+            total = self.op("arith.addi", [self.index], [total, base])
+        return total
+
+    def fragment(self, memref: Any, places: list[Place], lane: tuple[Any, Any],
+                 origin: tuple[Any, Any], shape: tuple[int, int],
+                 prefix: list[Any] | None = None) -> Any:  # fmt: skip
+        """This lane's fragment of the tile of ``memref`` at ``origin`` (after the
+        ``prefix`` indices: a batch's 0, or a staging buffer's warp and stage), a vector."""
+        ir = self.ir
+        kind = ir.MemRefType(memref.type).element_type
+        loads = []
+        for rg, rt, rc, cg, ct, cc in places:
+            row = self.affine(*lane, (rg, rt, rc), origin[0])
+            col = self.affine(*lane, (cg, ct, cc), origin[1])
+            indices = [*(self.batch(memref) if prefix is None else prefix), row, col]
+            loads.append(self.op("memref.load", [kind], [memref, *indices]))
+        with self.location:  # a type's checks report at a location
+            vector = ir.VectorType.get(list(shape), kind)
+        return self.op("vector.from_elements", [vector], loads)
+
+
+def _stager(build: _Builder, a: Any, b: Any, tile: tuple[int, int, int], lane: Any) -> Any:
+    """The cp.async staging of this warp's tiles (None where they cannot be staged)."""
+    from stagegraph.stages.gpu.mma_staged import Stager, can_stage
+
+    wm, wn, bk = tile
+    warps = WARP_GRID[0] * WARP_GRID[1]
+    if not can_stage(a, b, wm, wn, bk, warps):
+        return None
+    return Stager(build, a, b, wm, wn, bk, warps, lane)
+
+
+def _next_step(build: _Builder, stager: Any, kk: Any, k: int) -> Any:
+    """In the loop body at K offset ``kk``: copy the next step (the last one again at the
+    end, into the free stage), wait for this one; returns this step's stage."""
+    bk = stager.bk
+    step = build.op("arith.divui", [build.index], [kk, build.const(bk)])
+    stage = build.op("arith.remui", [build.index], [step, build.const(2)])
+    following = build.op("arith.addi", [build.index], [kk, build.const(bk)])
+    following = build.op("arith.minui", [build.index], [following, build.const(k - bk)])
+    other = build.op("arith.subi", [build.index], [build.const(1), stage])
+    stager.wait(stager.copy_step(following, other), 1)
+    return stage
+
+
+def _replace(op: Any) -> None:
+    """One warp's ``wm x wn x K`` matmul: C's fragments loaded once, a loop over K whose
+    body loads the A and B fragments (each reused across the warp tile) and issues one
+    ``mma.sync`` per (16 x 8) fragment of C, carried as loop values, stored once."""
+    from stagegraph.mlir.bindings import dialect
+
+    build = _Builder(op)
+    ir, scf = build.ir, dialect("scf")
+    a, b, c = (op.operands[i] for i in range(3))
+    element = ir.MemRefType(a.type).element_type
+    shape = TF32_SHAPE if isinstance(element, ir.F32Type) else HALF_SHAPE
+    (wm, k), wn = ir.MemRefType(a.type).shape[-2:], ir.MemRefType(b.type).shape[-1]
+    places, vectors = fragment_places(shape), fragment_vector_shapes(shape)
+    lane_id = build.op("gpu.lane_id", [build.index], [])
+    lane = (build.op("arith.divui", [build.index], [lane_id, build.const(4)]),
+            build.op("arith.remui", [build.index], [lane_id, build.const(4)]))  # fmt: skip
+    tiles = [(i, j) for i in range(0, wm, shape[0]) for j in range(0, wn, shape[1])]
+    origins = {v: build.const(v) for v in {0, *(i for i, _ in tiles), *(j for _, j in tiles)}}
+    acc = [build.fragment(c, places["c"], lane, (origins[i], origins[j]), vectors["c"])
+           for i, j in tiles]  # fmt: skip
+    stager = _stager(build, a, b, (wm, wn, shape[2]), lane_id)
+    if stager is not None:
+        stager.copy_step(origins[0], origins[0])
+    with build.location:
+        loop = scf.ForOp(origins[0], build.const(k), build.const(shape[2]), acc, ip=build.point)
+    outer, build.point = build.point, ir.InsertionPoint(loop.body)
+    kk = loop.induction_variable
+    if stager is None:
+        a_at, b_at, a_prefix, b_prefix = a, b, None, None
+        a_col, b_row = kk, kk
+    else:
+        stage = _next_step(build, stager, kk, k)
+        a_at, b_at = stager.buffers
+        a_prefix = b_prefix = [stager.warp, stage]
+        a_col = b_row = origins[0]
+    row_origins = {i: origins[i] for i in sorted({i for i, _ in tiles})}
+    col_origins = {j: origins[j] for j in sorted({j for _, j in tiles})}
+    if stager is not None and shape == HALF_SHAPE:  # ldmatrix from the staged tiles
+        rows, cols = stager.ldmatrix_fragments(a_prefix[1], row_origins, col_origins)
+    else:
+        rows = {i: build.fragment(a_at, places["a"], lane, (at, a_col), vectors["a"], a_prefix)
+                for i, at in row_origins.items()}  # fmt: skip
+        cols = {j: build.fragment(b_at, places["b"], lane, (b_row, at), vectors["b"], b_prefix)
+                for j, at in col_origins.items()}  # fmt: skip
+    attrs = {"mmaShape": ir.ArrayAttr.get([ir.IntegerAttr.get(
+        ir.IntegerType.get_signless(64), d) for d in shape])}  # fmt: skip
+    if shape == TF32_SHAPE:
+        attrs["tf32Enabled"] = ir.UnitAttr.get()
+    results = [build.op("nvgpu.mma.sync", [value.type], [rows[i], cols[j], value], **attrs)
+               for (i, j), value in zip(tiles, loop.inner_iter_args, strict=True)]  # fmt: skip
+    if stager is not None:
+        stager.barrier()  # every lane has read this stage before it is copied over
+    build.op("scf.yield", [], results)
+    build.point = outer
+    if stager is not None:
+        stager.wait(stager.first, 0)
+    f32 = ir.MemRefType(c.type).element_type
+    for (i, j), value in zip(tiles, loop.results, strict=True):
+        for n, (rg, rt, rc, cg, ct, cc) in enumerate(places["c"]):
+            item = build.op("vector.extract", [f32], [value],
+                            static_position=ir.DenseI64ArrayAttr.get([n // 2, n % 2]))  # fmt: skip
+            row = build.affine(*lane, (rg, rt, rc), origins[i])
+            col = build.affine(*lane, (cg, ct, cc), origins[j])
+            build.op("memref.store", [], [item, c, *build.batch(c), row, col])
+    op.erase()
