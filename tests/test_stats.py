@@ -189,3 +189,35 @@ def test_repeats_that_disagree_beyond_the_bound_are_not_trusted():
     assert not wide.trustworthy
     assert wide.warning == "3 processes read 0.90-1.08 (max/min 1.20, bound 1.10)"
     assert not assess_repeats([0.0, 1.0]).trustworthy  # a zero ratio is no agreement
+
+
+def test_interleaved_samples_alternate_the_variants_until_done():
+    from stagegraph.runtime.stats import interleaved_samples
+
+    calls: list[tuple[str, int]] = []
+
+    def variant(name: str, value: float):
+        def measure(count: int) -> np.ndarray:
+            calls.append((name, count))
+            return np.full(count, value)
+
+        return measure
+
+    a, b = interleaved_samples(
+        (variant("a", 1.0), variant("b", 2.0)), 3, lambda samples, _spent: samples[0].size >= 9
+    )
+    assert calls == [("a", 3), ("b", 3)] * 3  # one batch of each per round, a first
+    assert a.tolist() == [1.0] * 9 and b.tolist() == [2.0] * 9
+
+
+def test_interleaved_samples_pass_the_time_spent_to_the_stop_rule():
+    from stagegraph.runtime.stats import interleaved_samples
+
+    seen: list[float] = []
+
+    def done(samples: list[np.ndarray], spent: float) -> bool:
+        seen.append(spent)
+        return len(seen) == 2
+
+    interleaved_samples((lambda n: np.ones(n),), 1, done)
+    assert len(seen) == 2 and 0 <= seen[0] <= seen[1]

@@ -295,7 +295,7 @@ def compare(
     threads: int | None = None,
 ) -> Comparison:
     """Interleave batches of ``a`` and ``b`` so machine noise hits both alike."""
-    from stagegraph.runtime.stats import Trust, assess_ratio, ratio
+    from stagegraph.runtime.stats import Trust, assess_ratio, interleaved_samples, ratio
 
     first_a = float(a.measure(1, warmup=options.warmup)[0])
     first_b = float(b.measure(1, warmup=options.warmup)[0])
@@ -303,21 +303,23 @@ def compare(
     multi_threaded = effective_threads(threads) > 1
     settle = options.settle_s if multi_threaded else 0.0
     rewarm_a, rewarm_b = (rewarm_calls(first_a), rewarm_calls(first_b)) if settle else (0, 0)
-    chunks_a, chunks_b = [], []
-    begin = time.perf_counter()
-    while True:
-        time.sleep(settle)
-        chunks_a.append(a.measure(batch, warmup=rewarm_a))
-        time.sleep(settle)
-        chunks_b.append(b.measure(batch, warmup=rewarm_b))
-        xa, xb = np.concatenate(chunks_a), np.concatenate(chunks_b)
-        r = ratio(xa, xb, paired=True)
-        spent = time.perf_counter() - begin
+
+    def settled(side: Any, rewarm: int) -> Callable[[int], np.ndarray]:
+        def measure(count: int) -> np.ndarray:
+            time.sleep(settle)
+            return side.measure(count, warmup=rewarm)
+
+        return measure
+
+    def done(samples: list[np.ndarray], spent: float) -> bool:
+        r = ratio(samples[0], samples[1], paired=True)
         tight = (r.high - r.low) / 2 <= options.rel_halfwidth * r.ratio
-        if (tight and xa.size >= options.repeat and spent >= options.min_time_s) or (
-            spent >= options.budget_s
-        ):
-            break
+        enough = tight and samples[0].size >= options.repeat and spent >= options.min_time_s
+        return enough or spent >= options.budget_s
+
+    measures = (settled(a, rewarm_a), settled(b, rewarm_b))
+    xa, xb = interleaved_samples(measures, batch, done)
+    r = ratio(xa, xb, paired=True)
     report_a, report_b = a.report(xa, threads), b.report(xb, threads)
     sides = tuple(
         Trust(trustworthy=bool(rep.trustworthy), warning=f"{rep.graph}: {rep.warning}")

@@ -236,6 +236,26 @@ def collect_samples(
         want = int(max(1, min(count, affordable, cap - count)))
 
 
+def interleaved_samples(
+    measures: Sequence[Callable[[int], np.ndarray]],
+    batch: int,
+    done: Callable[[list[np.ndarray], float], bool],
+) -> list[np.ndarray]:
+    """Call each of ``measures`` with ``batch`` in turn, round after round, until
+    ``done(samples, seconds spent)``: the one loop that times several variants side by
+    side, so that machine noise (another process, a frequency change) hits them alike
+    (``bench --vs``, the tuner's candidate against its baseline). Returns each variant's
+    samples, in the order of ``measures``."""
+    chunks: list[list[np.ndarray]] = [[] for _ in measures]
+    begin = time.perf_counter()
+    while True:
+        for measure, kept in zip(measures, chunks, strict=True):
+            kept.append(np.asarray(measure(batch), dtype=np.float64).ravel())
+        samples = [np.concatenate(kept) for kept in chunks]
+        if done(samples, time.perf_counter() - begin):
+            return samples
+
+
 def sample_until(measure: Callable[[int], np.ndarray], **options: Any) -> Stats:
     """:func:`collect_samples`, summarized (check ``stats.rel_halfwidth`` to see whether the
     target was met)."""

@@ -77,6 +77,7 @@ def interleaved_timer(
 ) -> Measured:
     """Time the benchmark wrappers of candidate and baseline in alternating chunks (nothing
     for a candidate that does not verify)."""
+    from stagegraph.runtime.stats import interleaved_samples
     from stagegraph.stages.common.bench_harness import bench_entry_name, run_benchmark
 
     if not verdict.ok:
@@ -86,11 +87,13 @@ def interleaved_timer(
     run_benchmark(baseline, bench, inputs, config.warmup, 1)
     run_benchmark(binary, bench, inputs, config.warmup, 1)
     chunk = max(1, config.samples // 4)
-    base, cand = [], []
-    for _ in range(4):
-        base += run_benchmark(baseline, bench, inputs, 0, chunk).tolist()
-        cand += run_benchmark(binary, bench, inputs, 0, chunk).tolist()
-    return Measured(Timing(samples=tuple(cand), baseline_samples=tuple(base)))
+    base, cand = interleaved_samples(
+        (lambda count: run_benchmark(baseline, bench, inputs, 0, count),
+         lambda count: run_benchmark(binary, bench, inputs, 0, count)),
+        chunk,
+        lambda samples, _spent: samples[0].size >= 4 * chunk,  # four rounds
+    )  # fmt: skip
+    return Measured(Timing(samples=tuple(cand.tolist()), baseline_samples=tuple(base.tolist())))
 
 
 #: Names of the nodes :func:`measuring_graph` adds.
