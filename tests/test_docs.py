@@ -12,7 +12,7 @@ import pytest
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
 SLOW = {"getting-started", "benchmarking", "tuning", "mpi"}
-NEEDS = {"from-pytorch": "torch"}  # pages whose examples need an extra
+NEEDS = {"from-pytorch": "torch", "gpu": "llvmlite"}  # pages whose examples need an extra
 PAGES = sorted([DOCS / "getting-started.md", *(DOCS / "guides").glob("*.md")])
 
 
