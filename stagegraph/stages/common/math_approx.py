@@ -24,6 +24,7 @@ PyTorch's speed with it). Absolute error below 5e-7 on all of f32, relative belo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 #: The clamp: beyond it tanh is 1 to f32 precision.
@@ -75,11 +76,14 @@ def _replace_f32(module: Any, name: str, build: Any) -> int:
     return count
 
 
-def _tanh(x: Any, value_type: Any, element: Any) -> Any:
-    """tanh(x) = x * P(x^2) / Q(x^2) on x clamped to +-_CLAMP; x itself where |x| < _TINY."""
-    from stagegraph.mlir.bindings import arith, dialect, ir
+def _odd_rational(
+    x: Any, value_type: Any, element: Any, clamp: float, alpha: tuple, beta: tuple
+) -> tuple[Any, Callable[[float], Any]]:
+    """``x P(x^2) / Q(x^2)`` on ``x`` clamped to ``+-clamp`` (the form of both the tanh and
+    the erf approximation), with FMA-contractible Horner steps; returns it and the builder
+    of constants of ``value_type``, for the caller's last step."""
+    from stagegraph.mlir.bindings import arith, ir
 
-    math = dialect("math")
     contract = ir.Attribute.parse("#arith.fastmath<contract>")  # let LLVM fuse into FMAs
 
     def const(value: float) -> Any:
@@ -95,10 +99,18 @@ def _tanh(x: Any, value_type: Any, element: Any) -> Any:
                              fastmath=contract)  # fmt: skip
         return acc
 
-    clamped = arith.minimumf(arith.maximumf(x, const(-_CLAMP)), const(_CLAMP))
+    clamped = arith.minimumf(arith.maximumf(x, const(-clamp)), const(clamp))
     square = arith.mulf(clamped, clamped, fastmath=contract)
-    numerator = arith.mulf(clamped, horner(square, _ALPHA), fastmath=contract)
-    ratio = arith.divf(numerator, horner(square, _BETA))
+    numerator = arith.mulf(clamped, horner(square, alpha), fastmath=contract)
+    return arith.divf(numerator, horner(square, beta)), const
+
+
+def _tanh(x: Any, value_type: Any, element: Any) -> Any:
+    """tanh(x) = x * P(x^2) / Q(x^2) on x clamped to +-_CLAMP; x itself where |x| < _TINY."""
+    from stagegraph.mlir.bindings import arith, dialect
+
+    math = dialect("math")
+    ratio, const = _odd_rational(x, value_type, element, _CLAMP, _ALPHA, _BETA)
     tiny = arith.cmpf(arith.CmpFPredicate.OLT, math.absf(x), const(_TINY))
     return arith.select(tiny, x, ratio)
 
@@ -183,26 +195,8 @@ def approximate_erf(module: Any) -> int:
 
 def _erf(x: Any, value_type: Any, element: Any) -> Any:
     """erf(x) = x P(x^2) / Q(x^2) on x clamped to +-_ERF_CLAMP, the result to [-1, 1]."""
-    from stagegraph.mlir.bindings import arith, ir
+    from stagegraph.mlir.bindings import arith
 
-    contract = ir.Attribute.parse("#arith.fastmath<contract>")  # let LLVM fuse into FMAs
-
-    def const(value: float) -> Any:
-        attr = ir.FloatAttr.get(element, value)
-        if isinstance(value_type, ir.VectorType):
-            attr = ir.DenseElementsAttr.get_splat(value_type, attr)
-        return arith.ConstantOp(value_type, attr).result
-
-    def horner(square: Any, coefficients: tuple[float, ...]) -> Any:
-        acc = const(coefficients[-1])
-        for c in reversed(coefficients[:-1]):
-            acc = arith.addf(arith.mulf(square, acc, fastmath=contract), const(c),
-                             fastmath=contract)  # fmt: skip
-        return acc
-
-    clamped = arith.minimumf(arith.maximumf(x, const(-_ERF_CLAMP)), const(_ERF_CLAMP))
-    square = arith.mulf(clamped, clamped, fastmath=contract)
-    numerator = arith.mulf(clamped, horner(square, _ERF_ALPHA), fastmath=contract)
-    ratio = arith.divf(numerator, horner(square, _ERF_BETA))
+    ratio, const = _odd_rational(x, value_type, element, _ERF_CLAMP, _ERF_ALPHA, _ERF_BETA)
     # Near the clamp the ratio rounds one ulp past 1: keep |erf| <= 1 (1 - erf(x) >= 0).
     return arith.minimumf(arith.maximumf(ratio, const(-1.0)), const(1.0))
