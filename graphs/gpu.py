@@ -18,35 +18,47 @@ from stagegraph.stages.gpu.schedule import gpu_schedule
 from stagegraph.stages.gpu.target import gpu_target
 
 
+def front_stages() -> list:
+    """The stages the GPU graphs share, up to bufferizing: normalize, analyse, ask the GPU
+    cost model for the mapping, schedule to block and thread foralls (``gpu_cpu`` runs that
+    schedule on the CPU). New stages for each graph: stages are not shared between graphs."""
+    return [
+        verify("load"),
+        gpu_normalize("normalize"),
+        analyze_stage("analyze"),
+        gpu_target("target"),
+        gpu_heuristic("select"),
+        gpu_schedule("schedule", tags={"scheduled"}),
+        bufferize(tags={"bufferized"}),
+    ]
+
+
+#: The edges among :func:`front_stages` (and from the payload).
+FRONT_EDGES = [
+    "payload -> load.module",
+    "load.module -> normalize.module",
+    "normalize.module -> analyze.module",
+    "analyze.facts -> select.facts",
+    "target.facts -> select.target",
+    "normalize.module -> schedule.module",
+    "select.params -> schedule.params",
+    "schedule.module -> bufferize.module",
+]
+INPUTS = [GraphInput("payload", Module["tensor"], frozenset({"input"}))]
+
+
 def build() -> Graph:
     return Graph(
         "gpu",
+        [*front_stages(), gpu_lower("lower"), gpu_emit("emit")],
         [
-            verify("load"),
-            gpu_normalize("normalize"),
-            analyze_stage("analyze"),
-            gpu_target("target"),
-            gpu_heuristic("select"),
-            gpu_schedule("schedule", tags={"scheduled"}),
-            bufferize(tags={"bufferized"}),
-            gpu_lower("lower"),
-            gpu_emit("emit"),
-        ],
-        [
-            "payload -> load.module",
-            "load.module -> normalize.module",
-            "normalize.module -> analyze.module",
-            "analyze.facts -> select.facts",
-            "target.facts -> select.target",
-            "normalize.module -> schedule.module",
-            "select.params -> schedule.params",
-            "schedule.module -> bufferize.module",
+            *FRONT_EDGES,
             "bufferize.module -> lower.module",
             "select.params -> lower.params",
             "lower.module -> emit.module",
             "target.facts -> emit.target",
         ],
-        [GraphInput("payload", Module["tensor"], frozenset({"input"}))],
+        INPUTS,
         default_splice="bufferized",
         description=__doc__,
     )

@@ -7,46 +7,23 @@ the payload's meaning. The mapping of foralls to blocks and threads, and the PTX
 checked only on a GPU (``benchmarks/gpu_check.py``).
 """
 
-from stagegraph.core.graph import Graph, GraphInput
-from stagegraph.core.ports import Module
-from stagegraph.stages.analysis import analyze_stage
+from stagegraph.core.graph import Graph
+from stagegraph.graphs.gpu import FRONT_EDGES, INPUTS, front_stages
 from stagegraph.stages.common.emit import jit
-from stagegraph.stages.common.passes import bufferize, linalg_to_loops, lower_to_llvm, verify
-from stagegraph.stages.gpu.normalize import gpu_normalize
-from stagegraph.stages.gpu.params import gpu_heuristic
-from stagegraph.stages.gpu.schedule import gpu_schedule
-from stagegraph.stages.gpu.target import gpu_target
+from stagegraph.stages.common.passes import linalg_to_loops, lower_to_llvm
 
 
 def build() -> Graph:
     return Graph(
         "gpu_cpu",
+        [*front_stages(), linalg_to_loops("loops"), lower_to_llvm("lower"), jit("emit")],
         [
-            verify("load"),
-            gpu_normalize("normalize"),
-            analyze_stage("analyze"),
-            gpu_target("target"),
-            gpu_heuristic("select"),
-            gpu_schedule("schedule", tags={"scheduled"}),
-            bufferize(tags={"bufferized"}),
-            linalg_to_loops("loops"),
-            lower_to_llvm("lower"),
-            jit("emit"),
-        ],
-        [
-            "payload -> load.module",
-            "load.module -> normalize.module",
-            "normalize.module -> analyze.module",
-            "analyze.facts -> select.facts",
-            "target.facts -> select.target",
-            "normalize.module -> schedule.module",
-            "select.params -> schedule.params",
-            "schedule.module -> bufferize.module",
+            *FRONT_EDGES,
             "bufferize.module -> loops.module",
             "loops.module -> lower.module",
             "lower.module -> emit.module",
         ],
-        [GraphInput("payload", Module["tensor"], frozenset({"input"}))],
+        INPUTS,
         default_splice="bufferized",
         description=__doc__,
     )
