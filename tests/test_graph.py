@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import pytest
 
 from stagegraph.core.graph import Graph, GraphInput
-from stagegraph.core.ports import Module
+from stagegraph.core.ports import Module, TensorModule
+from stagegraph.core.stage import _ports_from_hints
 from stagegraph.errors import (
     AmbiguousTagError,
     CycleError,
@@ -19,7 +22,15 @@ from stagegraph.errors import (
     UnknownStageError,
     UnknownTagError,
 )
-from tests.stages_for_tests import analyze, bufferize, passthrough, schedule, select, select_other
+from tests.stages_for_tests import (
+    TileParams,
+    analyze,
+    bufferize,
+    passthrough,
+    schedule,
+    select,
+    select_other,
+)
 
 PAYLOAD = GraphInput("payload", Module["tensor"], frozenset({"input"}))
 EDGES = [
@@ -275,3 +286,20 @@ def test_validation_and_queries_scale_linearly():
             times[length].append(_build_and_query_seconds(length))
     ratio = min(times[large]) / min(times[small])
     assert ratio < 8, f"{large} stages took {ratio:.1f}x the time of {small}"
+
+
+def _consume_pep604(module: TensorModule, params: TileParams | None = None) -> TensorModule:
+    return module
+
+
+def _consume_optional(module: TensorModule, params: Optional[TileParams] = None) -> TensorModule:  # noqa: UP045
+    return module
+
+
+@pytest.mark.parametrize("fn", [_consume_pep604, _consume_optional])
+def test_optional_input_port_accepts_both_union_spellings(fn):
+    """``X | None = None`` and ``Optional[X] = None`` both declare an optional port of type
+    X (before, the PEP 604 spelling was refused as 'needs a port type hint')."""
+    inputs, _, _ = _ports_from_hints(fn, "test.optional")
+    port = {p.name: p for p in inputs}["params"]
+    assert port.optional and port.type is TileParams
