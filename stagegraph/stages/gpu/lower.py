@@ -25,7 +25,8 @@ KERNEL_TO_NVVM = (
     "convert-vector-to-scf{full-unroll=true target-rank=1},canonicalize,"
     "expand-strided-metadata,lower-affine,convert-scf-to-cf,"
     "convert-vector-to-llvm{use-vector-alignment=true},convert-nvgpu-to-nvvm,"
-    "convert-gpu-to-nvvm{index-bitwidth=64},canonicalize,cse,reconcile-unrealized-casts)"
+    "convert-gpu-to-nvvm{index-bitwidth=64},convert-nvvm-to-llvm,canonicalize,cse,"
+    "reconcile-unrealized-casts)"
 )
 LOOPS = "func.func(convert-linalg-to-loops)"
 OUTLINE = "func.func(scf-forall-to-for),gpu-kernel-outlining,canonicalize,cse"
@@ -139,8 +140,14 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     from stagegraph.stages.gpu.host_kernels import sink_constants, wrap_host_work
     from stagegraph.stages.gpu.mma import rewrite_mma
     from stagegraph.stages.gpu.mma_staged import allocs_to_globals
+    from stagegraph.stages.gpu.wgmma import (
+        align_dynamic_shared,
+        give_dynamic_shared,
+        rewrite_wgmma,
+    )
 
     with module.ir.context:
+        rewrite_wgmma(module.ir)
         rewrite_mma(module.ir)
         params = schedule_leftovers(module.ir, params)
         map_to_gpu(module.ir, params)
@@ -152,5 +159,8 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     run_pipeline(module, OUTLINE)
     with module.ir.context:
         allocs_to_globals(module.ir)
+        give_dynamic_shared(module.ir)
     run_pipeline(module, config.kernel_pipeline)
+    with module.ir.context:
+        align_dynamic_shared(module.ir)
     return module

@@ -37,6 +37,7 @@ class KernelPlan(Params):
     mma: tuple[int, ...] = ()  # the mma.sync instruction shape (m, n, k): a tensor-core op
     tile_m: int = Field(0, ge=0, le=256)  # a tensor-core op's block tile (rows, columns of C)
     tile_n: int = Field(0, ge=0, le=256)
+    stages: int = Field(0, ge=0, le=8)  # a wgmma kernel's pipeline depth (0: not wgmma)
 
     @property
     def mapped(self) -> bool:
@@ -153,7 +154,9 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     )
     if "kernels" in config.overrides:
         return params
-    kernels = [(params.tensor_cores and plan_mma(op, target, params.tf32))
+    from stagegraph.stages.gpu.wgmma import plan_wgmma
+
+    kernels = [(params.tensor_cores and (plan_wgmma(op, target) or plan_mma(op, target, params.tf32)))
                or plan_op(op, params.threads_per_block, vector_width(op))
                for op in facts.ops]  # fmt: skip
     return params.model_copy(update={"kernels": tuple(kernels)})
@@ -163,6 +166,8 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
 
 #: The op kind the tensor-core declaration is looked up by.
 MMA_KIND = "mma_matmul"
+#: ... and the wgmma one (sm_90a; declared in :mod:`stagegraph.stages.gpu.wgmma_space`).
+WGMMA_KIND = "wgmma_matmul"
 #: Block tile sizes a tuner tries for a tensor-core matmul (rows and columns alike).
 MMA_TILES = (16, 32, 64, 128, 256)
 
@@ -174,7 +179,7 @@ def gpu_tuning_sites(params: GpuParams, facts: PayloadFacts, per_op: bool = Fals
     ops = {op.index: op for op in facts.ops}
     return [
         TuningSite(f"op{plan.op}", ("kernels", i), KernelPlan, (ops[plan.op],),
-                   kind_of=lambda op: MMA_KIND)
+                   kind_of=lambda op, wgmma=bool(plan.stages): WGMMA_KIND if wgmma else MMA_KIND)
         for i, plan in enumerate(params.kernels) if plan.mma and plan.op in ops
     ]  # fmt: skip
 
@@ -223,3 +228,4 @@ def _declare() -> None:
 
 
 _declare()
+import stagegraph.stages.gpu.wgmma_space  # noqa: E402,F401  (declares the wgmma space)

@@ -1,0 +1,263 @@
+"""Hopper tensor-core matmuls (``wgmma``, sm_90a): TMA loads into 128-byte-swizzled shared
+memory, an mbarrier pipeline of several stages, one warpgroup issuing ``wgmma.mma_async``.
+
+The schedule tiles a plain ``linalg.matmul`` (f16/bf16 inputs, f32 output) to a forall over
+``128 x tile_n`` blocks and marks the block's matmul with :data:`WGMMA_ATTR` (its value:
+the pipeline depth). After bufferization :func:`rewrite_wgmma` replaces that matmul by the
+kernel body, built op by op through the bindings from the nvgpu dialect:
+
+* on the host, before the block loop, one ``nvgpu.tma.create.descriptor`` per operand
+  (A's ``128 x 64`` box, B's ``64 x 64`` box, both 128-byte swizzled; the host plan encodes
+  them with ``cuTensorMapEncodeTiled``, :mod:`stagegraph.stages.gpu.tma`);
+* in the block: ``stages`` mbarriers (``nvgpu.mbarrier.create/init``), a prologue that
+  issues the TMA loads (``nvgpu.tma.async.load``, one thread, ``arrive.expect_tx`` with the
+  bytes) of the first ``stages - 1`` K steps, then a loop over the K steps of 64 that waits
+  on the step's barrier (``try_wait.parity``, the phase flipping each round), issues
+  ``nvgpu.warpgroup.mma`` on descriptors of the staged tiles
+  (``nvgpu.warpgroup.generate.descriptor``; B is K x N, so transposed) with the
+  accumulator carried as a loop value, and refills the slot freed a step before;
+* after the loop the accumulator goes to shared memory (``nvgpu.warpgroup.mma.store``) and
+  every thread adds rows of it to C in coalesced loads and stores (the matmul accumulates
+  into its output, whatever that holds).
+
+``convert-nvgpu-to-nvvm`` lowers these to ``wgmma.mma_async``, ``cp.async.bulk.tensor``
+and ``mbarrier`` PTX. Where the shape does not split into these tiles the cost model
+keeps the ``mma.sync`` path (:mod:`stagegraph.stages.gpu.mma`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: Marks the block-level matmuls the schedule leaves for :func:`rewrite_wgmma`.
+WGMMA_ATTR = "stagegraph.gpu_wgmma"
+#: Rows of C per block (one warpgroup: two ``m64`` wgmma rows) and K per pipeline step
+#: (64 halves: one 128-byte swizzled row).
+TILE_M = 128
+TILE_K = 64
+#: Columns of B per TMA box: 128 bytes of f16/bf16, the widest a 128-byte swizzle takes.
+BOX_N = 64
+WARPGROUP = 128
+#: Block tile widths (columns of C) the path takes; the accumulator is ``tile_n`` f32
+#: registers per thread.
+TILE_NS = (64, 128)
+#: Pipeline depths (one mbarrier and one A and B slot each).
+STAGES = (2, 3, 4, 5, 6, 7, 8)
+#: Registers per thread beyond the accumulator (addresses, loop, barriers, epilogue).
+REGISTER_RESERVE = 64
+#: Bytes per mbarrier (static shared memory, beside the dynamic stages).
+BARRIER_BYTES = 8
+#: The dynamic shared memory's alignment: the 128-byte swizzle repeats every 1024 bytes,
+#: and TMA and wgmma must see the same pattern.
+SHARED_ALIGN = 1024
+#: ``try_wait.parity`` suspend-time hint (nanoseconds) per try.
+WAIT_TICKS = 10_000_000
+
+
+def takes_wgmma(arch: str, dtype: str) -> bool:
+    """Whether ``arch`` runs this path for inputs of ``dtype`` (f16/bf16 on ``sm_90a``:
+    wgmma needs the architecture-specific ``a`` features)."""
+    return arch == "sm_90a" and dtype in ("f16", "bf16")
+
+
+def stage_bytes(tile_n: int, element_bytes: int = 2) -> int:
+    """Shared memory of one pipeline stage: A's ``128 x 64`` and B's ``64 x tile_n`` tiles."""
+    return (TILE_M * TILE_K + TILE_K * tile_n) * element_bytes
+
+
+def dynamic_shared_bytes(stages: int, tile_n: int, element_bytes: int = 2) -> int:
+    """The block's dynamic shared memory: every stage, or the f32 C tile the epilogue
+    stages through the same bytes, whichever is larger."""
+    return max(stages * stage_bytes(tile_n, element_bytes), TILE_M * tile_n * 4)
+
+
+def block_shared_bytes(stages: int, tile_n: int, element_bytes: int = 2) -> int:
+    """All of a block's shared memory: the dynamic part, the barriers and the alignment
+    slack that puts the dynamic part on a 1024-byte boundary after them."""
+    return dynamic_shared_bytes(stages, tile_n, element_bytes) + SHARED_ALIGN
+
+
+def accumulator_registers(tile_n: int) -> int:
+    """f32 accumulator registers per thread: the warpgroup's 128 threads share 128 x tile_n."""
+    return TILE_M * tile_n // WARPGROUP
+
+
+def tile_fits(m: int, n: int, k: int, tile_n: int) -> bool:
+    """Whether ``128 x tile_n`` blocks and 64-deep K steps divide the matmul exactly."""
+    return m % TILE_M == 0 and n % tile_n == 0 and k % TILE_K == 0 and k >= TILE_K
+
+
+def choose(m: int, n: int, k: int, sm_count: int, shared_limit: int,
+           registers: int) -> tuple[int, int] | None:  # fmt: skip
+    """``(tile_n, stages)`` for an ``m x n x k`` matmul: the widest tile that still gives
+    every SM a block (else the one with the most blocks), and the deepest pipeline that
+    fits ``shared_limit`` bytes and has no more loads in flight (``stages - 1``) than K
+    steps; None where no tile fits."""
+    fitting = [t for t in sorted(TILE_NS, reverse=True) if tile_fits(m, n, k, t)
+               and accumulator_registers(t) + REGISTER_RESERVE <= registers]  # fmt: skip
+    if not fitting:
+        return None
+    filling = [t for t in fitting if (m // TILE_M) * (n // t) >= sm_count]
+    tile_n = filling[0] if filling else max(fitting, key=lambda t: (m // TILE_M) * (n // t))
+    depths = [s for s in STAGES if s - 1 <= k // TILE_K
+              and block_shared_bytes(s, tile_n) <= shared_limit]  # fmt: skip
+    if not depths:
+        return None
+    return tile_n, max(depths)
+
+
+def wgmma_script(op: int, tile_n: int, stages: int, attr: str) -> str:
+    """Transform ops for op ``op`` (matched by ``attr``): tiled to ``128 x tile_n`` blocks;
+    the block's matmul is annotated for :func:`rewrite_wgmma` with the pipeline depth."""
+    any_op = "!transform.any_op"
+    blocks = "#gpu.block<linear_dim_1>, #gpu.block<linear_dim_0>"
+    return (
+        f"    %wm{op} = transform.structured.match attributes{{{attr} = {op} : i64}} "
+        f"in %root : ({any_op}) -> {any_op}\n"
+        f"    %wb{op}_op, %wb{op} = transform.structured.tile_using_forall %wm{op} "
+        f"tile_sizes [{TILE_M}, {tile_n}, 0] (mapping = [{blocks}]) "
+        f": ({any_op}) -> ({any_op}, {any_op})\n"
+        f"    %wi{op} = transform.param.constant {op} : i64 -> !transform.param<i64>\n"
+        f'    transform.annotate %wb{op} "{attr}" = %wi{op} : {any_op}, !transform.param<i64>\n'
+        f"    %ws{op} = transform.param.constant {stages} : i64 -> !transform.param<i64>\n"
+        f'    transform.annotate %wb{op}_op "{WGMMA_ATTR}" = %ws{op} '
+        f": {any_op}, !transform.param<i64>\n"
+    )
+
+
+def rewrite_wgmma(module: Any) -> int:
+    """Replace every matmul annotated :data:`WGMMA_ATTR` (on memrefs, a ``128 x tile_n``
+    block tile inside its block forall) by the TMA + mbarrier + wgmma kernel body, and
+    create its operands' TMA descriptors before the forall; returns how many."""
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.gpu.wgmma_kernel import build_block
+
+    ops = collect(module, lambda op: WGMMA_ATTR in op.attributes)
+    for op in ops:
+        build_block(op)
+    return len(ops)
+
+
+def dynamic_shared_of(kernel: Any) -> int:
+    """The dynamic shared memory bytes a kernel (``gpu.func``) built here needs: read from
+    the :data:`SHARED_ATTR` its block body carries (0 for other kernels)."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+
+    marks = collect(kernel, lambda op: SHARED_ATTR in op.attributes)
+    return max((ir.IntegerAttr(op.attributes[SHARED_ATTR]).value for op in marks), default=0)
+
+
+#: Set on the kernel's ``gpu.dynamic_shared_memory`` ops: the bytes its launch must give.
+SHARED_ATTR = "stagegraph.dynamic_shared_bytes"
+
+
+def plan_wgmma(op: Any, target: Any) -> Any:
+    """A wgmma plan (a :class:`~stagegraph.stages.gpu.params.KernelPlan` with ``stages``)
+    for a plain f16/bf16 -> f32 ``linalg.matmul`` on an ``sm_90a`` target whose shape
+    splits into the tiles, or None (the caller then tries ``mma.sync``)."""
+    from stagegraph.stages.gpu.params import KernelPlan
+
+    if op.name != "linalg.matmul" or len(op.inputs) != 2 or len(op.outputs) != 1:
+        return None
+    dtypes = {v.dtype for v in op.inputs}
+    if op.outputs[0].dtype != "f32" or len(dtypes) != 1:
+        return None
+    if not takes_wgmma(target.arch, next(iter(dtypes))):
+        return None
+    m, n, k = op.loop_ranges[-3:]
+    chosen = choose(m, n, k, target.sm_count, target.shared_bytes_per_block_optin,
+                    thread_registers(target))  # fmt: skip
+    if chosen is None:
+        return None
+    tile_n, stages = chosen
+    return KernelPlan(op=op.index, name=op.name, threads=(WARPGROUP,), mma=(64, tile_n, 16),
+                      tile_m=TILE_M, tile_n=tile_n, stages=stages)  # fmt: skip
+
+
+def thread_registers(target: Any) -> int:
+    """Registers one thread of a warpgroup block may hold on ``target``."""
+    return min(target.max_registers_per_thread, target.registers_per_block // WARPGROUP)
+
+
+def give_dynamic_shared(module: Any) -> int:
+    """Give each ``gpu.launch_func`` of a kernel built here the dynamic shared memory its
+    body asks for (:data:`SHARED_ATTR`): the launch is rebuilt with that operand, which the
+    host plan reads into the launch's ``shared_mem_bytes``; returns how many."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+
+    kernels = {}
+    for gpu_module in collect(module, "gpu.module"):
+        name = ir.StringAttr(gpu_module.attributes["sym_name"]).value
+        for func in collect(gpu_module, "gpu.func"):
+            kernels[(name, ir.StringAttr(func.attributes["sym_name"]).value)] = func
+    given = 0
+    for launch in collect(module, "gpu.launch_func"):
+        symbol = ir.SymbolRefAttr(launch.attributes["kernel"]).value
+        needed = dynamic_shared_of(kernels[tuple(symbol)]) if tuple(symbol) in kernels else 0
+        segments = list(ir.DenseI32ArrayAttr(launch.attributes["operandSegmentSizes"]))
+        if not needed or segments[-3]:
+            continue
+        operands, at = list(launch.operands), sum(segments[:-3])
+        with launch.location, ir.InsertionPoint(launch):
+            i32 = ir.IntegerType.get_signless(32)
+            size = ir.Operation.create("arith.constant", results=[i32],
+                                       attributes={"value": ir.IntegerAttr.get(i32, needed)})
+            attributes = {name: launch.attributes[name] for name in launch.attributes}
+            attributes["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get(
+                [*segments[:-3], 1, *segments[-2:]])
+            ir.Operation.create("gpu.launch_func", results=[],
+                                operands=[*operands[:at], size.results[0], *operands[at:]],
+                                attributes=attributes)  # fmt: skip
+        launch.erase()
+        given += 1
+    return given
+
+
+def align_dynamic_shared(module: Any) -> int:
+    """Put every kernel's dynamic shared memory (the zero-sized ``addr_space = 3`` global
+    the NVVM lowering makes of ``gpu.dynamic_shared_memory``) on a :data:`SHARED_ALIGN`
+    boundary: the 128-byte swizzle of TMA and wgmma repeats every 1024 bytes and both
+    compute it from the address, so a slot must start on such a boundary; returns how
+    many globals were raised."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+
+    i64 = ir.IntegerType.get_signless(64)
+    raised = 0
+    for kernel in collect(module, lambda op: op.name == "llvm.func"
+                          and "gpu.kernel" in op.attributes):  # fmt: skip
+        if not collect(kernel, lambda op: op.name.startswith("nvvm.wgmma")):
+            continue
+        for address in collect(kernel, "llvm.mlir.addressof"):
+            name = ir.FlatSymbolRefAttr(address.attributes["global_name"]).value
+            found = _global(kernel, name)
+            if found is None or not _is_dynamic_shared(found):
+                continue
+            found.attributes["alignment"] = ir.IntegerAttr.get(i64, SHARED_ALIGN)
+            raised += 1
+    return raised
+
+
+def _global(kernel: Any, name: str) -> Any:
+    from stagegraph.mlir.bindings import ir
+
+    for op in kernel.parent.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name == "llvm.mlir.global" and ir.StringAttr(op.attributes["sym_name"]).value == name:
+            return op
+    return None
+
+
+def _is_dynamic_shared(global_op: Any) -> bool:
+    """An ``addr_space = 3`` global of a zero-length array (the dynamic shared memory)."""
+    from stagegraph.mlir.bindings import ir
+
+    space = global_op.attributes["addr_space"] if "addr_space" in global_op.attributes else None
+    if space is None or ir.IntegerAttr(space).value != 3:
+        return False
+    from stagegraph.mlir.bindings import llvm
+
+    kind = ir.TypeAttr(global_op.attributes["global_type"]).value
+    return isinstance(kind, llvm.ArrayType) and kind.num_elements == 0

@@ -1,0 +1,326 @@
+"""The body of one wgmma block (:mod:`stagegraph.stages.gpu.wgmma`), built through the
+bindings from nvgpu, nvvm, gpu, memref, scf and arith ops in place of the block's matmul.
+
+The shared memory is one dynamic buffer: ``stages`` A slots (``128 x 64``), then
+``stages`` B slots (``64 x tile_n``, each ``tile_n / 64`` TMA boxes of ``64 x 64`` one after
+the other, which is the layout ``nvgpu.warpgroup.mma`` expects of a transposed B); the
+epilogue reuses it from byte 0 for the f32 C tile.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from stagegraph.errors import UnsupportedPayloadError
+from stagegraph.stages.gpu.mma import _Builder
+from stagegraph.stages.gpu.tma import create_descriptor
+from stagegraph.stages.gpu.wgmma import (
+    BOX_N,
+    SHARED_ATTR,
+    TILE_K,
+    TILE_M,
+    WAIT_TICKS,
+    WARPGROUP,
+    WGMMA_ATTR,
+    dynamic_shared_bytes,
+)
+
+def _block_forall(op: Any) -> Any:
+    """The outermost ``scf.forall`` around ``op`` (the block loop of the schedule)."""
+    found, parent = None, op.parent
+    while parent is not None:
+        if parent.name == "scf.forall":
+            found = parent
+        parent = parent.parent
+    if found is None:
+        raise UnsupportedPayloadError("stage gpu.lower: a wgmma matmul outside a block loop")
+    return found
+
+
+def _root(value: Any, forall: Any) -> tuple[Any, list[Any]]:
+    """The memref defined outside ``forall`` that ``value`` views, and the view's offsets
+    in it (an int or a value each): a subview of it, or the memref itself."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import defining_op, nested_in
+
+    owner = defining_op(value)
+    if not nested_in(owner, {forall.operation}):
+        return value, [0, 0]
+    if owner.name != "memref.subview" or nested_in(defining_op(owner.operands[0]),
+                                                  {forall.operation}):  # fmt: skip
+        raise UnsupportedPayloadError(
+            f"stage gpu.lower: a wgmma operand comes from {owner.name}, not a block's view "
+            "of a buffer"
+        )
+    static = list(ir.DenseI64ArrayAttr(owner.attributes["static_offsets"]))
+    dynamic = iter(list(owner.operands)[1 : 1 + sum(1 for s in static if s == _dynamic())])
+    return owner.operands[0], [next(dynamic) if s == _dynamic() else s for s in static]
+
+
+def _dynamic() -> int:
+    from stagegraph.mlir.bindings import ir
+
+    return ir.ShapedType.get_dynamic_stride_or_offset()
+
+
+def _dense_2d(memref: Any) -> bool:
+    """A static, row-major, 2-D memref with an identity layout (what TMA can describe)."""
+    from stagegraph.mlir.bindings import ir
+
+    mtype = ir.MemRefType(memref.type)
+    if mtype.rank != 2 or not mtype.has_static_shape:
+        return False
+    strides, offset = mtype.get_strides_and_offset()
+    return offset == 0 and strides == [mtype.shape[1], 1]
+
+
+def _as_pointer(host: _Builder, build: _Builder, descriptor: Any) -> Any:
+    """``descriptor`` carried into the kernel as the 64-bit device address of the encoded
+    tensor map (the host plan passes it), turned back into a pointer and the descriptor
+    inside: the GPU-to-NVVM lowering cannot convert a kernel parameter of the descriptor
+    type, and a plain cast pair would fold away before outlining. In the kernel the
+    NVVM lowering makes the descriptor a generic pointer again, and
+    ``reconcile-unrealized-casts`` drops the casts."""
+    from stagegraph.mlir.bindings import ir, llvm
+
+    cast = "builtin.unrealized_conversion_cast"
+    with host.location:
+        i64, pointer = ir.IntegerType.get_signless(64), llvm.PointerType.get()
+    address = host.op(cast, [i64], [descriptor])
+    carried = build.op("llvm.inttoptr", [pointer], [address])
+    return build.op(cast, [descriptor.type], [carried])
+
+
+class _Block:
+    """Builds one block's pipeline at ``build``'s insertion point."""
+
+    def __init__(self, build: _Builder, descriptors: tuple[Any, Any], origin: tuple[Any, Any],
+                 shape: tuple[int, int, int], stages: int) -> None:  # fmt: skip
+        from stagegraph.mlir.bindings import ir
+
+        self.build, self.ir = build, ir
+        self.descriptors, self.origin = descriptors, origin
+        self.element, (_, self.tile_n, self.k) = shape[0], shape
+        self.stages = stages
+        self.a_bytes = TILE_M * TILE_K * 2
+        self.b_bytes = TILE_K * self.tile_n * 2
+        with build.location:
+            self.space = ir.Attribute.parse("#gpu.address_space<workgroup>")
+            self.i1 = ir.IntegerType.get_signless(1)
+
+    def memref(self, shape: list[int], element: Any) -> Any:
+        with self.build.location:
+            return self.ir.MemRefType.get(shape, element, memory_space=self.space)
+
+    def view(self, offset: Any, shape: list[int], element: Any = None) -> Any:
+        """A typed view of the dynamic shared memory at byte ``offset``."""
+        from stagegraph.mlir.bindings import memref
+
+        kind = self.memref(shape, element or self.element)
+        with self.build.location:
+            return memref.ViewOp(kind, self.smem, offset, [], ip=self.build.point).result
+
+    def index(self, name: str, *operands: Any) -> Any:
+        return self.build.op(f"arith.{name}", [self.build.index], list(operands))
+
+    def scaled(self, value: Any, factor: int, plus: int = 0) -> Any:
+        out = self.index("muli", value, self.build.const(factor))
+        return self.index("addi", out, self.build.const(plus)) if plus else out
+
+    def prepare(self) -> None:
+        """Thread 0 initialises one mbarrier per stage and prefetches the descriptors;
+        a block barrier makes the barriers visible before anyone waits on them."""
+        from stagegraph.mlir.bindings import gpu, nvgpu
+
+        build, ir = self.build, self.ir
+        with build.location:
+            self.tid = gpu.ThreadIdOp(gpu.Dimension.x, ip=build.point).result
+            self.first = build.op("arith.cmpi", [self.i1], [self.tid, build.const(0)],
+                                  predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                               0))  # fmt: skip
+            group = ir.Type.parse(
+                "!nvgpu.mbarrier.group<memorySpace = #gpu.address_space<workgroup>, "
+                f"num_barriers = {self.stages}>"
+            )
+            self.barriers = nvgpu.MBarrierCreateOp(group, ip=build.point).result
+        with self.only_if(self.first):
+            for slot in range(self.stages):
+                with build.location:
+                    nvgpu.MBarrierInitOp(self.barriers, build.const(1), build.const(slot),
+                                         ip=build.point)  # fmt: skip
+            for descriptor in self.descriptors:
+                with build.location:
+                    nvgpu.TmaPrefetchOp(descriptor, ip=build.point)
+        with build.location:
+            gpu.BarrierOp(ip=build.point)
+            raw = ir.MemRefType.get([_dynamic_size()], ir.IntegerType.get_signless(8),
+                                    memory_space=self.space)  # fmt: skip
+            made = gpu.DynamicSharedMemoryOp(raw, ip=build.point)
+        made.operation.attributes[SHARED_ATTR] = ir.IntegerAttr.get(
+            ir.IntegerType.get_signless(64), dynamic_shared_bytes(self.stages, self.tile_n)
+        )
+        self.smem = made.result
+
+    @contextmanager
+    def only_if(self, condition: Any) -> Iterator[None]:
+        """Build the ops of the ``with`` body under ``scf.if condition`` (a branch, not
+        predicated instructions: the NVVM lowering would print a predicate that folded to
+        a constant as ``@0``/``@1``, which ptxas rejects)."""
+        from stagegraph.mlir.bindings import scf
+
+        with self.build.location:
+            branch = scf.IfOp(condition, ip=self.build.point)
+        outer, self.build.point = self.build.point, self.ir.InsertionPoint(branch.then_block)
+        try:
+            yield
+            self.build.op("scf.yield", [], [])
+        finally:
+            self.build.point = outer
+
+    def slot_views(self, slot: Any) -> tuple[Any, Any]:
+        """Stage ``slot``'s A tile and its whole B tile (``64 x tile_n``)."""
+        a = self.view(self.scaled(slot, self.a_bytes), [TILE_M, TILE_K])
+        b_at = self.scaled(slot, self.b_bytes, self.stages * self.a_bytes)
+        return a, self.view(b_at, [TILE_K, self.tile_n])
+
+    def load(self, slot: Any, step: Any) -> None:
+        """Expect the stage's bytes on its barrier and issue the TMA loads of K step
+        ``step`` (one thread does): A at (m0, k), B's boxes at (k, n0 + 64j)."""
+        from stagegraph.mlir.bindings import nvgpu
+
+        build = self.build
+        a_desc, b_desc = self.descriptors
+        m0, n0 = self.origin
+        with build.location:
+            nvgpu.MBarrierArriveExpectTxOp(self.barriers, build.const(self.a_bytes + self.b_bytes),
+                                           slot, ip=build.point)  # fmt: skip
+            k = self.scaled(step, TILE_K)
+            a_view = self.view(self.scaled(slot, self.a_bytes), [TILE_M, TILE_K])
+            nvgpu.TmaAsyncLoadOp(a_view, self.barriers, a_desc, [k, m0], slot, ip=build.point)
+            for box in range(self.tile_n // BOX_N):
+                at = self.scaled(slot, self.b_bytes,
+                                 self.stages * self.a_bytes + box * TILE_K * BOX_N * 2)
+                b_view = self.view(at, [TILE_K, BOX_N])
+                n = self.index("addi", n0, build.const(box * BOX_N))
+                nvgpu.TmaAsyncLoadOp(b_view, self.barriers, b_desc, [n, k], slot, ip=build.point)
+
+    def mainloop(self) -> Any:
+        """The prologue's loads, then the loop over K steps; returns the accumulator."""
+        from stagegraph.mlir.bindings import nvgpu, nvvm, scf
+
+        build, ir = self.build, self.ir
+        steps = self.k // TILE_K
+        with self.only_if(self.first):
+            for step in range(min(self.stages - 1, steps)):
+                self.load(build.const(step), build.const(step))
+        with build.location:
+            acc_type = ir.Type.parse("!nvgpu.warpgroup.accumulator<fragmented = "
+                                     f"vector<{TILE_M}x{self.tile_n}xf32>>")  # fmt: skip
+            acc = nvgpu.WarpgroupMmaInitAccumulatorOp(acc_type, ip=build.point).result
+            phase = build.op("arith.constant", [self.i1], [], value=ir.IntegerAttr.get(self.i1, 0))
+            loop = scf.ForOp(build.const(0), build.const(steps), build.const(1), [acc, phase],
+                             ip=build.point)  # fmt: skip
+        outer, build.point = build.point, ir.InsertionPoint(loop.body)
+        step = loop.induction_variable
+        acc, phase = loop.inner_iter_args
+        slot = self.index("remui", step, build.const(self.stages))
+        with build.location:
+            nvgpu.MBarrierTryWaitParityOp(self.barriers, phase, build.const(WAIT_TICKS), slot,
+                                          ip=build.point)  # fmt: skip
+        a_view, b_view = self.slot_views(slot)
+        with build.location:
+            described = [
+                nvgpu.WarpgroupGenerateDescriptorOp(
+                    ir.Type.parse(f"!nvgpu.warpgroup.descriptor<tensor = {view.type}>"),
+                    view, descriptor, ip=build.point).result
+                for view, descriptor in zip((a_view, b_view), self.descriptors, strict=True)
+            ]  # fmt: skip
+            acc = nvgpu.WarpgroupMmaOp(acc_type, *described, acc, transposeB=True,
+                                       ip=build.point).result  # fmt: skip
+        self.refill(step, steps)
+        last = build.op("arith.cmpi", [self.i1], [slot, build.const(self.stages - 1)],
+                        predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
+        true = build.op("arith.constant", [self.i1], [], value=ir.IntegerAttr.get(self.i1, 1))
+        flipped = build.op("arith.xori", [self.i1], [phase, true])
+        phase = build.op("arith.select", [self.i1], [last, flipped, phase])
+        build.op("scf.yield", [], [acc, phase])
+        build.point = outer
+        with build.location:
+            nvvm.WgmmaWaitGroupSyncOp(0, ip=build.point)
+        return loop.results[0]
+
+    def refill(self, step: Any, steps: int) -> None:
+        """Load K step ``step + stages - 1`` into its slot (the one the previous step read,
+        whose wgmma group has completed), where that step exists."""
+        build, ir = self.build, self.ir
+        ahead = self.index("addi", step, build.const(self.stages - 1))
+        exists = build.op("arith.cmpi", [self.i1], [ahead, build.const(steps)],
+                          predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
+                                                       6))  # ult  # fmt: skip
+        with self.only_if(build.op("arith.andi", [self.i1], [exists, self.first])):
+            self.load(self.index("remui", ahead, build.const(self.stages)), ahead)
+
+    def epilogue(self, acc: Any, c: Any) -> None:
+        """Accumulator -> shared memory, then each thread adds elements ``tid + 128 i`` of
+        the tile to C (consecutive threads on consecutive columns)."""
+        from stagegraph.mlir.bindings import gpu, nvgpu, scf
+
+        build, ir = self.build, self.ir
+        f32 = ir.F32Type.get(build.location.context)
+        with build.location:
+            gpu.BarrierOp(ip=build.point)  # every warp is done reading the stages
+        tile = self.view(build.const(0), [TILE_M, self.tile_n], f32)
+        with build.location:
+            nvgpu.WarpgroupMmaStoreOp(acc, tile, ip=build.point)
+            gpu.BarrierOp(ip=build.point)
+            count = TILE_M * self.tile_n // WARPGROUP
+            loop = scf.ForOp(build.const(0), build.const(count), build.const(1), [],
+                             ip=build.point)  # fmt: skip
+        outer, build.point = build.point, ir.InsertionPoint(loop.body)
+        flat = self.index("addi", self.scaled(loop.induction_variable, WARPGROUP), self.tid)
+        row = self.index("divui", flat, build.const(self.tile_n))
+        col = self.index("remui", flat, build.const(self.tile_n))
+        value = build.op("memref.load", [f32], [tile, row, col])
+        old = build.op("memref.load", [f32], [c, row, col])
+        total = build.op("arith.addf", [f32], [old, value])
+        build.op("memref.store", [], [total, c, row, col])
+        build.op("scf.yield", [], [])
+        build.point = outer
+
+
+def _dynamic_size() -> int:
+    from stagegraph.mlir.bindings import ir
+
+    return ir.ShapedType.get_dynamic_size()
+
+
+def build_block(matmul: Any) -> None:
+    """Replace one annotated block matmul by the pipeline (its descriptors on the host).
+
+    Raises:
+        UnsupportedPayloadError: an operand is not a block's view of a dense 2-D buffer.
+    """
+    from stagegraph.mlir.bindings import ir
+
+    forall = _block_forall(matmul)
+    stages = ir.IntegerAttr(matmul.attributes[WGMMA_ATTR]).value
+    a, b, c = (matmul.operands[i] for i in range(3))
+    (a_root, a_at), (b_root, b_at) = _root(a, forall), _root(b, forall)
+    if not (_dense_2d(a_root) and _dense_2d(b_root)):
+        raise UnsupportedPayloadError(
+            "stage gpu.lower: wgmma needs dense row-major 2-D A and B buffers for TMA"
+        )
+    host = _Builder(forall)
+    made = (create_descriptor(host, a_root, (TILE_M, TILE_K)),
+            create_descriptor(host, b_root, (TILE_K, BOX_N)))  # fmt: skip
+    build = _Builder(matmul)
+    descriptors = tuple(_as_pointer(host, build, descriptor) for descriptor in made)
+    origin = tuple(v if not isinstance(v, int) else build.const(v) for v in (a_at[0], b_at[1]))
+    a_type, c_type = ir.MemRefType(a.type), ir.MemRefType(c.type)
+    shape = (a_type.element_type, c_type.shape[1], a_type.shape[1])
+    block = _Block(build, descriptors, origin, shape, stages)  # type: ignore[arg-type]
+    block.prepare()
+    block.epilogue(block.mainloop(), c)
+    matmul.erase()
