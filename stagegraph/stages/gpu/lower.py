@@ -23,8 +23,8 @@ LAUNCH_ATTR = "stagegraph.gpu_launch"
 KERNEL_TO_NVVM = (
     "gpu.module(math-expand-ops{ops=fpowi},"
     "convert-vector-to-scf{full-unroll=true target-rank=1},canonicalize,"
-    "expand-strided-metadata,lower-affine,convert-scf-to-cf,"
-    "convert-vector-to-llvm{use-vector-alignment=true},convert-nvgpu-to-nvvm,"
+    "expand-strided-metadata,lower-affine,convert-nvgpu-to-nvvm,convert-scf-to-cf,"
+    "convert-vector-to-llvm{use-vector-alignment=true},"
     "convert-gpu-to-nvvm{index-bitwidth=64},convert-nvvm-to-llvm,canonicalize,cse,"
     "reconcile-unrealized-casts)"
 )

@@ -50,11 +50,13 @@ class GpuParams(Params):
     warp size); ``kernels``: one plan per linalg op of the entry, in program order;
     ``tf32``: f32 matmuls on tensor cores through TF32 (off by default: it rounds the
     inputs to 10 mantissa bits, so results change); ``tensor_cores``: off puts every
-    matmul on the SIMT path (to compare the two)."""
+    matmul on the SIMT path (to compare the two); ``wgmma``: off keeps sm_90a matmuls on
+    ``mma.sync`` (to compare the two Hopper paths)."""
 
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
     tf32: bool = False
     tensor_cores: bool = True
+    wgmma: bool = True
     kernels: tuple[KernelPlan, ...] = ()
 
     def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list:
@@ -156,7 +158,8 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
         return params
     from stagegraph.stages.gpu.wgmma import plan_wgmma
 
-    kernels = [(params.tensor_cores and (plan_wgmma(op, target) or plan_mma(op, target, params.tf32)))
+    kernels = [(params.tensor_cores and ((params.wgmma and plan_wgmma(op, target))
+                                         or plan_mma(op, target, params.tf32)))
                or plan_op(op, params.threads_per_block, vector_width(op))
                for op in facts.ops]  # fmt: skip
     return params.model_copy(update={"kernels": tuple(kernels)})
