@@ -1,6 +1,7 @@
 """Tensor-core matmuls of the gpu graph against ``torch.matmul`` (cuBLAS), side by side.
 
-On the CPU machine (compiles; needs the MLIR bindings):
+On the CPU machine (compiles; needs the MLIR bindings; for ``sm_90a`` the matmuls that
+split into 128-row blocks take the wgmma + TMA path, the others ``mma.sync``):
 
     python benchmarks/gpu_matmul.py --build build/gpu-mm [--target sm_90a] [--shapes 1000x1000x1000]
 
@@ -66,9 +67,11 @@ def build(directory: Path, target: str, shapes: list[tuple[int, int, int]]) -> i
             sg.run("gpu", str(source), target=target, emit="object", output=str(directory / name))
             params = sg.run("gpu", str(source), target=target, until="select").value("select")
             plan = params.kernels[-1]  # the matmul (after its fill)
+            path = "wgmma" if plan.stages else "mma.sync" if plan.mma else "simt"
             cases.append({"name": name, "m": m, "n": n, "k": k, "dtype": dtype,
-                          "mma": list(plan.mma), "tile": [plan.tile_m, plan.tile_n]})  # fmt: skip
-            print(f"built {name}: tensor cores {'yes' if plan.mma else 'no'}", flush=True)
+                          "mma": list(plan.mma), "tile": [plan.tile_m, plan.tile_n],
+                          "path": path, "stages": plan.stages})  # fmt: skip
+            print(f"built {name}: {path}", flush=True)
     peaks = {d: facts.peak_tflops(d, tensor_cores=True) for d in DTYPES}
     meta = {"target": target, "cases": cases, "peak_tflops": peaks}
     (directory / "cases.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -117,7 +120,8 @@ def run_case(folder: Path, case: dict, repeats: int) -> dict:
     flops = 2.0 * m * n * k
     return {"case": case["name"], "ok": error <= TOLERANCE, "error": error, "ms": ours,
             "torch_ms": theirs, "ratio": theirs / ours, "tflops": flops / ours / 1e9,
-            "torch_tflops": flops / theirs / 1e9, "tensor_cores": bool(case["mma"])}  # fmt: skip
+            "torch_tflops": flops / theirs / 1e9, "tensor_cores": bool(case["mma"]),
+            "path": case.get("path", "")}  # fmt: skip
 
 
 def run(directory: Path, repeats: int) -> int:

@@ -216,9 +216,9 @@ def give_dynamic_shared(module: Any) -> int:
 
 
 def align_dynamic_shared(module: Any) -> int:
-    """Put every kernel's dynamic shared memory (the zero-sized ``addr_space = 3`` global
-    the NVVM lowering makes of ``gpu.dynamic_shared_memory``) on a :data:`SHARED_ALIGN`
-    boundary: the 128-byte swizzle of TMA and wgmma repeats every 1024 bytes and both
+    """Put every wgmma kernel's dynamic shared memory (the zero-sized ``addr_space = 3``
+    global the NVVM lowering makes of ``gpu.dynamic_shared_memory``) on a
+    :data:`SHARED_ALIGN` boundary, as an external declaration: the 128-byte swizzle of TMA and wgmma repeats every 1024 bytes and both
     compute it from the address, so a slot must start on such a boundary; returns how
     many globals were raised."""
     from stagegraph.mlir.bindings import ir
@@ -236,6 +236,9 @@ def align_dynamic_shared(module: Any) -> int:
             if found is None or not _is_dynamic_shared(found):
                 continue
             found.attributes["alignment"] = ir.IntegerAttr.get(i64, SHARED_ALIGN)
+            # An external declaration: PTX ``.extern .shared .b8 name[]``, the dynamic
+            # memory itself (an internal one prints as a one-byte static variable).
+            found.attributes["linkage"] = ir.Attribute.parse("#llvm.linkage<external>")
             raised += 1
     return raised
 

@@ -1,0 +1,294 @@
+"""Hopper wgmma matmuls (sm_90a) without a GPU: the cost model's routing and its search
+space, the kernel the rewrite builds from nvgpu ops (TMA descriptors on the host, an
+mbarrier pipeline, ``nvgpu.warpgroup.mma``), the PTX (``wgmma.mma_async``,
+``cp.async.bulk.tensor``, mbarriers; assembled by ptxas without spills for the shipped tile
+shapes), the host plan's ``tensor_map`` steps and their encoding by the runtime against a
+recording driver."""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import stagegraph as sg
+from stagegraph.errors import CudaError
+from stagegraph.stages.gpu.wgmma import (
+    WGMMA_ATTR,
+    block_shared_bytes,
+    choose,
+    dynamic_shared_bytes,
+    stage_bytes,
+)
+from tests.test_gpu_graph import needs_llvmlite
+
+
+def payload(tmp_path: Path, m: int, n: int, k: int, dtype: str = "bf16") -> str:
+    a, b, c = f"tensor<{m}x{k}x{dtype}>", f"tensor<{k}x{n}x{dtype}>", f"tensor<{m}x{n}xf32>"
+    path = tmp_path / f"mm_{dtype}_{m}x{n}x{k}.mlir"
+    path.write_text(
+        f"func.func @mm(%a: {a}, %b: {b}) -> {c} {{\n"
+        "  %zero = arith.constant 0.0 : f32\n"
+        f"  %empty = tensor.empty() : {c}\n"
+        f"  %init = linalg.fill ins(%zero : f32) outs(%empty : {c}) -> {c}\n"
+        f"  %r = linalg.matmul ins(%a, %b : {a}, {b}) outs(%init : {c}) -> {c}\n"
+        f"  return %r : {c}\n}}\n"
+    )
+    return str(path)
+
+
+def matmul_plan(path: str, target: str = "h100", **params):
+    return sg.run("gpu", path, target=target, until="select", param=params).value(
+        "select").kernels[-1]  # fmt: skip
+
+
+# -- cost model -----------------------------------------------------------------------
+
+
+def test_sm90a_half_matmuls_take_wgmma_and_others_keep_mma_sync(tmp_path):
+    big = payload(tmp_path, 4096, 4096, 4096)
+    plan = matmul_plan(big)
+    # 32x32 blocks of 128x128 fill 132 SMs; 7 stages of 32 KiB fit 227 KiB of opt-in memory.
+    assert (plan.tile_m, plan.tile_n, plan.stages, plan.threads) == (128, 128, 7, (128,))
+    assert plan.mma == (64, 128, 16)
+    assert matmul_plan(big, "sm_80").stages == 0  # Ampere: mma.sync
+    assert matmul_plan(big, wgmma=False).stages == 0  # the param keeps mma.sync
+    assert matmul_plan(payload(tmp_path, 4096, 4096, 4096, "f16")).stages == 7
+    # Rows not in 128s, or K not in 64s: the mma.sync path takes them.
+    assert matmul_plan(payload(tmp_path, 192, 256, 128)).stages == 0
+    assert matmul_plan(payload(tmp_path, 256, 256, 96)).stages == 0
+
+
+def test_pipeline_depth_and_width_follow_the_target_facts(tmp_path):
+    # Fewer blocks than SMs: the narrower tile gives more blocks.
+    assert choose(1024, 1024, 1024, 132, 227 * 1024, 255) == (64, 8)
+    assert choose(4096, 4096, 4096, 132, 227 * 1024, 255) == (128, 7)
+    # 100 KiB of shared memory: 3 stages of 32 KiB (plus the 1 KiB alignment).
+    assert choose(4096, 4096, 4096, 132, 100 * 1024, 255) == (128, 3)
+    assert choose(4096, 4096, 128, 132, 227 * 1024, 255) == (128, 3)  # 2 K steps in flight
+    assert choose(4096, 4096, 4096, 132, 227 * 1024, 150) == (64, 8)  # 128 f32 do not fit
+    from stagegraph.stages.gpu.target import resolve_gpu_target
+    from stagegraph.stages.gpu.wgmma import plan_wgmma
+
+    facts = sg.run("gpu", payload(tmp_path, 4096, 4096, 4096), until="analyze").value("analyze")
+    small = resolve_gpu_target("h100").model_copy(update={"shared_bytes_per_block_optin":
+                                                          100 * 1024})  # fmt: skip
+    assert plan_wgmma(facts.ops[1], small).stages == 3
+    assert plan_wgmma(facts.ops[1], resolve_gpu_target("sm_89")) is None
+    assert stage_bytes(128) == 32768 and dynamic_shared_bytes(2, 128) == 65536  # C tile
+    assert block_shared_bytes(7, 128) == 7 * 32768 + 1024
+
+
+def test_the_wgmma_space_is_declared_with_shared_memory_and_register_rules(tmp_path):
+    from stagegraph.core.search_space import build_space
+    from stagegraph.stages.gpu.target import resolve_gpu_target
+
+    path = payload(tmp_path, 4096, 4096, 4096)
+    run = sg.run("gpu", path, target="h100", until="select")
+    params, facts = run.value("select"), run.value("analyze")
+    space = build_space(params, facts, resolve_gpu_target("h100"))
+    assert set(space.variables) == {"op1.tile_n", "op1.stages"}
+    assert space.contains(space.values_of(params))
+    # tile 64: 24 KiB stages, all of 2..8 fit; tile 128: 32 KiB, 2..7 (8 would need 257 KiB).
+    assert space.count() == (7 + 6, True)
+    assert "op1.stages_fit_shared=232448B" in space.violated({"op1.tile_n": 128,
+                                                              "op1.stages": 8})  # fmt: skip
+    assert "op1.accumulator_fits_registers=255" in space.constraints
+    tuned = space.to_params({"op1.tile_n": 64, "op1.stages": 4})
+    assert (tuned.kernels[-1].tile_n, tuned.kernels[-1].stages) == (64, 4)
+    shallow = build_space(params, sg.run("gpu", payload(tmp_path, 4096, 4096, 128),
+                          target="h100", until="analyze").value("analyze"),
+                          resolve_gpu_target("h100"))  # fmt: skip
+    assert "op1.stages_within_k_steps=2" in shallow.violated({"op1.tile_n": 128,
+                                                              "op1.stages": 4})  # fmt: skip
+
+
+# -- the kernel, as IR ----------------------------------------------------------------
+
+
+def test_rewrite_builds_the_tma_mbarrier_wgmma_pipeline(tmp_path):
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.gpu.tma import SWIZZLE_ATTR
+    from stagegraph.stages.gpu.wgmma import rewrite_wgmma
+
+    path = payload(tmp_path, 1024, 1024, 512)  # tile 64, 8 stages > 8 K steps: 7 in flight
+    module = sg.run("gpu", path, target="h100", until="bufferized").module.ir
+    (marked,) = collect(module, lambda op: WGMMA_ATTR in op.attributes)
+    assert ir.IntegerAttr(marked.attributes[WGMMA_ATTR]).value == 8
+    with module.context:
+        assert rewrite_wgmma(module) == 1
+    descriptors = collect(module, "nvgpu.tma.create.descriptor")
+    assert len(descriptors) == 2 and all(d.parent.name == "func.func" for d in descriptors)
+    assert [ir.IntegerAttr(d.attributes[SWIZZLE_ATTR]).value for d in descriptors] == [128, 128]
+    assert len(collect(module, "nvgpu.mbarrier.init")) == 8
+    (loop,) = [op for op in collect(module, "scf.for") if collect(op, "nvgpu.warpgroup.mma")]
+    (mma,) = collect(loop, "nvgpu.warpgroup.mma")
+    assert "transposeB" in mma.attributes and len(loop.results) == 2  # accumulator, phase
+    assert collect(loop, "nvgpu.mbarrier.try_wait.parity")
+    loads = collect(module, "nvgpu.tma.async.load")
+    assert len(loads) == 7 * 2 + 2  # the prologue's 7 steps (A, one B box), the refill
+    assert len(collect(loop, "nvgpu.tma.async.load")) == 2
+    assert len(collect(module, "nvgpu.warpgroup.mma.store")) == 1
+    assert not collect(module, "linalg.matmul")
+
+
+@needs_llvmlite
+def test_lowering_leaves_no_nvgpu_ops_and_aligns_the_dynamic_shared_memory(tmp_path):
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+
+    module = sg.run("gpu", payload(tmp_path, 256, 256, 256), target="h100",
+                    until="lower").module.ir  # fmt: skip
+    assert not collect(module, lambda op: op.name.startswith("nvgpu.")
+                       and op.name != "nvgpu.tma.create.descriptor")  # fmt: skip
+    dynamic = [g for g in collect(module, "llvm.mlir.global")
+               if ir.StringAttr(g.attributes["sym_name"]).value.startswith("__dynamic_shmem")]
+    assert [ir.IntegerAttr(g.attributes["alignment"]).value for g in dynamic] == [1024]
+    with module.context:
+        assert dynamic[0].attributes["linkage"] == ir.Attribute.parse("#llvm.linkage<external>")
+
+
+# -- PTX ------------------------------------------------------------------------------
+
+#: The shipped tile shapes: (shape, dtype) -> (tile_n, stages).
+SHIPPED = {((2048, 2048, 512), "bf16"): (128, 7), ((1024, 1024, 1024), "f16"): (64, 8),
+           ((4096, 4096, 4096), "bf16"): (128, 7)}  # fmt: skip
+
+
+@needs_llvmlite
+@pytest.mark.parametrize(("shape", "dtype"), list(SHIPPED))
+def test_ptx_holds_wgmma_and_tma_and_assembles_without_spills(tmp_path, shape, dtype):
+    from stagegraph.stages.gpu.ptx import assemble
+
+    tile_n, stages = SHIPPED[(shape, dtype)]
+    binary = sg.run("gpu", payload(tmp_path, *shape, dtype), target="h100",
+                    until="emit").value("emit")  # fmt: skip
+    (name,) = [n for n, text in binary.ptx.items() if "wgmma" in text]
+    text = binary.ptx[name]
+    assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.{dtype}.{dtype}" in text
+    count = text.count("wgmma.mma_async")  # two m64 rows x four k16 per 64-deep step,
+    assert count and count % (2 * 4) == 0  # times LLVM's unrolling of the K loop
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global" in text
+    assert "mbarrier.try_wait.parity" in text and "mbarrier.arrive.expect_tx" in text
+    assert "wgmma.fence.sync.aligned" in text and "wgmma.commit_group.sync.aligned" in text
+    assert ".extern .shared .align 1024 .b8 __dynamic_shmem__0[]" in text
+    assert f".shared .align 8 .b8 __mbarrier[{8 * stages}]" in text
+    (report,) = assemble(text, "sm_90a")
+    assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
+    # Static: the mbarriers, padded so the dynamic stages start on a 1024-byte boundary.
+    assert report.registers <= 255 and report.shared_bytes == 1024
+    (kernel,) = [k for k in binary.manifest["kernels"] if k["ptx"] == f"{name}.ptx"]
+    m, n, _ = shape
+    assert kernel["launch"] == {"grid": [n // tile_n, m // 128, 1], "block": [128, 1, 1],
+                                "shared_mem_bytes": dynamic_shared_bytes(stages, tile_n)}
+
+
+# -- host plan, manifest, runtime -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wgmma_binary(tmp_path_factory):
+    path = payload(tmp_path_factory.mktemp("wgmma"), 256, 128, 128, "f16")
+    return sg.run("gpu", path, target="h100", until="emit").value("emit")
+
+
+@needs_llvmlite
+def test_plan_encodes_one_tensor_map_per_operand_and_passes_their_addresses(wgmma_binary):
+    plan = wgmma_binary.manifest["plan"]
+    maps = [s for s in plan if s["op"] == "tensor_map"]
+    assert [(s["source"]["buffer"], s["source"]["sizes"], s["box"]) for s in maps] == [
+        ("in0", [256, 128], [128, 64]), ("in1", [128, 128], [64, 64])]  # fmt: skip
+    assert {(s["swizzle"], s["l2_promotion"], s["oob_fill"]) for s in maps} == {
+        (128, 256, "zero")}  # fmt: skip
+    names = [s["buffer"] for s in maps]
+    assert [s["bytes"] for s in plan if s["op"] == "alloc" and s["buffer"] in names] == [128] * 2
+    launch = [s for s in plan if s["op"] == "launch"][-1]
+    assert launch["args"][-2:] == [{"tensor_map": names[0]}, {"tensor_map": names[1]}]
+    assert [s["buffer"] for s in plan if s["op"] == "free"][-2:] == names
+
+
+def test_manifest_refuses_bad_tensor_map_steps(wgmma_binary):
+    from pydantic import ValidationError
+
+    from stagegraph.artifact.manifest import CudaManifest
+
+    manifest = wgmma_binary.manifest
+    CudaManifest.model_validate(manifest)
+    plan = list(manifest["plan"])
+    at = next(i for i, s in enumerate(plan) if s["op"] == "tensor_map")
+    wide = dict(plan[at], box=[512, 64])
+    with pytest.raises(ValidationError, match="box"):
+        CudaManifest.model_validate({**manifest, "plan": [*plan[:at], wide, *plan[at + 1:]]})
+    unallocated = [s for i, s in enumerate(plan) if i != at - 1]  # its alloc dropped
+    with pytest.raises(ValidationError, match="before alloc"):
+        CudaManifest.model_validate({**manifest, "plan": unallocated})
+
+
+class TensorMap:
+    """What ``cuTensorMapEncodeTiled`` returns: 128 bytes behind ``getPtr``."""
+
+    def __init__(self) -> None:
+        self.data = (ctypes.c_uint8 * 128)(*range(128))
+
+    def getPtr(self) -> int:  # noqa: N802  (the driver's name)
+        return ctypes.addressof(self.data)
+
+
+def _enum(prefix: str, *names: str) -> type:
+    return type(prefix, (), {f"{prefix}{n}": f"{prefix}{n}" for n in names})
+
+
+@needs_llvmlite
+def test_runtime_encodes_tensor_maps_and_opts_in_to_the_shared_memory(monkeypatch,
+                                                                      wgmma_binary):  # fmt: skip
+    from stagegraph.runtime import cuda
+    from tests.test_cuda_runtime import FakeDriver, Result
+
+    class Driver(FakeDriver):
+        CUtensorMapDataType = _enum("CU_TENSOR_MAP_DATA_TYPE_", "FLOAT16", "BFLOAT16")
+        CUtensorMapInterleave = _enum("CU_TENSOR_MAP_INTERLEAVE_", "NONE")
+        CUtensorMapSwizzle = _enum("CU_TENSOR_MAP_SWIZZLE_", "128B")
+        CUtensorMapL2promotion = _enum("CU_TENSOR_MAP_L2_PROMOTION_", "L2_256B")
+        CUtensorMapFloatOOBfill = _enum("CU_TENSOR_MAP_FLOAT_OOB_FILL_", "NONE")
+        CUfunction_attribute = _enum("CU_FUNC_ATTRIBUTE_", "MAX_DYNAMIC_SHARED_SIZE_BYTES")
+
+        def do_cuTensorMapEncodeTiled(self, *args):  # noqa: N802
+            return (Result.CUDA_SUCCESS, TensorMap())
+
+        def do_cuLaunchKernel(self, function, *rest):  # noqa: N802
+            return (Result.CUDA_SUCCESS,)
+
+    driver = Driver()
+    monkeypatch.setattr(cuda, "driver", lambda: driver)
+    program = cuda.CudaProgram(wgmma_binary.manifest, wgmma_binary.ptx, {})
+    (opt_in,) = [c for c in driver.calls if c[0] == "cuFuncSetAttribute"]
+    assert opt_in[2:] == ("CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES",
+                          dynamic_shared_bytes(3, 64))  # 3 stages of 128x64 and 64x64  # fmt: skip
+    a, b = np.ones((256, 128), np.float16), np.ones((128, 128), np.float16)
+    program.upload([a, b])
+    encodes = [c[1:] for c in driver.calls if c[0] == "cuTensorMapEncodeTiled"]
+    a_at, b_at = (program.buffers[n] for n in ("in0", "in1"))
+    assert encodes[0] == ("CU_TENSOR_MAP_DATA_TYPE_FLOAT16", 2, a_at, [128, 256], [256],
+                          [64, 128], [1, 1], "CU_TENSOR_MAP_INTERLEAVE_NONE",
+                          "CU_TENSOR_MAP_SWIZZLE_128B", "CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
+                          "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")  # fmt: skip
+    assert encodes[1][2:6] == (b_at, [128, 128], [256], [64, 64])  # dims, bytes, box
+    maps = [s["buffer"] for s in wgmma_binary.manifest["plan"] if s["op"] == "tensor_map"]
+    assert bytes(driver.memory[program.buffers[maps[0]]]) == bytes(range(128))
+    program.close()
+
+
+def test_encoding_refuses_views_tma_cannot_describe():
+    from stagegraph.runtime.tensor_map import encode_arguments
+
+    step = {"buffer": "t", "box": [8, 8], "swizzle": 0, "l2_promotion": 0, "oob_fill": "zero",
+            "source": {"buffer": "x", "offset": 0, "sizes": [8, 12], "strides": [12, 1],
+                       "dtype": "f16"}}  # fmt: skip
+    with pytest.raises(CudaError, match="16-byte aligned rows"):
+        encode_arguments(step, 0x1000)  # rows of 24 bytes
+    args = encode_arguments({**step, "source": {**step["source"], "sizes": [8, 16],
+                             "strides": [16, 1]}}, 0x1000)  # fmt: skip
+    assert (args["dims"], args["strides"], args["swizzle"]) == ([16, 8], [32], "NONE")
