@@ -233,7 +233,7 @@ class TensorMap:
     def __init__(self) -> None:
         self.data = (ctypes.c_uint8 * 128)(*range(128))
 
-    def getPtr(self) -> int:  # noqa: N802  (the driver's name)
+    def getPtr(self) -> int:
         return ctypes.addressof(self.data)
 
 
@@ -255,10 +255,10 @@ def test_runtime_encodes_tensor_maps_and_opts_in_to_the_shared_memory(monkeypatc
         CUtensorMapFloatOOBfill = _enum("CU_TENSOR_MAP_FLOAT_OOB_FILL_", "NONE")
         CUfunction_attribute = _enum("CU_FUNC_ATTRIBUTE_", "MAX_DYNAMIC_SHARED_SIZE_BYTES")
 
-        def do_cuTensorMapEncodeTiled(self, *args):  # noqa: N802
+        def do_cuTensorMapEncodeTiled(self, *args):
             return (Result.CUDA_SUCCESS, TensorMap())
 
-        def do_cuLaunchKernel(self, function, *rest):  # noqa: N802
+        def do_cuLaunchKernel(self, function, *rest):
             return (Result.CUDA_SUCCESS,)
 
     driver = Driver()

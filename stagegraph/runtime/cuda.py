@@ -135,10 +135,11 @@ class CudaProgram:
                 "cuModuleGetFunction", self.modules[stem], kernel["entry"].encode()
             )
         self.launches = {k["name"]: k["launch"] for k in manifest["kernels"]}
+        attribute = "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"
         for kernel in manifest["kernels"]:  # dynamic shared memory past the default 48 KiB
             if kernel["launch"]["shared_mem_bytes"] > DEFAULT_SHARED_BYTES:
                 self._call("cuFuncSetAttribute", self.functions[kernel["name"]],
-                           self.cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                           getattr(self.cu.CUfunction_attribute, attribute),
                            kernel["launch"]["shared_mem_bytes"])  # fmt: skip
         self.buffers: dict[str, int] = {}
         self.scalars: dict[str, Any] = {}

@@ -33,7 +33,8 @@ def create_descriptor(build: Any, memref: Any, box: tuple[int, ...]) -> Any:
     """``nvgpu.tma.create.descriptor`` of ``memref`` for a ``box`` (elements per dim,
     outermost first) in 128-byte-swizzled shared memory, at ``build``'s insertion point
     (a :class:`~stagegraph.stages.gpu.mma._Builder` on the host)."""
-    from stagegraph.mlir.bindings import ir, memref as memref_d, nvgpu
+    from stagegraph.mlir.bindings import ir, nvgpu
+    from stagegraph.mlir.bindings import memref as memref_d
 
     element = ir.MemRefType(memref.type).element_type
     with build.location:

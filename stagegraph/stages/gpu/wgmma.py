@@ -218,9 +218,9 @@ def give_dynamic_shared(module: Any) -> int:
 def align_dynamic_shared(module: Any) -> int:
     """Put every wgmma kernel's dynamic shared memory (the zero-sized ``addr_space = 3``
     global the NVVM lowering makes of ``gpu.dynamic_shared_memory``) on a
-    :data:`SHARED_ALIGN` boundary, as an external declaration: the 128-byte swizzle of TMA and wgmma repeats every 1024 bytes and both
-    compute it from the address, so a slot must start on such a boundary; returns how
-    many globals were raised."""
+    :data:`SHARED_ALIGN` boundary, as an external declaration: the 128-byte swizzle of
+    TMA and wgmma repeats every 1024 bytes and both compute it from the address, so a
+    slot must start on such a boundary; returns how many globals were raised."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect
 
@@ -255,12 +255,11 @@ def _global(kernel: Any, name: str) -> Any:
 
 def _is_dynamic_shared(global_op: Any) -> bool:
     """An ``addr_space = 3`` global of a zero-length array (the dynamic shared memory)."""
-    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.bindings import ir, llvm
 
-    space = global_op.attributes["addr_space"] if "addr_space" in global_op.attributes else None
-    if space is None or ir.IntegerAttr(space).value != 3:
+    if "addr_space" not in global_op.attributes:
         return False
-    from stagegraph.mlir.bindings import llvm
-
+    if ir.IntegerAttr(global_op.attributes["addr_space"]).value != 3:
+        return False
     kind = ir.TypeAttr(global_op.attributes["global_type"]).value
     return isinstance(kind, llvm.ArrayType) and kind.num_elements == 0

@@ -27,6 +27,7 @@ from stagegraph.stages.gpu.wgmma import (
     dynamic_shared_bytes,
 )
 
+
 def _block_forall(op: Any) -> Any:
     """The outermost ``scf.forall`` around ``op`` (the block loop of the schedule)."""
     found, parent = None, op.parent

@@ -4,9 +4,9 @@ z3 rules that keep a choice buildable on the target.
 Declared beside :class:`~stagegraph.stages.gpu.params.KernelPlan` for the op kind
 :data:`~stagegraph.stages.gpu.params.WGMMA_KIND`, so ``tune`` searches it like any other
 space. The rules are the ones :func:`stagegraph.stages.gpu.wgmma.choose` applies: exact
-tiles, no more loads in flight (``stages - 1``) than K steps, every stage (and the epilogue's f32 C tile) within
-the target's opt-in shared memory per block, and the accumulator within the registers a
-thread of a 128-thread block may hold.
+tiles, no more loads in flight (``stages - 1``) than K steps, every stage (and the
+epilogue's f32 C tile) within the target's opt-in shared memory per block, and the
+accumulator within the registers a thread of a 128-thread block may hold.
 """
 
 from __future__ import annotations
