@@ -292,3 +292,33 @@ def test_encoding_refuses_views_tma_cannot_describe():
     args = encode_arguments({**step, "source": {**step["source"], "sizes": [8, 16],
                              "strides": [16, 1]}}, 0x1000)  # fmt: skip
     assert (args["dims"], args["strides"], args["swizzle"]) == ([16, 8], [32], "NONE")
+
+
+def test_tune_explains_the_wgmma_space(capsys, tmp_path):
+    from tests.test_cli_core import run_cli
+
+    path = payload(tmp_path, 4096, 4096, 4096)
+    code, out, _ = run_cli(capsys, "tune", "gpu", path, "--target", "h100", "--explain")
+    assert code == 0, out
+    assert "ops wgmma_matmul" in out and "op1.stages {2,3,4,5,6,7,8}" in out
+    assert "op1.stages_fit_shared=232448B" in out and "size: 13" in out
+
+
+@needs_llvmlite
+def test_gpu_matmul_builds_wgmma_artifacts_for_sm90a(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    build = [sys.executable, "benchmarks/gpu_matmul.py", "--build", str(tmp_path),
+             "--target", "sm_90a", "--shapes", "256x128x128", "200x64x32"]  # fmt: skip
+    done = subprocess.run(build, capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    cases = {c["name"]: c for c in json.loads((tmp_path / "cases.json").read_text())["cases"]}
+    paths = {name: (c["path"], c["stages"]) for name, c in cases.items()}
+    assert paths["bf16_256x128x128"] == paths["f16_256x128x128"] == ("wgmma", 3)
+    assert paths["bf16_200x64x32"][0] != "wgmma"  # 200 rows: another path
+    manifest = json.loads((tmp_path / "bf16_256x128x128" / "manifest.json").read_text())
+    assert [s["box"] for s in manifest["plan"] if s["op"] == "tensor_map"] == [[128, 64],
+                                                                               [64, 64]]
