@@ -98,13 +98,15 @@ class _Block:
     """Builds one block's pipeline at ``build``'s insertion point."""
 
     def __init__(self, build: _Builder, descriptors: tuple[Any, Any], origin: tuple[Any, Any],
-                 shape: tuple[int, int, int], stages: int) -> None:  # fmt: skip
+                 shape: tuple[Any, int, int], stages: int, consumers: int = 1) -> None:  # fmt: skip
         from stagegraph.mlir.bindings import ir
 
         self.build, self.ir = build, ir
         self.descriptors, self.origin = descriptors, origin
-        self.element, (_, self.tile_n, self.k) = shape[0], shape
+        self.element, self.tile_n, self.k = shape
         self.stages = stages
+        #: Warpgroups doing wgmma, each on ``rows`` rows of the block's 128.
+        self.consumers, self.rows = consumers, TILE_M // consumers
         self.a_bytes = TILE_M * TILE_K * 2
         self.b_bytes = TILE_K * self.tile_n * 2
         with build.location:
@@ -207,30 +209,45 @@ class _Block:
                 n = self.index("addi", n0, build.const(box * BOX_N))
                 nvgpu.TmaAsyncLoadOp(b_view, self.barriers, b_desc, [n, k], slot, ip=build.point)
 
-    def mainloop(self) -> Any:
-        """The prologue's loads, then the loop over K steps; returns the accumulator."""
-        from stagegraph.mlir.bindings import nvgpu, nvvm, scf
+    def accumulator_type(self) -> Any:
+        with self.build.location:
+            return self.ir.Type.parse("!nvgpu.warpgroup.accumulator<fragmented = "
+                                      f"vector<{self.rows}x{self.tile_n}xf32>>")  # fmt: skip
+
+    def flag(self, value: int) -> Any:
+        return self.build.op("arith.constant", [self.i1], [],
+                             value=self.ir.IntegerAttr.get(self.i1, value))  # fmt: skip
+
+    def compare(self, predicate: int, lhs: Any, rhs: Any) -> Any:
+        """``arith.cmpi`` (0: eq, 1: ne, 6: ult, 8: ugt) on two index values."""
+        return self.build.op("arith.cmpi", [self.i1], [lhs, rhs], predicate=self.ir.IntegerAttr
+                             .get(self.ir.IntegerType.get_signless(64), predicate))  # fmt: skip
+
+    def wait(self, barriers: Any, slot: Any, phase: Any) -> None:
+        from stagegraph.mlir.bindings import nvgpu
+
+        with self.build.location:
+            nvgpu.MBarrierTryWaitParityOp(barriers, phase, self.build.const(WAIT_TICKS), slot,
+                                          ip=self.build.point)  # fmt: skip
+
+    def next_phase(self, phase: Any, slot: Any) -> Any:
+        """The barrier phase parity after ``slot``: flipped once every slot was used."""
+        last = self.compare(0, slot, self.build.const(self.stages - 1))
+        flipped = self.build.op("arith.xori", [self.i1], [phase, self.flag(1)])
+        return self.build.op("arith.select", [self.i1], [last, flipped, phase])
+
+    def accumulate(self, acc: Any, slot: Any, consumer: Any = None) -> Any:
+        """One wgmma step on stage ``slot``: this consumer's ``rows`` of A (``consumer``:
+        its index, None for the only one) by the stage's B, into ``acc``."""
+        from stagegraph.mlir.bindings import nvgpu
 
         build, ir = self.build, self.ir
-        steps = self.k // TILE_K
-        with self.only_if(self.first):
-            for step in range(min(self.stages - 1, steps)):
-                self.load(build.const(step), build.const(step))
-        with build.location:
-            acc_type = ir.Type.parse("!nvgpu.warpgroup.accumulator<fragmented = "
-                                     f"vector<{TILE_M}x{self.tile_n}xf32>>")  # fmt: skip
-            acc = nvgpu.WarpgroupMmaInitAccumulatorOp(acc_type, ip=build.point).result
-            phase = build.op("arith.constant", [self.i1], [], value=ir.IntegerAttr.get(self.i1, 0))
-            loop = scf.ForOp(build.const(0), build.const(steps), build.const(1), [acc, phase],
-                             ip=build.point)  # fmt: skip
-        outer, build.point = build.point, ir.InsertionPoint(loop.body)
-        step = loop.induction_variable
-        acc, phase = loop.inner_iter_args
-        slot = self.index("remui", step, build.const(self.stages))
-        with build.location:
-            nvgpu.MBarrierTryWaitParityOp(self.barriers, phase, build.const(WAIT_TICKS), slot,
-                                          ip=build.point)  # fmt: skip
-        a_view, b_view = self.slot_views(slot)
+        a_at = self.scaled(slot, self.a_bytes)
+        if consumer is not None:
+            a_at = self.index("addi", a_at, self.scaled(consumer, self.rows * TILE_K * 2))
+        a_view = self.view(a_at, [self.rows, TILE_K])
+        b_view = self.view(self.scaled(slot, self.b_bytes, self.stages * self.a_bytes),
+                           [TILE_K, self.tile_n])  # fmt: skip
         with build.location:
             described = [
                 nvgpu.WarpgroupGenerateDescriptorOp(
@@ -238,15 +255,41 @@ class _Block:
                     view, descriptor, ip=build.point).result
                 for view, descriptor in zip((a_view, b_view), self.descriptors, strict=True)
             ]  # fmt: skip
-            acc = nvgpu.WarpgroupMmaOp(acc_type, *described, acc, transposeB=True,
-                                       ip=build.point).result  # fmt: skip
+            return nvgpu.WarpgroupMmaOp(self.accumulator_type(), *described, acc,
+                                        transposeB=True, ip=build.point).result  # fmt: skip
+
+    def loop(self, steps: int, carried: list[Any]) -> tuple[Any, Any]:
+        """An ``scf.for`` over ``steps`` carrying ``carried``; the builder moves into its
+        body. Returns the loop and the insertion point to come back to."""
+        from stagegraph.mlir.bindings import scf
+
+        build = self.build
+        with build.location:
+            made = scf.ForOp(build.const(0), build.const(steps), build.const(1), carried,
+                             ip=build.point)  # fmt: skip
+        outer, build.point = build.point, self.ir.InsertionPoint(made.body)
+        return made, outer
+
+    def mainloop(self) -> Any:
+        """The prologue's loads, then the loop over K steps; returns the accumulator."""
+        from stagegraph.mlir.bindings import nvgpu, nvvm
+
+        build = self.build
+        steps = self.k // TILE_K
+        with self.only_if(self.first):
+            for step in range(min(self.stages - 1, steps)):
+                self.load(build.const(step), build.const(step))
+        with build.location:
+            acc = nvgpu.WarpgroupMmaInitAccumulatorOp(self.accumulator_type(),
+                                                      ip=build.point).result  # fmt: skip
+        loop, outer = self.loop(steps, [acc, self.flag(0)])
+        step = loop.induction_variable
+        acc, phase = loop.inner_iter_args
+        slot = self.index("remui", step, build.const(self.stages))
+        self.wait(self.barriers, slot, phase)
+        acc = self.accumulate(acc, slot)
         self.refill(step, steps)
-        last = build.op("arith.cmpi", [self.i1], [slot, build.const(self.stages - 1)],
-                        predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64), 0))
-        true = build.op("arith.constant", [self.i1], [], value=ir.IntegerAttr.get(self.i1, 1))
-        flipped = build.op("arith.xori", [self.i1], [phase, true])
-        phase = build.op("arith.select", [self.i1], [last, flipped, phase])
-        build.op("scf.yield", [], [acc, phase])
+        build.op("scf.yield", [], [acc, self.next_phase(phase, slot)])
         build.point = outer
         with build.location:
             nvvm.WgmmaWaitGroupSyncOp(0, ip=build.point)
@@ -255,40 +298,53 @@ class _Block:
     def refill(self, step: Any, steps: int) -> None:
         """Load K step ``step + stages - 1`` into its slot (the one the previous step read,
         whose wgmma group has completed), where that step exists."""
-        build, ir = self.build, self.ir
+        build = self.build
         ahead = self.index("addi", step, build.const(self.stages - 1))
-        exists = build.op("arith.cmpi", [self.i1], [ahead, build.const(steps)],
-                          predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
-                                                       6))  # ult  # fmt: skip
+        exists = self.compare(6, ahead, build.const(steps))
         with self.only_if(build.op("arith.andi", [self.i1], [exists, self.first])):
             self.load(self.index("remui", ahead, build.const(self.stages)), ahead)
 
-    def epilogue(self, acc: Any, c: Any) -> None:
-        """Accumulator -> shared memory, then each thread adds elements ``tid + 128 i`` of
-        the tile to C (consecutive threads on consecutive columns)."""
-        from stagegraph.mlir.bindings import gpu, nvgpu, scf
+    def store_tile(self, acc: Any, consumer: Any = None) -> Any:
+        """After a block barrier (every warp is done reading the stages): the accumulator
+        into the f32 C tile in shared memory (this consumer's rows); returns the tile."""
+        from stagegraph.mlir.bindings import nvgpu
 
-        build, ir = self.build, self.ir
-        f32 = ir.F32Type.get(build.location.context)
+        build = self.build
+        f32 = self.ir.F32Type.get(build.location.context)
+        self.tile = self.view(build.const(0), [TILE_M, self.tile_n], f32)
+        at = build.const(0) if consumer is None else self.scaled(consumer,
+                                                                 self.rows * self.tile_n * 4)
+        mine = self.view(at, [self.rows, self.tile_n], f32)
         with build.location:
-            gpu.BarrierOp(ip=build.point)  # every warp is done reading the stages
-        tile = self.view(build.const(0), [TILE_M, self.tile_n], f32)
-        with build.location:
-            nvgpu.WarpgroupMmaStoreOp(acc, tile, ip=build.point)
-            gpu.BarrierOp(ip=build.point)
-            count = TILE_M * self.tile_n // WARPGROUP
-            loop = scf.ForOp(build.const(0), build.const(count), build.const(1), [],
-                             ip=build.point)  # fmt: skip
-        outer, build.point = build.point, ir.InsertionPoint(loop.body)
-        flat = self.index("addi", self.scaled(loop.induction_variable, WARPGROUP), self.tid)
+            nvgpu.WarpgroupMmaStoreOp(acc, mine, ip=build.point)
+        return self.tile
+
+    def add_to_c(self, c: Any, local: Any, workers: int) -> None:
+        """``workers`` threads (``local``: this one's index) add the shared C tile to C,
+        element ``local + workers * i`` each (consecutive threads on consecutive columns)."""
+        build = self.build
+        f32 = self.ir.F32Type.get(build.location.context)
+        loop, outer = self.loop(TILE_M * self.tile_n // workers, [])
+        flat = self.index("addi", self.scaled(loop.induction_variable, workers), local)
         row = self.index("divui", flat, build.const(self.tile_n))
         col = self.index("remui", flat, build.const(self.tile_n))
-        value = build.op("memref.load", [f32], [tile, row, col])
+        value = build.op("memref.load", [f32], [self.tile, row, col])
         old = build.op("memref.load", [f32], [c, row, col])
         total = build.op("arith.addf", [f32], [old, value])
         build.op("memref.store", [], [total, c, row, col])
         build.op("scf.yield", [], [])
         build.point = outer
+
+    def epilogue(self, acc: Any, c: Any) -> None:
+        """Accumulator -> shared memory -> added to C by the warpgroup."""
+        from stagegraph.mlir.bindings import gpu
+
+        with self.build.location:
+            gpu.BarrierOp(ip=self.build.point)
+        self.store_tile(acc)
+        with self.build.location:
+            gpu.BarrierOp(ip=self.build.point)
+        self.add_to_c(c, self.tid, WARPGROUP)
 
 
 def _dynamic_size() -> int:
