@@ -50,12 +50,16 @@ def matmul_plan(path: str, target: str = "h100", **params):
 def test_sm90a_half_matmuls_take_wgmma_and_others_keep_mma_sync(tmp_path):
     big = payload(tmp_path, 4096, 4096, 4096)
     plan = matmul_plan(big)
-    # 32x32 blocks of 128x128 fill 132 SMs; 7 stages of 32 KiB fit 227 KiB of opt-in memory.
-    assert (plan.tile_m, plan.tile_n, plan.stages, plan.threads) == (128, 128, 7, (128,))
-    assert plan.mma == (64, 128, 16)
+    # 64 K steps: warp-specialized (a producer and two consumer warpgroups); 32x16 blocks
+    # of 128x256 fill 132 SMs; 4 stages of 48 KiB fit 227 KiB of opt-in shared memory.
+    assert (plan.tile_m, plan.tile_n, plan.stages, plan.threads) == (128, 256, 4, (384,))
+    assert plan.warp_specialized and plan.mma == (64, 256, 16)
     assert matmul_plan(big, "sm_80").stages == 0  # Ampere: mma.sync
     assert matmul_plan(big, wgmma=False).stages == 0  # the param keeps mma.sync
-    assert matmul_plan(payload(tmp_path, 4096, 4096, 4096, "f16")).stages == 7
+    assert matmul_plan(payload(tmp_path, 4096, 4096, 4096, "f16")).stages == 4
+    short = matmul_plan(payload(tmp_path, 4096, 4096, 256))  # 4 K steps: one warpgroup
+    assert (short.tile_n, short.stages, short.threads, short.warp_specialized) == (
+        128, 5, (128,), False)  # fmt: skip
     # Rows not in 128s, or K not in 64s: the mma.sync path takes them.
     assert matmul_plan(payload(tmp_path, 192, 256, 128)).stages == 0
     assert matmul_plan(payload(tmp_path, 256, 256, 96)).stages == 0
@@ -63,19 +67,22 @@ def test_sm90a_half_matmuls_take_wgmma_and_others_keep_mma_sync(tmp_path):
 
 def test_pipeline_depth_and_width_follow_the_target_facts(tmp_path):
     # Fewer blocks than SMs: the narrower tile gives more blocks.
-    assert choose(1024, 1024, 1024, 132, 227 * 1024, 255) == (64, 8)
-    assert choose(4096, 4096, 4096, 132, 227 * 1024, 255) == (128, 7)
-    # 100 KiB of shared memory: 3 stages of 32 KiB (plus the 1 KiB alignment).
-    assert choose(4096, 4096, 4096, 132, 100 * 1024, 255) == (128, 3)
-    assert choose(4096, 4096, 128, 132, 227 * 1024, 255) == (128, 3)  # 2 K steps in flight
-    assert choose(4096, 4096, 4096, 132, 227 * 1024, 150) == (64, 8)  # 128 f32 do not fit
+    assert choose(1024, 1024, 1024, 132, 227 * 1024, 255) == (64, 8, True)
+    assert choose(4096, 4096, 4096, 132, 227 * 1024, 255) == (256, 4, True)
+    # 100 KiB of shared memory: no room for 128x256 f32 of C; 3 stages of 32 KiB at 128.
+    assert choose(4096, 4096, 4096, 132, 100 * 1024, 255) == (128, 3, True)
+    assert choose(4096, 4096, 128, 132, 227 * 1024, 255) == (128, 3, False)  # 2 K steps
+    assert choose(4096, 4096, 128, 132, 227 * 1024, 150) == (64, 3, False)  # 128 f32: no
+    # A block without room for the register split of 384 threads: one warpgroup.
+    assert choose(4096, 4096, 4096, 132, 227 * 1024, 255, 32768) == (128, 7, False)
     from stagegraph.stages.gpu.target import resolve_gpu_target
     from stagegraph.stages.gpu.wgmma import plan_wgmma
 
     facts = sg.run("gpu", payload(tmp_path, 4096, 4096, 4096), until="analyze").value("analyze")
     small = resolve_gpu_target("h100").model_copy(update={"shared_bytes_per_block_optin":
                                                           100 * 1024})  # fmt: skip
-    assert plan_wgmma(facts.ops[1], small).stages == 3
+    assert (plan_wgmma(facts.ops[1], small).stages, plan_wgmma(facts.ops[1], small).tile_n) == (
+        3, 128)  # fmt: skip
     assert plan_wgmma(facts.ops[1], resolve_gpu_target("sm_89")) is None
     assert stage_bytes(128) == 32768 and dynamic_shared_bytes(2, 128) == 65536  # C tile
     assert block_shared_bytes(7, 128) == 7 * 32768 + 1024
@@ -89,20 +96,28 @@ def test_the_wgmma_space_is_declared_with_shared_memory_and_register_rules(tmp_p
     run = sg.run("gpu", path, target="h100", until="select")
     params, facts = run.value("select"), run.value("analyze")
     space = build_space(params, facts, resolve_gpu_target("h100"))
-    assert set(space.variables) == {"op1.tile_n", "op1.stages"}
+    assert set(space.variables) == {"op1.tile_n", "op1.stages", "op1.warp_specialized"}
     assert space.contains(space.values_of(params))
-    # tile 64: 24 KiB stages, all of 2..8 fit; tile 128: 32 KiB, 2..7 (8 would need 257 KiB).
-    assert space.count() == (7 + 6, True)
-    assert "op1.stages_fit_shared=232448B" in space.violated({"op1.tile_n": 128,
+    # tile 64: 24 KiB stages, all of 2..8 fit; 128: 32 KiB, 2..7 (8 would need 257 KiB);
+    # 256 (specialized only: 256 f32 per thread do not fit one warpgroup): 48 KiB, 2..4.
+    assert space.count() == ((7 + 6) * 2 + 3, True)
+    on = {"op1.warp_specialized": 1}
+    assert "op1.stages_fit_shared=232448B" in space.violated({**on, "op1.tile_n": 128,
                                                               "op1.stages": 8})  # fmt: skip
-    assert "op1.accumulator_fits_registers=255" in space.constraints
-    tuned = space.to_params({"op1.tile_n": 64, "op1.stages": 4})
-    assert (tuned.kernels[-1].tile_n, tuned.kernels[-1].stages) == (64, 4)
+    assert "op1.accumulator_fits_registers=255|240" in space.violated({
+        "op1.warp_specialized": 0, "op1.tile_n": 256, "op1.stages": 2})  # fmt: skip
+    tuned = space.to_params({"op1.tile_n": 64, "op1.stages": 4, "op1.warp_specialized": 0})
+    plan = tuned.kernels[-1]
+    assert (plan.tile_n, plan.stages, plan.warp_specialized) == (64, 4, False)
+    from stagegraph.stages.gpu.wgmma import plan_threads
+
+    assert plan_threads(plan) == (128,) and plan_threads(params.kernels[-1]) == (384,)
     shallow = build_space(params, sg.run("gpu", payload(tmp_path, 4096, 4096, 128),
                           target="h100", until="analyze").value("analyze"),
                           resolve_gpu_target("h100"))  # fmt: skip
     assert "op1.stages_within_k_steps=2" in shallow.violated({"op1.tile_n": 128,
-                                                              "op1.stages": 4})  # fmt: skip
+                                                              "op1.stages": 4,
+                                                              "op1.warp_specialized": 0})
 
 
 # -- the kernel, as IR ----------------------------------------------------------------
@@ -114,25 +129,54 @@ def test_rewrite_builds_the_tma_mbarrier_wgmma_pipeline(tmp_path):
     from stagegraph.stages.gpu.tma import SWIZZLE_ATTR
     from stagegraph.stages.gpu.wgmma import rewrite_wgmma
 
-    path = payload(tmp_path, 1024, 1024, 512)  # tile 64, 8 stages > 8 K steps: 7 in flight
+    path = payload(tmp_path, 1024, 1024, 256)  # tile 64, 5 stages: 4 K steps in flight
     module = sg.run("gpu", path, target="h100", until="bufferized").module.ir
     (marked,) = collect(module, lambda op: WGMMA_ATTR in op.attributes)
-    assert ir.IntegerAttr(marked.attributes[WGMMA_ATTR]).value == 8
+    assert ir.IntegerAttr(marked.attributes[WGMMA_ATTR]).value == 5
     with module.context:
         assert rewrite_wgmma(module) == 1
     descriptors = collect(module, "nvgpu.tma.create.descriptor")
     assert len(descriptors) == 2 and all(d.parent.name == "func.func" for d in descriptors)
     assert [ir.IntegerAttr(d.attributes[SWIZZLE_ATTR]).value for d in descriptors] == [128, 128]
-    assert len(collect(module, "nvgpu.mbarrier.init")) == 8
+    assert len(collect(module, "nvgpu.mbarrier.init")) == 5
     (loop,) = [op for op in collect(module, "scf.for") if collect(op, "nvgpu.warpgroup.mma")]
     (mma,) = collect(loop, "nvgpu.warpgroup.mma")
     assert "transposeB" in mma.attributes and len(loop.results) == 2  # accumulator, phase
     assert collect(loop, "nvgpu.mbarrier.try_wait.parity")
     loads = collect(module, "nvgpu.tma.async.load")
-    assert len(loads) == 7 * 2 + 2  # the prologue's 7 steps (A, one B box), the refill
+    assert len(loads) == 4 * 2 + 2  # the prologue's 4 steps (A, one B box), the refill
     assert len(collect(loop, "nvgpu.tma.async.load")) == 2
     assert len(collect(module, "nvgpu.warpgroup.mma.store")) == 1
     assert not collect(module, "linalg.matmul")
+
+
+def test_warp_specialized_blocks_split_producer_and_consumers(tmp_path):
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.gpu.wgmma import WS_ATTR, rewrite_wgmma
+
+    path = payload(tmp_path, 1024, 1024, 512)  # 8 K steps: specialized; tile 64, 8 stages
+    module = sg.run("gpu", path, target="h100", until="bufferized").module.ir
+    (marked,) = collect(module, lambda op: WGMMA_ATTR in op.attributes)
+    assert WS_ATTR in marked.attributes
+    with module.context:
+        assert rewrite_wgmma(module) == 1
+    assert len(collect(module, "nvgpu.mbarrier.create")) == 2  # full and empty
+    assert len(collect(module, "nvgpu.mbarrier.init")) == 2 * 8
+    regs = collect(module, "nvvm.setmaxregister")
+    assert sorted(ir_int(r.attributes["regCount"]) for r in regs) == [24, 240]
+    loops = [op for op in collect(module, "scf.for")
+             if collect(op, "nvgpu.mbarrier.try_wait.parity")]  # fmt: skip
+    producer, consumer = sorted(loops, key=lambda op: len(collect(op, "nvgpu.warpgroup.mma")))
+    assert len(collect(producer, "nvgpu.tma.async.load")) == 2  # A and one B box a step
+    assert not collect(consumer, "nvgpu.tma.async.load")
+    assert len(collect(consumer, "nvgpu.mbarrier.arrive")) == 1  # frees the previous slot
+    assert len(collect(module, "nvvm.barrier")) == 2  # the consumers' named barrier
+
+
+def ir_int(attr) -> int:
+    from stagegraph.mlir.bindings import ir
+
+    return ir.IntegerAttr(attr).value
 
 
 @needs_llvmlite
@@ -153,9 +197,12 @@ def test_lowering_leaves_no_nvgpu_ops_and_aligns_the_dynamic_shared_memory(tmp_p
 
 # -- PTX ------------------------------------------------------------------------------
 
-#: The shipped tile shapes: (shape, dtype) -> (tile_n, stages).
-SHIPPED = {((2048, 2048, 512), "bf16"): (128, 7), ((1024, 1024, 1024), "f16"): (64, 8),
-           ((4096, 4096, 4096), "bf16"): (128, 7)}  # fmt: skip
+#: The shipped tile shapes: (shape, dtype) -> (tile_n, stages, warp-specialized).
+SHIPPED = {((4096, 4096, 256), "bf16"): (128, 5, False),
+           ((1024, 1024, 256), "f16"): (64, 5, False),
+           ((2048, 2048, 512), "bf16"): (128, 7, True),
+           ((1024, 1024, 1024), "f16"): (64, 8, True),
+           ((4096, 4096, 4096), "bf16"): (256, 4, True)}  # fmt: skip
 
 
 @needs_llvmlite
@@ -163,26 +210,31 @@ SHIPPED = {((2048, 2048, 512), "bf16"): (128, 7), ((1024, 1024, 1024), "f16"): (
 def test_ptx_holds_wgmma_and_tma_and_assembles_without_spills(tmp_path, shape, dtype):
     from stagegraph.stages.gpu.ptx import assemble
 
-    tile_n, stages = SHIPPED[(shape, dtype)]
+    tile_n, stages, specialized = SHIPPED[(shape, dtype)]
     binary = sg.run("gpu", payload(tmp_path, *shape, dtype), target="h100",
                     until="emit").value("emit")  # fmt: skip
     (name,) = [n for n, text in binary.ptx.items() if "wgmma" in text]
     text = binary.ptx[name]
     assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.{dtype}.{dtype}" in text
-    count = text.count("wgmma.mma_async")  # two m64 rows x four k16 per 64-deep step,
-    assert count and count % (2 * 4) == 0  # times LLVM's unrolling of the K loop
+    count = text.count("wgmma.mma_async")  # m64 rows (2, or 1 per consumer) x four k16 per
+    assert count and count % ((1 if specialized else 2) * 4) == 0  # step, times unrolling
     assert "cp.async.bulk.tensor.2d.shared::cluster.global" in text
     assert "mbarrier.try_wait.parity" in text and "mbarrier.arrive.expect_tx" in text
     assert "wgmma.fence.sync.aligned" in text and "wgmma.commit_group.sync.aligned" in text
     assert ".extern .shared .align 1024 .b8 __dynamic_shmem__0[]" in text
     assert f".shared .align 8 .b8 __mbarrier[{8 * stages}]" in text
+    assert ("setmaxnreg.dec.sync.aligned.u32 \t24" in text) == specialized
+    assert ("setmaxnreg.inc.sync.aligned.u32 \t240" in text) == specialized
     (report,) = assemble(text, "sm_90a")
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
     # Static: the mbarriers, padded so the dynamic stages start on a 1024-byte boundary.
-    assert report.registers <= 255 and report.shared_bytes == 1024
+    assert report.shared_bytes == 1024
+    # A specialized block starts at 65536 / 384 registers; setmaxnreg moves them after.
+    assert report.registers <= (168 if specialized else 255)
     (kernel,) = [k for k in binary.manifest["kernels"] if k["ptx"] == f"{name}.ptx"]
     m, n, _ = shape
-    assert kernel["launch"] == {"grid": [n // tile_n, m // 128, 1], "block": [128, 1, 1],
+    threads = 384 if specialized else 128
+    assert kernel["launch"] == {"grid": [n // tile_n, m // 128, 1], "block": [threads, 1, 1],
                                 "shared_mem_bytes": dynamic_shared_bytes(stages, tile_n)}
 
 
@@ -300,8 +352,8 @@ def test_tune_explains_the_wgmma_space(capsys, tmp_path):
     path = payload(tmp_path, 4096, 4096, 4096)
     code, out, _ = run_cli(capsys, "tune", "gpu", path, "--target", "h100", "--explain")
     assert code == 0, out
-    assert "ops wgmma_matmul" in out and "op1.stages {2,3,4,5,6,7,8}" in out
-    assert "op1.stages_fit_shared=232448B" in out and "size: 13" in out
+    assert "ops wgmma_matmul" in out and "op1.warp_specialized {0,1}" in out
+    assert "op1.stages_fit_shared=232448B" in out and "size: 29" in out
 
 
 @needs_llvmlite

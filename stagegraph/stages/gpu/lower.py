@@ -47,10 +47,12 @@ def block_dims(forall: Any, params: GpuParams) -> list[int]:
     tagged = [forall, *collect(forall, lambda op: OP_ATTR in op.attributes)]
     indices = {ir.IntegerAttr(op.attributes[OP_ATTR]).value for op in tagged
                if OP_ATTR in op.attributes}  # fmt: skip
+    from stagegraph.stages.gpu.wgmma import plan_threads
+
     spans = [1, 1, 1]
     for plan in params.kernels:
         if plan.op in indices:
-            for axis, count in enumerate(plan.threads):
+            for axis, count in enumerate(plan_threads(plan)):
                 spans[axis] = max(spans[axis], count)
     return spans
 

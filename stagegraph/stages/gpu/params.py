@@ -38,6 +38,7 @@ class KernelPlan(Params):
     tile_m: int = Field(0, ge=0, le=256)  # a tensor-core op's block tile (rows, columns of C)
     tile_n: int = Field(0, ge=0, le=256)
     stages: int = Field(0, ge=0, le=8)  # a wgmma kernel's pipeline depth (0: not wgmma)
+    warp_specialized: bool = False  # wgmma: a producer warpgroup and two consumer ones
 
     @property
     def mapped(self) -> bool:

@@ -39,8 +39,18 @@ TILE_K = 64
 BOX_N = 64
 WARPGROUP = 128
 #: Block tile widths (columns of C) the path takes; the accumulator is ``tile_n`` f32
-#: registers per thread.
-TILE_NS = (64, 128)
+#: registers per thread of one warpgroup on 128 rows, half that with two consumers.
+TILE_NS = (64, 128, 256)
+#: Warp specialization: consumer warpgroups (64 rows each), and the registers per thread
+#: ``setmaxnreg`` leaves the producer and gives each consumer (multiples of 8; with 384
+#: threads they add up to at most 64 Ki registers).
+CONSUMERS = 2
+PRODUCER_REGISTERS = 24
+CONSUMER_REGISTERS = 240
+#: K steps from which a block is warp-specialized (a shorter loop is mostly prologue).
+SPECIALIZE_FROM_STEPS = 8
+#: Marks a block matmul to build warp-specialized.
+WS_ATTR = "stagegraph.gpu_wgmma_ws"
 #: Pipeline depths (one mbarrier and one A and B slot each).
 STAGES = (2, 3, 4, 5, 6, 7, 8)
 #: Registers per thread beyond the accumulator (addresses, loop, barriers, epilogue).
@@ -77,9 +87,34 @@ def block_shared_bytes(stages: int, tile_n: int, element_bytes: int = 2) -> int:
     return dynamic_shared_bytes(stages, tile_n, element_bytes) + SHARED_ALIGN
 
 
-def accumulator_registers(tile_n: int) -> int:
-    """f32 accumulator registers per thread: the warpgroup's 128 threads share 128 x tile_n."""
-    return TILE_M * tile_n // WARPGROUP
+def accumulator_registers(tile_n: int, specialized: bool = False) -> int:
+    """f32 accumulator registers per consumer thread: 128 x tile_n over one warpgroup, or
+    64 x tile_n per consumer warpgroup when warp-specialized."""
+    rows = TILE_M // CONSUMERS if specialized else TILE_M
+    return rows * tile_n // WARPGROUP
+
+
+def block_threads(specialized: bool) -> int:
+    """Threads of a block: one warpgroup, or a producer and the consumers."""
+    return WARPGROUP * (1 + CONSUMERS) if specialized else WARPGROUP
+
+
+def plan_threads(plan: Any) -> tuple[int, ...]:
+    """A kernel plan's block dims: a wgmma plan's follow its warp specialization (which a
+    tuner may have switched), any other plan's are its ``threads``."""
+    return (block_threads(plan.warp_specialized),) if plan.stages else tuple(plan.threads)
+
+
+def registers_fit(tile_n: int, specialized: bool, registers: int, per_block: int) -> bool:
+    """Whether the accumulator and :data:`REGISTER_RESERVE` fit a thread: ``registers``
+    per thread of a plain block, or the consumers' ``setmaxnreg`` count (whose split must
+    fit the block's ``per_block`` registers)."""
+    if specialized:
+        split = WARPGROUP * (PRODUCER_REGISTERS + CONSUMERS * CONSUMER_REGISTERS)
+        budget = CONSUMER_REGISTERS if split <= per_block else 0
+    else:
+        budget = registers
+    return accumulator_registers(tile_n, specialized) + REGISTER_RESERVE <= budget
 
 
 def tile_fits(m: int, n: int, k: int, tile_n: int) -> bool:
@@ -87,28 +122,31 @@ def tile_fits(m: int, n: int, k: int, tile_n: int) -> bool:
     return m % TILE_M == 0 and n % tile_n == 0 and k % TILE_K == 0 and k >= TILE_K
 
 
-def choose(m: int, n: int, k: int, sm_count: int, shared_limit: int,
-           registers: int) -> tuple[int, int] | None:  # fmt: skip
-    """``(tile_n, stages)`` for an ``m x n x k`` matmul: the widest tile that still gives
-    every SM a block (else the one with the most blocks), and the deepest pipeline that
-    fits ``shared_limit`` bytes and has no more loads in flight (``stages - 1``) than K
-    steps; None where no tile fits."""
-    fitting = [t for t in sorted(TILE_NS, reverse=True) if tile_fits(m, n, k, t)
-               and accumulator_registers(t) + REGISTER_RESERVE <= registers]  # fmt: skip
-    if not fitting:
-        return None
-    filling = [t for t in fitting if (m // TILE_M) * (n // t) >= sm_count]
-    tile_n = filling[0] if filling else max(fitting, key=lambda t: (m // TILE_M) * (n // t))
-    depths = [s for s in STAGES if s - 1 <= k // TILE_K
-              and block_shared_bytes(s, tile_n) <= shared_limit]  # fmt: skip
-    if not depths:
-        return None
-    return tile_n, max(depths)
+def choose(m: int, n: int, k: int, sm_count: int, shared_limit: int, registers: int,
+           per_block: int = 65536) -> tuple[int, int, bool] | None:  # fmt: skip
+    """``(tile_n, stages, specialized)`` for an ``m x n x k`` matmul: warp-specialized
+    where the K loop has :data:`SPECIALIZE_FROM_STEPS` steps or more; the widest tile
+    whose accumulator fits and that still gives every SM a block (else the one with the
+    most blocks); the deepest pipeline that fits ``shared_limit`` bytes and has no more
+    loads in flight (``stages - 1``) than K steps. None where no tile fits."""
+    options = (True, False) if k // TILE_K >= SPECIALIZE_FROM_STEPS else (False,)
+    for specialized in options:
+        fitting = [t for t in sorted(TILE_NS, reverse=True) if tile_fits(m, n, k, t)
+                   and registers_fit(t, specialized, registers, per_block)]  # fmt: skip
+        filling = [t for t in fitting if (m // TILE_M) * (n // t) >= sm_count]
+        rest = sorted(set(fitting) - set(filling), key=lambda t: -(m // TILE_M) * (n // t))
+        for tile_n in (*filling, *rest):
+            depths = [s for s in STAGES if s - 1 <= k // TILE_K
+                      and block_shared_bytes(s, tile_n) <= shared_limit]  # fmt: skip
+            if depths:
+                return tile_n, max(depths), specialized
+    return None
 
 
-def wgmma_script(op: int, tile_n: int, stages: int, attr: str) -> str:
+def wgmma_script(op: int, tile_n: int, stages: int, attr: str, specialized: bool = False) -> str:
     """Transform ops for op ``op`` (matched by ``attr``): tiled to ``128 x tile_n`` blocks;
-    the block's matmul is annotated for :func:`rewrite_wgmma` with the pipeline depth."""
+    the block's matmul is annotated for :func:`rewrite_wgmma` with the pipeline depth (and
+    :data:`WS_ATTR` when warp-specialized)."""
     any_op = "!transform.any_op"
     blocks = "#gpu.block<linear_dim_1>, #gpu.block<linear_dim_0>"
     return (
@@ -122,6 +160,7 @@ def wgmma_script(op: int, tile_n: int, stages: int, attr: str) -> str:
         f"    %ws{op} = transform.param.constant {stages} : i64 -> !transform.param<i64>\n"
         f'    transform.annotate %wb{op}_op "{WGMMA_ATTR}" = %ws{op} '
         f": {any_op}, !transform.param<i64>\n"
+        + (f'    transform.annotate %wb{op}_op "{WS_ATTR}" : {any_op}\n' if specialized else "")
     )
 
 
@@ -167,12 +206,13 @@ def plan_wgmma(op: Any, target: Any) -> Any:
         return None
     m, n, k = op.loop_ranges[-3:]
     chosen = choose(m, n, k, target.sm_count, target.shared_bytes_per_block_optin,
-                    thread_registers(target))  # fmt: skip
-    if chosen is None:
+                    thread_registers(target), target.registers_per_block)  # fmt: skip
+    if chosen is None or block_threads(chosen[2]) > target.max_threads_per_block:
         return None
-    tile_n, stages = chosen
-    return KernelPlan(op=op.index, name=op.name, threads=(WARPGROUP,), mma=(64, tile_n, 16),
-                      tile_m=TILE_M, tile_n=tile_n, stages=stages)  # fmt: skip
+    tile_n, stages, specialized = chosen
+    return KernelPlan(op=op.index, name=op.name, threads=(block_threads(specialized),),
+                      mma=(64, tile_n, 16), tile_m=TILE_M, tile_n=tile_n, stages=stages,
+                      warp_specialized=specialized)  # fmt: skip
 
 
 def thread_registers(target: Any) -> int:

@@ -18,12 +18,14 @@ from stagegraph.stages.gpu.mma import _Builder
 from stagegraph.stages.gpu.tma import create_descriptor
 from stagegraph.stages.gpu.wgmma import (
     BOX_N,
+    CONSUMERS,
     SHARED_ATTR,
     TILE_K,
     TILE_M,
     WAIT_TICKS,
     WARPGROUP,
     WGMMA_ATTR,
+    WS_ATTR,
     dynamic_shared_bytes,
 )
 
@@ -133,26 +135,29 @@ class _Block:
         return self.index("addi", out, self.build.const(plus)) if plus else out
 
     def prepare(self) -> None:
-        """Thread 0 initialises one mbarrier per stage and prefetches the descriptors;
-        a block barrier makes the barriers visible before anyone waits on them."""
+        """Thread 0 initialises the mbarriers (:meth:`barrier_counts`: one group, one
+        barrier per stage) and prefetches the descriptors; a block barrier makes the
+        barriers visible before anyone waits on them."""
         from stagegraph.mlir.bindings import gpu, nvgpu
 
         build, ir = self.build, self.ir
         with build.location:
             self.tid = gpu.ThreadIdOp(gpu.Dimension.x, ip=build.point).result
-            self.first = build.op("arith.cmpi", [self.i1], [self.tid, build.const(0)],
-                                  predicate=ir.IntegerAttr.get(ir.IntegerType.get_signless(64),
-                                                               0))  # fmt: skip
             group = ir.Type.parse(
                 "!nvgpu.mbarrier.group<memorySpace = #gpu.address_space<workgroup>, "
                 f"num_barriers = {self.stages}>"
             )
-            self.barriers = nvgpu.MBarrierCreateOp(group, ip=build.point).result
+            groups = [(nvgpu.MBarrierCreateOp(group, ip=build.point).result, count)
+                      for count in self.barrier_counts()]  # fmt: skip
+        self.first = self.compare(0, self.tid, build.const(0))
+        self.barriers = groups[0][0]
+        self.groups = [g for g, _ in groups]
         with self.only_if(self.first):
-            for slot in range(self.stages):
-                with build.location:
-                    nvgpu.MBarrierInitOp(self.barriers, build.const(1), build.const(slot),
-                                         ip=build.point)  # fmt: skip
+            for barriers, count in groups:
+                for slot in range(self.stages):
+                    with build.location:
+                        nvgpu.MBarrierInitOp(barriers, build.const(count), build.const(slot),
+                                             ip=build.point)  # fmt: skip
             for descriptor in self.descriptors:
                 with build.location:
                     nvgpu.TmaPrefetchOp(descriptor, ip=build.point)
@@ -165,6 +170,10 @@ class _Block:
             ir.IntegerType.get_signless(64), dynamic_shared_bytes(self.stages, self.tile_n)
         )
         self.smem = made.result
+
+    def barrier_counts(self) -> list[int]:
+        """Arrivals per phase of each barrier group: the loads' one ``expect_tx``."""
+        return [1]
 
     @contextmanager
     def only_if(self, condition: Any) -> Iterator[None]:
@@ -304,6 +313,11 @@ class _Block:
         with self.only_if(build.op("arith.andi", [self.i1], [exists, self.first])):
             self.load(self.index("remui", ahead, build.const(self.stages)), ahead)
 
+    def make_tile(self) -> None:
+        """The f32 C tile in shared memory (over the stages, once they are all read)."""
+        f32 = self.ir.F32Type.get(self.build.location.context)
+        self.tile = self.view(self.build.const(0), [TILE_M, self.tile_n], f32)
+
     def store_tile(self, acc: Any, consumer: Any = None) -> Any:
         """After a block barrier (every warp is done reading the stages): the accumulator
         into the f32 C tile in shared memory (this consumer's rows); returns the tile."""
@@ -311,7 +325,6 @@ class _Block:
 
         build = self.build
         f32 = self.ir.F32Type.get(build.location.context)
-        self.tile = self.view(build.const(0), [TILE_M, self.tile_n], f32)
         at = build.const(0) if consumer is None else self.scaled(consumer,
                                                                  self.rows * self.tile_n * 4)
         mine = self.view(at, [self.rows, self.tile_n], f32)
@@ -341,6 +354,7 @@ class _Block:
 
         with self.build.location:
             gpu.BarrierOp(ip=self.build.point)
+        self.make_tile()
         self.store_tile(acc)
         with self.build.location:
             gpu.BarrierOp(ip=self.build.point)
@@ -377,7 +391,14 @@ def build_block(matmul: Any) -> None:
     origin = tuple(v if not isinstance(v, int) else build.const(v) for v in (a_at[0], b_at[1]))
     a_type, c_type = ir.MemRefType(a.type), ir.MemRefType(c.type)
     shape = (a_type.element_type, c_type.shape[1], a_type.shape[1])
-    block = _Block(build, descriptors, origin, shape, stages)  # type: ignore[arg-type]
-    block.prepare()
-    block.epilogue(block.mainloop(), c)
+    if WS_ATTR in matmul.attributes:
+        from stagegraph.stages.gpu.wgmma_specialized import SpecializedBlock
+
+        specialized = SpecializedBlock(build, descriptors, origin, shape, stages, CONSUMERS)
+        specialized.prepare()
+        specialized.run(c)
+    else:
+        block = _Block(build, descriptors, origin, shape, stages)  # type: ignore[arg-type]
+        block.prepare()
+        block.epilogue(block.mainloop(), c)
     matmul.erase()
