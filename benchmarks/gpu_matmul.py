@@ -50,8 +50,11 @@ def matmul_payload(m: int, n: int, k: int, dtype: str) -> str:
     )
 
 
-def build(directory: Path, target: str, shapes: list[tuple[int, int, int]]) -> int:
-    """Compile every case for ``target`` into ``directory`` (one folder per case)."""
+def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
+          params: list[str] | None = None) -> int:  # fmt: skip
+    """Compile every case for ``target`` into ``directory`` (one folder per case), with
+    the cost model's ``params`` overridden (``wgmma=false``: the sm_90a matmuls on
+    ``mma.sync``, to compare the two paths in one run)."""
     sys.path.insert(0, str(ROOT))
     import stagegraph as sg
     from stagegraph.stages.gpu.target import resolve_gpu_target
@@ -64,10 +67,13 @@ def build(directory: Path, target: str, shapes: list[tuple[int, int, int]]) -> i
             source = directory / "src" / f"{name}.mlir"
             source.parent.mkdir(parents=True, exist_ok=True)
             source.write_text(matmul_payload(m, n, k, dtype))
-            sg.run("gpu", str(source), target=target, emit="object", output=str(directory / name))
-            params = sg.run("gpu", str(source), target=target, until="select").value("select")
-            plan = params.kernels[-1]  # the matmul (after its fill)
-            path = "wgmma" if plan.stages else "mma.sync" if plan.mma else "simt"
+            sg.run("gpu", str(source), target=target, emit="object", output=str(directory / name),
+                   param=params or None)  # fmt: skip
+            chosen = sg.run("gpu", str(source), target=target, until="select",
+                            param=params or None).value("select")  # fmt: skip
+            plan = chosen.kernels[-1]  # the matmul (after its fill)
+            path = ("wgmma-ws" if plan.warp_specialized else "wgmma") if plan.stages else (
+                "mma.sync" if plan.mma else "simt")  # fmt: skip
             cases.append({"name": name, "m": m, "n": n, "k": k, "dtype": dtype,
                           "mma": list(plan.mma), "tile": [plan.tile_m, plan.tile_n],
                           "path": path, "stages": plan.stages})  # fmt: skip
@@ -168,11 +174,13 @@ def main() -> int:
     parser.add_argument("--target", default="sm_90a")
     parser.add_argument("--shapes", nargs="*", help="MxNxK shapes instead of the issue's")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--param", nargs="*", default=[],
+                        help="cost-model params for --build, e.g. wgmma=false")  # fmt: skip
     args = parser.parse_args()
     if args.build:
         shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes
                   else list(SHAPES))  # fmt: skip
-        return build(args.build, args.target, shapes)
+        return build(args.build, args.target, shapes, args.param)
     return run(args.run, args.repeats)
 
 
