@@ -25,12 +25,13 @@ from stagegraph.stages.gpu.wgmma import (
 from tests.test_gpu_graph import needs_llvmlite
 
 
-def payload(tmp_path: Path, m: int, n: int, k: int, dtype: str = "bf16") -> str:
+def payload(tmp_path: Path, m: int, n: int, k: int, dtype: str = "bf16",
+            init: float = 0.0) -> str:  # fmt: skip
     a, b, c = f"tensor<{m}x{k}x{dtype}>", f"tensor<{k}x{n}x{dtype}>", f"tensor<{m}x{n}xf32>"
-    path = tmp_path / f"mm_{dtype}_{m}x{n}x{k}.mlir"
+    path = tmp_path / f"mm_{dtype}_{m}x{n}x{k}_{init}.mlir"
     path.write_text(
         f"func.func @mm(%a: {a}, %b: {b}) -> {c} {{\n"
-        "  %zero = arith.constant 0.0 : f32\n"
+        f"  %zero = arith.constant {init} : f32\n"
         f"  %empty = tensor.empty() : {c}\n"
         f"  %init = linalg.fill ins(%zero : f32) outs(%empty : {c}) -> {c}\n"
         f"  %r = linalg.matmul ins(%a, %b : {a}, {b}) outs(%init : {c}) -> {c}\n"
@@ -150,11 +151,40 @@ def test_rewrite_builds_the_tma_mbarrier_wgmma_pipeline(tmp_path):
     assert not collect(module, "linalg.matmul")
 
 
+@pytest.mark.parametrize("specialized", [False, True])
+def test_a_zero_filled_c_is_stored_and_any_other_c_is_added_to(tmp_path, specialized):
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.gpu.wgmma import rewrite_wgmma
+
+    k = 512 if specialized else 256
+    for init, fills, loads_of_c in ((0.0, 0, 0), (1.0, 1, 1)):
+        path = payload(tmp_path, 1024, 1024, k, init=init)
+        module = sg.run("gpu", path, target="h100", until="bufferized").module.ir
+        with module.context:
+            rewrite_wgmma(module)
+        foralls = [op for op in collect(module, "scf.forall") if op.parent.name == "func.func"]
+        assert len(foralls) == 1 + fills  # the fill kernel is dropped when it writes zeros
+        stores = collect(module, "nvgpu.warpgroup.mma.store")
+        assert len(stores) == 1
+        # Zeros: the accumulator goes to C itself; else to shared memory, then C += tile.
+        on_c = global_memref(stores[0].operands[1])
+        assert on_c == (init == 0.0)
+        loads = collect(module, "memref.load")
+        assert len([op for op in loads if global_memref(op.operands[0])]) == loads_of_c
+
+
+def global_memref(value) -> bool:
+    from stagegraph.mlir.bindings import ir
+
+    return ir.MemRefType(value.type).memory_space is None
+
+
 def test_warp_specialized_blocks_split_producer_and_consumers(tmp_path):
     from stagegraph.mlir.walk import collect
     from stagegraph.stages.gpu.wgmma import WS_ATTR, rewrite_wgmma
 
-    path = payload(tmp_path, 1024, 1024, 512)  # 8 K steps: specialized; tile 64, 8 stages
+    # 8 K steps: specialized; tile 64, 8 stages; C = 1 + A @ B: the epilogue adds to C.
+    path = payload(tmp_path, 1024, 1024, 512, init=1.0)
     module = sg.run("gpu", path, target="h100", until="bufferized").module.ir
     (marked,) = collect(module, lambda op: WGMMA_ATTR in op.attributes)
     assert WS_ATTR in marked.attributes
@@ -197,21 +227,24 @@ def test_lowering_leaves_no_nvgpu_ops_and_aligns_the_dynamic_shared_memory(tmp_p
 
 # -- PTX ------------------------------------------------------------------------------
 
-#: The shipped tile shapes: (shape, dtype) -> (tile_n, stages, warp-specialized).
-SHIPPED = {((4096, 4096, 256), "bf16"): (128, 5, False),
-           ((1024, 1024, 256), "f16"): (64, 5, False),
-           ((2048, 2048, 512), "bf16"): (128, 7, True),
-           ((1024, 1024, 1024), "f16"): (64, 8, True),
-           ((4096, 4096, 4096), "bf16"): (256, 4, True)}  # fmt: skip
+#: The shipped tile shapes: (shape, dtype, C's initial value) -> (tile_n, stages,
+#: warp-specialized). A zero C is stored; any other is added to through shared memory.
+SHIPPED = {((4096, 4096, 256), "bf16", 0.0): (128, 5, False),
+           ((4096, 4096, 256), "bf16", 1.0): (128, 5, False),
+           ((1024, 1024, 256), "f16", 0.0): (64, 5, False),
+           ((2048, 2048, 512), "bf16", 0.0): (128, 7, True),
+           ((1024, 1024, 1024), "f16", 0.0): (64, 8, True),
+           ((4096, 4096, 4096), "bf16", 0.0): (256, 4, True),
+           ((4096, 4096, 4096), "bf16", 1.0): (256, 4, True)}  # fmt: skip
 
 
 @needs_llvmlite
-@pytest.mark.parametrize(("shape", "dtype"), list(SHIPPED))
-def test_ptx_holds_wgmma_and_tma_and_assembles_without_spills(tmp_path, shape, dtype):
+@pytest.mark.parametrize(("shape", "dtype", "init"), list(SHIPPED))
+def test_ptx_holds_wgmma_and_tma_and_assembles_without_spills(tmp_path, shape, dtype, init):
     from stagegraph.stages.gpu.ptx import assemble
 
-    tile_n, stages, specialized = SHIPPED[(shape, dtype)]
-    binary = sg.run("gpu", payload(tmp_path, *shape, dtype), target="h100",
+    tile_n, stages, specialized = SHIPPED[(shape, dtype, init)]
+    binary = sg.run("gpu", payload(tmp_path, *shape, dtype, init), target="h100",
                     until="emit").value("emit")  # fmt: skip
     (name,) = [n for n, text in binary.ptx.items() if "wgmma" in text]
     text = binary.ptx[name]
@@ -225,6 +258,8 @@ def test_ptx_holds_wgmma_and_tma_and_assembles_without_spills(tmp_path, shape, d
     assert f".shared .align 8 .b8 __mbarrier[{8 * stages}]" in text
     assert ("setmaxnreg.dec.sync.aligned.u32 \t24" in text) == specialized
     assert ("setmaxnreg.inc.sync.aligned.u32 \t240" in text) == specialized
+    assert ("bar.sync \t1, 256" in text) == (specialized and init != 0.0)  # consumers only
+    assert len(binary.manifest["kernels"]) == (1 if init == 0.0 else 2)  # the fill's kernel
     (report,) = assemble(text, "sm_90a")
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
     # Static: the mbarriers, padded so the dynamic stages start on a 1024-byte boundary.

@@ -28,6 +28,7 @@ from stagegraph.stages.gpu.wgmma import (
     WS_ATTR,
     dynamic_shared_bytes,
 )
+from stagegraph.stages.gpu.zero_fill import dead_zero_fill
 
 
 def _block_forall(op: Any) -> Any:
@@ -109,6 +110,8 @@ class _Block:
         self.stages = stages
         #: Warpgroups doing wgmma, each on ``rows`` rows of the block's 128.
         self.consumers, self.rows = consumers, TILE_M // consumers
+        #: Whether C holds zeros before the block (then it is stored, not added to).
+        self.zero_init = False
         self.a_bytes = TILE_M * TILE_K * 2
         self.b_bytes = TILE_K * self.tile_n * 2
         with build.location:
@@ -348,10 +351,27 @@ class _Block:
         build.op("scf.yield", [], [])
         build.point = outer
 
+    def store_to_c(self, acc: Any, c: Any, consumer: Any = None) -> None:
+        """C held zeros (:mod:`stagegraph.stages.gpu.zero_fill`): the accumulator goes
+        straight to C (this consumer's rows), each warp's stores whole 32-byte sectors."""
+        from stagegraph.mlir.bindings import memref, nvgpu
+
+        build = self.build
+        if consumer is not None:
+            with build.location:
+                c = memref.subview(c, [self.scaled(consumer, self.rows), 0],
+                                   [self.rows, self.tile_n], [1, 1], ip=build.point)  # fmt: skip
+        with build.location:
+            nvgpu.WarpgroupMmaStoreOp(acc, c, ip=build.point)
+
     def epilogue(self, acc: Any, c: Any) -> None:
-        """Accumulator -> shared memory -> added to C by the warpgroup."""
+        """Accumulator -> C: stored where C held zeros, else through shared memory and
+        added to C by the warpgroup."""
         from stagegraph.mlir.bindings import gpu
 
+        if self.zero_init:
+            self.store_to_c(acc, c)
+            return
         with self.build.location:
             gpu.BarrierOp(ip=self.build.point)
         self.make_tile()
@@ -368,7 +388,8 @@ def _dynamic_size() -> int:
 
 
 def build_block(matmul: Any) -> None:
-    """Replace one annotated block matmul by the pipeline (its descriptors on the host).
+    """Replace one annotated block matmul by the pipeline (its descriptors on the host);
+    a zero fill of C right before it is dropped (the block then stores C).
 
     Raises:
         UnsupportedPayloadError: an operand is not a block's view of a dense 2-D buffer.
@@ -388,6 +409,9 @@ def build_block(matmul: Any) -> None:
             create_descriptor(host, b_root, (TILE_K, BOX_N)))  # fmt: skip
     build = _Builder(matmul)
     descriptors = tuple(_as_pointer(host, build, descriptor) for descriptor in made)
+    fill = dead_zero_fill(_root(c, forall)[0], forall)
+    if fill is not None:
+        fill.erase()
     origin = tuple(v if not isinstance(v, int) else build.const(v) for v in (a_at[0], b_at[1]))
     a_type, c_type = ir.MemRefType(a.type), ir.MemRefType(c.type)
     shape = (a_type.element_type, c_type.shape[1], a_type.shape[1])
@@ -395,10 +419,12 @@ def build_block(matmul: Any) -> None:
         from stagegraph.stages.gpu.wgmma_specialized import SpecializedBlock
 
         specialized = SpecializedBlock(build, descriptors, origin, shape, stages, CONSUMERS)
+        specialized.zero_init = fill is not None
         specialized.prepare()
         specialized.run(c)
     else:
-        block = _Block(build, descriptors, origin, shape, stages)  # type: ignore[arg-type]
+        block = _Block(build, descriptors, origin, shape, stages)
+        block.zero_init = fill is not None
         block.prepare()
         block.epilogue(block.mainloop(), c)
     matmul.erase()

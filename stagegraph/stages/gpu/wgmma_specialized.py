@@ -115,6 +115,11 @@ class SpecializedBlock(_Block):
             zero = nvgpu.WarpgroupMmaInitAccumulatorOp(self.accumulator_type(),
                                                        ip=build.point).result  # fmt: skip
         acc = self.consume(zero, consumer, steps)
+        if self.zero_init:
+            self.store_to_c(acc, c, consumer)
+            build.op("scf.yield", [], [])
+            build.point = outer
+            return
         self.consumers_barrier()  # both consumers are done reading the stages
         self.make_tile()
         self.store_tile(acc, consumer)
