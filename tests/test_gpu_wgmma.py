@@ -415,3 +415,19 @@ def test_gpu_matmul_builds_wgmma_artifacts_for_sm90a(tmp_path):
     assert done.returncode == 0, done.stderr
     cases = json.loads((other / "cases.json").read_text())["cases"]
     assert {c["path"] for c in cases} == {"mma.sync"}
+
+
+@pytest.mark.parametrize("k", [128, 512])  # a plain and a warp-specialized block
+def test_wgmma_tiling_keeps_the_matmul_meaning_on_the_cpu(tmp_path, k):
+    # The gpu_cpu graph runs the scheduled module (the 128 x tile_n block loop, before the
+    # wgmma rewrite) serially on the CPU: the block tiling is checked by numbers.
+    path = Path(payload(tmp_path, 256, 256, k, "f16"))
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal((256, k)).astype(np.float16)
+    b = rng.standard_normal((k, 256)).astype(np.float16)
+    np.savez(path.with_suffix(".npz"), in0=a, in1=b,
+             out0=a.astype(np.float32) @ b.astype(np.float32))  # fmt: skip
+    plan = sg.run("gpu_cpu", str(path), target="h100", until="select").value("select")
+    assert plan.kernels[-1].stages and plan.kernels[-1].warp_specialized == (k == 512)
+    report = sg.run("gpu_cpu", str(path), target="h100")
+    assert report.verified is True, report.message

@@ -69,15 +69,19 @@ def _dynamic() -> int:
     return ir.ShapedType.get_dynamic_stride_or_offset()
 
 
-def _dense_2d(memref: Any) -> bool:
-    """A static, row-major, 2-D memref with an identity layout (what TMA can describe)."""
+def _tma_view(memref: Any) -> bool:
+    """A static 2-D view TMA can describe: unit inner stride, rows and start on 16-byte
+    boundaries (any other static layout goes into the tensor map as it is)."""
     from stagegraph.mlir.bindings import ir
 
     mtype = ir.MemRefType(memref.type)
     if mtype.rank != 2 or not mtype.has_static_shape:
         return False
     strides, offset = mtype.get_strides_and_offset()
-    return offset == 0 and strides == [mtype.shape[1], 1]
+    size = ir.FloatType(mtype.element_type).width // 8
+    dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+    return (dynamic not in (*strides, offset) and strides[1] == 1
+            and strides[0] * size % 16 == 0 and offset * size % 16 == 0)  # fmt: skip
 
 
 def _as_pointer(host: _Builder, build: _Builder, descriptor: Any) -> Any:
@@ -392,7 +396,8 @@ def build_block(matmul: Any) -> None:
     a zero fill of C right before it is dropped (the block then stores C).
 
     Raises:
-        UnsupportedPayloadError: an operand is not a block's view of a dense 2-D buffer.
+        UnsupportedPayloadError: an operand is not a block's view of a 2-D buffer TMA can
+            describe.
     """
     from stagegraph.mlir.bindings import ir
 
@@ -400,9 +405,10 @@ def build_block(matmul: Any) -> None:
     stages = ir.IntegerAttr(matmul.attributes[WGMMA_ATTR]).value
     a, b, c = (matmul.operands[i] for i in range(3))
     (a_root, a_at), (b_root, b_at) = _root(a, forall), _root(b, forall)
-    if not (_dense_2d(a_root) and _dense_2d(b_root)):
+    if not (_tma_view(a_root) and _tma_view(b_root)):
         raise UnsupportedPayloadError(
-            "stage gpu.lower: wgmma needs dense row-major 2-D A and B buffers for TMA"
+            "stage gpu.lower: wgmma reads A and B through TMA, which needs static 2-D views "
+            "with unit inner stride and 16-byte aligned rows"
         )
     host = _Builder(forall)
     made = (create_descriptor(host, a_root, (TILE_M, TILE_K)),
