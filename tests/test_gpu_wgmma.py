@@ -431,3 +431,33 @@ def test_wgmma_tiling_keeps_the_matmul_meaning_on_the_cpu(tmp_path, k):
     assert plan.kernels[-1].stages and plan.kernels[-1].warp_specialized == (k == 512)
     report = sg.run("gpu_cpu", str(path), target="h100")
     assert report.verified is True, report.message
+
+
+@pytest.mark.parametrize(("rows", "cols", "group"), [(64, 32, 16), (32, 32, 11), (5, 7, 3),
+                                                     (7, 3, 7), (1, 9, 1)])  # fmt: skip
+def test_grouped_block_order_visits_every_tile_once(rows, cols, group):
+    from stagegraph.stages.gpu.raster import grouped_tile
+
+    tiles = [grouped_tile(n, rows, cols, group) for n in range(rows * cols)]
+    assert sorted(tiles) == [(r, c) for r in range(rows) for c in range(cols)]
+    # The first blocks stay within the first `group` tile rows.
+    assert {r for r, _ in tiles[: group * cols]} == set(range(min(group, rows)))
+
+
+def test_wgmma_blocks_run_in_groups_of_tile_rows(tmp_path):
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.gpu.raster import group_rows
+    from stagegraph.stages.gpu.wgmma import rewrite_wgmma
+
+    path = payload(tmp_path, 4096, 4096, 4096)
+    assert matmul_plan(path).group_m == 16 == group_rows(132, 128, 256, 32, 16)
+    assert group_rows(132, 128, 64, 8, 16) == 0  # one wave: the plain order
+    module = sg.run("gpu", path, target="h100", until="bufferized").module.ir
+    with module.context:
+        rewrite_wgmma(module)
+    (forall,) = [op for op in collect(module, "scf.forall") if op.parent.name == "func.func"]
+    row, col = forall.regions[0].blocks[0].arguments[:2]
+    # The tile indices are read only by the renumbering; the tiles use its results.
+    assert [use.owner.name for use in row.uses] == ["arith.muli"]
+    assert [use.owner.name for use in col.uses] == ["arith.addi"]
+    assert len(collect(forall, "arith.minui")) == 1

@@ -39,6 +39,7 @@ class KernelPlan(Params):
     tile_n: int = Field(0, ge=0, le=256)
     stages: int = Field(0, ge=0, le=8)  # a wgmma kernel's pipeline depth (0: not wgmma)
     warp_specialized: bool = False  # wgmma: a producer warpgroup and two consumer ones
+    group_m: int = Field(0, ge=0, le=4096)  # wgmma: tile rows per group of blocks (0: plain)
 
     @property
     def mapped(self) -> bool:

@@ -70,7 +70,8 @@ def kernel_script(plan: KernelPlan) -> str:
     if plan.stages:
         from stagegraph.stages.gpu.wgmma import wgmma_script
 
-        return wgmma_script(i, plan.tile_n, plan.stages, OP_ATTR, plan.warp_specialized)
+        return wgmma_script(i, plan.tile_n, plan.stages, OP_ATTR, plan.warp_specialized,
+                            plan.group_m)  # fmt: skip
     if plan.mma:
         from stagegraph.stages.gpu.mma import mma_script
 

@@ -51,6 +51,8 @@ CONSUMER_REGISTERS = 240
 SPECIALIZE_FROM_STEPS = 8
 #: Marks a block matmul to build warp-specialized.
 WS_ATTR = "stagegraph.gpu_wgmma_ws"
+#: On a block matmul: tile rows per group of blocks (:mod:`stagegraph.stages.gpu.raster`).
+GROUP_ATTR = "stagegraph.gpu_wgmma_group"
 #: Pipeline depths (one mbarrier and one A and B slot each).
 STAGES = (2, 3, 4, 5, 6, 7, 8)
 #: Registers per thread beyond the accumulator (addresses, loop, barriers, epilogue).
@@ -143,10 +145,11 @@ def choose(m: int, n: int, k: int, sm_count: int, shared_limit: int, registers: 
     return None
 
 
-def wgmma_script(op: int, tile_n: int, stages: int, attr: str, specialized: bool = False) -> str:
+def wgmma_script(op: int, tile_n: int, stages: int, attr: str, specialized: bool = False,
+                 group: int = 0) -> str:  # fmt: skip
     """Transform ops for op ``op`` (matched by ``attr``): tiled to ``128 x tile_n`` blocks;
     the block's matmul is annotated for :func:`rewrite_wgmma` with the pipeline depth (and
-    :data:`WS_ATTR` when warp-specialized)."""
+    :data:`WS_ATTR` when warp-specialized, :data:`GROUP_ATTR` with the block grouping)."""
     any_op = "!transform.any_op"
     blocks = "#gpu.block<linear_dim_1>, #gpu.block<linear_dim_0>"
     return (
@@ -161,6 +164,9 @@ def wgmma_script(op: int, tile_n: int, stages: int, attr: str, specialized: bool
         f'    transform.annotate %wb{op}_op "{WGMMA_ATTR}" = %ws{op} '
         f": {any_op}, !transform.param<i64>\n"
         + (f'    transform.annotate %wb{op}_op "{WS_ATTR}" : {any_op}\n' if specialized else "")
+        + (f"    %wg{op} = transform.param.constant {group} : i64 -> !transform.param<i64>\n"
+           f'    transform.annotate %wb{op}_op "{GROUP_ATTR}" = %wg{op} '
+           f": {any_op}, !transform.param<i64>\n" if group else "")
     )
 
 
@@ -196,6 +202,7 @@ def plan_wgmma(op: Any, target: Any) -> Any:
     for a plain f16/bf16 -> f32 ``linalg.matmul`` on an ``sm_90a`` target whose shape
     splits into the tiles, or None (the caller then tries ``mma.sync``)."""
     from stagegraph.stages.gpu.params import KernelPlan
+    from stagegraph.stages.gpu.raster import group_rows
 
     if op.name != "linalg.matmul" or len(op.inputs) != 2 or len(op.outputs) != 1:
         return None
@@ -210,9 +217,10 @@ def plan_wgmma(op: Any, target: Any) -> Any:
     if chosen is None or block_threads(chosen[2]) > target.max_threads_per_block:
         return None
     tile_n, stages, specialized = chosen
+    group = group_rows(target.sm_count, TILE_M, tile_n, m // TILE_M, n // tile_n)
     return KernelPlan(op=op.index, name=op.name, threads=(block_threads(specialized),),
                       mma=(64, tile_n, 16), tile_m=TILE_M, tile_n=tile_n, stages=stages,
-                      warp_specialized=specialized)  # fmt: skip
+                      warp_specialized=specialized, group_m=group)  # fmt: skip
 
 
 def thread_registers(target: Any) -> int:

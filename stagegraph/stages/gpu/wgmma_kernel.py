@@ -15,10 +15,12 @@ from typing import Any
 
 from stagegraph.errors import UnsupportedPayloadError
 from stagegraph.stages.gpu.mma import _Builder
+from stagegraph.stages.gpu.raster import regroup_blocks
 from stagegraph.stages.gpu.tma import create_descriptor
 from stagegraph.stages.gpu.wgmma import (
     BOX_N,
     CONSUMERS,
+    GROUP_ATTR,
     SHARED_ATTR,
     TILE_K,
     TILE_M,
@@ -403,6 +405,8 @@ def build_block(matmul: Any) -> None:
 
     forall = _block_forall(matmul)
     stages = ir.IntegerAttr(matmul.attributes[WGMMA_ATTR]).value
+    if GROUP_ATTR in matmul.attributes:
+        regroup_blocks(forall, ir.IntegerAttr(matmul.attributes[GROUP_ATTR]).value)
     a, b, c = (matmul.operands[i] for i in range(3))
     (a_root, a_at), (b_root, b_at) = _root(a, forall), _root(b, forall)
     if not (_tma_view(a_root) and _tma_view(b_root)):
