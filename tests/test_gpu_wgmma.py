@@ -409,12 +409,14 @@ def test_gpu_matmul_builds_wgmma_artifacts_for_sm90a(tmp_path):
     manifest = json.loads((tmp_path / "bf16_256x128x128" / "manifest.json").read_text())
     assert [s["box"] for s in manifest["plan"] if s["op"] == "tensor_map"] == [[128, 64],
                                                                                [64, 64]]
-    other = tmp_path / "sync"  # the same case on mma.sync, to compare the paths on a GPU
-    done = subprocess.run([*build[:3], str(other), "--shapes", "256x128x128", "--param",
-                           "wgmma=false"], capture_output=True, text=True, cwd=root)  # fmt: skip
+    other = tmp_path / "sync"  # the same case on mma.sync too, to compare the paths
+    done = subprocess.run([*build[:3], str(other), "--shapes", "256x128x128",
+                           "--compare-mma-sync"], capture_output=True, text=True, cwd=root)
     assert done.returncode == 0, done.stderr
     cases = json.loads((other / "cases.json").read_text())["cases"]
-    assert {c["path"] for c in cases} == {"mma.sync"}
+    assert {c["name"]: c["path"] for c in cases} == {
+        "bf16_256x128x128": "wgmma", "bf16_256x128x128_mmasync": "mma.sync",
+        "f16_256x128x128": "wgmma", "f16_256x128x128_mmasync": "mma.sync"}  # fmt: skip
 
 
 @pytest.mark.parametrize("k", [128, 512])  # a plain and a warp-specialized block
