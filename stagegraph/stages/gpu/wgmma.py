@@ -264,41 +264,24 @@ def give_dynamic_shared(module: Any) -> int:
 
 
 def align_dynamic_shared(module: Any) -> int:
-    """Put every wgmma kernel's dynamic shared memory (the zero-sized ``addr_space = 3``
-    global the NVVM lowering makes of ``gpu.dynamic_shared_memory``) on a
-    :data:`SHARED_ALIGN` boundary, as an external declaration: the 128-byte swizzle of
-    TMA and wgmma repeats every 1024 bytes and both compute it from the address, so a
-    slot must start on such a boundary; returns how many globals were raised."""
+    """Make every kernel module's dynamic shared memory (the zero-sized ``addr_space = 3``
+    global the NVVM lowering makes of ``gpu.dynamic_shared_memory``) an external
+    declaration on a :data:`SHARED_ALIGN` boundary: PTX ``.extern .shared .align 1024 .b8
+    name[]``, the dynamic memory itself (an internal one prints as a one-byte static
+    variable), placed where the 128-byte swizzle of TMA and wgmma, which repeats every
+    1024 bytes and is computed from the address, starts with a slot; returns how many."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect
 
     i64 = ir.IntegerType.get_signless(64)
     raised = 0
-    for kernel in collect(module, lambda op: op.name == "llvm.func"
-                          and "gpu.kernel" in op.attributes):  # fmt: skip
-        if not collect(kernel, lambda op: op.name.startswith("nvvm.wgmma")):
+    for found in collect(module, "llvm.mlir.global"):
+        if found.parent.name != "gpu.module" or not _is_dynamic_shared(found):
             continue
-        for address in collect(kernel, "llvm.mlir.addressof"):
-            name = ir.FlatSymbolRefAttr(address.attributes["global_name"]).value
-            found = _global(kernel, name)
-            if found is None or not _is_dynamic_shared(found):
-                continue
-            found.attributes["alignment"] = ir.IntegerAttr.get(i64, SHARED_ALIGN)
-            # An external declaration: PTX ``.extern .shared .b8 name[]``, the dynamic
-            # memory itself (an internal one prints as a one-byte static variable).
-            found.attributes["linkage"] = ir.Attribute.parse("#llvm.linkage<external>")
-            raised += 1
+        found.attributes["alignment"] = ir.IntegerAttr.get(i64, SHARED_ALIGN)
+        found.attributes["linkage"] = ir.Attribute.parse("#llvm.linkage<external>")
+        raised += 1
     return raised
-
-
-def _global(kernel: Any, name: str) -> Any:
-    from stagegraph.mlir.bindings import ir
-
-    for op in kernel.parent.regions[0].blocks[0].operations:
-        op = op.operation
-        if op.name == "llvm.mlir.global" and ir.StringAttr(op.attributes["sym_name"]).value == name:
-            return op
-    return None
 
 
 def _is_dynamic_shared(global_op: Any) -> bool:
