@@ -1,28 +1,33 @@
 """Hopper tensor-core matmuls (``wgmma``, sm_90a): TMA loads into 128-byte-swizzled shared
-memory, an mbarrier pipeline of several stages, one warpgroup issuing ``wgmma.mma_async``.
+memory, an mbarrier pipeline of several stages, ``wgmma.mma_async`` by warpgroups, and
+warp specialization for long K loops.
 
 The schedule tiles a plain ``linalg.matmul`` (f16/bf16 inputs, f32 output) to a forall over
 ``128 x tile_n`` blocks and marks the block's matmul with :data:`WGMMA_ATTR` (its value:
-the pipeline depth). After bufferization :func:`rewrite_wgmma` replaces that matmul by the
-kernel body, built op by op through the bindings from the nvgpu dialect:
+the pipeline depth; :data:`WS_ATTR`: warp-specialized; :data:`GROUP_ATTR`: the block
+order). After bufferization :func:`rewrite_wgmma` replaces that matmul by the kernel body,
+built op by op through the bindings from the nvgpu and nvvm dialects
+(:mod:`stagegraph.stages.gpu.wgmma_kernel`, :mod:`stagegraph.stages.gpu.wgmma_specialized`):
 
 * on the host, before the block loop, one ``nvgpu.tma.create.descriptor`` per operand
   (A's ``128 x 64`` box, B's ``64 x 64`` box, both 128-byte swizzled; the host plan encodes
   them with ``cuTensorMapEncodeTiled``, :mod:`stagegraph.stages.gpu.tma`);
-* in the block: ``stages`` mbarriers (``nvgpu.mbarrier.create/init``), a prologue that
-  issues the TMA loads (``nvgpu.tma.async.load``, one thread, ``arrive.expect_tx`` with the
-  bytes) of the first ``stages - 1`` K steps, then a loop over the K steps of 64 that waits
-  on the step's barrier (``try_wait.parity``, the phase flipping each round), issues
+* in the block: ``stages`` mbarriers (``nvgpu.mbarrier.create/init``), TMA loads
+  (``nvgpu.tma.async.load`` after ``arrive.expect_tx`` of the stage's bytes) running
+  ``stages - 1`` K steps ahead, and a loop over the K steps of 64 that waits on the step's
+  barrier (``try_wait.parity``, the phase flipping each round) and issues
   ``nvgpu.warpgroup.mma`` on descriptors of the staged tiles
   (``nvgpu.warpgroup.generate.descriptor``; B is K x N, so transposed) with the
-  accumulator carried as a loop value, and refills the slot freed a step before;
-* after the loop the accumulator goes to shared memory (``nvgpu.warpgroup.mma.store``) and
-  every thread adds rows of it to C in coalesced loads and stores (the matmul accumulates
-  into its output, whatever that holds).
+  accumulator carried as a loop value. A plain block's thread 0 issues the loads; a
+  warp-specialized block has a producer warpgroup for them and two consumer warpgroups;
+* after the loop the accumulator goes into C: stored where C held zeros (the zero fill is
+  then dropped, :mod:`stagegraph.stages.gpu.zero_fill`), else added to C through shared
+  memory in coalesced loads and stores.
 
-``convert-nvgpu-to-nvvm`` lowers these to ``wgmma.mma_async``, ``cp.async.bulk.tensor``
-and ``mbarrier`` PTX. Where the shape does not split into these tiles the cost model
-keeps the ``mma.sync`` path (:mod:`stagegraph.stages.gpu.mma`).
+``convert-nvgpu-to-nvvm`` and ``convert-nvvm-to-llvm`` lower these to ``wgmma.mma_async``,
+``cp.async.bulk.tensor``, ``mbarrier`` and ``setmaxnreg`` PTX. Where the shape does not
+split into these tiles the cost model keeps the ``mma.sync`` path
+(:mod:`stagegraph.stages.gpu.mma`).
 """
 
 from __future__ import annotations
