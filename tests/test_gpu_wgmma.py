@@ -297,6 +297,7 @@ def test_plan_encodes_one_tensor_map_per_operand_and_passes_their_addresses(wgmm
     assert [s["buffer"] for s in plan if s["op"] == "free"][-2:] == names
 
 
+@needs_llvmlite
 def test_manifest_refuses_bad_tensor_map_steps(wgmma_binary):
     from pydantic import ValidationError
 
