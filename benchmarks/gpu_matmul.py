@@ -1,6 +1,7 @@
 """Tensor-core matmuls of the gpu graph against ``torch.matmul`` (cuBLAS), side by side.
 
-On the CPU machine (compiles; needs the MLIR bindings):
+On the CPU machine (compiles; needs the MLIR bindings; for ``sm_90a`` the matmuls that
+split into 128-row blocks take the wgmma + TMA path, the others ``mma.sync``):
 
     python benchmarks/gpu_matmul.py --build build/gpu-mm [--target sm_90a] [--shapes 1000x1000x1000]
 
@@ -49,30 +50,49 @@ def matmul_payload(m: int, n: int, k: int, dtype: str) -> str:
     )
 
 
-def build(directory: Path, target: str, shapes: list[tuple[int, int, int]]) -> int:
-    """Compile every case for ``target`` into ``directory`` (one folder per case)."""
+def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
+          params: list[str] | None = None, compare_mma_sync: bool = False) -> int:  # fmt: skip
+    """Compile every case for ``target`` into ``directory`` (one folder per case), with
+    the cost model's ``params`` overridden (``wgmma=false``: the sm_90a matmuls on
+    ``mma.sync``); ``compare_mma_sync`` builds each case a second time that way (suffix
+    ``_mmasync``), so one run times both paths."""
     sys.path.insert(0, str(ROOT))
-    import stagegraph as sg
     from stagegraph.stages.gpu.target import resolve_gpu_target
 
     facts = resolve_gpu_target(target)
+    variants = [("", list(params or []))]
+    if compare_mma_sync:
+        variants.append(("_mmasync", [*(params or []), "wgmma=false"]))
     cases = []
     for m, n, k in shapes:
         for dtype in DTYPES:
-            name = f"{dtype}_{m}x{n}x{k}"
-            source = directory / "src" / f"{name}.mlir"
+            source = directory / "src" / f"{dtype}_{m}x{n}x{k}.mlir"
             source.parent.mkdir(parents=True, exist_ok=True)
             source.write_text(matmul_payload(m, n, k, dtype))
-            sg.run("gpu", str(source), target=target, emit="object", output=str(directory / name))
-            params = sg.run("gpu", str(source), target=target, until="select").value("select")
-            plan = params.kernels[-1]  # the matmul (after its fill)
-            cases.append({"name": name, "m": m, "n": n, "k": k, "dtype": dtype,
-                          "mma": list(plan.mma), "tile": [plan.tile_m, plan.tile_n]})  # fmt: skip
-            print(f"built {name}: tensor cores {'yes' if plan.mma else 'no'}", flush=True)
+            for suffix, chosen in variants:
+                name = f"{dtype}_{m}x{n}x{k}{suffix}"
+                case = _build_case(directory / name, source, target, chosen)
+                cases.append({"name": name, "m": m, "n": n, "k": k, "dtype": dtype, **case})
+                print(f"built {name}: {case['path']}", flush=True)
     peaks = {d: facts.peak_tflops(d, tensor_cores=True) for d in DTYPES}
     meta = {"target": target, "cases": cases, "peak_tflops": peaks}
     (directory / "cases.json").write_text(json.dumps(meta, indent=1) + "\n")
     return 0
+
+
+def _build_case(folder: Path, source: Path, target: str, params: list[str]) -> dict:
+    """Emit one artifact; returns what the cost model chose for its matmul."""
+    import stagegraph as sg
+
+    sg.run("gpu", str(source), target=target, emit="object", output=str(folder),
+           param=params or None)  # fmt: skip
+    chosen = sg.run("gpu", str(source), target=target, until="select",
+                    param=params or None).value("select")  # fmt: skip
+    plan = chosen.kernels[-1]  # the matmul (after its fill)
+    path = ("wgmma-ws" if plan.warp_specialized else "wgmma") if plan.stages else (
+        "mma.sync" if plan.mma else "simt")  # fmt: skip
+    return {"mma": list(plan.mma), "tile": [plan.tile_m, plan.tile_n], "path": path,
+            "stages": plan.stages}  # fmt: skip
 
 
 def _events_ms(fn, repeats: int, warmup: int = 3) -> float:
@@ -117,7 +137,8 @@ def run_case(folder: Path, case: dict, repeats: int) -> dict:
     flops = 2.0 * m * n * k
     return {"case": case["name"], "ok": error <= TOLERANCE, "error": error, "ms": ours,
             "torch_ms": theirs, "ratio": theirs / ours, "tflops": flops / ours / 1e9,
-            "torch_tflops": flops / theirs / 1e9, "tensor_cores": bool(case["mma"])}  # fmt: skip
+            "torch_tflops": flops / theirs / 1e9, "tensor_cores": bool(case["mma"]),
+            "path": case.get("path", "")}  # fmt: skip
 
 
 def run(directory: Path, repeats: int) -> int:
@@ -143,16 +164,17 @@ def run(directory: Path, repeats: int) -> int:
         rows.append(row)
         print(json.dumps(row), flush=True)
     best = max((r.get("torch_tflops", 0.0) for r in rows), default=0.0) or 1.0
-    print(f"\n{'case':24} {'ok':3} {'ours ms':>9} {'cuBLAS ms':>9} {'ratio':>6} "
-          f"{'TFLOP/s':>8} {'% peak':>7} {'% best cuBLAS':>13}")  # fmt: skip
+    print(f"\n{'case':32} {'ok':3} {'ours ms':>9} {'cuBLAS ms':>9} {'ratio':>6} "
+          f"{'TFLOP/s':>8} {'% peak':>7} {'% best cuBLAS':>13} path")  # fmt: skip
     for r in rows:
         if "ms" not in r:
-            print(f"{r['case']:24} no  {r['failure']}")
+            print(f"{r['case']:32} no  {r['failure']}")
             continue
         peak = meta["peak_tflops"][r["case"].split("_")[0]]
-        print(f"{r['case']:24} {'yes' if r['ok'] else 'NO':3} {r['ms']:9.3f} "
+        print(f"{r['case']:32} {'yes' if r['ok'] else 'NO':3} {r['ms']:9.3f} "
               f"{r['torch_ms']:9.3f} {r['ratio']:6.2f} {r['tflops']:8.1f} "
-              f"{100 * r['tflops'] / peak:6.1f}% {100 * r['tflops'] / best:12.1f}%")  # fmt: skip
+              f"{100 * r['tflops'] / peak:6.1f}% {100 * r['tflops'] / best:12.1f}% "
+              f"{r.get('path', '')}")  # fmt: skip
     return 0 if all(r.get("ok") for r in rows) else 1
 
 
@@ -164,11 +186,15 @@ def main() -> int:
     parser.add_argument("--target", default="sm_90a")
     parser.add_argument("--shapes", nargs="*", help="MxNxK shapes instead of the issue's")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--param", nargs="*", default=[],
+                        help="cost-model params for --build, e.g. wgmma=false")  # fmt: skip
+    parser.add_argument("--compare-mma-sync", action="store_true",
+                        help="--build each case on mma.sync too (suffix _mmasync)")
     args = parser.parse_args()
     if args.build:
         shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes
                   else list(SHAPES))  # fmt: skip
-        return build(args.build, args.target, shapes)
+        return build(args.build, args.target, shapes, args.param, args.compare_mma_sync)
     return run(args.run, args.repeats)
 
 

@@ -15,6 +15,8 @@ from stagegraph.stages.gpu.schedule import schedule_text
 from tests.test_gpu_graph import needs_gpu, needs_llvmlite
 
 F16 = Path(__file__).parent / "data" / "gpu_matmul_f16.mlir"
+#: Keeps sm_90a matmuls on mma.sync (the default there is wgmma: tests/test_gpu_wgmma.py).
+MMA_SYNC = {"wgmma": False}
 
 
 def payload(tmp_path: Path, dtype: str, m: int = 128, n: int = 256, k: int = 64) -> str:
@@ -73,7 +75,7 @@ def test_shapes_without_whole_tiles_stay_on_the_simt_path(tmp_path):
     odd = sg.run("gpu", payload(tmp_path, "f16", m=100), until="select").value("select")
     assert odd.kernels[1].mma == ()
     big = sg.run("gpu", payload(tmp_path, "f16", m=4096, n=2048, k=128), target="h100",
-                 until="select").value("select").kernels[1]  # fmt: skip
+                 until="select", param=MMA_SYNC).value("select").kernels[1]  # fmt: skip
     assert (big.tile_m, big.tile_n) == (128, 128)  # 512 blocks: the largest tile fills 132 SMs
 
 
@@ -131,7 +133,7 @@ def test_rewrite_keeps_accumulators_in_loop_values_across_k(tmp_path):
     # Right after the rewrite: one loop over K per warp matmul, carrying one 2x2 f32
     # accumulator per 16x8 fragment of the warp's 64x64 tile, one mma.sync per fragment.
     big = payload(tmp_path, "bf16", m=4096, n=2048, k=128)
-    module = sg.run("gpu", big, target="h100", until="bufferized").module.ir
+    module = sg.run("gpu", big, target="h100", until="bufferized", param=MMA_SYNC).module.ir
     with module.context:
         assert rewrite_mma(module) == 1
     (loop,) = [op for op in collect(module, "scf.for")
@@ -156,7 +158,7 @@ def test_the_largest_tile_assembles_without_spills(tmp_path):
     from stagegraph.stages.gpu.ptx import assemble
 
     big = payload(tmp_path, "bf16", m=4096, n=2048, k=128)
-    binary = sg.run("gpu", big, target="h100", until="emit").value("emit")
+    binary = sg.run("gpu", big, target="h100", until="emit", param=MMA_SYNC).value("emit")
     (text,) = [t for t in binary.ptx.values() if "mma.sync" in t]
     (report,) = assemble(text, "sm_90a")
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
@@ -180,7 +182,7 @@ def test_ptx_holds_mma_sync_and_assembles_without_spills(tmp_path, dtype, params
                                                          arch):  # fmt: skip
     from stagegraph.stages.gpu.ptx import assemble
 
-    binary = sg.run("gpu", payload(tmp_path, dtype), target=arch, param=params,
+    binary = sg.run("gpu", payload(tmp_path, dtype), target=arch, param={**params, **MMA_SYNC},
                     until="emit").value("emit")  # fmt: skip
     matmul = [text for text in binary.ptx.values() if "mma.sync" in text]
     assert len(matmul) == 1 and instruction in matmul[0]
@@ -338,7 +340,7 @@ def test_staging_copies_each_step_with_cp_async_into_two_stages(tmp_path):
     from stagegraph.stages.gpu.mma import rewrite_mma
 
     big = payload(tmp_path, "bf16", m=4096, n=2048, k=128)  # 64x64 warp tiles, 16-deep steps
-    module = sg.run("gpu", big, target="h100", until="bufferized").module.ir
+    module = sg.run("gpu", big, target="h100", until="bufferized", param=MMA_SYNC).module.ir
     with module.context:
         rewrite_mma(module)
     (loop,) = [op for op in collect(module, "scf.for") if collect(op, "nvgpu.mma.sync")]

@@ -252,6 +252,13 @@ class ScalarArg(Schema):
     dtype: str
 
 
+class TensorMapArg(Schema):
+    """The device address of a tensor map a ``tensor_map`` step encoded (by value: a
+    kernel reads its TMA descriptor through it)."""
+
+    tensor_map: str
+
+
 class Alloc(Schema):
     op: Literal["alloc"] = "alloc"
     buffer: str
@@ -291,7 +298,32 @@ class CopyD2D(Schema):
 class Launch(Schema):
     op: Literal["launch"] = "launch"
     kernel: str
-    args: tuple[BufferArg | ArgumentArg | ScalarArg, ...]
+    args: tuple[BufferArg | ArgumentArg | ScalarArg | TensorMapArg, ...]
+
+
+class TensorMap(Schema):
+    """Encode a TMA tensor map (``cuTensorMapEncodeTiled``) of the view ``source`` into the
+    device buffer ``buffer`` (128 bytes): tiles of ``box`` elements per dim (outermost
+    first, as ``source.sizes``), ``swizzle`` bytes (0: none), L2 promotion in bytes (0:
+    none), out-of-bounds elements read as zero or NaN. Added in schema version 1 as a new
+    step kind: readers that predate it refuse such a manifest by name."""
+
+    op: Literal["tensor_map"] = "tensor_map"
+    buffer: str
+    source: BufferArg
+    box: tuple[int, ...]
+    swizzle: Literal[0, 32, 64, 128] = 0
+    l2_promotion: Literal[0, 64, 128, 256] = 0
+    oob_fill: Literal["zero", "nan"] = "zero"
+
+    @model_validator(mode="after")
+    def _box(self) -> TensorMap:
+        if len(self.box) != len(self.source.sizes) or not 1 <= len(self.box) <= 5:
+            raise ValueError(f"box {self.box} for a view of rank {len(self.source.sizes)}")
+        if any(not 1 <= b <= 256 or b > n for b, n in zip(self.box, self.source.sizes,
+                                                          strict=True)):  # fmt: skip
+            raise ValueError(f"box {self.box} must be 1..256 and within {self.source.sizes}")
+        return self
 
 
 class CopyD2H(Schema):
@@ -308,7 +340,8 @@ class Free(Schema):
 
 
 Step = Annotated[
-    Alloc | CopyH2D | Constant | Launch | CopyD2D | CopyD2H | Free, Field(discriminator="op")
+    Alloc | CopyH2D | Constant | Launch | CopyD2D | CopyD2H | Free | TensorMap,
+    Field(discriminator="op"),
 ]
 
 
@@ -362,6 +395,7 @@ class CudaManifest(_Common):
             if step.kernel not in {k.name for k in self.kernels}:
                 problems.append(f"launches unknown kernel {step.kernel!r}")
             used += [a.buffer for a in step.args if isinstance(a, BufferArg)]
+            used += [a.tensor_map for a in step.args if isinstance(a, TensorMapArg)]
             problems += [
                 f"passes {a.argument!r}, which is no scalar argument"
                 for a in step.args
@@ -369,6 +403,8 @@ class CudaManifest(_Common):
             ]
         elif isinstance(step, Free):
             used.append(step.buffer)
+        elif isinstance(step, TensorMap):
+            used += [step.buffer, step.source.buffer]
         elif step.buffer in live:
             problems.append(f"allocates {step.buffer!r} twice")
         return problems + [f"uses buffer {b!r} before alloc" for b in used if b not in live]

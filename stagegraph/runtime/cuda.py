@@ -34,6 +34,10 @@ SCALAR_CTYPES: dict[str, Any] = {
 }  # fmt: skip
 
 
+#: Dynamic shared memory a launch gets without opting in (``cuFuncSetAttribute``).
+DEFAULT_SHARED_BYTES = 48 * 1024
+
+
 @cache
 def driver() -> Any:
     """``cuda.bindings.driver``, initialised, with device 0's primary context current.
@@ -131,6 +135,12 @@ class CudaProgram:
                 "cuModuleGetFunction", self.modules[stem], kernel["entry"].encode()
             )
         self.launches = {k["name"]: k["launch"] for k in manifest["kernels"]}
+        attribute = "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"
+        for kernel in manifest["kernels"]:  # dynamic shared memory past the default 48 KiB
+            if kernel["launch"]["shared_mem_bytes"] > DEFAULT_SHARED_BYTES:
+                self._call("cuFuncSetAttribute", self.functions[kernel["name"]],
+                           getattr(self.cu.CUfunction_attribute, attribute),
+                           kernel["launch"]["shared_mem_bytes"])  # fmt: skip
         self.buffers: dict[str, int] = {}
         self.scalars: dict[str, Any] = {}
 
@@ -162,6 +172,8 @@ class CudaProgram:
                 data = np.ascontiguousarray(self.constants[step["data"]])
                 self._call("cuMemcpyHtoD", self.buffers[step["buffer"]], data.ctypes.data,
                            data.nbytes)  # fmt: skip
+            elif op == "tensor_map":
+                self._tensor_map(step)
 
     def launch_all(self) -> None:
         """Every launch and device copy of the plan, in order, on the default stream."""
@@ -170,6 +182,14 @@ class CudaProgram:
                 self._launch(step)
             elif step["op"] == "copy_d2d":
                 self._copy(step["src"], step["dst"])
+
+    def _tensor_map(self, step: dict[str, Any]) -> None:
+        """Encode the step's TMA tensor map on the host and copy it to its buffer."""
+        from stagegraph.runtime.tensor_map import TENSOR_MAP_BYTES, encode
+
+        encoded = encode(self.cu, step, self._pointer(step["source"]))
+        self._call("cuMemcpyHtoD", self.buffers[step["buffer"]], encoded.getPtr(),
+                   TENSOR_MAP_BYTES)  # fmt: skip
 
     def _pointer(self, view: dict[str, Any]) -> int:
         return self.buffers[view["buffer"]] + view["offset"] * _itemsize(view["dtype"])
@@ -181,6 +201,8 @@ class CudaProgram:
                 base = ctypes.c_uint64(self.buffers[arg["buffer"]])
                 holders += [base, ctypes.c_uint64(base.value), ctypes.c_int64(arg["offset"])]
                 holders += [ctypes.c_int64(n) for n in (*arg["sizes"], *arg["strides"])]
+            elif "tensor_map" in arg:  # a TMA descriptor's device address
+                holders.append(ctypes.c_uint64(self.buffers[arg["tensor_map"]]))
             elif "argument" in arg:  # a scalar input of the entry
                 holders.append(SCALAR_CTYPES[arg["dtype"]](self.scalars[arg["argument"]]))
             else:

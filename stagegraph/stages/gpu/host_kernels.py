@@ -17,7 +17,8 @@ HOST_OPS = frozenset({
     "arith.constant", "memref.alloc", "memref.alloca", "memref.dealloc", "memref.get_global",
     "memref.subview", "memref.collapse_shape", "memref.expand_shape", "memref.cast",
     "memref.reinterpret_cast", "memref.copy", "gpu.launch", "gpu.launch_func", "func.return",
-    "memref.assume_alignment", "ub.poison",
+    "memref.assume_alignment", "ub.poison", "nvgpu.tma.create.descriptor",
+    "builtin.unrealized_conversion_cast",
 })  # fmt: skip
 
 

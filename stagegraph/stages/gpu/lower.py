@@ -23,9 +23,10 @@ LAUNCH_ATTR = "stagegraph.gpu_launch"
 KERNEL_TO_NVVM = (
     "gpu.module(math-expand-ops{ops=fpowi},"
     "convert-vector-to-scf{full-unroll=true target-rank=1},canonicalize,"
-    "expand-strided-metadata,lower-affine,convert-scf-to-cf,"
-    "convert-vector-to-llvm{use-vector-alignment=true},convert-nvgpu-to-nvvm,"
-    "convert-gpu-to-nvvm{index-bitwidth=64},canonicalize,cse,reconcile-unrealized-casts)"
+    "expand-strided-metadata,lower-affine,convert-nvgpu-to-nvvm,convert-scf-to-cf,"
+    "convert-vector-to-llvm{use-vector-alignment=true},"
+    "convert-gpu-to-nvvm{index-bitwidth=64},convert-nvvm-to-llvm,canonicalize,cse,"
+    "reconcile-unrealized-casts)"
 )
 LOOPS = "func.func(convert-linalg-to-loops)"
 OUTLINE = "func.func(scf-forall-to-for),gpu-kernel-outlining,canonicalize,cse"
@@ -46,10 +47,12 @@ def block_dims(forall: Any, params: GpuParams) -> list[int]:
     tagged = [forall, *collect(forall, lambda op: OP_ATTR in op.attributes)]
     indices = {ir.IntegerAttr(op.attributes[OP_ATTR]).value for op in tagged
                if OP_ATTR in op.attributes}  # fmt: skip
+    from stagegraph.stages.gpu.wgmma import plan_threads
+
     spans = [1, 1, 1]
     for plan in params.kernels:
         if plan.op in indices:
-            for axis, count in enumerate(plan.threads):
+            for axis, count in enumerate(plan_threads(plan)):
                 spans[axis] = max(spans[axis], count)
     return spans
 
@@ -139,8 +142,14 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     from stagegraph.stages.gpu.host_kernels import sink_constants, wrap_host_work
     from stagegraph.stages.gpu.mma import rewrite_mma
     from stagegraph.stages.gpu.mma_staged import allocs_to_globals
+    from stagegraph.stages.gpu.wgmma import (
+        align_dynamic_shared,
+        give_dynamic_shared,
+        rewrite_wgmma,
+    )
 
     with module.ir.context:
+        rewrite_wgmma(module.ir)
         rewrite_mma(module.ir)
         params = schedule_leftovers(module.ir, params)
         map_to_gpu(module.ir, params)
@@ -152,5 +161,8 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     run_pipeline(module, OUTLINE)
     with module.ir.context:
         allocs_to_globals(module.ir)
+        give_dynamic_shared(module.ir)
     run_pipeline(module, config.kernel_pipeline)
+    with module.ir.context:
+        align_dynamic_shared(module.ir)
     return module

@@ -37,6 +37,9 @@ class KernelPlan(Params):
     mma: tuple[int, ...] = ()  # the mma.sync instruction shape (m, n, k): a tensor-core op
     tile_m: int = Field(0, ge=0, le=256)  # a tensor-core op's block tile (rows, columns of C)
     tile_n: int = Field(0, ge=0, le=256)
+    stages: int = Field(0, ge=0, le=8)  # a wgmma kernel's pipeline depth (0: not wgmma)
+    warp_specialized: bool = False  # wgmma: a producer warpgroup and two consumer ones
+    group_m: int = Field(0, ge=0, le=4096)  # wgmma: tile rows per group of blocks (0: plain)
 
     @property
     def mapped(self) -> bool:
@@ -49,11 +52,13 @@ class GpuParams(Params):
     warp size); ``kernels``: one plan per linalg op of the entry, in program order;
     ``tf32``: f32 matmuls on tensor cores through TF32 (off by default: it rounds the
     inputs to 10 mantissa bits, so results change); ``tensor_cores``: off puts every
-    matmul on the SIMT path (to compare the two)."""
+    matmul on the SIMT path (to compare the two); ``wgmma``: off keeps sm_90a matmuls on
+    ``mma.sync`` (to compare the two Hopper paths)."""
 
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
     tf32: bool = False
     tensor_cores: bool = True
+    wgmma: bool = True
     kernels: tuple[KernelPlan, ...] = ()
 
     def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list:
@@ -153,7 +158,10 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     )
     if "kernels" in config.overrides:
         return params
-    kernels = [(params.tensor_cores and plan_mma(op, target, params.tf32))
+    from stagegraph.stages.gpu.wgmma import plan_wgmma
+
+    kernels = [(params.tensor_cores and ((params.wgmma and plan_wgmma(op, target))
+                                         or plan_mma(op, target, params.tf32)))
                or plan_op(op, params.threads_per_block, vector_width(op))
                for op in facts.ops]  # fmt: skip
     return params.model_copy(update={"kernels": tuple(kernels)})
@@ -163,6 +171,8 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
 
 #: The op kind the tensor-core declaration is looked up by.
 MMA_KIND = "mma_matmul"
+#: ... and the wgmma one (sm_90a; declared in :mod:`stagegraph.stages.gpu.wgmma_space`).
+WGMMA_KIND = "wgmma_matmul"
 #: Block tile sizes a tuner tries for a tensor-core matmul (rows and columns alike).
 MMA_TILES = (16, 32, 64, 128, 256)
 
@@ -174,7 +184,7 @@ def gpu_tuning_sites(params: GpuParams, facts: PayloadFacts, per_op: bool = Fals
     ops = {op.index: op for op in facts.ops}
     return [
         TuningSite(f"op{plan.op}", ("kernels", i), KernelPlan, (ops[plan.op],),
-                   kind_of=lambda op: MMA_KIND)
+                   kind_of=lambda op, wgmma=bool(plan.stages): WGMMA_KIND if wgmma else MMA_KIND)
         for i, plan in enumerate(params.kernels) if plan.mma and plan.op in ops
     ]  # fmt: skip
 
@@ -223,3 +233,4 @@ def _declare() -> None:
 
 
 _declare()
+import stagegraph.stages.gpu.wgmma_space  # noqa: E402,F401  (declares the wgmma space)

@@ -34,6 +34,7 @@ class HostPlan:
     steps: list[dict[str, Any]] = field(default_factory=list)
     launches: dict[str, dict[str, Any]] = field(default_factory=dict)  # kernel -> first config
     constants: dict[str, np.ndarray] = field(default_factory=dict)
+    scratch: list[str] = field(default_factory=list)  # buffers freed at the end (tensor maps)
 
 
 def element_name(element_type: Any) -> str:
@@ -172,7 +173,11 @@ class _Reader:
         self.values[op.results[0]] = _view(name, op.results[0].type)
 
     def step(self, op: Any) -> None:
+        from stagegraph.stages.gpu.tma import read_host_op
+
         name = op.name
+        if read_host_op(self, op):
+            return
         if name == "arith.constant":
             self.values[op.results[0]] = _scalar(op)
         elif name in ("memref.alloc", "memref.alloca"):
@@ -272,6 +277,6 @@ def host_plan(module: Any, entry: str) -> HostPlan:
     for value in (*plan.arguments, *plan.results):
         if value["shape"] is not None:
             plan.steps.append({"op": "free", "buffer": value["name"]})
-    for name in plan.constants:
+    for name in (*plan.constants, *plan.scratch):
         plan.steps.append({"op": "free", "buffer": name})
     return plan

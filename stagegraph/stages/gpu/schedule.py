@@ -67,6 +67,11 @@ def _tile(target: str, tiles: tuple[int, ...], mapping: list[str], out: str) -> 
 def kernel_script(plan: KernelPlan) -> str:
     """The transform ops that tile one op to blocks, then each block's piece to threads."""
     i = plan.op
+    if plan.stages:
+        from stagegraph.stages.gpu.wgmma import wgmma_script
+
+        return wgmma_script(i, plan.tile_n, plan.stages, OP_ATTR, plan.warp_specialized,
+                            plan.group_m)  # fmt: skip
     if plan.mma:
         from stagegraph.stages.gpu.mma import mma_script
 
