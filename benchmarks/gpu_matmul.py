@@ -188,8 +188,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--param", nargs="*", default=[],
                         help="cost-model params for --build, e.g. wgmma=false")  # fmt: skip
-    parser.add_argument("--compare-mma-sync", action="store_true",
-                        help="--build each case on mma.sync too (suffix _mmasync)")
+    parser.add_argument(
+        "--compare-mma-sync",
+        action="store_true",
+        help="--build each case on mma.sync too (suffix _mmasync)",
+    )
     args = parser.parse_args()
     if args.build:
         shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes

@@ -116,9 +116,9 @@ def test_the_wgmma_space_is_declared_with_shared_memory_and_register_rules(tmp_p
     shallow = build_space(params, sg.run("gpu", payload(tmp_path, 4096, 4096, 128),
                           target="h100", until="analyze").value("analyze"),
                           resolve_gpu_target("h100"))  # fmt: skip
-    assert "op1.stages_within_k_steps=2" in shallow.violated({"op1.tile_n": 128,
-                                                              "op1.stages": 4,
-                                                              "op1.warp_specialized": 0})
+    assert "op1.stages_within_k_steps=2" in shallow.violated(
+        {"op1.tile_n": 128, "op1.stages": 4, "op1.warp_specialized": 0}
+    )
 
 
 # -- the kernel, as IR ----------------------------------------------------------------
@@ -218,8 +218,11 @@ def test_lowering_leaves_no_nvgpu_ops_and_aligns_the_dynamic_shared_memory(tmp_p
                     until="lower").module.ir  # fmt: skip
     assert not collect(module, lambda op: op.name.startswith("nvgpu.")
                        and op.name != "nvgpu.tma.create.descriptor")  # fmt: skip
-    dynamic = [g for g in collect(module, "llvm.mlir.global")
-               if ir.StringAttr(g.attributes["sym_name"]).value.startswith("__dynamic_shmem")]
+    dynamic = [
+        g
+        for g in collect(module, "llvm.mlir.global")
+        if ir.StringAttr(g.attributes["sym_name"]).value.startswith("__dynamic_shmem")
+    ]
     assert [ir.IntegerAttr(g.attributes["alignment"]).value for g in dynamic] == [1024]
     with module.context:
         assert dynamic[0].attributes["linkage"] == ir.Attribute.parse("#llvm.linkage<external>")
@@ -269,8 +272,11 @@ def test_ptx_holds_wgmma_and_tma_and_assembles_without_spills(tmp_path, shape, d
     (kernel,) = [k for k in binary.manifest["kernels"] if k["ptx"] == f"{name}.ptx"]
     m, n, _ = shape
     threads = 384 if specialized else 128
-    assert kernel["launch"] == {"grid": [n // tile_n, m // 128, 1], "block": [threads, 1, 1],
-                                "shared_mem_bytes": dynamic_shared_bytes(stages, tile_n)}
+    assert kernel["launch"] == {
+        "grid": [n // tile_n, m // 128, 1],
+        "block": [threads, 1, 1],
+        "shared_mem_bytes": dynamic_shared_bytes(stages, tile_n),
+    }
 
 
 # -- host plan, manifest, runtime -----------------------------------------------------
@@ -309,7 +315,7 @@ def test_manifest_refuses_bad_tensor_map_steps(wgmma_binary):
     at = next(i for i, s in enumerate(plan) if s["op"] == "tensor_map")
     wide = dict(plan[at], box=[512, 64])
     with pytest.raises(ValidationError, match="box"):
-        CudaManifest.model_validate({**manifest, "plan": [*plan[:at], wide, *plan[at + 1:]]})
+        CudaManifest.model_validate({**manifest, "plan": [*plan[:at], wide, *plan[at + 1 :]]})
     unallocated = [s for i, s in enumerate(plan) if i != at - 1]  # its alloc dropped
     with pytest.raises(ValidationError, match="before alloc"):
         CudaManifest.model_validate({**manifest, "plan": unallocated})
@@ -408,11 +414,14 @@ def test_gpu_matmul_builds_wgmma_artifacts_for_sm90a(tmp_path):
     assert paths["bf16_256x128x128"] == paths["f16_256x128x128"] == ("wgmma", 3)
     assert paths["bf16_200x64x32"][0] != "wgmma"  # 200 rows: another path
     manifest = json.loads((tmp_path / "bf16_256x128x128" / "manifest.json").read_text())
-    assert [s["box"] for s in manifest["plan"] if s["op"] == "tensor_map"] == [[128, 64],
-                                                                               [64, 64]]
+    assert [s["box"] for s in manifest["plan"] if s["op"] == "tensor_map"] == [[128, 64], [64, 64]]
     other = tmp_path / "sync"  # the same case on mma.sync too, to compare the paths
-    done = subprocess.run([*build[:3], str(other), "--shapes", "256x128x128",
-                           "--compare-mma-sync"], capture_output=True, text=True, cwd=root)
+    done = subprocess.run(
+        [*build[:3], str(other), "--shapes", "256x128x128", "--compare-mma-sync"],
+        capture_output=True,
+        text=True,
+        cwd=root,
+    )
     assert done.returncode == 0, done.stderr
     cases = json.loads((other / "cases.json").read_text())["cases"]
     assert {c["name"]: c["path"] for c in cases} == {

@@ -169,9 +169,13 @@ def wgmma_script(op: int, tile_n: int, stages: int, attr: str, specialized: bool
         f'    transform.annotate %wb{op}_op "{WGMMA_ATTR}" = %ws{op} '
         f": {any_op}, !transform.param<i64>\n"
         + (f'    transform.annotate %wb{op}_op "{WS_ATTR}" : {any_op}\n' if specialized else "")
-        + (f"    %wg{op} = transform.param.constant {group} : i64 -> !transform.param<i64>\n"
-           f'    transform.annotate %wb{op}_op "{GROUP_ATTR}" = %wg{op} '
-           f": {any_op}, !transform.param<i64>\n" if group else "")
+        + (
+            f"    %wg{op} = transform.param.constant {group} : i64 -> !transform.param<i64>\n"
+            f'    transform.annotate %wb{op}_op "{GROUP_ATTR}" = %wg{op} '
+            f": {any_op}, !transform.param<i64>\n"
+            if group
+            else ""
+        )
     )
 
 
@@ -255,11 +259,15 @@ def give_dynamic_shared(module: Any) -> int:
         operands, at = list(launch.operands), sum(segments[:-3])
         with launch.location, ir.InsertionPoint(launch):
             i32 = ir.IntegerType.get_signless(32)
-            size = ir.Operation.create("arith.constant", results=[i32],
-                                       attributes={"value": ir.IntegerAttr.get(i32, needed)})
+            size = ir.Operation.create(
+                "arith.constant",
+                results=[i32],
+                attributes={"value": ir.IntegerAttr.get(i32, needed)},
+            )
             attributes = {name: launch.attributes[name] for name in launch.attributes}
             attributes["operandSegmentSizes"] = ir.DenseI32ArrayAttr.get(
-                [*segments[:-3], 1, *segments[-2:]])
+                [*segments[:-3], 1, *segments[-2:]]
+            )
             ir.Operation.create("gpu.launch_func", results=[],
                                 operands=[*operands[:at], size.results[0], *operands[at:]],
                                 attributes=attributes)  # fmt: skip

@@ -221,8 +221,9 @@ class _Block:
             a_view = self.view(self.scaled(slot, self.a_bytes), [TILE_M, TILE_K])
             nvgpu.TmaAsyncLoadOp(a_view, self.barriers, a_desc, [k, m0], slot, ip=build.point)
             for box in range(self.tile_n // BOX_N):
-                at = self.scaled(slot, self.b_bytes,
-                                 self.stages * self.a_bytes + box * TILE_K * BOX_N * 2)
+                at = self.scaled(
+                    slot, self.b_bytes, self.stages * self.a_bytes + box * TILE_K * BOX_N * 2
+                )
                 b_view = self.view(at, [TILE_K, BOX_N])
                 n = self.index("addi", n0, build.const(box * BOX_N))
                 nvgpu.TmaAsyncLoadOp(b_view, self.barriers, b_desc, [n, k], slot, ip=build.point)
@@ -334,8 +335,11 @@ class _Block:
 
         build = self.build
         f32 = self.ir.F32Type.get(build.location.context)
-        at = build.const(0) if consumer is None else self.scaled(consumer,
-                                                                 self.rows * self.tile_n * 4)
+        at = (
+            build.const(0)
+            if consumer is None
+            else self.scaled(consumer, self.rows * self.tile_n * 4)
+        )
         mine = self.view(at, [self.rows, self.tile_n], f32)
         with build.location:
             nvgpu.WarpgroupMmaStoreOp(acc, mine, ip=build.point)

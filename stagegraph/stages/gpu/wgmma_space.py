@@ -50,8 +50,7 @@ def wgmma_space_rules(p: Any, op: Any, target: Any, logic: Any) -> dict:
         f"block_rows_divide_m={m}": m % TILE_M == 0,
         f"tile_n_divides_n={n}": n % p.tile_n == 0,
         f"stages_within_k_steps={k // TILE_K}": p.stages <= k // TILE_K + 1,
-        f"stages_fit_shared={limit}B": p.stages * (base + per_n * p.tile_n) + SHARED_ALIGN
-        <= limit,
+        f"stages_fit_shared={limit}B": p.stages * (base + per_n * p.tile_n) + SHARED_ALIGN <= limit,
         f"c_tile_fits_shared={limit}B": TILE_M * 4 * p.tile_n + SHARED_ALIGN <= limit,
         f"accumulator_fits_registers={plain}|{CONSUMER_REGISTERS}": rows * p.tile_n
         <= WARPGROUP * (budget - REGISTER_RESERVE),
