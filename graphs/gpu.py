@@ -57,6 +57,7 @@ def build() -> Graph:
             "select.params -> lower.params",
             "lower.module -> emit.module",
             "target.facts -> emit.target",
+            "analyze.facts -> emit.facts",
         ],
         INPUTS,
         default_splice="bufferized",

@@ -79,6 +79,14 @@ def test_every_emitted_manifest_validates_and_names_its_workload(folders):
         assert manifest.producer.workload.endswith(".mlir"), manifest.producer
 
 
+def test_reduction_length_is_the_payloads_longest_sum(folders):
+    """The manifest carries the analysis' reduction length (relu_sum sums rows of 512;
+    the elementwise payloads sum nothing), so `exec --check` widens its tolerance as the
+    CPU artifact's checker does."""
+    lengths = {name: load_manifest(f, kind="cuda").reduction_length for name, f in folders.items()}
+    assert lengths == {"relu_sum": 512, "bias": 1, "scale": 1}
+
+
 def test_constants_and_scalar_arguments_are_in_the_schema(folders):
     bias = load_manifest(folders["bias"], kind="cuda")
     (constant,) = [s for s in bias.plan if s.op == "constant"]

@@ -21,6 +21,7 @@ import numpy as np
 
 from stagegraph.core.ports import AnyModule, Binary, Config
 from stagegraph.core.stage import stage
+from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.gpu.target import GpuTarget
 
 
@@ -176,8 +177,14 @@ def validated_manifest(fields: dict[str, Any]) -> dict[str, Any]:
 
 
 @stage("emit", name="gpu.emit")
-def gpu_emit(module: AnyModule, target: GpuTarget, config: GpuEmitConfig) -> Binary:
-    """PTX for every kernel (for the target's architecture) and the host plan."""
+def gpu_emit(
+    module: AnyModule, target: GpuTarget, config: GpuEmitConfig, facts: PayloadFacts | None = None
+) -> Binary:
+    """PTX for every kernel (for the target's architecture) and the host plan.
+
+    ``facts`` (the payload's analysis) gives the manifest its ``reduction_length``, so that
+    ``stagegraph exec --check`` on a machine with a GPU judges a long reduction's rounding
+    at its length, as the CPU artifact's checker does."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import function_name, payload_functions, select_entry
     from stagegraph.stages.gpu.plan import host_plan
@@ -213,6 +220,7 @@ def gpu_emit(module: AnyModule, target: GpuTarget, config: GpuEmitConfig) -> Bin
         "kernels": kernels,
         "constants": {name: f"{name}.npy" for name in plan.constants},
         "plan": plan.steps,
+        "reduction_length": max(1, facts.reduction_length) if facts is not None else 1,
     })  # fmt: skip
     key = module.content_hash() + target.content_hash()
     binary = CudaBinary(key, manifest, ptx, plan.constants)
