@@ -261,6 +261,7 @@ def _replace(op: Any) -> None:
     body loads the A and B fragments (each reused across the warp tile) and issues one
     ``mma.sync`` per (16 x 8) fragment of C, carried as loop values, stored once."""
     from stagegraph.mlir.bindings import dialect
+    from stagegraph.stages.gpu.epilogue import WarpEpilogue
 
     build = _Builder(op)
     ir, scf = build.ir, dialect("scf")
@@ -274,7 +275,8 @@ def _replace(op: Any) -> None:
             build.op("arith.remui", [build.index], [lane_id, build.const(4)]))  # fmt: skip
     tiles = [(i, j) for i in range(0, wm, shape[0]) for j in range(0, wn, shape[1])]
     origins = {v: build.const(v) for v in {0, *(i for i, _ in tiles), *(j for _, j in tiles)}}
-    acc = [build.fragment(c, places["c"], lane, (origins[i], origins[j]), vectors["c"])
+    epilogue = WarpEpilogue(op)
+    acc = [_start(build, epilogue, places["c"], lane, (origins[i], origins[j]), vectors["c"])
            for i, j in tiles]  # fmt: skip
     stager = _stager(build, a, b, (wm, wn, shape[2]), lane_id)
     if stager is not None:
@@ -312,12 +314,38 @@ def _replace(op: Any) -> None:
     build.point = outer
     if stager is not None:
         stager.wait(stager.first, 0)
-    f32 = ir.MemRefType(c.type).element_type
+    if epilogue.consumer is not None:  # after the ops that define its operands
+        build.point = ir.InsertionPoint(epilogue.consumer)
     for (i, j), value in zip(tiles, loop.results, strict=True):
-        for n, (rg, rt, rc, cg, ct, cc) in enumerate(places["c"]):
-            item = build.op("vector.extract", [f32], [value],
-                            static_position=ir.DenseI64ArrayAttr.get([n // 2, n % 2]))  # fmt: skip
-            row = build.affine(*lane, (rg, rt, rc), origins[i])
-            col = build.affine(*lane, (cg, ct, cc), origins[j])
+        _store(build, epilogue, value, places["c"], lane, (origins[i], origins[j]))
+    epilogue.finish(op)
+
+
+def _start(build: _Builder, epilogue: Any, places: list[Place], lane: tuple[Any, Any],
+           origin: tuple[Any, Any], shape: tuple[int, int]) -> Any:  # fmt: skip
+    """An accumulator's first value: the fill's scalar where a fill zeroes C (C is then
+    never read), else this lane's fragment of C."""
+    ir = build.ir
+    if epilogue.start is None:
+        return build.fragment(epilogue.c, places, lane, origin, shape)
+    with build.location:
+        vector = ir.VectorType.get(list(shape), ir.F32Type.get())
+    return build.op("vector.broadcast", [vector], [epilogue.start])
+
+
+def _store(build: _Builder, epilogue: Any, value: Any, places: list[Place],
+           lane: tuple[Any, Any], origin: tuple[Any, Any]) -> None:  # fmt: skip
+    """Each element of one accumulator: through the epilogue's body into its output, or
+    into C where there is no epilogue."""
+    from stagegraph.stages.gpu.epilogue import apply_in_registers
+
+    ir, c = build.ir, epilogue.c
+    for n, (rg, rt, rc, cg, ct, cc) in enumerate(places):
+        item = build.op("vector.extract", [ir.F32Type.get()], [value],
+                        static_position=ir.DenseI64ArrayAttr.get([n // 2, n % 2]))  # fmt: skip
+        row = build.affine(*lane, (rg, rt, rc), origin[0])
+        col = build.affine(*lane, (cg, ct, cc), origin[1])
+        if epilogue.consumer is None:
             build.op("memref.store", [], [item, c, *build.batch(c), row, col])
-    op.erase()
+        else:
+            apply_in_registers(build, epilogue.consumer, c, item, [*build.batch(c), row, col])

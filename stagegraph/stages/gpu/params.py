@@ -37,6 +37,7 @@ class KernelPlan(Params):
     mma: tuple[int, ...] = ()  # the mma.sync instruction shape (m, n, k): a tensor-core op
     tile_m: int = Field(0, ge=0, le=256)  # a tensor-core op's block tile (rows, columns of C)
     tile_n: int = Field(0, ge=0, le=256)
+    fused: tuple[int, ...] = ()  # ops run in this kernel: its consumer, its init fill
 
     @property
     def mapped(self) -> bool:
@@ -54,6 +55,7 @@ class GpuParams(Params):
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
     tf32: bool = False
     tensor_cores: bool = True
+    epilogues: bool = True  # a matmul's elementwise consumer and fill run in its kernel
     kernels: tuple[KernelPlan, ...] = ()
 
     def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list:
@@ -156,6 +158,10 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     kernels = [(params.tensor_cores and plan_mma(op, target, params.tf32))
                or plan_op(op, params.threads_per_block, vector_width(op))
                for op in facts.ops]  # fmt: skip
+    if params.epilogues:
+        from stagegraph.stages.gpu.epilogue import fuse_epilogues
+
+        kernels = fuse_epilogues(kernels, facts)
     return params.model_copy(update={"kernels": tuple(kernels)})
 
 

@@ -67,6 +67,10 @@ def _tile(target: str, tiles: tuple[int, ...], mapping: list[str], out: str) -> 
 def kernel_script(plan: KernelPlan) -> str:
     """The transform ops that tile one op to blocks, then each block's piece to threads."""
     i = plan.op
+    if plan.fused:
+        from stagegraph.stages.gpu.epilogue import epilogue_kernel_script
+
+        return epilogue_kernel_script(plan, OP_ATTR)
     if plan.mma:
         from stagegraph.stages.gpu.mma import mma_script
 

@@ -1,0 +1,273 @@
+"""Matmul epilogues on the GPU: the elementwise consumer of a matmul (bias added along rows
+or columns, an activation, a scaling, a residual add reading another tensor of the output's
+shape, a cast), and the fill that zeroes its accumulator, run in the matmul's kernel.
+
+The cost model folds them into the matmul's plan (:func:`fuse_epilogues`: ``fused`` lists
+them; their own plans map nothing, so they get no kernel of their own). The schedule tiles
+the *consumer* to blocks (and warps, or threads) and fuses the matmul and its fill into
+each level (``transform.structured.fuse_into_containing_op``): every block computes its
+tile of C and applies the epilogue to that tile. On the tensor-core path the rewrite of the
+warp's matmul (:mod:`stagegraph.stages.gpu.mma`) then starts the accumulators at the fill's
+value, applies the consumer's body to each accumulator element in registers and stores
+only the consumer's result (:func:`apply_in_registers`): C never goes to memory. On the
+SIMT path each thread's fill, matmul and epilogue run on its own output elements in one
+kernel.
+
+``gpu_cpu`` runs the fused schedule on the CPU, so the fusion's meaning is checked by
+numbers there; what the register rewrite emits is checked by its IR and PTX.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagegraph.stages.analysis import OpFacts, PayloadFacts
+
+#: Marks the warp's (or thread's) epilogue op left for the register rewrite.
+EPILOGUE_ATTR = "stagegraph.gpu_epilogue"
+_ANY = "!transform.any_op"
+_TILED = f"({_ANY}) -> ({_ANY}, {_ANY})"
+_FUSED = f"({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})"
+
+
+def init_fill(facts: PayloadFacts, matmul: OpFacts) -> int | None:
+    """The index of the ``linalg.fill`` that initialises ``matmul``'s accumulator: the
+    nearest fill before it writing a value of the accumulator's type, when the accumulator
+    comes from a fill (the schedule checks the def-use through the bindings)."""
+    if not matmul.producers or matmul.producers[-1] != "linalg.fill":
+        return None
+    for op in reversed(facts.ops[: matmul.index]):
+        if op.name == "linalg.fill" and op.outputs[:1] == matmul.outputs[:1]:
+            return op.index
+    return None
+
+
+def epilogue_consumer(facts: PayloadFacts, matmul: OpFacts) -> int | None:
+    """The elementwise consumer fused into ``matmul``'s kernel: the first op of its layer's
+    epilogue (the analysis's single-use chain of same-shape elementwise consumers; the GPU
+    normalization has already merged such a chain into one op), else an elementwise op
+    right after it that reads a matmul and writes the same shape (a cast to another type),
+    or None."""
+    for layer in facts.layers:
+        if layer.contraction == matmul.index and layer.epilogue:
+            return layer.epilogue[0]
+    following = matmul.index + 1
+    if following >= len(facts.ops):
+        return None
+    op = facts.ops[following]
+    shape = matmul.outputs[0].shape if matmul.outputs else None
+    if (op.op_class == "elementwise" and len(op.outputs) == 1 and op.outputs[0].shape == shape
+            and matmul.name in op.producers):  # fmt: skip
+        return op.index
+    return None
+
+
+def fuse_epilogues(kernels: list[Any], facts: PayloadFacts) -> list[Any]:
+    """Fold each matmul's consumer and init fill into the matmul's plan (its ``fused``),
+    where the matmul has a tensor-core plan or a SIMT plan tiling both output dims; the
+    folded ops' own plans then map nothing. Returns the new plans."""
+    by_op = {plan.op: n for n, plan in enumerate(kernels)}
+    ops = {op.index: op for op in facts.ops}
+    out = list(kernels)
+    for plan in kernels:
+        op = ops.get(plan.op)
+        if op is None or op.name not in ("linalg.matmul", "linalg.batch_matmul"):
+            continue
+        if not plan.mma and not _simt_fusable(plan):
+            continue
+        consumer = epilogue_consumer(facts, op)
+        fill = init_fill(facts, op)
+        fused = tuple(i for i in (consumer, fill) if i is not None and i in by_op)
+        if consumer is None or consumer not in fused:
+            continue
+        out[by_op[plan.op]] = out[by_op[plan.op]].model_copy(update={"fused": fused})
+        for index in fused:
+            folded = kernels[by_op[index]]
+            out[by_op[index]] = type(folded)(op=folded.op, name=folded.name)
+    return out
+
+
+def _simt_fusable(plan: Any) -> bool:
+    """A SIMT matmul plan whose block and thread tiles leave the reduction loop whole."""
+    return bool(plan.block_tile) and plan.block_tile[-1] == 0 and plan.thread_tile[-1] == 0
+
+
+def _match(handle: str, index: int, attr: str) -> str:
+    return (
+        f"    {handle} = transform.structured.match attributes{{{attr} = {index} : i64}} "
+        f"in %root : ({_ANY}) -> {_ANY}\n"
+    )
+
+
+def _fuse(producer: str, into: str, out: str) -> str:
+    return (
+        f"    {out}, {into}_f = transform.structured.fuse_into_containing_op {producer} "
+        f"into {into} : {_FUSED}\n"
+    )
+
+
+def fused_script(plan: Any, attr: str, mapping: tuple[list[str], list[str]],
+                 tiles: tuple[tuple[int, ...], tuple[int, ...]],
+                 mma_attr: str | None) -> str:  # fmt: skip
+    """Transform ops for a matmul ``plan`` with ``fused`` ops: its consumer tiled by
+    ``tiles`` (block, then warp or thread tiles: the consumer's parallel loops) with
+    ``mapping`` at each level, the matmul and its fill fused into both levels; the inner
+    matmul annotated ``mma_attr`` (tensor cores), the inner consumer :data:`EPILOGUE_ATTR`."""
+    i = plan.op
+    consumer, *rest = plan.fused
+    text = _match(f"%ep{i}", consumer, attr) + _match(f"%mm{i}", i, attr)
+    if rest:
+        text += _match(f"%fl{i}", rest[0], attr)
+    level_handles = []
+    for level, (sizes, maps) in enumerate(zip(tiles, mapping, strict=True)):
+        target = f"%ep{i}" if level == 0 else f"%ep{i}_l0"
+        forall = f"%fa{i}_l{level}"
+        text += (
+            f"    %ep{i}_l{level}, {forall} = transform.structured.tile_using_forall {target} "
+            f"tile_sizes [{', '.join(map(str, sizes))}] (mapping = [{', '.join(maps)}]) "
+            f": {_TILED}\n"
+        )
+        source = f"%mm{i}" if level == 0 else f"%mm{i}_l0"
+        text += _fuse(source, forall, f"%mm{i}_l{level}")
+        if rest:
+            fill = f"%fl{i}" if level == 0 else f"%fl{i}_l0"
+            text += _fuse(fill, f"{forall}_f", f"%fl{i}_l{level}")
+        level_handles.append(forall)
+    # The block forall carries the matmul's index (the launch's block dims are its plan's).
+    text += f"    %ix{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
+    text += f'    transform.annotate {level_handles[0]} "{attr}" = %ix{i} : {_ANY}, !transform.param<i64>\n'
+    if mma_attr is not None:
+        text += f'    transform.annotate %mm{i}_l1 "{mma_attr}" : {_ANY}\n'
+    text += f'    transform.annotate %ep{i}_l1 "{EPILOGUE_ATTR}" : {_ANY}\n'
+    # The matmul and fill the fusion copied (the whole op, the block's) are dead now.
+    text += (f'    %fn{i} = transform.structured.match ops{{["func.func"]}} in %root '
+             f": ({_ANY}) -> {_ANY}\n    transform.apply_dce to %fn{i} : {_ANY}\n")
+    return text
+
+
+def epilogue_kernel_script(plan: Any, attr: str) -> str:
+    """The fused kernel's transform ops for ``plan`` (one with ``fused`` ops), on the
+    tensor-core path (block tile, then the 2x2 warps' tiles) or the SIMT one (the plan's
+    block and thread tiles without the reduction loop)."""
+    from stagegraph.stages.gpu.mma import MMA_ATTR, WARP_GRID
+    from stagegraph.stages.gpu.schedule import block_mapping, thread_mapping
+
+    batched = plan.name == "linalg.batch_matmul"
+    if plan.mma:
+        blocks: tuple[int, ...] = (plan.tile_m, plan.tile_n)
+        warps: tuple[int, ...] = (plan.tile_m // WARP_GRID[0], plan.tile_n // WARP_GRID[1])
+        block_maps = ["#gpu.block<linear_dim_1>", "#gpu.block<linear_dim_0>"]
+        if batched:
+            blocks, warps = (1, *blocks), (0, *warps)
+            block_maps.insert(0, "#gpu.block<linear_dim_2>")
+        warp_maps = ["#gpu.warp<linear_dim_1>", "#gpu.warp<linear_dim_0>"]
+        return fused_script(plan, attr, (block_maps, warp_maps), (blocks, warps), MMA_ATTR)
+    blocks, threads = plan.block_tile[:-1], plan.thread_tile[:-1]
+    maps = (block_mapping(blocks), thread_mapping(threads))
+    return fused_script(plan, attr, maps, (blocks, threads), None)
+
+
+# -- the register rewrite (after bufferization, on one warp's memrefs) --------------------
+
+
+class WarpEpilogue:
+    """What surrounds one warp's matmul on its accumulator buffer ``c``: the fill before it
+    (its scalar: the accumulators' start) and the consumer after it (:data:`EPILOGUE_ATTR`),
+    each None when absent."""
+
+    def __init__(self, matmul: Any) -> None:
+        from stagegraph.mlir.bindings import ir
+
+        c = matmul.operands[2]
+        self.c, self.fill, self.consumer = c, None, None
+        for use in c.uses:
+            owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+            if owner.name == "linalg.fill" and use.operand_number == 1:
+                self.fill = owner
+            elif EPILOGUE_ATTR in owner.attributes:
+                self.consumer = owner
+        self.start = self.fill.operands[0] if self.fill is not None else None
+        self.buffer = c.owner.operation if isinstance(c.owner, ir.Operation | ir.OpView) else None
+
+    def finish(self, matmul: Any) -> None:
+        """Erase the consumer, the matmul, the fill and the (now unread) accumulator buffer."""
+        for op in (self.consumer, matmul, self.fill):
+            if op is not None:
+                op.erase()
+        if self.buffer is not None and self.buffer.name == "memref.alloc":
+            if not list(self.buffer.results[0].uses):
+                self.buffer.erase()
+
+
+def _operand_split(op: Any) -> tuple[list[Any], list[Any]]:
+    sizes = [int(x) for x in op.attributes["operandSegmentSizes"]]
+    operands = list(op.operands)
+    return operands[: sizes[0]], operands[sizes[0]:]
+
+
+def _access(build: Any, amap: Any, loops: list[Any]) -> list[Any]:
+    """The indices an indexing map reads at loop indices ``loops`` (each result a loop
+    index or a constant: the projected permutations and broadcasts elementwise ops use)."""
+    from stagegraph.errors import UnsupportedPayloadError
+    from stagegraph.mlir.bindings import ir
+
+    out = []
+    for expr in amap.results:
+        if isinstance(expr, ir.AffineDimExpr) or ir.AffineDimExpr.isinstance(expr):
+            out.append(loops[ir.AffineDimExpr(expr).position])
+        elif ir.AffineConstantExpr.isinstance(expr):
+            out.append(build.const(ir.AffineConstantExpr(expr).value))
+        else:
+            raise UnsupportedPayloadError(f"the gpu schedule's epilogue reads an operand at {amap}: "
+                                "only loop indices and constants are supported")  # fmt: skip
+    return out
+
+
+def apply_in_registers(build: Any, consumer: Any, c: Any, value: Any, loops: list[Any]) -> None:
+    """Store ``consumer``'s result at loop indices ``loops``: its body applied to the
+    accumulator element ``value`` (for the input that is the accumulator buffer ``c``;
+    converted to that input's type) and to the other inputs, each loaded where its
+    indexing map reads at ``loops``."""
+    from stagegraph.mlir.bindings import ir, linalg_native
+
+    maps = [ir.AffineMapAttr(a).value for a in linalg_native.get_indexing_maps(consumer)]
+    ins, outs = _operand_split(consumer)
+    block = consumer.regions[0].blocks[0]
+    args = list(block.arguments)
+    mapped: dict[Any, Any] = {}
+    for n, (operand, arg) in enumerate(zip([*ins, *outs], args, strict=True)):
+        if operand == c and n < len(ins):
+            mapped[arg] = _convert(build, value, arg.type)
+        elif n < len(ins) or list(arg.uses):
+            element = ir.MemRefType(operand.type).element_type
+            mapped[arg] = build.op("memref.load", [element],
+                                   [operand, *_access(build, maps[n], loops)])  # fmt: skip
+    result = None
+    for inner in block.operations:
+        if inner.name == "linalg.yield":
+            result = mapped.get(inner.operands[0], inner.operands[0])
+            break
+        if inner.name == "linalg.index":
+            mapped[inner.results[0]] = loops[ir.IntegerAttr(inner.attributes["dim"]).value]
+            continue
+        with build.point, build.location:
+            copy = inner.clone()
+        for k, operand in enumerate(copy.operands):
+            if operand in mapped:
+                copy.operands[k] = mapped[operand]
+        for old, new in zip(inner.results, copy.results, strict=True):
+            mapped[old] = new
+    target = outs[0]
+    build.op("memref.store", [], [result, target, *_access(build, maps[len(ins)], loops)])
+
+
+def _convert(build: Any, value: Any, to: Any) -> Any:
+    """``value`` (an f32 accumulator element) as float type ``to`` (truncated or widened)."""
+    from stagegraph.mlir.bindings import ir
+
+    have = ir.FloatType(value.type).width
+    want = ir.FloatType(to).width
+    if value.type == to:
+        return value
+    name = "arith.truncf" if want < have else "arith.extf"
+    return build.op(name, [to], [value])
