@@ -271,3 +271,78 @@ def _convert(build: Any, value: Any, to: Any) -> Any:
         return value
     name = "arith.truncf" if want < have else "arith.extf"
     return build.op(name, [to], [value])
+
+
+def rewrite_simt_epilogues(module: Any) -> int:
+    """On the SIMT path, each thread's fused fill, matmul and consumer (on its few output
+    elements) become scalar accumulators carried through one loop over K, the consumer's
+    body applied to them, and only its result stored: no buffer for C. Returns how many."""
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.gpu.mma import MMA_ATTR
+
+    count = 0
+    for consumer in collect(module, lambda op: EPILOGUE_ATTR in op.attributes):
+        matmul = _matmul_feeding(consumer)
+        if matmul is None or MMA_ATTR in matmul.attributes:
+            continue
+        _rewrite_simt(matmul)
+        count += 1
+    return count
+
+
+def _matmul_feeding(consumer: Any) -> Any | None:
+    """The matmul writing the buffer one of ``consumer``'s inputs reads, if any."""
+    ins, _ = _operand_split(consumer)
+    for value in ins:
+        for use in value.uses:
+            owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+            if owner.name in ("linalg.matmul", "linalg.batch_matmul") and use.operand_number == 2:
+                return owner
+    return None
+
+
+def _rewrite_simt(matmul: Any) -> None:
+    """One thread's ``tm x tn x K`` matmul and its epilogue, as described above."""
+    from stagegraph.mlir.bindings import dialect, ir
+    from stagegraph.stages.gpu.mma import _Builder
+
+    build, scf = _Builder(matmul), dialect("scf")
+    epilogue = WarpEpilogue(matmul)
+    a, b, c = (matmul.operands[i] for i in range(3))
+    (tm, k), tn = ir.MemRefType(a.type).shape[-2:], ir.MemRefType(b.type).shape[-1]
+    kind = ir.MemRefType(c.type).element_type
+    places = [(i, j) for i in range(tm) for j in range(tn)]
+    index = {v: build.const(v) for v in {0, 1, k, *range(tm), *range(tn)}}
+    start = [epilogue.start if epilogue.start is not None else
+             build.op("memref.load", [kind], [c, *build.batch(c), index[i], index[j]])
+             for i, j in places]  # fmt: skip
+    with build.location:
+        loop = scf.ForOp(index[0], index[k], index[1], start, ip=build.point)
+    outer, build.point = build.point, ir.InsertionPoint(loop.body)
+    kk = loop.induction_variable
+    element = ir.MemRefType(a.type).element_type
+    rows = {i: _widen(build, build.op("memref.load", [element],
+                                      [a, *build.batch(a), index[i], kk]), kind)
+            for i in range(tm)}  # fmt: skip
+    cols = {j: _widen(build, build.op("memref.load", [ir.MemRefType(b.type).element_type],
+                                      [b, *build.batch(b), kk, index[j]]), kind)
+            for j in range(tn)}  # fmt: skip
+    sums = [build.op("arith.addf", [kind], [acc, build.op("arith.mulf", [kind],
+                                                         [rows[i], cols[j]])])
+            for (i, j), acc in zip(places, loop.inner_iter_args, strict=True)]  # fmt: skip
+    build.op("scf.yield", [], sums)
+    build.point = outer
+    if epilogue.consumer is not None:
+        build.point = ir.InsertionPoint(epilogue.consumer)
+    for (i, j), value in zip(places, loop.results, strict=True):
+        loops = [*build.batch(c), index[i], index[j]]
+        if epilogue.consumer is None:
+            build.op("memref.store", [], [value, c, *loops])
+        else:
+            apply_in_registers(build, epilogue.consumer, c, value, loops)
+    epilogue.finish(matmul)
+
+
+def _widen(build: Any, value: Any, to: Any) -> Any:
+    """An input element in the accumulator's type (linalg.matmul's cast of its inputs)."""
+    return value if value.type == to else _convert(build, value, to)

@@ -138,10 +138,12 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     from stagegraph.stages.common.passes import run_pipeline
     from stagegraph.stages.gpu.host_kernels import sink_constants, wrap_host_work
     from stagegraph.stages.gpu.mma import rewrite_mma
+    from stagegraph.stages.gpu.epilogue import rewrite_simt_epilogues
     from stagegraph.stages.gpu.mma_staged import allocs_to_globals
 
     with module.ir.context:
         rewrite_mma(module.ir)
+        rewrite_simt_epilogues(module.ir)
         params = schedule_leftovers(module.ir, params)
         map_to_gpu(module.ir, params)
     run_pipeline(module, LOOPS)
