@@ -137,11 +137,18 @@ def fused_script(plan: Any, attr: str, mapping: tuple[list[str], list[str]],
     text += f"    %ix{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
     text += f'    transform.annotate {level_handles[0]} "{attr}" = %ix{i} : {_ANY}, !transform.param<i64>\n'
     if mma_attr is not None:
+        from stagegraph.stages.gpu.mma_bounds import tile_annotations
+
         text += f'    transform.annotate %mm{i}_l1 "{mma_attr}" : {_ANY}\n'
+        text += tile_annotations(f"%mm{i}_l1", *tiles[1][-2:], str(i))
     text += f'    transform.annotate %ep{i}_l1 "{EPILOGUE_ATTR}" : {_ANY}\n'
-    # The matmul and fill the fusion copied (the whole op, the block's) are dead now.
+    # The matmul and fill the fusion copied (the whole op, the block's) are dead once the
+    # sizes read from their results read their inits instead.
     text += (f'    %fn{i} = transform.structured.match ops{{["func.func"]}} in %root '
-             f": ({_ANY}) -> {_ANY}\n    transform.apply_dce to %fn{i} : {_ANY}\n")
+             f": ({_ANY}) -> {_ANY}\n"
+             f"    transform.apply_patterns to %fn{i} {{\n"
+             "      transform.apply_patterns.canonicalization\n"
+             f"    }} : {_ANY}\n    transform.apply_dce to %fn{i} : {_ANY}\n")
     return text
 
 

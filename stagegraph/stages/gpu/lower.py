@@ -139,9 +139,11 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     from stagegraph.stages.gpu.host_kernels import sink_constants, wrap_host_work
     from stagegraph.stages.gpu.mma import rewrite_mma
     from stagegraph.stages.gpu.epilogue import rewrite_simt_epilogues
+    from stagegraph.stages.gpu.mma_bounds import static_warp_grids
     from stagegraph.stages.gpu.mma_staged import allocs_to_globals
 
     with module.ir.context:
+        static_warp_grids(module.ir)
         rewrite_mma(module.ir)
         rewrite_simt_epilogues(module.ir)
         params = schedule_leftovers(module.ir, params)

@@ -1,6 +1,7 @@
 """Tensor-core matmuls (``mma.sync``, sm_80 and up) for the GPU graph.
 
-A ``linalg.matmul`` whose inputs are f16 or bf16 and whose output is f32 (or all f32 with
+A ``linalg.matmul`` whose inputs are f16 or bf16 and whose output is f32 or the inputs'
+type (accumulated in f32 all the same, rounded when stored: what cuBLAS does; or all f32 with
 the ``tf32`` param on, which rounds the inputs to TF32 and so changes results; a
 ``linalg.batch_matmul`` likewise, its batch index on the grid) is tiled twice by the
 schedule: to a ``forall`` over blocks and inside it a ``forall`` over the block's 2x2
@@ -42,12 +43,12 @@ WARP_GRID = (2, 2)
 def mma_shape(op: OpFacts, tf32: bool = False) -> tuple[int, int, int] | None:
     """The ``mma.sync`` instruction shape for ``op``, or None where it takes none: a plain
     ``linalg.matmul`` or ``linalg.batch_matmul`` of f16/bf16 inputs (both the same) into
-    f32, or f32 when ``tf32``."""
+    f32 or their own type, or f32 when ``tf32``."""
     if op.name not in MATMULS or len(op.inputs) != 2 or len(op.outputs) != 1:
         return None
     ins = {v.dtype for v in op.inputs}
-    if op.outputs[0].dtype != "f32" or len(ins) != 1:
-        return None
+    if len(ins) != 1 or op.outputs[0].dtype not in ("f32", *ins):
+        return None  # f32 accumulators; a half output is rounded from them when stored
     (dtype,) = ins
     if dtype in ("f16", "bf16"):
         return HALF_SHAPE
@@ -104,6 +105,8 @@ def block_tile(m: int, n: int, k: int, shape: tuple[int, int, int],
 def mma_script(op: int, block: tuple[int, int], attr: str, batched: bool = False) -> str:
     """Transform ops for op ``op`` (matched by ``attr``): tiled to blocks (a batch matmul's
     batch index too), then warps; the warp-level matmul is annotated for :func:`rewrite_mma`."""
+    from stagegraph.stages.gpu.mma_bounds import tile_annotations
+
     any_op = "!transform.any_op"
     tiled = f"({any_op}) -> ({any_op}, {any_op})"
     bm, bn = block
@@ -123,7 +126,7 @@ def mma_script(op: int, block: tuple[int, int], attr: str, batched: bool = False
         f"    %mw{op}_op, %mw{op} = transform.structured.tile_using_forall %mb{op}_op "
         f"tile_sizes [{batch_warp}{wm}, {wn}, 0] (mapping = [{warps}]) : {tiled}\n"
         f'    transform.annotate %mw{op}_op "{MMA_ATTR}" : {any_op}\n'
-    )
+    ) + tile_annotations(f"%mw{op}_op", wm, wn, str(op))
 
 
 #: One element's place in its tile: ``(row_g, row_t, row_c, col_g, col_t, col_c)`` means
@@ -186,6 +189,7 @@ class _Builder:
         self.ir, self.location = ir, at.location
         self.point = ir.InsertionPoint(at)
         self.index = ir.IndexType.get(at.context)
+        self.bounds: Any = None  # a partial tile's masks (mma_bounds.Bounds), when masked
 
     def op(self, name: str, results: list[Any], operands: list[Any], **attrs: Any) -> Any:
         ir = self.ir
@@ -216,7 +220,8 @@ class _Builder:
 
     def fragment(self, memref: Any, places: list[Place], lane: tuple[Any, Any],
                  origin: tuple[Any, Any], shape: tuple[int, int],
-                 prefix: list[Any] | None = None) -> Any:  # fmt: skip
+                 prefix: list[Any] | None = None,
+                 limits: tuple[Any, Any] | None = None) -> Any:  # fmt: skip
         """This lane's fragment of the tile of ``memref`` at ``origin`` (after the
         ``prefix`` indices: a batch's 0, or a staging buffer's warp and stage), a vector."""
         ir = self.ir
@@ -226,7 +231,11 @@ class _Builder:
             row = self.affine(*lane, (rg, rt, rc), origin[0])
             col = self.affine(*lane, (cg, ct, cc), origin[1])
             indices = [*(self.batch(memref) if prefix is None else prefix), row, col]
-            loads.append(self.op("memref.load", [kind], [memref, *indices]))
+            if self.bounds is not None and limits is not None:  # zero past the edges
+                inside = self.bounds.inside(row, limits[0], col, limits[1])
+                loads.append(self.bounds.load(memref, indices, inside))
+            else:
+                loads.append(self.op("memref.load", [kind], [memref, *indices]))
         with self.location:  # a type's checks report at a location
             vector = ir.VectorType.get(list(shape), kind)
         return self.op("vector.from_elements", [vector], loads)
@@ -262,13 +271,16 @@ def _replace(op: Any) -> None:
     ``mma.sync`` per (16 x 8) fragment of C, carried as loop values, stored once."""
     from stagegraph.mlir.bindings import dialect
     from stagegraph.stages.gpu.epilogue import WarpEpilogue
+    from stagegraph.stages.gpu.mma_bounds import Bounds, static_tile
 
     build = _Builder(op)
     ir, scf = build.ir, dialect("scf")
     a, b, c = (op.operands[i] for i in range(3))
     element = ir.MemRefType(a.type).element_type
     shape = TF32_SHAPE if isinstance(element, ir.F32Type) else HALF_SHAPE
-    (wm, k), wn = ir.MemRefType(a.type).shape[-2:], ir.MemRefType(b.type).shape[-1]
+    (wm, wn), k = static_tile(op), ir.MemRefType(a.type).shape[-1]
+    bounds = Bounds(build, a, b, k, shape[2])
+    build.bounds = bounds if bounds.masked else None
     places, vectors = fragment_places(shape), fragment_vector_shapes(shape)
     lane_id = build.op("gpu.lane_id", [build.index], [])
     lane = (build.op("arith.divui", [build.index], [lane_id, build.const(4)]),
@@ -282,14 +294,15 @@ def _replace(op: Any) -> None:
     if stager is not None:
         stager.copy_step(origins[0], origins[0])
     with build.location:
-        loop = scf.ForOp(origins[0], build.const(k), build.const(shape[2]), acc, ip=build.point)
+        loop = scf.ForOp(origins[0], build.const(bounds.k_steps), build.const(shape[2]), acc,
+                         ip=build.point)  # fmt: skip
     outer, build.point = build.point, ir.InsertionPoint(loop.body)
     kk = loop.induction_variable
     if stager is None:
         a_at, b_at, a_prefix, b_prefix = a, b, None, None
         a_col, b_row = kk, kk
     else:
-        stage = _next_step(build, stager, kk, k)
+        stage = _next_step(build, stager, kk, bounds.k_steps)
         a_at, b_at = stager.buffers
         a_prefix = b_prefix = [stager.warp, stage]
         a_col = b_row = origins[0]
@@ -298,10 +311,12 @@ def _replace(op: Any) -> None:
     if stager is not None and shape == HALF_SHAPE:  # ldmatrix from the staged tiles
         rows, cols = stager.ldmatrix_fragments(a_prefix[1], row_origins, col_origins)
     else:
-        rows = {i: build.fragment(a_at, places["a"], lane, (at, a_col), vectors["a"], a_prefix)
-                for i, at in row_origins.items()}  # fmt: skip
-        cols = {j: build.fragment(b_at, places["b"], lane, (b_row, at), vectors["b"], b_prefix)
-                for j, at in col_origins.items()}  # fmt: skip
+        a_limits = (bounds.rows, bounds.k_value) if stager is None else None
+        b_limits = (bounds.k_value, bounds.cols) if stager is None else None
+        rows = {i: build.fragment(a_at, places["a"], lane, (at, a_col), vectors["a"], a_prefix,
+                                  a_limits) for i, at in row_origins.items()}  # fmt: skip
+        cols = {j: build.fragment(b_at, places["b"], lane, (b_row, at), vectors["b"], b_prefix,
+                                  b_limits) for j, at in col_origins.items()}  # fmt: skip
     attrs = {"mmaShape": ir.ArrayAttr.get([ir.IntegerAttr.get(
         ir.IntegerType.get_signless(64), d) for d in shape])}  # fmt: skip
     if shape == TF32_SHAPE:
@@ -325,19 +340,24 @@ def _start(build: _Builder, epilogue: Any, places: list[Place], lane: tuple[Any,
            origin: tuple[Any, Any], shape: tuple[int, int]) -> Any:  # fmt: skip
     """An accumulator's first value: the fill's scalar where a fill zeroes C (C is then
     never read), else this lane's fragment of C."""
+    from stagegraph.stages.gpu.epilogue import _convert
+
     ir = build.ir
-    if epilogue.start is None:
-        return build.fragment(epilogue.c, places, lane, origin, shape)
     with build.location:
         vector = ir.VectorType.get(list(shape), ir.F32Type.get())
-    return build.op("vector.broadcast", [vector], [epilogue.start])
+    if epilogue.start is None:
+        bounds = build.bounds
+        limits = (bounds.rows, bounds.cols) if bounds is not None else None
+        loaded = build.fragment(epilogue.c, places, lane, origin, shape, None, limits)
+        return loaded if loaded.type == vector else build.op("arith.extf", [vector], [loaded])
+    return build.op("vector.broadcast", [vector], [_convert(build, epilogue.start, ir.F32Type.get())])
 
 
 def _store(build: _Builder, epilogue: Any, value: Any, places: list[Place],
            lane: tuple[Any, Any], origin: tuple[Any, Any]) -> None:  # fmt: skip
     """Each element of one accumulator: through the epilogue's body into its output, or
     into C where there is no epilogue."""
-    from stagegraph.stages.gpu.epilogue import apply_in_registers
+    from stagegraph.stages.gpu.epilogue import _convert, apply_in_registers
 
     ir, c = build.ir, epilogue.c
     for n, (rg, rt, rc, cg, ct, cc) in enumerate(places):
@@ -345,7 +365,13 @@ def _store(build: _Builder, epilogue: Any, value: Any, places: list[Place],
                         static_position=ir.DenseI64ArrayAttr.get([n // 2, n % 2]))  # fmt: skip
         row = build.affine(*lane, (rg, rt, rc), origin[0])
         col = build.affine(*lane, (cg, ct, cc), origin[1])
+        outer = build.point
+        if build.bounds is not None:  # nothing stored past the edges
+            build.point = build.bounds.guarded(build.bounds.inside(row, build.bounds.rows,
+                                                                   col, build.bounds.cols))
         if epilogue.consumer is None:
+            item = _convert(build, item, ir.MemRefType(c.type).element_type)
             build.op("memref.store", [], [item, c, *build.batch(c), row, col])
         else:
             apply_in_registers(build, epilogue.consumer, c, item, [*build.batch(c), row, col])
+        build.point = outer

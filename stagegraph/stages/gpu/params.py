@@ -129,14 +129,17 @@ def plan_op(op: OpFacts, threads_per_block: int, vector: int = 1) -> KernelPlan:
 def plan_mma(op: OpFacts, target: GpuTarget, tf32: bool) -> KernelPlan | None:
     """A tensor-core plan (:mod:`stagegraph.stages.gpu.mma`) for a matmul that takes one on
     ``target`` (sm_80 and up), or None."""
-    from stagegraph.stages.gpu.mma import WARP_GRID, WARP_SIZE, block_tile, mma_shape
+    from stagegraph.dtypes import byte_size
+    from stagegraph.stages.gpu.mma import WARP_GRID, WARP_SIZE, mma_shape
+    from stagegraph.stages.gpu.mma_bounds import choose_block_tile
 
     shape = mma_shape(op, tf32) if target.sm >= 80 else None
     if shape is None:
         return None
-    m, n, k = op.loop_ranges[-3:]
+    m, n, _ = op.loop_ranges[-3:]
     batches = op.loop_ranges[0] if len(op.loop_ranges) == 4 else 1
-    block = block_tile(m, n, k, shape, max(1, target.sm_count // batches))
+    size = byte_size(op.inputs[0].dtype, 2)
+    block = choose_block_tile(m, n, batches, shape, size, target)
     if block is None:
         return None
     warps = WARP_GRID[0] * WARP_GRID[1]
