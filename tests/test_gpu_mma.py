@@ -69,9 +69,9 @@ def test_half_matmuls_go_to_tensor_cores_and_f32_only_with_tf32(tmp_path):
     assert simt.value("select").kernels[1].mma == ()
 
 
-def test_shapes_without_whole_tiles_stay_on_the_simt_path(tmp_path):
+def test_shapes_without_whole_tiles_go_to_tensor_cores_too(tmp_path):
     odd = sg.run("gpu", payload(tmp_path, "f16", m=100), until="select").value("select")
-    assert odd.kernels[1].mma == ()
+    assert odd.kernels[1].mma == (16, 8, 16)  # partial tiles (gpu.mma_bounds)
     big = sg.run("gpu", payload(tmp_path, "f16", m=4096, n=2048, k=128), target="h100",
                  until="select").value("select").kernels[1]  # fmt: skip
     assert (big.tile_m, big.tile_n) == (128, 128)  # 512 blocks: the largest tile fills 132 SMs

@@ -334,8 +334,7 @@ def _rewrite_simt(matmul: Any) -> None:
     cols = {j: _widen(build, build.op("memref.load", [ir.MemRefType(b.type).element_type],
                                       [b, *build.batch(b), kk, index[j]]), kind)
             for j in range(tn)}  # fmt: skip
-    sums = [build.op("arith.addf", [kind], [acc, build.op("arith.mulf", [kind],
-                                                         [rows[i], cols[j]])])
+    sums = [build.op("math.fma", [kind], [rows[i], cols[j], acc])  # one rounding, as cuBLAS
             for (i, j), acc in zip(places, loop.inner_iter_args, strict=True)]  # fmt: skip
     build.op("scf.yield", [], sums)
     build.point = outer

@@ -189,8 +189,8 @@ def gpu_tuning_sites(params: GpuParams, facts: PayloadFacts, per_op: bool = Fals
 
 
 def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) -> dict:
-    """The schedule's exact-tiling rules for a tensor-core matmul: the block tile divides C
-    and splits into the 2x2 warps' tiles of whole instructions (what
+    """The schedule's tiling rules for a tensor-core matmul: the block tile reaches past
+    C's edge by less than a warp's rows (columns) and splits into the 2x2 warps' tiles of whole instructions (what
     :func:`stagegraph.stages.gpu.mma.tile_fits` checks), the warp fragments within the
     registers a thread may hold (:func:`~stagegraph.stages.gpu.mma.fragment_registers`,
     multiplied through by 128 to stay free of division), and the cp.async stages within
@@ -207,9 +207,9 @@ def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) ->
     base = shared_bytes(0, 0, shape[2], size, warps)
     per_m = shared_bytes(1, 0, shape[2], size, warps) - base
     per_n = shared_bytes(0, 1, shape[2], size, warps) - base
-    return {
-        f"tile_m_divides_m={m}": m % p.tile_m == 0,
-        f"tile_n_divides_n={n}": n % p.tile_n == 0,
+    return {  # partial tiles are masked (gpu.mma_bounds): a tile may pass C's edge by a warp's
+        f"tile_m_within_m={m}": p.tile_m <= m + WARP_GRID[0] * shape[0] - 1,
+        f"tile_n_within_n={n}": p.tile_n <= n + WARP_GRID[1] * shape[1] - 1,
         "warp_rows_whole_instructions": p.tile_m % (WARP_GRID[0] * shape[0]) == 0,
         "warp_cols_whole_instructions": p.tile_n % (WARP_GRID[1] * shape[1]) == 0,
         "fragments_fit_registers": p.tile_m * p.tile_n + 16 * p.tile_m + 16 * p.tile_n
