@@ -285,3 +285,60 @@ def test_tiles_follow_the_shape_and_the_sm_count():
         128 * 133, 128, 1, (128, 128), 132, 1)  # fmt: skip
     for m, n in ((4096, 4096), (8192, 1024)):
         assert choose_block_tile(m, n, 1, HALF_SHAPE, 2, h100) is not None
+
+
+# -- half Linear layers as PyTorch imports them ----------------------------------------------
+
+WIDENED = """#id = affine_map<(d0, d1) -> (d0, d1)>
+#col = affine_map<(d0, d1) -> (d1)>
+func.func @half_linear(%x: tensor<64x32xbf16>, %w: tensor<32x48xbf16>, %b: tensor<48xf32>)
+    -> tensor<64x48xbf16> {
+  %zero = arith.constant 0.0 : f32
+  %xe = tensor.empty() : tensor<64x32xf32>
+  %we = tensor.empty() : tensor<32x48xf32>
+  %x32 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%x : tensor<64x32xbf16>) outs(%xe : tensor<64x32xf32>) {
+  ^bb0(%in: bf16, %out: f32):
+    %v = arith.extf %in : bf16 to f32
+    linalg.yield %v : f32
+  } -> tensor<64x32xf32>
+  %w32 = linalg.generic {indexing_maps = [#id, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%w : tensor<32x48xbf16>) outs(%we : tensor<32x48xf32>) {
+  ^bb0(%in: bf16, %out: f32):
+    %v = arith.extf %in : bf16 to f32
+    linalg.yield %v : f32
+  } -> tensor<32x48xf32>
+  %ce = tensor.empty() : tensor<64x48xf32>
+  %init = linalg.fill ins(%zero : f32) outs(%ce : tensor<64x48xf32>) -> tensor<64x48xf32>
+  %c = linalg.matmul ins(%x32, %w32 : tensor<64x32xf32>, tensor<32x48xf32>)
+                     outs(%init : tensor<64x48xf32>) -> tensor<64x48xf32>
+  %oe = tensor.empty() : tensor<64x48xbf16>
+  %o = linalg.generic {indexing_maps = [#id, #col, #id], iterator_types = ["parallel", "parallel"]}
+      ins(%c, %b : tensor<64x48xf32>, tensor<48xf32>) outs(%oe : tensor<64x48xbf16>) {
+  ^bb0(%in: f32, %bias: f32, %out: bf16):
+    %s = arith.addf %in, %bias : f32
+    %t = math.tanh %s : f32
+    %r = arith.truncf %t : f32 to bf16
+    linalg.yield %r : bf16
+  } -> tensor<64x48xbf16>
+  return %o : tensor<64x48xbf16>
+}
+"""
+
+
+def test_widened_half_linear_takes_tensor_cores_with_the_cast_in_its_epilogue(tmp_path):
+    from stagegraph.dtypes import from_bf16, to_bf16
+
+    path = tmp_path / "half_linear.mlir"
+    path.write_text(WIDENED)
+    rng = np.random.default_rng(5)
+    x = to_bf16(rng.standard_normal((64, 32)).astype(np.float32) / 4)
+    w = to_bf16(rng.standard_normal((32, 48)).astype(np.float32) / 4)
+    bias = rng.standard_normal(48).astype(np.float32)
+    want = np.tanh(from_bf16(x) @ from_bf16(w) + bias)
+    np.savez(path.with_suffix(".npz"), in0=x, in1=w, in2=bias, out0=to_bf16(want))
+    kernels = plans(path, target="sm_80")
+    matmul = next(p for p in kernels if p.name == "linalg.matmul")
+    assert matmul.mma == (16, 8, 16) and sum(p.mapped for p in kernels) == 1  # no copies
+    report = sg.run("gpu_cpu", str(path))
+    assert report.verified is True, report.message

@@ -352,3 +352,72 @@ def _rewrite_simt(matmul: Any) -> None:
 def _widen(build: Any, value: Any, to: Any) -> Any:
     """An input element in the accumulator's type (linalg.matmul's cast of its inputs)."""
     return value if value.type == to else _convert(build, value, to)
+
+
+# -- normalization: a matmul reads the narrow inputs its widening copies were made from ----
+
+
+def fold_input_widening(module: Any) -> int:
+    """Let each matmul read the f16/bf16 tensors that an elementwise ``extf`` copy widened
+    for it (PyTorch's half Linear layers import as a widening of x and W, an f32 matmul and
+    a rounding back): ``linalg.matmul`` widens its inputs to the accumulator's type itself,
+    so the meaning is the same, no widened copy is written, and the matmul takes the tensor
+    cores. Returns how many operands changed."""
+    from stagegraph.mlir.bindings import dialect, ir
+    from stagegraph.mlir.walk import collect
+
+    linalg = dialect("linalg")
+    count = 0
+    for op in collect(module, lambda o: o.name in ("linalg.matmul", "linalg.batch_matmul")):
+        if "indexing_maps" in op.attributes and not _default_maps(op):
+            continue  # a transposed or broadcast matmul: left as it is
+        inputs = [_widened_from(op.operands[k]) for k in range(2)]
+        if all(narrow is None for narrow in inputs):
+            continue
+        a, b = (narrow or op.operands[k] for k, narrow in enumerate(inputs))
+        build = getattr(linalg, op.name.removeprefix("linalg."))
+        with ir.InsertionPoint(op), op.location:
+            made = build(a, b, outs=[op.operands[2]])  # its body widens the new inputs
+        op.results[0].replace_all_uses_with(made)
+        op.erase()
+        count += sum(n is not None for n in inputs)
+    return count
+
+
+def _default_maps(op: Any) -> bool:
+    """Whether a matmul's explicit indexing maps are the default ones (its builder's)."""
+    from stagegraph.mlir.bindings import ir, linalg_native
+
+    maps = [ir.AffineMapAttr(a).value for a in linalg_native.get_indexing_maps(op)]
+    batch = 1 if op.name == "linalg.batch_matmul" else 0
+    d = [ir.AffineExpr.get_dim(i) if hasattr(ir.AffineExpr, "get_dim") else
+         ir.AffineDimExpr.get(i) for i in range(3 + batch)]  # fmt: skip
+    lead = d[:batch]
+    m, n, k = d[batch:]
+    want = [[*lead, m, k], [*lead, k, n], [*lead, m, n]]
+    return [list(x.results) for x in maps] == want
+
+
+def _widened_from(value: Any) -> Any | None:
+    """The input of the elementwise generic that only ``extf``-widens it into ``value``."""
+    from stagegraph.mlir.bindings import ir, linalg_native
+
+    owner = value.owner
+    if not isinstance(owner, ir.Operation | ir.OpView) or owner.name != "linalg.generic":
+        return None
+    ins, outs = _operand_split(owner)
+    if len(ins) != 1 or len(outs) != 1:
+        return None
+    maps = [ir.AffineMapAttr(a).value for a in linalg_native.get_indexing_maps(owner)]
+    rank = ir.RankedTensorType(value.type).rank
+    identity = ir.AffineMap.get_identity(rank)
+    if any(m != identity for m in maps) or ir.RankedTensorType(ins[0].type).rank != rank:
+        return None
+    block = owner.regions[0].blocks[0]
+    body = list(block.operations)
+    if [o.name for o in body] != ["arith.extf", "linalg.yield"]:
+        return None
+    widen, done = body
+    if widen.operands[0] != block.arguments[0] or done.operands[0] != widen.results[0]:
+        return None
+    return ins[0]
