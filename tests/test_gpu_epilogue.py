@@ -130,9 +130,11 @@ def test_linear_layer_is_one_mma_kernel_without_spills(tmp_path, dtype, out, par
     assert len(unfused.ptx) == 3
 
 
-@pytest.mark.parametrize(("dtype", "out", "rows", "params"),
-                         [("f16", "f32", False, {}), ("f16", "f16", False, {}),
-                          ("f16", "f32", True, {}), ("f32", "f32", False, {"tf32": True})])  # fmt: skip
+@pytest.mark.parametrize(
+    ("dtype", "out", "rows", "params"),
+    [("f16", "f32", False, {}), ("f16", "f16", False, {}), ("f16", "f32", True, {}),
+     ("f32", "f32", False, {"tf32": True})],
+)  # fmt: skip
 def test_fused_schedule_verifies_on_the_cpu(tmp_path, dtype, out, rows, params):
     path = linear(tmp_path, m=64, n=32, k=32, dtype=dtype, out=out, rows=rows)
     assert plans(path, param=params)[1].fused == (2, 0)

@@ -135,7 +135,8 @@ def fused_script(plan: Any, attr: str, mapping: tuple[list[str], list[str]],
         level_handles.append(forall)
     # The block forall carries the matmul's index (the launch's block dims are its plan's).
     text += f"    %ix{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
-    text += f'    transform.annotate {level_handles[0]} "{attr}" = %ix{i} : {_ANY}, !transform.param<i64>\n'
+    text += (f'    transform.annotate {level_handles[0]} "{attr}" = %ix{i} '
+             f": {_ANY}, !transform.param<i64>\n")
     if mma_attr is not None:
         from stagegraph.stages.gpu.mma_bounds import tile_annotations
 
@@ -201,9 +202,10 @@ class WarpEpilogue:
         for op in (self.consumer, matmul, self.fill):
             if op is not None:
                 op.erase()
-        if self.buffer is not None and self.buffer.name == "memref.alloc":
-            if not list(self.buffer.results[0].uses):
-                self.buffer.erase()
+        buffer = self.buffer
+        unread = buffer is not None and not list(buffer.results[0].uses)
+        if unread and buffer.name == "memref.alloc":
+            buffer.erase()
 
 
 def _operand_split(op: Any) -> tuple[list[Any], list[Any]]:
@@ -225,8 +227,9 @@ def _access(build: Any, amap: Any, loops: list[Any]) -> list[Any]:
         elif ir.AffineConstantExpr.isinstance(expr):
             out.append(build.const(ir.AffineConstantExpr(expr).value))
         else:
-            raise UnsupportedPayloadError(f"the gpu schedule's epilogue reads an operand at {amap}: "
-                                "only loop indices and constants are supported")  # fmt: skip
+            raise UnsupportedPayloadError(
+                f"the gpu schedule's epilogue reads an operand at {amap}: only loop indices "
+                "and constants are supported")  # fmt: skip
     return out
 
 

@@ -136,9 +136,9 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     """Foralls to launches, linalg to loops, kernels outlined and lowered to NVVM."""
     from stagegraph.mlir.functions import payload_functions, select_entry
     from stagegraph.stages.common.passes import run_pipeline
+    from stagegraph.stages.gpu.epilogue import rewrite_simt_epilogues
     from stagegraph.stages.gpu.host_kernels import sink_constants, wrap_host_work
     from stagegraph.stages.gpu.mma import rewrite_mma
-    from stagegraph.stages.gpu.epilogue import rewrite_simt_epilogues
     from stagegraph.stages.gpu.mma_bounds import static_warp_grids
     from stagegraph.stages.gpu.mma_staged import allocs_to_globals
 

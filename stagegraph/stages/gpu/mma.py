@@ -275,7 +275,7 @@ def _replace(op: Any) -> None:
 
     build = _Builder(op)
     ir, scf = build.ir, dialect("scf")
-    a, b, c = (op.operands[i] for i in range(3))
+    a, b = op.operands[0], op.operands[1]
     element = ir.MemRefType(a.type).element_type
     shape = TF32_SHAPE if isinstance(element, ir.F32Type) else HALF_SHAPE
     (wm, wn), k = static_tile(op), ir.MemRefType(a.type).shape[-1]
@@ -350,7 +350,8 @@ def _start(build: _Builder, epilogue: Any, places: list[Place], lane: tuple[Any,
         limits = (bounds.rows, bounds.cols) if bounds is not None else None
         loaded = build.fragment(epilogue.c, places, lane, origin, shape, None, limits)
         return loaded if loaded.type == vector else build.op("arith.extf", [vector], [loaded])
-    return build.op("vector.broadcast", [vector], [_convert(build, epilogue.start, ir.F32Type.get())])
+    start = _convert(build, epilogue.start, ir.F32Type.get())
+    return build.op("vector.broadcast", [vector], [start])
 
 
 def _store(build: _Builder, epilogue: Any, value: Any, places: list[Place],

@@ -190,10 +190,11 @@ def gpu_tuning_sites(params: GpuParams, facts: PayloadFacts, per_op: bool = Fals
 
 def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) -> dict:
     """The schedule's tiling rules for a tensor-core matmul: the block tile reaches past
-    C's edge by less than a warp's rows (columns) and splits into the 2x2 warps' tiles of whole instructions (what
-    :func:`stagegraph.stages.gpu.mma.tile_fits` checks), the warp fragments within the
-    registers a thread may hold (:func:`~stagegraph.stages.gpu.mma.fragment_registers`,
-    multiplied through by 128 to stay free of division), and the cp.async stages within
+    C's edge by less than a warp's rows (columns) and splits into the 2x2 warps' tiles of
+    whole instructions (:func:`stagegraph.stages.gpu.mma_bounds.whole_warp_tiles`), the
+    warp fragments within the registers a thread may hold
+    (:func:`~stagegraph.stages.gpu.mma.fragment_registers`, multiplied through by 128 to
+    stay free of division), and the cp.async stages within
     static shared memory (:func:`~stagegraph.stages.gpu.mma_staged.shared_bytes`)."""
     from stagegraph.dtypes import byte_size
     from stagegraph.stages.gpu.mma import WARP_GRID, register_budget
