@@ -213,11 +213,15 @@ def static_warp_grids(module: Any) -> int:
         if not any(op.name == "linalg.matmul" or op.name == "linalg.batch_matmul"
                    for op in body.operations):  # fmt: skip
             continue
-        bounds = [v for v in forall.operands if not _is_constant(v)]
-        if not bounds:
+        static = list(ir.DenseI64ArrayAttr(forall.attributes["staticUpperBound"]))
+        dynamic = [dim for dim, size in enumerate(static)
+                   if size == ir.ShapedType.get_dynamic_size()]  # fmt: skip
+        if not dynamic:
             continue
+        # Normalized foralls (the schedule's): their only dynamic operands are the upper
+        # bounds, in the order of their dims.
         build = _Builder(forall)
-        grid = list(WARP_GRID)[-len(bounds):]
+        grid = [WARP_GRID[dim] for dim in dynamic]
         for k, operand in enumerate(forall.operands):
             if not _is_constant(operand):
                 forall.operands[k] = build.const(grid.pop(0))
