@@ -344,3 +344,20 @@ def test_widened_half_linear_takes_tensor_cores_with_the_cast_in_its_epilogue(tm
     assert matmul.mma == (16, 8, 16) and sum(p.mapped for p in kernels) == 1  # no copies
     report = sg.run("gpu_cpu", str(path))
     assert report.verified is True, report.message
+
+
+def test_a_zero_filled_matmul_is_one_kernel_whose_accumulators_start_in_registers():
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.gpu.mma import rewrite_mma
+
+    f16 = Path(__file__).parent / "data" / "gpu_matmul_f16.mlir"
+    fill, matmul = plans(f16, target="sm_80")
+    assert matmul.fused == (0,) and not fill.mapped
+    module = sg.run("gpu", str(f16), target="sm_80", until="bufferized").module.ir
+    with module.context:
+        rewrite_mma(module)
+    assert not collect(module, "linalg.fill")  # C is never zeroed in memory, nor read
+    (loop,) = [op for op in collect(module, "scf.for") if collect(op, "nvgpu.mma.sync")]
+    assert {v.owner.name for v in loop.operands[3:]} == {"vector.broadcast"}
+    unfused = plans(f16, target="sm_80", param={"epilogues": False})
+    assert unfused[0].mapped and unfused[1].fused == ()

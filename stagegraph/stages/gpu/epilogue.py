@@ -64,8 +64,9 @@ def epilogue_consumer(facts: PayloadFacts, matmul: OpFacts) -> int | None:
 
 def fuse_epilogues(kernels: list[Any], facts: PayloadFacts) -> list[Any]:
     """Fold each matmul's consumer and init fill into the matmul's plan (its ``fused``),
-    where the matmul has a tensor-core plan or a SIMT plan tiling both output dims; the
-    folded ops' own plans then map nothing. Returns the new plans."""
+    where the matmul has a tensor-core plan (the fill alone too) or a SIMT plan tiling
+    both output dims (with a consumer); the folded ops' own plans then map nothing.
+    Returns the new plans."""
     by_op = {plan.op: n for n, plan in enumerate(kernels)}
     ops = {op.index: op for op in facts.ops}
     out = list(kernels)
@@ -78,8 +79,8 @@ def fuse_epilogues(kernels: list[Any], facts: PayloadFacts) -> list[Any]:
         consumer = epilogue_consumer(facts, op)
         fill = init_fill(facts, op)
         fused = tuple(i for i in (consumer, fill) if i is not None and i in by_op)
-        if consumer is None or consumer not in fused:
-            continue
+        if not fused or (consumer not in fused and not plan.mma):
+            continue  # (on tensor cores a fill alone is worth folding: C starts in registers)
         out[by_op[plan.op]] = out[by_op[plan.op]].model_copy(update={"fused": fused})
         for index in fused:
             folded = kernels[by_op[index]]
@@ -109,29 +110,38 @@ def _fuse(producer: str, into: str, out: str) -> str:
 def fused_script(plan: Any, attr: str, mapping: tuple[list[str], list[str]],
                  tiles: tuple[tuple[int, ...], tuple[int, ...]],
                  mma_attr: str | None) -> str:  # fmt: skip
-    """Transform ops for a matmul ``plan`` with ``fused`` ops: its consumer tiled by
-    ``tiles`` (block, then warp or thread tiles: the consumer's parallel loops) with
-    ``mapping`` at each level, the matmul and its fill fused into both levels; the inner
-    matmul annotated ``mma_attr`` (tensor cores), the inner consumer :data:`EPILOGUE_ATTR`."""
+    """Transform ops for a matmul ``plan`` with ``fused`` ops (a consumer comes after the
+    matmul in program order, a fill before it): the consumer (else the matmul itself) tiled
+    by ``tiles`` (block, then warp or thread tiles of C) with ``mapping`` at each level,
+    the matmul and its fill fused into both levels; the inner matmul annotated
+    ``mma_attr`` (tensor cores), the inner consumer :data:`EPILOGUE_ATTR`."""
     i = plan.op
-    consumer, *rest = plan.fused
-    text = _match(f"%ep{i}", consumer, attr) + _match(f"%mm{i}", i, attr)
-    if rest:
-        text += _match(f"%fl{i}", rest[0], attr)
+    consumers = [x for x in plan.fused if x > i]
+    fills = [x for x in plan.fused if x < i]
+    root = "ep" if consumers else "mm"
+    text = _match(f"%mm{i}", i, attr)
+    if consumers:
+        text += _match(f"%ep{i}", consumers[0], attr)
+    if fills:
+        text += _match(f"%fl{i}", fills[0], attr)
     level_handles = []
     for level, (sizes, maps) in enumerate(zip(tiles, mapping, strict=True)):
-        target = f"%ep{i}" if level == 0 else f"%ep{i}_l0"
+        target = f"%{root}{i}" if level == 0 else f"%{root}{i}_l0"
         forall = f"%fa{i}_l{level}"
+        sizes = sizes if consumers else (*sizes, 0)  # the matmul's K loop stays whole
         text += (
-            f"    %ep{i}_l{level}, {forall} = transform.structured.tile_using_forall {target} "
-            f"tile_sizes [{', '.join(map(str, sizes))}] (mapping = [{', '.join(maps)}]) "
-            f": {_TILED}\n"
+            f"    %{root}{i}_l{level}, {forall} = transform.structured.tile_using_forall "
+            f"{target} tile_sizes [{', '.join(map(str, sizes))}] "
+            f"(mapping = [{', '.join(maps)}]) : {_TILED}\n"
         )
-        source = f"%mm{i}" if level == 0 else f"%mm{i}_l0"
-        text += _fuse(source, forall, f"%mm{i}_l{level}")
-        if rest:
+        into = forall
+        if consumers:
+            source = f"%mm{i}" if level == 0 else f"%mm{i}_l0"
+            text += _fuse(source, forall, f"%mm{i}_l{level}")
+            into = f"{forall}_f"
+        if fills:
             fill = f"%fl{i}" if level == 0 else f"%fl{i}_l0"
-            text += _fuse(fill, f"{forall}_f", f"%fl{i}_l{level}")
+            text += _fuse(fill, into, f"%fl{i}_l{level}")
         level_handles.append(forall)
     # The block forall carries the matmul's index (the launch's block dims are its plan's).
     text += f"    %ix{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
@@ -142,7 +152,8 @@ def fused_script(plan: Any, attr: str, mapping: tuple[list[str], list[str]],
 
         text += f'    transform.annotate %mm{i}_l1 "{mma_attr}" : {_ANY}\n'
         text += tile_annotations(f"%mm{i}_l1", *tiles[1][-2:], str(i))
-    text += f'    transform.annotate %ep{i}_l1 "{EPILOGUE_ATTR}" : {_ANY}\n'
+    if consumers:
+        text += f'    transform.annotate %ep{i}_l1 "{EPILOGUE_ATTR}" : {_ANY}\n'
     # The matmul and fill the fusion copied (the whole op, the block's) are dead once the
     # sizes read from their results read their inits instead.
     text += (f'    %fn{i} = transform.structured.match ops{{["func.func"]}} in %root '
