@@ -17,7 +17,10 @@ Why not ``transform.nvgpu.rewrite_matmul_as_mma_sync``: it handles only f16 x f1
 and f32 (TF32) matmuls, not f16/bf16 inputs with f32 accumulation, which is what users run.
 Where the tiles' rows are whole 16-byte chunks, each warp stages its A and B tiles through
 shared memory with ``cp.async`` (:mod:`stagegraph.stages.gpu.mma_staged`); elsewhere the
-fragments are read from global memory.
+fragments are read from global memory. A fill of C and an elementwise consumer fused into
+the warp (:mod:`stagegraph.stages.gpu.epilogue`) become the accumulators' start and a
+computation on them before the store; partial tiles are masked
+(:mod:`stagegraph.stages.gpu.mma_bounds`).
 """
 
 from __future__ import annotations

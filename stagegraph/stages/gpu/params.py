@@ -50,7 +50,9 @@ class GpuParams(Params):
     warp size); ``kernels``: one plan per linalg op of the entry, in program order;
     ``tf32``: f32 matmuls on tensor cores through TF32 (off by default: it rounds the
     inputs to 10 mantissa bits, so results change); ``tensor_cores``: off puts every
-    matmul on the SIMT path (to compare the two)."""
+    matmul on the SIMT path (to compare the two); ``epilogues``: a matmul's elementwise
+    consumer and zero fill run in its kernel (:mod:`stagegraph.stages.gpu.epilogue`; off
+    gives each its own kernel, to compare)."""
 
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
     tf32: bool = False
