@@ -31,34 +31,23 @@ _FUSED = f"({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})"
 
 
 def init_fill(facts: PayloadFacts, matmul: OpFacts) -> int | None:
-    """The index of the ``linalg.fill`` that initialises ``matmul``'s accumulator: the
-    nearest fill before it writing a value of the accumulator's type, when the accumulator
-    comes from a fill (the schedule checks the def-use through the bindings)."""
-    if not matmul.producers or matmul.producers[-1] != "linalg.fill":
-        return None
-    for op in reversed(facts.ops[: matmul.index]):
-        if op.name == "linalg.fill" and op.outputs[:1] == matmul.outputs[:1]:
-            return op.index
+    """The index of the ``linalg.fill`` that initialises ``matmul``'s accumulator (its
+    layer's ``init``), or None."""
+    for layer in facts.layers:
+        if layer.contraction == matmul.index and layer.init is not None:
+            return layer.init if facts.ops[layer.init].name == "linalg.fill" else None
     return None
 
 
 def epilogue_consumer(facts: PayloadFacts, matmul: OpFacts) -> int | None:
     """The elementwise consumer fused into ``matmul``'s kernel: the first op of its layer's
     epilogue (the analysis's single-use chain of same-shape elementwise consumers; the GPU
-    normalization has already merged such a chain into one op), else an elementwise op
-    right after it that reads a matmul and writes the same shape (a cast to another type),
-    or None."""
+    normalization has already merged such a chain into one op), else the layer's cast (the
+    single consumer that rounds C to another type, with or without more epilogue), or
+    None."""
     for layer in facts.layers:
-        if layer.contraction == matmul.index and layer.epilogue:
-            return layer.epilogue[0]
-    following = matmul.index + 1
-    if following >= len(facts.ops):
-        return None
-    op = facts.ops[following]
-    shape = matmul.outputs[0].shape if matmul.outputs else None
-    if (op.op_class == "elementwise" and len(op.outputs) == 1 and op.outputs[0].shape == shape
-            and matmul.name in op.producers):  # fmt: skip
-        return op.index
+        if layer.contraction == matmul.index:
+            return layer.epilogue[0] if layer.epilogue else layer.cast
     return None
 
 
@@ -70,6 +59,7 @@ def fuse_epilogues(kernels: list[Any], facts: PayloadFacts) -> list[Any]:
     by_op = {plan.op: n for n, plan in enumerate(kernels)}
     ops = {op.index: op for op in facts.ops}
     out = list(kernels)
+    claimed: set[int] = set()  # a consumer of two matmuls (mm1 + mm2) fuses with the first
     for plan in kernels:
         op = ops.get(plan.op)
         if op is None or op.name not in ("linalg.matmul", "linalg.batch_matmul"):
@@ -77,10 +67,12 @@ def fuse_epilogues(kernels: list[Any], facts: PayloadFacts) -> list[Any]:
         if not plan.mma and not _simt_fusable(plan):
             continue
         consumer = epilogue_consumer(facts, op)
+        consumer = None if consumer in claimed else consumer
         fill = init_fill(facts, op)
         fused = tuple(i for i in (consumer, fill) if i is not None and i in by_op)
         if not fused or (consumer not in fused and not plan.mma):
             continue  # (on tensor cores a fill alone is worth folding: C starts in registers)
+        claimed.update(fused)
         out[by_op[plan.op]] = out[by_op[plan.op]].model_copy(update={"fused": fused})
         for index in fused:
             folded = kernels[by_op[index]]
@@ -191,26 +183,30 @@ def epilogue_kernel_script(plan: Any, attr: str) -> str:
 
 class WarpEpilogue:
     """What surrounds one warp's matmul on its accumulator buffer ``c``: the fill before it
-    (its scalar: the accumulators' start) and the consumer after it (:data:`EPILOGUE_ATTR`),
+    (its scalar: the accumulators' start) or the copy into it (``source``: where C's start
+    is read from, else ``c`` itself), and the consumer after it (:data:`EPILOGUE_ATTR`),
     each None when absent."""
 
     def __init__(self, matmul: Any) -> None:
         from stagegraph.mlir.bindings import ir
 
         c = matmul.operands[2]
-        self.c, self.fill, self.consumer = c, None, None
+        self.c, self.fill, self.consumer, self.copy = c, None, None, None
         for use in c.uses:
             owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
             if owner.name == "linalg.fill" and use.operand_number == 1:
                 self.fill = owner
+            elif owner.name == "memref.copy" and use.operand_number == 1:
+                self.copy = owner  # a start shared with another matmul, copied in
             elif EPILOGUE_ATTR in owner.attributes:
                 self.consumer = owner
+        self.source = self.copy.operands[0] if self.copy is not None else c
         self.start = self.fill.operands[0] if self.fill is not None else None
         self.buffer = c.owner.operation if isinstance(c.owner, ir.Operation | ir.OpView) else None
 
     def finish(self, matmul: Any) -> None:
         """Erase the consumer, the matmul, the fill and the (now unread) accumulator buffer."""
-        for op in (self.consumer, matmul, self.fill):
+        for op in (self.consumer, matmul, self.fill, self.copy):
             if op is not None:
                 op.erase()
         buffer = self.buffer
@@ -334,8 +330,9 @@ def _rewrite_simt(matmul: Any) -> None:
     kind = ir.MemRefType(c.type).element_type
     places = [(i, j) for i in range(tm) for j in range(tn)]
     index = {v: build.const(v) for v in {0, 1, k, *range(tm), *range(tn)}}
+    source = epilogue.source
     start = [epilogue.start if epilogue.start is not None else
-             build.op("memref.load", [kind], [c, *build.batch(c), index[i], index[j]])
+             build.op("memref.load", [kind], [source, *build.batch(source), index[i], index[j]])
              for i, j in places]  # fmt: skip
     with build.location:
         loop = scf.ForOp(index[0], index[k], index[1], start, ip=build.point)

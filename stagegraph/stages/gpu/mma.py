@@ -351,7 +351,7 @@ def _start(build: _Builder, epilogue: Any, places: list[Place], lane: tuple[Any,
     if epilogue.start is None:
         bounds = build.bounds
         limits = (bounds.rows, bounds.cols) if bounds is not None else None
-        loaded = build.fragment(epilogue.c, places, lane, origin, shape, None, limits)
+        loaded = build.fragment(epilogue.source, places, lane, origin, shape, None, limits)
         return loaded if loaded.type == vector else build.op("arith.extf", [vector], [loaded])
     start = _convert(build, epilogue.start, ir.F32Type.get())
     return build.op("vector.broadcast", [vector], [start])

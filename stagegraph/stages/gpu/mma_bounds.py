@@ -72,7 +72,8 @@ def tile_cost(m: int, n: int, batches: int, tile: tuple[int, int], sm_count: int
     waves = math.ceil(blocks / (sm_count * per_sm))
     intensity = bm * bn / (bm + bn)
     efficiency = intensity / (intensity + INTENSITY_KNEE)
-    return waves * min(per_sm, blocks) * bm * bn / efficiency
+    resident = min(per_sm, math.ceil(blocks / sm_count))  # few blocks spread over the SMs
+    return waves * resident * bm * bn / efficiency
 
 
 def choose_block_tile(m: int, n: int, batches: int, shape: tuple[int, int, int],

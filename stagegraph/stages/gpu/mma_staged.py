@@ -192,7 +192,7 @@ def allocs_to_globals(module: Any) -> int:
         body = gpu_module.regions[0].blocks[0]
         for alloc in collect(gpu_module, "memref.alloc"):
             memref_type = ir.MemRefType(alloc.results[0].type)
-            if memref_type.memory_space != workgroup:
+            if memref_type.memory_space is None or memref_type.memory_space != workgroup:
                 continue
             name = f"__stagegraph_smem_{count}"
             with alloc.location:
