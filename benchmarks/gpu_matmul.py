@@ -249,15 +249,16 @@ def main() -> int:
     group.add_argument("--build", type=Path, help="compile the cases into this folder")
     group.add_argument("--run", type=Path, help="run the cases of this folder on the GPU")
     parser.add_argument("--target", default="sm_90a")
-    parser.add_argument("--shapes", nargs="*", help="MxNxK shapes instead of the issue's")
+    parser.add_argument("--shapes", nargs="*",
+                        help="MxNxK shapes instead of the issue's (none: only --linear)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--linear", type=Path, help="KernelBench level-2 problem files")
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--features", type=int, default=1024)
     args = parser.parse_args()
     if args.build:
-        shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes
-                  else list(SHAPES))  # fmt: skip
+        shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes]
+                  if args.shapes is not None else list(SHAPES))  # fmt: skip
         return build(args.build, args.target, shapes, args.linear, args.batch, args.features)
     return run(args.run, args.repeats)
 

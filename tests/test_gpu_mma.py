@@ -12,6 +12,7 @@ import pytest
 import stagegraph as sg
 from stagegraph.stages.gpu.mma import HALF_SHAPE, TF32_SHAPE, lane_places
 from stagegraph.stages.gpu.schedule import schedule_text
+from tests.conftest import kernelbench_or_skip
 from tests.test_gpu_graph import needs_gpu, needs_llvmlite
 
 F16 = Path(__file__).parent / "data" / "gpu_matmul_f16.mlir"
@@ -253,6 +254,31 @@ def test_gpu_matmul_builds_cases_and_its_run_side_needs_no_pydantic_or_mlir(tmp_
         assert ran.returncode == 0, ran.stdout + ran.stderr
     else:
         assert ran.returncode == 2 and "no NVIDIA GPU" in ran.stderr, ran.stderr
+
+
+@needs_llvmlite
+def test_gpu_matmul_builds_a_level2_linear_case_in_bf16(tmp_path):
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    source = kernelbench_or_skip("level2").parent / "src" / "level2"
+    problems = tmp_path / "problems"  # one problem file, read from ../shared
+    problems.mkdir()
+    shutil.copy(source / "l2_059_Matmul_Swish_Scaling.py", problems)
+    root = Path(__file__).resolve().parents[1]
+    build = [sys.executable, "benchmarks/gpu_matmul.py", "--build", str(tmp_path / "out"),
+             "--target", "sm_90a", "--shapes", "--linear", str(problems), "--batch", "64",
+             "--features", "64"]  # fmt: skip
+    done = subprocess.run(build, capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    (case,) = json.loads((tmp_path / "out" / "cases.json").read_text())["cases"]
+    # bf16 Linear + Swish + scale: the weights' transpose and one tensor-core kernel.
+    assert case["mma"] == [16, 8, 16] and case["kernels"] == 2 and case["linear"]
+    folder = tmp_path / "out" / case["name"]
+    assert (folder / "model.pt2").exists() and (folder / "inputs.npz").exists()
 
 
 # -- the tiling, run on the CPU (gpu_cpu graph) ---------------------------------------
