@@ -278,15 +278,15 @@ def test_tiles_follow_the_shape_and_the_sm_count():
 
     h100 = resolve_gpu_target("h100")
     # Big square: the largest tile (two waves of 2 blocks per SM beat 128x64's three).
-    assert choose_block_tile(4096, 2048, 1, HALF_SHAPE, 2, h100) == (128, 128)
+    assert choose_block_tile(4096, 2048, 128, 1, HALF_SHAPE, 2, h100) == (128, 128)
     # 1000^3: 128x128 gives 64 blocks, leaving 68 of 132 SMs idle; 128x64 gives 128 blocks,
     # still one wave, each block half the work.
-    assert choose_block_tile(1000, 1000, 1, HALF_SHAPE, 2, h100) == (128, 64)
+    assert choose_block_tile(1000, 1000, 1000, 1, HALF_SHAPE, 2, h100) == (128, 64)
     # Wave quantization: one block more than a full wave costs a second wave.
     assert tile_cost(128 * 132, 128, 1, (128, 128), 132, 1) * 2 == tile_cost(
         128 * 133, 128, 1, (128, 128), 132, 1)  # fmt: skip
     for m, n in ((4096, 4096), (8192, 1024)):
-        assert choose_block_tile(m, n, 1, HALF_SHAPE, 2, h100) is not None
+        assert choose_block_tile(m, n, 4096, 1, HALF_SHAPE, 2, h100) is not None
 
 
 # -- half Linear layers as PyTorch imports them ----------------------------------------------
@@ -401,3 +401,19 @@ def test_a_shared_fill_and_a_consumer_of_two_matmuls_fuse_once(tmp_path):
     module = sg.run("gpu", str(path), target="sm_80", until="lower").module.ir
     assert len(collect(module, "nvvm.mma.sync")) == 2  # two kernels of 16x8 warp tiles
     assert not collect(module, "llvm.call")  # no buffer for C (no malloc) in either kernel
+
+
+def test_the_tuner_may_pick_partial_tiles_within_the_masks_registers(tmp_path):
+    from stagegraph.core.search_space import build_space
+    from stagegraph.stages.gpu.target import resolve_gpu_target
+
+    run = sg.run("gpu", str(linear(tmp_path, m=1000, n=1000, k=1000)), target="sm_80",
+                 until="select")  # fmt: skip
+    params, facts = run.value("select"), run.value("analyze")
+    space = build_space(params, facts, resolve_gpu_target("sm_80"))
+    assert space.contains(space.values_of(params))  # the cost model's partial tile
+    # 1000 is a multiple of no tile: 128x128's fragments leave no room for the masks
+    # (ptxas spills it on sm_80), 128x64's do.
+    assert "op1.masked_fragments_fit_registers" in space.violated(
+        {"op1.tile_m": 128, "op1.tile_n": 128})  # fmt: skip
+    assert not space.violated({"op1.tile_m": 128, "op1.tile_n": 64})

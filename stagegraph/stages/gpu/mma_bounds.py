@@ -25,6 +25,9 @@ from typing import Any
 #: The full static tile (rows, columns of C) of a warp's matmul, for partial tiles.
 ROWS_ATTR = "stagegraph.gpu_mma_rows"
 COLS_ATTR = "stagegraph.gpu_mma_cols"
+#: Registers per thread the masks of a partial tile take beyond a whole tile's (ptxas: a
+#: 1000^3 matmul in 128x128 tiles needs 214 on sm_90a against 201 whole, and spills on sm_80).
+MASK_REGISTERS = 48
 #: Multiply-adds per loaded element at which a block is half compute-bound (a knee: below
 #: it, loads bound the block's time).
 INTENSITY_KNEE = 16.0
@@ -76,14 +79,29 @@ def tile_cost(m: int, n: int, batches: int, tile: tuple[int, int], sm_count: int
     return waves * resident * bm * bn / efficiency
 
 
-def choose_block_tile(m: int, n: int, batches: int, shape: tuple[int, int, int],
+def partial(m: int, n: int, k: int, tile: tuple[int, int], shape: tuple[int, int, int]) -> bool:
+    """Whether ``tile`` leaves partial tiles of C or a partial K step (masks needed)."""
+    return bool(m % tile[0] or n % tile[1] or k % shape[2])
+
+
+def fits_registers(tile: tuple[int, int], masked: bool, target: Any) -> bool:
+    """Whether a thread's fragments of ``tile`` (plus the masks' registers where
+    ``masked``) fit the registers it may hold."""
+    from stagegraph.stages.gpu.mma import fragment_registers, register_budget
+
+    extra = MASK_REGISTERS if masked else 0
+    return fragment_registers(*tile) + extra <= register_budget(target.registers_per_block)
+
+
+def choose_block_tile(m: int, n: int, k: int, batches: int, shape: tuple[int, int, int],
                       element_bytes: int, target: Any) -> tuple[int, int] | None:  # fmt: skip
     """The block tile of least :func:`tile_cost` among
-    :data:`~stagegraph.stages.gpu.mma.BLOCK_TILES` (ties: the tile dividing C, then the
-    larger); None when no tile splits into whole warp tiles."""
+    :data:`~stagegraph.stages.gpu.mma.BLOCK_TILES` that fit the registers (ties: the tile
+    dividing C, then the larger); None when no tile splits into whole warp tiles."""
     from stagegraph.stages.gpu.mma import BLOCK_TILES
 
-    fitting = [t for t in BLOCK_TILES if whole_warp_tiles(t, shape)]
+    fitting = [t for t in BLOCK_TILES if whole_warp_tiles(t, shape)
+               and fits_registers(t, partial(m, n, k, t, shape), target)]  # fmt: skip
     if not fitting:
         return None
 

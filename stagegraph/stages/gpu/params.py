@@ -138,10 +138,10 @@ def plan_mma(op: OpFacts, target: GpuTarget, tf32: bool) -> KernelPlan | None:
     shape = mma_shape(op, tf32) if target.sm >= 80 else None
     if shape is None:
         return None
-    m, n, _ = op.loop_ranges[-3:]
+    m, n, k = op.loop_ranges[-3:]
     batches = op.loop_ranges[0] if len(op.loop_ranges) == 4 else 1
     size = byte_size(op.inputs[0].dtype, 2)
-    block = choose_block_tile(m, n, batches, shape, size, target)
+    block = choose_block_tile(m, n, k, batches, shape, size, target)
     if block is None:
         return None
     warps = WARP_GRID[0] * WARP_GRID[1]
@@ -196,13 +196,15 @@ def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) ->
     whole instructions (:func:`stagegraph.stages.gpu.mma_bounds.whole_warp_tiles`), the
     warp fragments within the registers a thread may hold
     (:func:`~stagegraph.stages.gpu.mma.fragment_registers`, multiplied through by 128 to
-    stay free of division), and the cp.async stages within
+    stay free of division; fewer for a partial tile, whose masks take registers too), and
+    the cp.async stages within
     static shared memory (:func:`~stagegraph.stages.gpu.mma_staged.shared_bytes`)."""
     from stagegraph.dtypes import byte_size
     from stagegraph.stages.gpu.mma import WARP_GRID, register_budget
+    from stagegraph.stages.gpu.mma_bounds import MASK_REGISTERS
     from stagegraph.stages.gpu.mma_staged import STATIC_SHARED_BYTES, shared_bytes
 
-    m, n, _ = op.loop_ranges[-3:]
+    m, n, k = op.loop_ranges[-3:]
     shape = tuple(p.mma)
     warps = WARP_GRID[0] * WARP_GRID[1]
     size = byte_size(op.inputs[0].dtype, 2)
@@ -210,13 +212,18 @@ def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) ->
     base = shared_bytes(0, 0, shape[2], size, warps)
     per_m = shared_bytes(1, 0, shape[2], size, warps) - base
     per_n = shared_bytes(0, 1, shape[2], size, warps) - base
+    fragments = p.tile_m * p.tile_n + 16 * p.tile_m + 16 * p.tile_n
+    budget = register_budget(target.registers_per_block)
     return {  # partial tiles are masked (gpu.mma_bounds): a tile may pass C's edge by a warp's
         f"tile_m_within_m={m}": p.tile_m <= m + WARP_GRID[0] * shape[0] - 1,
         f"tile_n_within_n={n}": p.tile_n <= n + WARP_GRID[1] * shape[1] - 1,
         "warp_rows_whole_instructions": p.tile_m % (WARP_GRID[0] * shape[0]) == 0,
         "warp_cols_whole_instructions": p.tile_n % (WARP_GRID[1] * shape[1]) == 0,
-        "fragments_fit_registers": p.tile_m * p.tile_n + 16 * p.tile_m + 16 * p.tile_n
-        <= 128 * register_budget(target.registers_per_block),
+        "fragments_fit_registers": fragments <= 128 * budget,
+        # A partial tile's masks take registers too (gpu.mma_bounds.fits_registers).
+        "masked_fragments_fit_registers": logic.Or(
+            logic.And(m % p.tile_m == 0, n % p.tile_n == 0, k % shape[2] == 0),
+            fragments <= 128 * (budget - MASK_REGISTERS)),
         # Every warp's cp.async stages of its A and B tiles (gpu.mma_staged), times 2.
         f"staging_fits_shared={STATIC_SHARED_BYTES}B": 2 * base
         + p.tile_m * per_m
