@@ -156,12 +156,12 @@ def fused_script(plan: Any, attr: str, mapping: tuple[list[str], list[str]],
     return text
 
 
-def epilogue_kernel_script(plan: Any, attr: str) -> str:
+def epilogue_kernel_script(plan: Any, attr: str, simt_maps: tuple[list[str], list[str]]) -> str:
     """The fused kernel's transform ops for ``plan`` (one with ``fused`` ops), on the
     tensor-core path (block tile, then the 2x2 warps' tiles) or the SIMT one (the plan's
-    block and thread tiles without the reduction loop)."""
-    from stagegraph.stages.gpu.mma import MMA_ATTR, WARP_GRID
-    from stagegraph.stages.gpu.schedule import block_mapping, thread_mapping
+    block and thread tiles without the reduction loop, mapped by ``simt_maps``: the
+    schedule's block and thread mappings of those tiles)."""
+    from stagegraph.stages.gpu.mma_layout import MMA_ATTR, WARP_GRID
 
     batched = plan.name == "linalg.batch_matmul"
     if plan.mma:
@@ -173,9 +173,8 @@ def epilogue_kernel_script(plan: Any, attr: str) -> str:
             block_maps.insert(0, "#gpu.block<linear_dim_2>")
         warp_maps = ["#gpu.warp<linear_dim_1>", "#gpu.warp<linear_dim_0>"]
         return fused_script(plan, attr, (block_maps, warp_maps), (blocks, warps), MMA_ATTR)
-    blocks, threads = plan.block_tile[:-1], plan.thread_tile[:-1]
-    maps = (block_mapping(blocks), thread_mapping(threads))
-    return fused_script(plan, attr, maps, (blocks, threads), None)
+    tiles = (plan.block_tile[:-1], plan.thread_tile[:-1])
+    return fused_script(plan, attr, simt_maps, tiles, None)
 
 
 # -- the register rewrite (after bufferization, on one warp's memrefs) --------------------
@@ -295,7 +294,7 @@ def rewrite_simt_epilogues(module: Any) -> int:
     elements) become scalar accumulators carried through one loop over K, the consumer's
     body applied to them, and only its result stored: no buffer for C. Returns how many."""
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.gpu.mma import MMA_ATTR
+    from stagegraph.stages.gpu.mma_layout import MMA_ATTR
 
     count = 0
     for consumer in collect(module, lambda op: EPILOGUE_ATTR in op.attributes):
@@ -321,7 +320,7 @@ def _matmul_feeding(consumer: Any) -> Any | None:
 def _rewrite_simt(matmul: Any) -> None:
     """One thread's ``tm x tn x K`` matmul and its epilogue, as described above."""
     from stagegraph.mlir.bindings import dialect, ir
-    from stagegraph.stages.gpu.mma import _Builder
+    from stagegraph.stages.gpu.mma_layout import Builder as _Builder
 
     build, scf = _Builder(matmul), dialect("scf")
     epilogue = WarpEpilogue(matmul)

@@ -37,7 +37,7 @@ _ULT = 6  # arith.cmpi predicate "ult"
 def whole_warp_tiles(tile: tuple[int, int], shape: tuple[int, int, int]) -> bool:
     """Whether block tile ``tile`` splits into the 2x2 warps' tiles of whole instructions
     (all a partial-tile schedule needs)."""
-    from stagegraph.stages.gpu.mma import WARP_GRID
+    from stagegraph.stages.gpu.mma_layout import WARP_GRID
 
     bm, bn = tile
     return (bm > 0 and bn > 0 and bm % (WARP_GRID[0] * shape[0]) == 0
@@ -48,7 +48,7 @@ def blocks_per_sm(tile: tuple[int, int], shape: tuple[int, int, int], element_by
                   target: Any) -> int:  # fmt: skip
     """How many 128-thread blocks of ``tile`` an SM holds at once: the least of its thread,
     register (fragments plus the reserve) and shared-memory (cp.async stages) limits."""
-    from stagegraph.stages.gpu.mma import (
+    from stagegraph.stages.gpu.mma_layout import (
         REGISTER_RESERVE,
         WARP_GRID,
         WARP_SIZE,
@@ -87,7 +87,7 @@ def partial(m: int, n: int, k: int, tile: tuple[int, int], shape: tuple[int, int
 def fits_registers(tile: tuple[int, int], masked: bool, target: Any) -> bool:
     """Whether a thread's fragments of ``tile`` (plus the masks' registers where
     ``masked``) fit the registers it may hold."""
-    from stagegraph.stages.gpu.mma import fragment_registers, register_budget
+    from stagegraph.stages.gpu.mma_layout import fragment_registers, register_budget
 
     extra = MASK_REGISTERS if masked else 0
     return fragment_registers(*tile) + extra <= register_budget(target.registers_per_block)
@@ -98,7 +98,7 @@ def choose_block_tile(m: int, n: int, k: int, batches: int, shape: tuple[int, in
     """The block tile of least :func:`tile_cost` among
     :data:`~stagegraph.stages.gpu.mma.BLOCK_TILES` that fit the registers (ties: the tile
     dividing C, then the larger); None when no tile splits into whole warp tiles."""
-    from stagegraph.stages.gpu.mma import BLOCK_TILES
+    from stagegraph.stages.gpu.mma_layout import BLOCK_TILES
 
     fitting = [t for t in BLOCK_TILES if whole_warp_tiles(t, shape)
                and fits_registers(t, partial(m, n, k, t, shape), target)]  # fmt: skip
@@ -221,7 +221,8 @@ def static_warp_grids(module: Any) -> int:
     every copy zero-filled, nothing stored. Returns how many foralls changed."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.gpu.mma import WARP_GRID, _Builder
+    from stagegraph.stages.gpu.mma_layout import WARP_GRID
+    from stagegraph.stages.gpu.mma_layout import Builder as _Builder
 
     count = 0
     for forall in collect(module, "scf.forall"):
@@ -258,7 +259,7 @@ def _is_constant(value: Any) -> bool:
 
 def _clamp_extents(body: Any) -> None:
     """Each ``affine.min`` at the top of ``body`` (a warp's extents) clamped at zero."""
-    from stagegraph.stages.gpu.mma import _Builder
+    from stagegraph.stages.gpu.mma_layout import Builder as _Builder
 
     for op in list(body.operations):
         if op.name != "affine.min":
