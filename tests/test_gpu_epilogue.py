@@ -271,6 +271,11 @@ def test_partial_tiles_assemble_with_zero_filling_copies(tmp_path):
     assert report.spill_stores == 0
 
 
+def test_less_than_one_instruction_stays_simt(tmp_path):
+    assert plans(linear(tmp_path, m=64, n=4, k=32), target="sm_80")[1].mma == ()  # n < 8
+    assert plans(linear(tmp_path, m=64, n=8, k=32), target="sm_80")[1].mma == (16, 8, 16)
+
+
 def test_tiles_follow_the_shape_and_the_sm_count():
     from stagegraph.stages.gpu.mma import HALF_SHAPE
     from stagegraph.stages.gpu.mma_bounds import choose_block_tile, tile_cost

@@ -139,6 +139,8 @@ def plan_mma(op: OpFacts, target: GpuTarget, tf32: bool) -> KernelPlan | None:
     if shape is None:
         return None
     m, n, k = op.loop_ranges[-3:]
+    if m < shape[0] or n < shape[1] or k < shape[2]:
+        return None  # less than one instruction (a matrix-vector product): SIMT does better
     batches = op.loop_ranges[0] if len(op.loop_ranges) == 4 else 1
     size = byte_size(op.inputs[0].dtype, 2)
     block = choose_block_tile(m, n, k, batches, shape, size, target)
