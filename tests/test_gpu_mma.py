@@ -278,7 +278,20 @@ def test_gpu_matmul_builds_a_level2_linear_case_in_bf16(tmp_path):
     # bf16 Linear + Swish + scale: the weights' transpose and one tensor-core kernel.
     assert case["mma"] == [16, 8, 16] and case["kernels"] == 2 and case["linear"]
     folder = tmp_path / "out" / case["name"]
-    assert (folder / "model.pt2").exists() and (folder / "inputs.npz").exists()
+    # What the run side will time on the GPU, run here on the CPU: the saved program on
+    # the saved inputs is the reference the compiled payload (through gpu_cpu) matches.
+    import torch
+
+    from stagegraph.dtypes import to_bf16
+
+    bits = np.load(folder / "inputs.npz")["arr_0"]
+    x = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+    with torch.no_grad():
+        ref = torch.export.load(folder / "model.pt2").module()(x)
+    payload = tmp_path / "out" / "src" / f"{case['name']}.mlir"
+    np.savez(payload.with_suffix(".npz"), in0=bits, out0=to_bf16(ref.float().numpy()))
+    report = sg.run("gpu_cpu", str(payload))
+    assert report.verified is True, report.message
 
 
 # -- the tiling, run on the CPU (gpu_cpu graph) ---------------------------------------
