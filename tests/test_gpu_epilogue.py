@@ -174,15 +174,19 @@ def test_simt_linear_layer_is_one_kernel(tmp_path):
 
 
 @pytest.mark.parametrize("stem", ["l2_059_Matmul_Swish_Scaling", "l2_063_Gemm_ReLU_Divide"])
-def test_level2_linear_payloads_lose_two_kernels(stem):
-    # transpose of the weights, fill, matmul, epilogue -> transpose, fused matmul
+def test_level2_linear_payloads_are_one_kernel(stem):
+    # transpose of the constant weights (now at compile time), fill, matmul, epilogue
+    from stagegraph.mlir.walk import collect
+
     folder = kernelbench_or_skip("level2")
     payload = str(folder / f"{stem}.mlir")
+    normalized = sg.run("gpu", payload, until="normalize").module.ir
+    assert not collect(normalized, "linalg.transpose")
     for params in ({}, {"tf32": True}):
         fused = plans(Path(payload), param=params)
         off = plans(Path(payload), param={**params, "epilogues": False})
-        assert sum(p.mapped for p in off) == 4 and sum(p.mapped for p in fused) == 2
-        report = sg.run("gpu_cpu", payload, param=params)
+        assert sum(p.mapped for p in off) == 3 and sum(p.mapped for p in fused) == 1
+        report = sg.run("gpu_cpu", payload, param=params)  # the folded weights' values too
         assert report.verified is True, report.message
 
 
@@ -422,3 +426,29 @@ def test_the_tuner_may_pick_partial_tiles_within_the_masks_registers(tmp_path):
     assert "op1.masked_fragments_fit_registers" in space.violated(
         {"op1.tile_m": 128, "op1.tile_n": 128})  # fmt: skip
     assert not space.violated({"op1.tile_m": 128, "op1.tile_n": 64})
+
+
+def test_constant_weights_are_transposed_when_compiled(tmp_path):
+    from stagegraph.mlir.walk import collect
+
+    path = tmp_path / "wt.mlir"
+    path.write_text("""func.func @wt(%x: tensor<16x3xf16>) -> tensor<16x2xf32> {
+  %zero = arith.constant 0.0 : f32
+  %w = arith.constant dense<[[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]> : tensor<2x3xf16>
+  %te = tensor.empty() : tensor<3x2xf16>
+  %wt = linalg.transpose ins(%w : tensor<2x3xf16>) outs(%te : tensor<3x2xf16>)
+      permutation = [1, 0]
+  %e = tensor.empty() : tensor<16x2xf32>
+  %init = linalg.fill ins(%zero : f32) outs(%e : tensor<16x2xf32>) -> tensor<16x2xf32>
+  %y = linalg.matmul ins(%x, %wt : tensor<16x3xf16>, tensor<3x2xf16>)
+                     outs(%init : tensor<16x2xf32>) -> tensor<16x2xf32>
+  return %y : tensor<16x2xf32>
+}
+""")
+    x = np.random.default_rng(7).standard_normal((16, 3)).astype(np.float16)
+    w = np.array([[1, 2, 3], [4, 5, 6]], np.float32)
+    np.savez(path.with_suffix(".npz"), in0=x, out0=x.astype(np.float32) @ w.T)
+    normalized = sg.run("gpu", str(path), until="normalize").module.ir
+    assert not collect(normalized, "linalg.transpose")
+    report = sg.run("gpu_cpu", str(path))
+    assert report.verified is True, report.message

@@ -275,8 +275,8 @@ def test_gpu_matmul_builds_a_level2_linear_case_in_bf16(tmp_path):
     done = subprocess.run(build, capture_output=True, text=True, cwd=root)
     assert done.returncode == 0, done.stderr
     (case,) = json.loads((tmp_path / "out" / "cases.json").read_text())["cases"]
-    # bf16 Linear + Swish + scale: the weights' transpose and one tensor-core kernel.
-    assert case["mma"] == [16, 8, 16] and case["kernels"] == 2 and case["linear"]
+    # bf16 Linear + Swish + scale: one tensor-core kernel (weights transposed when compiled).
+    assert case["mma"] == [16, 8, 16] and case["kernels"] == 1 and case["linear"]
     folder = tmp_path / "out" / case["name"]
     # What the run side will time on the GPU, run here on the CPU: the saved program on
     # the saved inputs is the reference the compiled payload (through gpu_cpu) matches.
