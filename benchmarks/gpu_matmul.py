@@ -3,7 +3,8 @@
 On the CPU machine (compiles; needs the MLIR bindings):
 
     python benchmarks/gpu_matmul.py --build build/gpu-mm [--target sm_90a] [--shapes 1000x1000x1000]
-        [--linear ../shared/kernelbench/src/level2] [--batch 1024] [--features 1024]
+        [--linear ../shared/kernelbench/src/level2 [--only 'l2_0[0-5]*']] [--batch 1024]
+        [--features 1024]
 
 On the GPU machine (numpy, cuda-bindings and torch; no pydantic, no MLIR):
 
@@ -23,13 +24,17 @@ datasheet peak and of the best cuBLAS rate measured in the run.
 ``--features`` in and out features: each is exported once (``torch.export``), compiled by
 the gpu graph (the epilogue in the matmul's kernel) and saved beside it (``model.pt2``, the
 inputs), so the run side times PyTorch CUDA eager on the same program (the epilogue as
-separate kernels) against the artifact and checks the outputs against each other.
+separate kernels) against the artifact and checks the outputs against each other. A case
+is about 8 MiB at 1024 features (weights in the artifact and in ``model.pt2``, the
+inputs), so build a few per folder (``--only`` patterns) to stay under what a device call
+carries (64 MiB); the MLIR sources go to ``DIR-src``, beside the folder.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import fnmatch
 import json
 import statistics
 import sys
@@ -58,8 +63,14 @@ def matmul_payload(m: int, n: int, k: int, dtype: str) -> str:
     )
 
 
+def sources(directory: Path) -> Path:
+    """Where the build writes the cases' MLIR (beside the folder: the run side needs none)."""
+    return directory.with_name(directory.name + "-src")
+
+
 def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
-          linear: Path | None = None, batch: int = 1024, features: int = 1024) -> int:  # fmt: skip
+          linear: Path | None = None, batch: int = 1024, features: int = 1024,
+          only: list[str] | None = None) -> int:  # fmt: skip
     """Compile every case for ``target`` into ``directory`` (one folder per case)."""
     sys.path.insert(0, str(ROOT))
     import stagegraph as sg
@@ -70,7 +81,7 @@ def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
     for m, n, k in shapes:
         for dtype in DTYPES:
             name = f"{dtype}_{m}x{n}x{k}"
-            source = directory / "src" / f"{name}.mlir"
+            source = sources(directory) / f"{name}.mlir"
             source.parent.mkdir(parents=True, exist_ok=True)
             source.write_text(matmul_payload(m, n, k, dtype))
             sg.run("gpu", str(source), target=target, emit="object", output=str(directory / name))
@@ -80,7 +91,8 @@ def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
                           "mma": list(plan.mma), "tile": [plan.tile_m, plan.tile_n]})  # fmt: skip
             print(f"built {name}: tensor cores {'yes' if plan.mma else 'no'}", flush=True)
     for problem in sorted(linear.glob("*.py")) if linear else []:
-        if "Gemm" in problem.name or "Matmul" in problem.name:
+        wanted = not only or any(fnmatch.fnmatch(problem.stem, p) for p in only)
+        if wanted and ("Gemm" in problem.name or "Matmul" in problem.name):
             cases.append(build_linear(directory, target, problem, batch, features))
     peaks = {d: facts.peak_tflops(d, tensor_cores=True) for d in DTYPES}
     meta = {"target": target, "cases": cases, "peak_tflops": peaks}
@@ -112,7 +124,7 @@ def build_linear(directory: Path, target: str, problem: Path, batch: int,
     program = export(loaded)
     text, _ = import_program(program, loaded.what)
     name = f"linear_{problem.stem}"
-    source = directory / "src" / f"{name}.mlir"
+    source = sources(directory) / f"{name}.mlir"
     source.parent.mkdir(parents=True, exist_ok=True)
     source.write_text(text)
     sg.run("gpu", str(source), target=target, emit="object", output=str(directory / name))
@@ -253,13 +265,15 @@ def main() -> int:
                         help="MxNxK shapes instead of the issue's (none: only --linear)")
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--linear", type=Path, help="KernelBench level-2 problem files")
+    parser.add_argument("--only", nargs="*", help="glob patterns of the problems to build")
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--features", type=int, default=1024)
     args = parser.parse_args()
     if args.build:
         shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes]
                   if args.shapes is not None else list(SHAPES))  # fmt: skip
-        return build(args.build, args.target, shapes, args.linear, args.batch, args.features)
+        return build(args.build, args.target, shapes, args.linear, args.batch, args.features,
+                     args.only)  # fmt: skip
     return run(args.run, args.repeats)
 
 

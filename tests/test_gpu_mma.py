@@ -265,13 +265,14 @@ def test_gpu_matmul_builds_a_level2_linear_case_in_bf16(tmp_path):
 
     pytest.importorskip("torch")
     source = kernelbench_or_skip("level2").parent / "src" / "level2"
-    problems = tmp_path / "problems"  # one problem file, read from ../shared
+    problems = tmp_path / "problems"  # two problem files, read from ../shared
     problems.mkdir()
-    shutil.copy(source / "l2_059_Matmul_Swish_Scaling.py", problems)
+    for stem in ("l2_059_Matmul_Swish_Scaling", "l2_063_Gemm_ReLU_Divide"):
+        shutil.copy(source / f"{stem}.py", problems)
     root = Path(__file__).resolve().parents[1]
     build = [sys.executable, "benchmarks/gpu_matmul.py", "--build", str(tmp_path / "out"),
              "--target", "sm_90a", "--shapes", "--linear", str(problems), "--batch", "64",
-             "--features", "64"]  # fmt: skip
+             "--features", "64", "--only", "*Swish*"]  # fmt: skip
     done = subprocess.run(build, capture_output=True, text=True, cwd=root)
     assert done.returncode == 0, done.stderr
     (case,) = json.loads((tmp_path / "out" / "cases.json").read_text())["cases"]
@@ -288,7 +289,7 @@ def test_gpu_matmul_builds_a_level2_linear_case_in_bf16(tmp_path):
     x = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
     with torch.no_grad():
         ref = torch.export.load(folder / "model.pt2").module()(x)
-    payload = tmp_path / "out" / "src" / f"{case['name']}.mlir"
+    payload = tmp_path / "out-src" / f"{case['name']}.mlir"
     np.savez(payload.with_suffix(".npz"), in0=bits, out0=to_bf16(ref.float().numpy()))
     report = sg.run("gpu_cpu", str(payload))
     assert report.verified is True, report.message
