@@ -238,6 +238,8 @@ def test_partial_tiles_are_masked_in_the_rewrite(tmp_path):
 
     module = sg.run("gpu", str(linear(tmp_path, m=100, n=72, k=40)), target="sm_80",
                     until="bufferized").module.ir  # fmt: skip
+    # The copies the fusion left (the whole matmul, the block's) are gone: one per warp.
+    assert len(collect(module, "linalg.matmul")) == len(collect(module, "linalg.fill")) == 1
     with module.context:
         assert static_warp_grids(module) == 1
         rewrite_mma(module)

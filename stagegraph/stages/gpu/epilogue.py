@@ -151,7 +151,7 @@ def fused_script(plan: Any, attr: str, mapping: tuple[list[str], list[str]],
     text += (f'    %fn{i} = transform.structured.match ops{{["func.func"]}} in %root '
              f": ({_ANY}) -> {_ANY}\n"
              f"    transform.apply_patterns to %fn{i} {{\n"
-             "      transform.apply_patterns.canonicalization\n"
+             "      transform.apply_patterns.memref.resolve_ranked_shaped_type_result_dims\n"
              f"    }} : {_ANY}\n    transform.apply_dce to %fn{i} : {_ANY}\n")
     return text
 
