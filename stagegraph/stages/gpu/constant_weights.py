@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 #: Constants above this many elements (all folded ones together) are not evaluated.
-MAX_ELEMENTS = 1 << 26
+MAX_ELEMENTS = 1 << 24
 
 
 def fold_constant_transposes(module: Any) -> int:
