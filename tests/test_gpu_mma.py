@@ -256,6 +256,7 @@ def test_gpu_matmul_builds_cases_and_its_run_side_needs_no_pydantic_or_mlir(tmp_
         assert ran.returncode == 2 and "no NVIDIA GPU" in ran.stderr, ran.stderr
 
 
+@pytest.mark.slow  # torch.export and a compile in a subprocess: about 20 s
 @needs_llvmlite
 def test_gpu_matmul_builds_a_level2_linear_case_in_bf16(tmp_path):
     import json
