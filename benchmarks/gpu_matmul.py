@@ -4,6 +4,8 @@ On the CPU machine (compiles; needs the MLIR bindings; for ``sm_90a`` the matmul
 split into 128-row blocks take the wgmma + TMA path, the others ``mma.sync``):
 
     python benchmarks/gpu_matmul.py --build build/gpu-mm [--target sm_90a] [--shapes 1000x1000x1000]
+        [--linear ../shared/kernelbench/src/level2 [--only 'l2_0[0-5]*']] [--batch 1024]
+        [--features 1024]
 
 On the GPU machine (numpy, cuda-bindings and torch; no pydantic, no MLIR):
 
@@ -17,11 +19,23 @@ then times the artifact's launches (the zero fill and the matmul) and ``torch.ma
 the input dtype with CUDA events (median after warm-up) and prints the ratio
 (``torch_ms / ours_ms``: above 1 is faster than cuBLAS), TFLOP/s and the fraction of the
 datasheet peak and of the best cuBLAS rate measured in the run.
+
+``--linear DIR`` adds the Linear + epilogue problems of KernelBench level 2 found in DIR
+(``*Gemm*``/``*Matmul*`` problem files), in bf16, at ``--batch`` rows (1024) and
+``--features`` in and out features: each is exported once (``torch.export``), compiled by
+the gpu graph (the epilogue in the matmul's kernel) and saved beside it (``model.pt2``, the
+inputs), so the run side times PyTorch CUDA eager on the same program (the epilogue as
+separate kernels) against the artifact and checks the outputs against each other. A case
+is about 8 MiB at 1024 features (weights in the artifact and in ``model.pt2``, the
+inputs), so build a few per folder (``--only`` patterns) to stay under what a device call
+carries (64 MiB); the MLIR sources go to ``DIR-src``, beside the folder.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import fnmatch
 import json
 import statistics
 import sys
@@ -50,12 +64,20 @@ def matmul_payload(m: int, n: int, k: int, dtype: str) -> str:
     )
 
 
+def sources(directory: Path) -> Path:
+    """Where the build writes the cases' MLIR (beside the folder: the run side needs none)."""
+    return directory.with_name(directory.name + "-src")
+
+
 def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
-          params: list[str] | None = None, compare_mma_sync: bool = False) -> int:  # fmt: skip
+          params: list[str] | None = None, compare_mma_sync: bool = False,
+          linear: Path | None = None, batch: int = 1024, features: int = 1024,
+          only: list[str] | None = None) -> int:  # fmt: skip
     """Compile every case for ``target`` into ``directory`` (one folder per case), with
     the cost model's ``params`` overridden (``wgmma=false``: the sm_90a matmuls on
     ``mma.sync``); ``compare_mma_sync`` builds each case a second time that way (suffix
-    ``_mmasync``), so one run times both paths."""
+    ``_mmasync``), so one run times both paths. ``linear``: the level-2 Linear + epilogue
+    problem files to build too (``only``: glob patterns), in bf16 at ``batch`` rows."""
     sys.path.insert(0, str(ROOT))
     from stagegraph.stages.gpu.target import resolve_gpu_target
 
@@ -66,7 +88,7 @@ def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
     cases = []
     for m, n, k in shapes:
         for dtype in DTYPES:
-            source = directory / "src" / f"{dtype}_{m}x{n}x{k}.mlir"
+            source = sources(directory) / f"{dtype}_{m}x{n}x{k}.mlir"
             source.parent.mkdir(parents=True, exist_ok=True)
             source.write_text(matmul_payload(m, n, k, dtype))
             for suffix, chosen in variants:
@@ -74,6 +96,10 @@ def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
                 case = _build_case(directory / name, source, target, chosen)
                 cases.append({"name": name, "m": m, "n": n, "k": k, "dtype": dtype, **case})
                 print(f"built {name}: {case['path']}", flush=True)
+    for problem in sorted(linear.glob("*.py")) if linear else []:
+        wanted = not only or any(fnmatch.fnmatch(problem.stem, p) for p in only)
+        if wanted and ("Gemm" in problem.name or "Matmul" in problem.name):
+            cases.append(build_linear(directory, target, problem, batch, features))
     peaks = {d: facts.peak_tflops(d, tensor_cores=True) for d in DTYPES}
     meta = {"target": target, "cases": cases, "peak_tflops": peaks}
     (directory / "cases.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -93,6 +119,78 @@ def _build_case(folder: Path, source: Path, target: str, params: list[str]) -> d
         "mma.sync" if plan.mma else "simt")  # fmt: skip
     return {"mma": list(plan.mma), "tile": [plan.tile_m, plan.tile_n], "path": path,
             "stages": plan.stages}  # fmt: skip
+
+
+#: Problem-file constants set for the Linear cases (those a file has): rows, then features.
+BATCH_NAMES = ("batch_size",)
+FEATURE_NAMES = ("in_features", "out_features", "input_size", "hidden_size", "output_size")
+
+
+def build_linear(directory: Path, target: str, problem: Path, batch: int,
+                 features: int) -> dict:  # fmt: skip
+    """One Linear + epilogue problem in bf16: exported, compiled, saved with its inputs."""
+    import torch
+
+    import stagegraph as sg
+    from stagegraph.mlir.torch_import import import_program
+    from stagegraph.workload.torch_eager import export
+    from stagegraph.workload.torch_source import constant_names, load_problem_file
+
+    names = constant_names(ast.parse(problem.read_text()))
+    overrides = {n: batch for n in BATCH_NAMES if n in names}
+    overrides |= {n: features for n in FEATURE_NAMES if n in names}
+    loaded = load_problem_file(problem, overrides, seed=0)
+    loaded.model = loaded.model.to(torch.bfloat16).eval()
+    loaded.inputs = [x.to(torch.bfloat16) if x.is_floating_point() else x for x in loaded.inputs]
+    program = export(loaded)
+    text, _ = import_program(program, loaded.what)
+    name = f"linear_{problem.stem}"
+    source = sources(directory) / f"{name}.mlir"
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text(text)
+    sg.run("gpu", str(source), target=target, emit="object", output=str(directory / name))
+    params = sg.run("gpu", str(source), target=target, until="select").value("select")
+    torch.export.save(program, directory / name / "model.pt2")
+    raw = [x.view(torch.int16).numpy().view(np.uint16) for x in loaded.inputs]
+    np.savez(directory / name / "inputs.npz", *raw)
+    matmuls = [p for p in params.kernels if p.name == "linalg.matmul"]
+    kernels = sum(p.mapped for p in params.kernels)
+    print(f"built {name}: {kernels} kernels, tensor cores "
+          f"{'yes' if any(p.mma for p in matmuls) else 'no'}", flush=True)  # fmt: skip
+    flops = 2.0 * batch * features * features
+    return {"name": name, "linear": True, "dtype": "bf16", "flops": flops,
+            "mma": list(matmuls[0].mma) if matmuls else [], "kernels": kernels}  # fmt: skip
+
+
+def run_linear_case(folder: Path, case: dict, repeats: int) -> dict:
+    """PyTorch CUDA eager on the exported program against the artifact, outputs compared."""
+    import torch
+    from gpu_check import load_artifact, relative_error
+
+    from stagegraph.runtime.cuda import CudaProgram
+
+    arrays = np.load(folder / "inputs.npz")
+    raw = [arrays[f"arr_{i}"] for i in range(len(arrays.files))]
+    inputs = [torch.from_numpy(x.view(np.int16)).view(torch.bfloat16).cuda() for x in raw]
+    model = torch.export.load(folder / "model.pt2").module().to("cuda")
+    with torch.no_grad():
+        ref = model(*inputs)
+        ref = ref[0] if isinstance(ref, tuple | list) else ref
+        theirs = _events_ms(lambda: model(*inputs), repeats)
+    program = CudaProgram(*load_artifact(folder))
+    try:
+        outs = program.run(raw)
+        ours = statistics.median(program.time_ms(repeats))
+    finally:
+        program.close()
+    out = outs[-1]
+    if out.dtype == np.uint16:  # bf16 bit patterns
+        out = (out.astype(np.uint32) << 16).view(np.float32)
+    error = relative_error(out, ref.float().cpu().numpy())
+    return {"case": case["name"], "ok": error <= TOLERANCE, "error": error, "ms": ours,
+            "torch_ms": theirs, "ratio": theirs / ours, "tflops": case["flops"] / ours / 1e9,
+            "torch_tflops": case["flops"] / theirs / 1e9, "tensor_cores": bool(case["mma"]),
+            "kernels": case["kernels"]}  # fmt: skip
 
 
 def _events_ms(fn, repeats: int, warmup: int = 3) -> float:
@@ -157,21 +255,23 @@ def run(directory: Path, repeats: int) -> int:
     rows = []
     for case in meta["cases"]:
         try:
-            row = run_case(directory / case["name"], case, repeats)
+            runner = run_linear_case if case.get("linear") else run_case
+            row = runner(directory / case["name"], case, repeats)
         except Exception as error:  # a failing case is a row that says why
             row = {"case": case["name"], "ok": False, "failure": f"{type(error).__name__}: "
                    f"{error}"[:160]}  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
     best = max((r.get("torch_tflops", 0.0) for r in rows), default=0.0) or 1.0
-    print(f"\n{'case':32} {'ok':3} {'ours ms':>9} {'cuBLAS ms':>9} {'ratio':>6} "
+    print(f"\n{'case':64} {'ok':3} {'ours ms':>9} {'cuBLAS ms':>9} {'ratio':>6} "
           f"{'TFLOP/s':>8} {'% peak':>7} {'% best cuBLAS':>13} path")  # fmt: skip
     for r in rows:
         if "ms" not in r:
-            print(f"{r['case']:32} no  {r['failure']}")
+            print(f"{r['case']:64} no  {r['failure']}")
             continue
-        peak = meta["peak_tflops"][r["case"].split("_")[0]]
-        print(f"{r['case']:32} {'yes' if r['ok'] else 'NO':3} {r['ms']:9.3f} "
+        peak = meta["peak_tflops"]["bf16" if r["case"].startswith("linear") else
+                                   r["case"].split("_")[0]]  # fmt: skip
+        print(f"{r['case']:64} {'yes' if r['ok'] else 'NO':3} {r['ms']:9.3f} "
               f"{r['torch_ms']:9.3f} {r['ratio']:6.2f} {r['tflops']:8.1f} "
               f"{100 * r['tflops'] / peak:6.1f}% {100 * r['tflops'] / best:12.1f}% "
               f"{r.get('path', '')}")  # fmt: skip
@@ -184,7 +284,9 @@ def main() -> int:
     group.add_argument("--build", type=Path, help="compile the cases into this folder")
     group.add_argument("--run", type=Path, help="run the cases of this folder on the GPU")
     parser.add_argument("--target", default="sm_90a")
-    parser.add_argument("--shapes", nargs="*", help="MxNxK shapes instead of the issue's")
+    parser.add_argument(
+        "--shapes", nargs="*", help="MxNxK shapes instead of the issue's (none: only --linear)"
+    )
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--param", nargs="*", default=[],
                         help="cost-model params for --build, e.g. wgmma=false")  # fmt: skip
@@ -193,11 +295,16 @@ def main() -> int:
         action="store_true",
         help="--build each case on mma.sync too (suffix _mmasync)",
     )
+    parser.add_argument("--linear", type=Path, help="KernelBench level-2 problem files")
+    parser.add_argument("--only", nargs="*", help="glob patterns of the problems to build")
+    parser.add_argument("--batch", type=int, default=1024)
+    parser.add_argument("--features", type=int, default=1024)
     args = parser.parse_args()
     if args.build:
-        shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes] if args.shapes
-                  else list(SHAPES))  # fmt: skip
-        return build(args.build, args.target, shapes, args.param, args.compare_mma_sync)
+        shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes]
+                  if args.shapes is not None else list(SHAPES))  # fmt: skip
+        return build(args.build, args.target, shapes, args.param, args.compare_mma_sync,
+                     args.linear, args.batch, args.features, args.only)  # fmt: skip
     return run(args.run, args.repeats)
 
 

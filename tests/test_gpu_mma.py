@@ -12,6 +12,7 @@ import pytest
 import stagegraph as sg
 from stagegraph.stages.gpu.mma import HALF_SHAPE, TF32_SHAPE, lane_places
 from stagegraph.stages.gpu.schedule import schedule_text
+from tests.conftest import kernelbench_or_skip
 from tests.test_gpu_graph import needs_gpu, needs_llvmlite
 
 F16 = Path(__file__).parent / "data" / "gpu_matmul_f16.mlir"
@@ -71,9 +72,9 @@ def test_half_matmuls_go_to_tensor_cores_and_f32_only_with_tf32(tmp_path):
     assert simt.value("select").kernels[1].mma == ()
 
 
-def test_shapes_without_whole_tiles_stay_on_the_simt_path(tmp_path):
+def test_shapes_without_whole_tiles_go_to_tensor_cores_too(tmp_path):
     odd = sg.run("gpu", payload(tmp_path, "f16", m=100), until="select").value("select")
-    assert odd.kernels[1].mma == ()
+    assert odd.kernels[1].mma == (16, 8, 16)  # partial tiles (gpu.mma_bounds)
     big = sg.run("gpu", payload(tmp_path, "f16", m=4096, n=2048, k=128), target="h100",
                  until="select", param=MMA_SYNC).value("select").kernels[1]  # fmt: skip
     assert (big.tile_m, big.tile_n) == (128, 128)  # 512 blocks: the largest tile fills 132 SMs
@@ -246,7 +247,7 @@ def test_gpu_matmul_builds_cases_and_its_run_side_needs_no_pydantic_or_mlir(tmp_
     meta = json.loads((tmp_path / "cases.json").read_text())
     mma = {case["name"]: case["mma"] for case in meta["cases"]}
     assert mma == {"bf16_64x64x32": [16, 8, 16], "f16_64x64x32": [16, 8, 16],
-                   "bf16_100x64x32": [], "f16_100x64x32": []}  # fmt: skip
+                   "bf16_100x64x32": [16, 8, 16], "f16_100x64x32": [16, 8, 16]}  # fmt: skip
     assert meta["peak_tflops"]["bf16"] > 0
     assert (tmp_path / "f16_64x64x32" / "manifest.json").exists()
     ran = subprocess.run([sys.executable, "-c", RUN_SIDE, str(tmp_path)], capture_output=True,
@@ -255,6 +256,46 @@ def test_gpu_matmul_builds_cases_and_its_run_side_needs_no_pydantic_or_mlir(tmp_
         assert ran.returncode == 0, ran.stdout + ran.stderr
     else:
         assert ran.returncode == 2 and "no NVIDIA GPU" in ran.stderr, ran.stderr
+
+
+@pytest.mark.slow  # torch.export and a compile in a subprocess: about 20 s
+@needs_llvmlite
+def test_gpu_matmul_builds_a_level2_linear_case_in_bf16(tmp_path):
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    source = kernelbench_or_skip("level2").parent / "src" / "level2"
+    problems = tmp_path / "problems"  # two problem files, read from ../shared
+    problems.mkdir()
+    for stem in ("l2_059_Matmul_Swish_Scaling", "l2_063_Gemm_ReLU_Divide"):
+        shutil.copy(source / f"{stem}.py", problems)
+    root = Path(__file__).resolve().parents[1]
+    build = [sys.executable, "benchmarks/gpu_matmul.py", "--build", str(tmp_path / "out"),
+             "--target", "sm_90a", "--shapes", "--linear", str(problems), "--batch", "64",
+             "--features", "64", "--only", "*Swish*"]  # fmt: skip
+    done = subprocess.run(build, capture_output=True, text=True, cwd=root)
+    assert done.returncode == 0, done.stderr
+    (case,) = json.loads((tmp_path / "out" / "cases.json").read_text())["cases"]
+    # bf16 Linear + Swish + scale: one tensor-core kernel (weights transposed when compiled).
+    assert case["mma"] == [16, 8, 16] and case["kernels"] == 1 and case["linear"]
+    folder = tmp_path / "out" / case["name"]
+    # What the run side will time on the GPU, run here on the CPU: the saved program on
+    # the saved inputs is the reference the compiled payload (through gpu_cpu) matches.
+    import torch
+
+    from stagegraph.dtypes import to_bf16
+
+    bits = np.load(folder / "inputs.npz")["arr_0"]
+    x = torch.from_numpy(bits.view(np.int16)).view(torch.bfloat16)
+    with torch.no_grad():
+        ref = torch.export.load(folder / "model.pt2").module()(x)
+    payload = tmp_path / "out-src" / f"{case['name']}.mlir"
+    np.savez(payload.with_suffix(".npz"), in0=bits, out0=to_bf16(ref.float().numpy()))
+    report = sg.run("gpu_cpu", str(payload))
+    assert report.verified is True, report.message
 
 
 # -- the tiling, run on the CPU (gpu_cpu graph) ---------------------------------------

@@ -128,7 +128,7 @@ def test_rewrite_builds_the_tma_mbarrier_wgmma_pipeline(tmp_path):
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect
     from stagegraph.stages.gpu.tma import SWIZZLE_ATTR
-    from stagegraph.stages.gpu.wgmma import rewrite_wgmma
+    from stagegraph.stages.gpu.wgmma_rewrite import rewrite_wgmma
 
     path = payload(tmp_path, 1024, 1024, 256)  # tile 64, 5 stages: 4 K steps in flight
     module = sg.run("gpu", path, target="h100", until="bufferized").module.ir
@@ -154,7 +154,7 @@ def test_rewrite_builds_the_tma_mbarrier_wgmma_pipeline(tmp_path):
 @pytest.mark.parametrize("specialized", [False, True])
 def test_a_zero_filled_c_is_stored_and_any_other_c_is_added_to(tmp_path, specialized):
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.gpu.wgmma import rewrite_wgmma
+    from stagegraph.stages.gpu.wgmma_rewrite import rewrite_wgmma
 
     k = 512 if specialized else 256
     for init, fills, loads_of_c in ((0.0, 0, 0), (1.0, 1, 1)):
@@ -181,7 +181,8 @@ def global_memref(value) -> bool:
 
 def test_warp_specialized_blocks_split_producer_and_consumers(tmp_path):
     from stagegraph.mlir.walk import collect
-    from stagegraph.stages.gpu.wgmma import WS_ATTR, rewrite_wgmma
+    from stagegraph.stages.gpu.wgmma import WS_ATTR
+    from stagegraph.stages.gpu.wgmma_rewrite import rewrite_wgmma
 
     # 8 K steps: specialized; tile 64, 8 stages; C = 1 + A @ B: the epilogue adds to C.
     path = payload(tmp_path, 1024, 1024, 512, init=1.0)
@@ -459,7 +460,7 @@ def test_grouped_block_order_visits_every_tile_once(rows, cols, group):
 def test_wgmma_blocks_run_in_groups_of_tile_rows(tmp_path):
     from stagegraph.mlir.walk import collect
     from stagegraph.stages.gpu.raster import group_rows
-    from stagegraph.stages.gpu.wgmma import rewrite_wgmma
+    from stagegraph.stages.gpu.wgmma_rewrite import rewrite_wgmma
 
     path = payload(tmp_path, 4096, 4096, 4096)
     assert matmul_plan(path).group_m == 16 == group_rows(132, 128, 256, 32, 16)

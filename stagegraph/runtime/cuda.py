@@ -187,7 +187,7 @@ class CudaProgram:
         """Encode the step's TMA tensor map on the host and copy it to its buffer."""
         from stagegraph.runtime.tensor_map import TENSOR_MAP_BYTES, encode
 
-        encoded = encode(self.cu, step, self._pointer(step["source"]))
+        encoded = encode(self.cu, step, self._pointer(step["source"]), check)
         self._call("cuMemcpyHtoD", self.buffers[step["buffer"]], encoded.getPtr(),
                    TENSOR_MAP_BYTES)  # fmt: skip
 

@@ -56,15 +56,15 @@ def encode_arguments(step: dict[str, Any], address: int) -> dict[str, Any]:
     }
 
 
-def encode(cu: Any, step: dict[str, Any], address: int) -> Any:
+def encode(cu: Any, step: dict[str, Any], address: int, check: Any) -> Any:
     """The encoded tensor map (``CUtensorMap``: ``getPtr()`` gives its 128 bytes) of
-    ``step`` through the driver module ``cu``.
+    ``step`` through the driver module ``cu``; ``check`` is the runtime's status check
+    (:func:`stagegraph.runtime.cuda.check`, passed in so this module needs no import of
+    the runtime that calls it).
 
     Raises:
         CudaError: :func:`encode_arguments` refused the view, or the driver did.
     """
-    from stagegraph.runtime.cuda import check
-
     args = encode_arguments(step, address)
     return check(cu, cu.cuTensorMapEncodeTiled(
         getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{args['data_type']}"),

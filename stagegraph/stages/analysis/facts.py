@@ -125,6 +125,10 @@ class LayerFacts(Facts):
     contraction: int  # index into PayloadFacts.ops
     epilogue: tuple[int, ...] = ()
     epilogue_ops: tuple[str, ...] = ()  # body ops of the epilogue, e.g. addf (bias), maximumf
+    # The chain's single elementwise consumer of C's shape that changes the element type
+    # (a rounding to a half output, often fused with the epilogue), if any; not in epilogue.
+    cast: int | None = None
+    init: int | None = None  # the linalg op writing the accumulator's start, read by it only
     batch: int = 1
     m: int = 1
     n: int = 1

@@ -381,6 +381,11 @@ def layers_of(ops: list[Any], facts: list[OpFacts], def_use: DefUse) -> list[Lay
         if fact.op_class != "matmul" or fact.contraction is None or not op.results:
             continue
         epilogue: list[int] = []
+        cast = None
+        start = def_use.owner(op.operands[len(op.operands) - 1])
+        only = start is not None and len(start.results) == 1 and def_use.users(
+            start.results[0]) == [op]  # fmt: skip
+        init = position.get(start) if only else None
         current = op
         while len(current.results) == 1:
             users = def_use.users(current.results[0])
@@ -391,6 +396,9 @@ def layers_of(ops: list[Any], facts: list[OpFacts], def_use: DefUse) -> list[Lay
             if index is None or facts[index].op_class != "elementwise":
                 break
             if facts[index].outputs[:1] != fact.outputs[:1]:
+                same_shape = [v.shape for v in facts[index].outputs[:1]] == [
+                    v.shape for v in fact.outputs[:1]]  # fmt: skip
+                cast = index if same_shape else None
                 break
             epilogue.append(index)
             current = user
@@ -399,6 +407,8 @@ def layers_of(ops: list[Any], facts: list[OpFacts], def_use: DefUse) -> list[Lay
             LayerFacts(
                 contraction=fact.index,
                 epilogue=tuple(epilogue),
+                cast=cast,
+                init=init,
                 epilogue_ops=tuple(
                     name for i in epilogue for name in facts[i].body_ops if name not in _NOT_FLOPS
                 ),

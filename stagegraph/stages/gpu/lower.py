@@ -139,18 +139,19 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     """Foralls to launches, linalg to loops, kernels outlined and lowered to NVVM."""
     from stagegraph.mlir.functions import payload_functions, select_entry
     from stagegraph.stages.common.passes import run_pipeline
+    from stagegraph.stages.gpu.epilogue import rewrite_simt_epilogues
     from stagegraph.stages.gpu.host_kernels import sink_constants, wrap_host_work
     from stagegraph.stages.gpu.mma import rewrite_mma
+    from stagegraph.stages.gpu.mma_bounds import static_warp_grids
     from stagegraph.stages.gpu.mma_staged import allocs_to_globals
-    from stagegraph.stages.gpu.wgmma import (
-        align_dynamic_shared,
-        give_dynamic_shared,
-        rewrite_wgmma,
-    )
+    from stagegraph.stages.gpu.wgmma import align_dynamic_shared, give_dynamic_shared
+    from stagegraph.stages.gpu.wgmma_rewrite import rewrite_wgmma
 
     with module.ir.context:
         rewrite_wgmma(module.ir)
+        static_warp_grids(module.ir)
         rewrite_mma(module.ir)
+        rewrite_simt_epilogues(module.ir)
         params = schedule_leftovers(module.ir, params)
         map_to_gpu(module.ir, params)
     run_pipeline(module, LOOPS)

@@ -1,6 +1,7 @@
 """Tensor-core matmuls (``mma.sync``, sm_80 and up) for the GPU graph.
 
-A ``linalg.matmul`` whose inputs are f16 or bf16 and whose output is f32 (or all f32 with
+A ``linalg.matmul`` whose inputs are f16 or bf16 and whose output is f32 or the inputs'
+type (accumulated in f32 all the same, rounded when stored: what cuBLAS does; or all f32 with
 the ``tf32`` param on, which rounds the inputs to TF32 and so changes results; a
 ``linalg.batch_matmul`` likewise, its batch index on the grid) is tiled twice by the
 schedule: to a ``forall`` over blocks and inside it a ``forall`` over the block's 2x2
@@ -16,7 +17,10 @@ Why not ``transform.nvgpu.rewrite_matmul_as_mma_sync``: it handles only f16 x f1
 and f32 (TF32) matmuls, not f16/bf16 inputs with f32 accumulation, which is what users run.
 Where the tiles' rows are whole 16-byte chunks, each warp stages its A and B tiles through
 shared memory with ``cp.async`` (:mod:`stagegraph.stages.gpu.mma_staged`); elsewhere the
-fragments are read from global memory.
+fragments are read from global memory. A fill of C and an elementwise consumer fused into
+the warp (:mod:`stagegraph.stages.gpu.epilogue`) become the accumulators' start and a
+computation on them before the store; partial tiles are masked
+(:mod:`stagegraph.stages.gpu.mma_bounds`).
 """
 
 from __future__ import annotations
@@ -24,57 +28,38 @@ from __future__ import annotations
 from typing import Any
 
 from stagegraph.stages.analysis import OpFacts
-
-#: Marks the warp-level matmuls the schedule leaves for :func:`rewrite_mma`.
-MMA_ATTR = "stagegraph.gpu_mma"
-#: Instruction shapes (m, n, k) by input element type.
-HALF_SHAPE = (16, 8, 16)
-TF32_SHAPE = (16, 8, 8)
-WARP_SIZE = 32
-#: The named ops taken (default indexing maps; a batch matmul's batch loop goes to blocks).
-MATMULS = ("linalg.matmul", "linalg.batch_matmul")
-#: Block tiles (m, n) tried largest first; each block has a 2x2 grid of warps.
-BLOCK_TILES = ((128, 128), (128, 64), (64, 128), (64, 64), (64, 32), (32, 64), (32, 32),
-               (32, 16))  # fmt: skip
-WARP_GRID = (2, 2)
+from stagegraph.stages.gpu.mma_layout import (  # noqa: F401  (names of this module too)
+    BLOCK_TILES,
+    HALF_SHAPE,
+    MATMULS,
+    MAX_REGISTERS,
+    MMA_ATTR,
+    REGISTER_RESERVE,
+    TF32_SHAPE,
+    WARP_GRID,
+    WARP_SIZE,
+    Place,
+    fragment_registers,
+    register_budget,
+)
+from stagegraph.stages.gpu.mma_layout import Builder as _Builder
 
 
 def mma_shape(op: OpFacts, tf32: bool = False) -> tuple[int, int, int] | None:
     """The ``mma.sync`` instruction shape for ``op``, or None where it takes none: a plain
     ``linalg.matmul`` or ``linalg.batch_matmul`` of f16/bf16 inputs (both the same) into
-    f32, or f32 when ``tf32``."""
+    f32 or their own type, or f32 when ``tf32``."""
     if op.name not in MATMULS or len(op.inputs) != 2 or len(op.outputs) != 1:
         return None
     ins = {v.dtype for v in op.inputs}
-    if op.outputs[0].dtype != "f32" or len(ins) != 1:
-        return None
+    if len(ins) != 1 or op.outputs[0].dtype not in ("f32", *ins):
+        return None  # f32 accumulators; a half output is rounded from them when stored
     (dtype,) = ins
     if dtype in ("f16", "bf16"):
         return HALF_SHAPE
     if dtype == "f32" and tf32:
         return TF32_SHAPE
     return None
-
-
-#: Registers per thread kept for addresses, indices and the loop (ptxas's count beyond the
-#: fragments at 128x128 tiles with cp.async staging and ldmatrix: 205 - 160).
-REGISTER_RESERVE = 64
-#: The most registers one thread may use (PTX).
-MAX_REGISTERS = 255
-
-
-def fragment_registers(tile_m: int, tile_n: int) -> int:
-    """32-bit registers per thread for a block tile's warp fragments (2x2 warps): four f32
-    accumulators per 16x8 of C, four A registers per 16 rows, two B registers per 8
-    columns (the same counts for f16/bf16 and TF32)."""
-    wm, wn = tile_m // WARP_GRID[0], tile_n // WARP_GRID[1]
-    return (wm // 16) * (wn // 8) * 4 + (wm // 16) * 4 + (wn // 8) * 2
-
-
-def register_budget(registers_per_block: int) -> int:
-    """Fragment registers a thread of a 128-thread block may hold."""
-    threads = WARP_GRID[0] * WARP_GRID[1] * WARP_SIZE
-    return min(MAX_REGISTERS, registers_per_block // threads) - REGISTER_RESERVE
 
 
 def tile_fits(m: int, n: int, k: int, shape: tuple[int, int, int], tile: tuple[int, int]) -> bool:
@@ -104,6 +89,8 @@ def block_tile(m: int, n: int, k: int, shape: tuple[int, int, int],
 def mma_script(op: int, block: tuple[int, int], attr: str, batched: bool = False) -> str:
     """Transform ops for op ``op`` (matched by ``attr``): tiled to blocks (a batch matmul's
     batch index too), then warps; the warp-level matmul is annotated for :func:`rewrite_mma`."""
+    from stagegraph.stages.gpu.mma_bounds import tile_annotations
+
     any_op = "!transform.any_op"
     tiled = f"({any_op}) -> ({any_op}, {any_op})"
     bm, bn = block
@@ -123,12 +110,7 @@ def mma_script(op: int, block: tuple[int, int], attr: str, batched: bool = False
         f"    %mw{op}_op, %mw{op} = transform.structured.tile_using_forall %mb{op}_op "
         f"tile_sizes [{batch_warp}{wm}, {wn}, 0] (mapping = [{warps}]) : {tiled}\n"
         f'    transform.annotate %mw{op}_op "{MMA_ATTR}" : {any_op}\n'
-    )
-
-
-#: One element's place in its tile: ``(row_g, row_t, row_c, col_g, col_t, col_c)`` means
-#: row = ``row_g*g + row_t*t + row_c`` and col likewise, with ``g = lane / 4, t = lane % 4``.
-Place = tuple[int, int, int, int, int, int]
+    ) + tile_annotations(f"%mw{op}_op", wm, wn, str(op))
 
 
 def fragment_places(shape: tuple[int, int, int]) -> dict[str, list[Place]]:
@@ -176,62 +158,6 @@ def rewrite_mma(module: Any) -> int:
     return len(ops)
 
 
-class _Builder:
-    """Creates ops at an insertion point (before an op, or at the end of a loop body)
-    through the generic builder (no dialect wrappers)."""
-
-    def __init__(self, at: Any) -> None:
-        from stagegraph.mlir.bindings import ir
-
-        self.ir, self.location = ir, at.location
-        self.point = ir.InsertionPoint(at)
-        self.index = ir.IndexType.get(at.context)
-
-    def op(self, name: str, results: list[Any], operands: list[Any], **attrs: Any) -> Any:
-        ir = self.ir
-        with self.point, self.location:
-            made = ir.Operation.create(name, results=results, operands=operands,
-                                       attributes=attrs)  # fmt: skip
-        return made.results[0] if results else None
-
-    def batch(self, memref: Any) -> list[Any]:
-        """Index 0 for each leading (unit) batch dim of a batch matmul's warp-level operand."""
-        return [self.const(0)] * (self.ir.MemRefType(memref.type).rank - 2)
-
-    def const(self, value: int) -> Any:
-        return self.op("arith.constant", [self.index], [],
-                       value=self.ir.IntegerAttr.get(self.index, value))  # fmt: skip
-
-    def affine(self, g: Any, t: Any, place: tuple[int, int, int], base: Any = None) -> Any:
-        """``g_coef*g + t_coef*t + const (+ base)`` as index arithmetic."""
-        g_coef, t_coef, const = place
-        total = self.const(const)
-        for value, coef in ((g, g_coef), (t, t_coef)):
-            if coef:
-                term = self.op("arith.muli", [self.index], [value, self.const(coef)])
-                total = self.op("arith.addi", [self.index], [total, term])
-        if base is not None:
-            total = self.op("arith.addi", [self.index], [total, base])
-        return total
-
-    def fragment(self, memref: Any, places: list[Place], lane: tuple[Any, Any],
-                 origin: tuple[Any, Any], shape: tuple[int, int],
-                 prefix: list[Any] | None = None) -> Any:  # fmt: skip
-        """This lane's fragment of the tile of ``memref`` at ``origin`` (after the
-        ``prefix`` indices: a batch's 0, or a staging buffer's warp and stage), a vector."""
-        ir = self.ir
-        kind = ir.MemRefType(memref.type).element_type
-        loads = []
-        for rg, rt, rc, cg, ct, cc in places:
-            row = self.affine(*lane, (rg, rt, rc), origin[0])
-            col = self.affine(*lane, (cg, ct, cc), origin[1])
-            indices = [*(self.batch(memref) if prefix is None else prefix), row, col]
-            loads.append(self.op("memref.load", [kind], [memref, *indices]))
-        with self.location:  # a type's checks report at a location
-            vector = ir.VectorType.get(list(shape), kind)
-        return self.op("vector.from_elements", [vector], loads)
-
-
 def _stager(build: _Builder, a: Any, b: Any, tile: tuple[int, int, int], lane: Any) -> Any:
     """The cp.async staging of this warp's tiles (None where they cannot be staged)."""
     from stagegraph.stages.gpu.mma_staged import Stager, can_stage
@@ -261,33 +187,39 @@ def _replace(op: Any) -> None:
     body loads the A and B fragments (each reused across the warp tile) and issues one
     ``mma.sync`` per (16 x 8) fragment of C, carried as loop values, stored once."""
     from stagegraph.mlir.bindings import dialect
+    from stagegraph.stages.gpu.epilogue import WarpEpilogue
+    from stagegraph.stages.gpu.mma_bounds import Bounds, static_tile
 
     build = _Builder(op)
     ir, scf = build.ir, dialect("scf")
-    a, b, c = (op.operands[i] for i in range(3))
+    a, b = op.operands[0], op.operands[1]
     element = ir.MemRefType(a.type).element_type
     shape = TF32_SHAPE if isinstance(element, ir.F32Type) else HALF_SHAPE
-    (wm, k), wn = ir.MemRefType(a.type).shape[-2:], ir.MemRefType(b.type).shape[-1]
+    (wm, wn), k = static_tile(op), ir.MemRefType(a.type).shape[-1]
+    bounds = Bounds(build, a, b, k, shape[2])
+    build.bounds = bounds if bounds.masked else None
     places, vectors = fragment_places(shape), fragment_vector_shapes(shape)
     lane_id = build.op("gpu.lane_id", [build.index], [])
     lane = (build.op("arith.divui", [build.index], [lane_id, build.const(4)]),
             build.op("arith.remui", [build.index], [lane_id, build.const(4)]))  # fmt: skip
     tiles = [(i, j) for i in range(0, wm, shape[0]) for j in range(0, wn, shape[1])]
     origins = {v: build.const(v) for v in {0, *(i for i, _ in tiles), *(j for _, j in tiles)}}
-    acc = [build.fragment(c, places["c"], lane, (origins[i], origins[j]), vectors["c"])
+    epilogue = WarpEpilogue(op)
+    acc = [_start(build, epilogue, places["c"], lane, (origins[i], origins[j]), vectors["c"])
            for i, j in tiles]  # fmt: skip
     stager = _stager(build, a, b, (wm, wn, shape[2]), lane_id)
     if stager is not None:
         stager.copy_step(origins[0], origins[0])
     with build.location:
-        loop = scf.ForOp(origins[0], build.const(k), build.const(shape[2]), acc, ip=build.point)
+        loop = scf.ForOp(origins[0], build.const(bounds.k_steps), build.const(shape[2]), acc,
+                         ip=build.point)  # fmt: skip
     outer, build.point = build.point, ir.InsertionPoint(loop.body)
     kk = loop.induction_variable
     if stager is None:
         a_at, b_at, a_prefix, b_prefix = a, b, None, None
         a_col, b_row = kk, kk
     else:
-        stage = _next_step(build, stager, kk, k)
+        stage = _next_step(build, stager, kk, bounds.k_steps)
         a_at, b_at = stager.buffers
         a_prefix = b_prefix = [stager.warp, stage]
         a_col = b_row = origins[0]
@@ -296,10 +228,12 @@ def _replace(op: Any) -> None:
     if stager is not None and shape == HALF_SHAPE:  # ldmatrix from the staged tiles
         rows, cols = stager.ldmatrix_fragments(a_prefix[1], row_origins, col_origins)
     else:
-        rows = {i: build.fragment(a_at, places["a"], lane, (at, a_col), vectors["a"], a_prefix)
-                for i, at in row_origins.items()}  # fmt: skip
-        cols = {j: build.fragment(b_at, places["b"], lane, (b_row, at), vectors["b"], b_prefix)
-                for j, at in col_origins.items()}  # fmt: skip
+        a_limits = (bounds.rows, bounds.k_value) if stager is None else None
+        b_limits = (bounds.k_value, bounds.cols) if stager is None else None
+        rows = {i: build.fragment(a_at, places["a"], lane, (at, a_col), vectors["a"], a_prefix,
+                                  a_limits) for i, at in row_origins.items()}  # fmt: skip
+        cols = {j: build.fragment(b_at, places["b"], lane, (b_row, at), vectors["b"], b_prefix,
+                                  b_limits) for j, at in col_origins.items()}  # fmt: skip
     attrs = {"mmaShape": ir.ArrayAttr.get([ir.IntegerAttr.get(
         ir.IntegerType.get_signless(64), d) for d in shape])}  # fmt: skip
     if shape == TF32_SHAPE:
@@ -312,12 +246,51 @@ def _replace(op: Any) -> None:
     build.point = outer
     if stager is not None:
         stager.wait(stager.first, 0)
-    f32 = ir.MemRefType(c.type).element_type
+    if epilogue.consumer is not None:  # after the ops that define its operands
+        build.point = ir.InsertionPoint(epilogue.consumer)
     for (i, j), value in zip(tiles, loop.results, strict=True):
-        for n, (rg, rt, rc, cg, ct, cc) in enumerate(places["c"]):
-            item = build.op("vector.extract", [f32], [value],
-                            static_position=ir.DenseI64ArrayAttr.get([n // 2, n % 2]))  # fmt: skip
-            row = build.affine(*lane, (rg, rt, rc), origins[i])
-            col = build.affine(*lane, (cg, ct, cc), origins[j])
+        _store(build, epilogue, value, places["c"], lane, (origins[i], origins[j]))
+    epilogue.finish(op)
+
+
+def _start(build: _Builder, epilogue: Any, places: list[Place], lane: tuple[Any, Any],
+           origin: tuple[Any, Any], shape: tuple[int, int]) -> Any:  # fmt: skip
+    """An accumulator's first value: the fill's scalar where a fill zeroes C (C is then
+    never read), else this lane's fragment of C."""
+    from stagegraph.stages.gpu.epilogue import _convert
+
+    ir = build.ir
+    with build.location:
+        vector = ir.VectorType.get(list(shape), ir.F32Type.get())
+    if epilogue.start is None:
+        bounds = build.bounds
+        limits = (bounds.rows, bounds.cols) if bounds is not None else None
+        loaded = build.fragment(epilogue.source, places, lane, origin, shape, None, limits)
+        return loaded if loaded.type == vector else build.op("arith.extf", [vector], [loaded])
+    start = _convert(build, epilogue.start, ir.F32Type.get())
+    return build.op("vector.broadcast", [vector], [start])
+
+
+def _store(build: _Builder, epilogue: Any, value: Any, places: list[Place],
+           lane: tuple[Any, Any], origin: tuple[Any, Any]) -> None:  # fmt: skip
+    """Each element of one accumulator: through the epilogue's body into its output, or
+    into C where there is no epilogue."""
+    from stagegraph.stages.gpu.epilogue import _convert, apply_in_registers
+
+    ir, c = build.ir, epilogue.c
+    for n, (rg, rt, rc, cg, ct, cc) in enumerate(places):
+        item = build.op("vector.extract", [ir.F32Type.get()], [value],
+                        static_position=ir.DenseI64ArrayAttr.get([n // 2, n % 2]))  # fmt: skip
+        row = build.affine(*lane, (rg, rt, rc), origin[0])
+        col = build.affine(*lane, (cg, ct, cc), origin[1])
+        outer = build.point
+        if build.bounds is not None:  # nothing stored past the edges
+            build.point = build.bounds.guarded(
+                build.bounds.inside(row, build.bounds.rows, col, build.bounds.cols)
+            )
+        if epilogue.consumer is None:
+            item = _convert(build, item, ir.MemRefType(c.type).element_type)
             build.op("memref.store", [], [item, c, *build.batch(c), row, col])
-    op.erase()
+        else:
+            apply_in_registers(build, epilogue.consumer, c, item, [*build.batch(c), row, col])
+        build.point = outer

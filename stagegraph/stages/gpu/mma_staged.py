@@ -104,6 +104,7 @@ class Stager:
                     src_row, src_col = row, build.op("arith.addi", [build.index], [col, k])
                 else:  # B: along the rows
                     src_row, src_col = build.op("arith.addi", [build.index], [row, k]), col
+                elements = self._elements(which, src_row, src_col)
                 with build.location:
                     copy = nvgpu.DeviceAsyncCopyOp(
                         buffer,
@@ -111,6 +112,7 @@ class Stager:
                         source,
                         [*build.batch(source), src_row, src_col],
                         self.lanes,
+                        srcElements=elements,
                         bypassL1=True,
                         ip=build.point,
                     )
@@ -119,6 +121,18 @@ class Stager:
             group = nvgpu.DeviceAsyncCreateGroupOp(tokens, ip=build.point).result
         self.first = getattr(self, "first", group)  # the prologue's: it dominates the end
         return group
+
+    def _elements(self, which: int, row: Any, col: Any) -> Any:
+        """A partial tile's source elements for the chunk at (``row``, ``col``) of A
+        (``which`` 0) or B (zero-filled past the edges); None for a whole tile."""
+        bounds = self.build.bounds
+        if bounds is None:
+            return None
+        if which == 0:
+            return bounds.copy_elements(bounds.below(row, bounds.rows), col, bounds.k_value,
+                                        self.lanes)  # fmt: skip
+        return bounds.copy_elements(bounds.below(row, bounds.k_value), col, bounds.cols,
+                                    self.lanes)  # fmt: skip
 
     def wait(self, group: Any, pending: int) -> None:
         """Wait until at most ``pending`` groups are in flight (``group``: any group token;
@@ -178,7 +192,7 @@ def allocs_to_globals(module: Any) -> int:
         body = gpu_module.regions[0].blocks[0]
         for alloc in collect(gpu_module, "memref.alloc"):
             memref_type = ir.MemRefType(alloc.results[0].type)
-            if memref_type.memory_space != workgroup:
+            if memref_type.memory_space is None or memref_type.memory_space != workgroup:
                 continue
             name = f"__stagegraph_smem_{count}"
             with alloc.location:

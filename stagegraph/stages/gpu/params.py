@@ -21,30 +21,8 @@ from stagegraph.core.ports import Params
 from stagegraph.core.stage import stage
 from stagegraph.stages.analysis import OpFacts, PayloadFacts
 from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
+from stagegraph.stages.gpu.kernel_plan import MMA_KIND, WGMMA_KIND, KernelPlan
 from stagegraph.stages.gpu.target import GpuTarget
-
-
-class KernelPlan(Params):
-    """One op's mapping. ``block_tile``/``thread_tile`` have one entry per loop of the op
-    (0: not tiled at that level)."""
-
-    op: int
-    name: str
-    block_tile: tuple[int, ...] = ()
-    thread_tile: tuple[int, ...] = ()
-    threads: tuple[int, ...] = ()  # block dims (x, y) the thread tiles span
-    vector: int = 1  # elements per thread along thread x, loaded as one vector
-    mma: tuple[int, ...] = ()  # the mma.sync instruction shape (m, n, k): a tensor-core op
-    tile_m: int = Field(0, ge=0, le=256)  # a tensor-core op's block tile (rows, columns of C)
-    tile_n: int = Field(0, ge=0, le=256)
-    stages: int = Field(0, ge=0, le=8)  # a wgmma kernel's pipeline depth (0: not wgmma)
-    warp_specialized: bool = False  # wgmma: a producer warpgroup and two consumer ones
-    group_m: int = Field(0, ge=0, le=4096)  # wgmma: tile rows per group of blocks (0: plain)
-
-    @property
-    def mapped(self) -> bool:
-        """Whether the op has parallel work for blocks or threads (else one thread runs it)."""
-        return bool(self.mma) or any(self.block_tile) or any(self.thread_tile)
 
 
 class GpuParams(Params):
@@ -53,12 +31,17 @@ class GpuParams(Params):
     ``tf32``: f32 matmuls on tensor cores through TF32 (off by default: it rounds the
     inputs to 10 mantissa bits, so results change); ``tensor_cores``: off puts every
     matmul on the SIMT path (to compare the two); ``wgmma``: off keeps sm_90a matmuls on
-    ``mma.sync`` (to compare the two Hopper paths)."""
+    ``mma.sync`` (to compare the two Hopper paths); ``epilogues``: a matmul's elementwise
+    consumer and zero fill run in its kernel (:mod:`stagegraph.stages.gpu.epilogue`; off
+    gives each its own kernel, to compare). A matmul with an elementwise consumer to fuse
+    takes ``mma.sync`` with its epilogue in registers rather than wgmma without it (the
+    wgmma block has no register epilogue yet)."""
 
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
     tf32: bool = False
     tensor_cores: bool = True
     wgmma: bool = True
+    epilogues: bool = True  # a matmul's elementwise consumer and fill run in its kernel
     kernels: tuple[KernelPlan, ...] = ()
 
     def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list:
@@ -132,14 +115,19 @@ def plan_op(op: OpFacts, threads_per_block: int, vector: int = 1) -> KernelPlan:
 def plan_mma(op: OpFacts, target: GpuTarget, tf32: bool) -> KernelPlan | None:
     """A tensor-core plan (:mod:`stagegraph.stages.gpu.mma`) for a matmul that takes one on
     ``target`` (sm_80 and up), or None."""
-    from stagegraph.stages.gpu.mma import WARP_GRID, WARP_SIZE, block_tile, mma_shape
+    from stagegraph.dtypes import byte_size
+    from stagegraph.stages.gpu.mma import WARP_GRID, WARP_SIZE, mma_shape
+    from stagegraph.stages.gpu.mma_bounds import choose_block_tile
 
     shape = mma_shape(op, tf32) if target.sm >= 80 else None
     if shape is None:
         return None
     m, n, k = op.loop_ranges[-3:]
+    if m < shape[0] or n < shape[1] or k < shape[2]:
+        return None  # less than one instruction (a matrix-vector product): SIMT does better
     batches = op.loop_ranges[0] if len(op.loop_ranges) == 4 else 1
-    block = block_tile(m, n, k, shape, max(1, target.sm_count // batches))
+    size = byte_size(op.inputs[0].dtype, 2)
+    block = choose_block_tile(m, n, k, batches, shape, size, target)
     if block is None:
         return None
     warps = WARP_GRID[0] * WARP_GRID[1]
@@ -158,21 +146,25 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     )
     if "kernels" in config.overrides:
         return params
+    from stagegraph.stages.gpu.epilogue import epilogue_consumer
     from stagegraph.stages.gpu.wgmma import plan_wgmma
 
-    kernels = [(params.tensor_cores and ((params.wgmma and plan_wgmma(op, target))
-                                         or plan_mma(op, target, params.tf32)))
+    def wgmma_plan(op: OpFacts) -> KernelPlan | None:
+        fusing = params.epilogues and epilogue_consumer(facts, op) is not None
+        return plan_wgmma(op, target) if params.wgmma and not fusing else None
+
+    kernels = [(params.tensor_cores and (wgmma_plan(op) or plan_mma(op, target, params.tf32)))
                or plan_op(op, params.threads_per_block, vector_width(op))
                for op in facts.ops]  # fmt: skip
+    if params.epilogues:
+        from stagegraph.stages.gpu.epilogue import fuse_epilogues
+
+        kernels = fuse_epilogues(kernels, facts)
     return params.model_copy(update={"kernels": tuple(kernels)})
 
 
 # -- search space (read by the tuner through stagegraph.core.tunable) ---------------------
 
-#: The op kind the tensor-core declaration is looked up by.
-MMA_KIND = "mma_matmul"
-#: ... and the wgmma one (sm_90a; declared in :mod:`stagegraph.stages.gpu.wgmma_space`).
-WGMMA_KIND = "wgmma_matmul"
 #: Block tile sizes a tuner tries for a tensor-core matmul (rows and columns alike).
 MMA_TILES = (16, 32, 64, 128, 256)
 
@@ -190,17 +182,20 @@ def gpu_tuning_sites(params: GpuParams, facts: PayloadFacts, per_op: bool = Fals
 
 
 def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) -> dict:
-    """The schedule's exact-tiling rules for a tensor-core matmul: the block tile divides C
-    and splits into the 2x2 warps' tiles of whole instructions (what
-    :func:`stagegraph.stages.gpu.mma.tile_fits` checks), the warp fragments within the
-    registers a thread may hold (:func:`~stagegraph.stages.gpu.mma.fragment_registers`,
-    multiplied through by 128 to stay free of division), and the cp.async stages within
+    """The schedule's tiling rules for a tensor-core matmul: the block tile reaches past
+    C's edge by less than a warp's rows (columns) and splits into the 2x2 warps' tiles of
+    whole instructions (:func:`stagegraph.stages.gpu.mma_bounds.whole_warp_tiles`), the
+    warp fragments within the registers a thread may hold
+    (:func:`~stagegraph.stages.gpu.mma.fragment_registers`, multiplied through by 128 to
+    stay free of division; fewer for a partial tile, whose masks take registers too), and
+    the cp.async stages within
     static shared memory (:func:`~stagegraph.stages.gpu.mma_staged.shared_bytes`)."""
     from stagegraph.dtypes import byte_size
     from stagegraph.stages.gpu.mma import WARP_GRID, register_budget
+    from stagegraph.stages.gpu.mma_bounds import MASK_REGISTERS
     from stagegraph.stages.gpu.mma_staged import STATIC_SHARED_BYTES, shared_bytes
 
-    m, n, _ = op.loop_ranges[-3:]
+    m, n, k = op.loop_ranges[-3:]
     shape = tuple(p.mma)
     warps = WARP_GRID[0] * WARP_GRID[1]
     size = byte_size(op.inputs[0].dtype, 2)
@@ -208,13 +203,19 @@ def mma_space_rules(p: object, op: OpFacts, target: GpuTarget, logic: object) ->
     base = shared_bytes(0, 0, shape[2], size, warps)
     per_m = shared_bytes(1, 0, shape[2], size, warps) - base
     per_n = shared_bytes(0, 1, shape[2], size, warps) - base
-    return {
-        f"tile_m_divides_m={m}": m % p.tile_m == 0,
-        f"tile_n_divides_n={n}": n % p.tile_n == 0,
+    fragments = p.tile_m * p.tile_n + 16 * p.tile_m + 16 * p.tile_n
+    budget = register_budget(target.registers_per_block)
+    return {  # partial tiles are masked (gpu.mma_bounds): a tile may pass C's edge by a warp's
+        f"tile_m_within_m={m}": p.tile_m <= m + WARP_GRID[0] * shape[0] - 1,
+        f"tile_n_within_n={n}": p.tile_n <= n + WARP_GRID[1] * shape[1] - 1,
         "warp_rows_whole_instructions": p.tile_m % (WARP_GRID[0] * shape[0]) == 0,
         "warp_cols_whole_instructions": p.tile_n % (WARP_GRID[1] * shape[1]) == 0,
-        "fragments_fit_registers": p.tile_m * p.tile_n + 16 * p.tile_m + 16 * p.tile_n
-        <= 128 * register_budget(target.registers_per_block),
+        "fragments_fit_registers": fragments <= 128 * budget,
+        # A partial tile's masks take registers too (gpu.mma_bounds.fits_registers).
+        "masked_fragments_fit_registers": logic.Or(
+            logic.And(m % p.tile_m == 0, n % p.tile_n == 0, k % shape[2] == 0),
+            fragments <= 128 * (budget - MASK_REGISTERS),
+        ),
         # Every warp's cp.async stages of its A and B tiles (gpu.mma_staged), times 2.
         f"staging_fits_shared={STATIC_SHARED_BYTES}B": 2 * base
         + p.tile_m * per_m

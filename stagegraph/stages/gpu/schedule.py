@@ -72,6 +72,12 @@ def kernel_script(plan: KernelPlan) -> str:
 
         return wgmma_script(i, plan.tile_n, plan.stages, OP_ATTR, plan.warp_specialized,
                             plan.group_m)  # fmt: skip
+    if plan.fused:
+        from stagegraph.stages.gpu.epilogue import epilogue_kernel_script
+
+        inner = (plan.block_tile[:-1], plan.thread_tile[:-1])  # SIMT: C's loops, without K
+        maps = (block_mapping(inner[0]), thread_mapping(inner[1]))
+        return epilogue_kernel_script(plan, OP_ATTR, maps)
     if plan.mma:
         from stagegraph.stages.gpu.mma import mma_script
 

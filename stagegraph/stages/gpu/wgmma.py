@@ -5,7 +5,7 @@ warp specialization for long K loops.
 The schedule tiles a plain ``linalg.matmul`` (f16/bf16 inputs, f32 output) to a forall over
 ``128 x tile_n`` blocks and marks the block's matmul with :data:`WGMMA_ATTR` (its value:
 the pipeline depth; :data:`WS_ATTR`: warp-specialized; :data:`GROUP_ATTR`: the block
-order). After bufferization :func:`rewrite_wgmma` replaces that matmul by the kernel body,
+order). After bufferization ``wgmma_rewrite.rewrite_wgmma`` replaces that matmul by the kernel body,
 built op by op through the bindings from the nvgpu and nvvm dialects
 (:mod:`stagegraph.stages.gpu.wgmma_kernel`, :mod:`stagegraph.stages.gpu.wgmma_specialized`):
 
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from typing import Any
 
-#: Marks the block-level matmuls the schedule leaves for :func:`rewrite_wgmma`.
+#: Marks the block-level matmuls the schedule leaves for ``wgmma_rewrite.rewrite_wgmma``.
 WGMMA_ATTR = "stagegraph.gpu_wgmma"
 #: Rows of C per block (one warpgroup: two ``m64`` wgmma rows) and K per pipeline step
 #: (64 halves: one 128-byte swizzled row).
@@ -153,7 +153,7 @@ def choose(m: int, n: int, k: int, sm_count: int, shared_limit: int, registers: 
 def wgmma_script(op: int, tile_n: int, stages: int, attr: str, specialized: bool = False,
                  group: int = 0) -> str:  # fmt: skip
     """Transform ops for op ``op`` (matched by ``attr``): tiled to ``128 x tile_n`` blocks;
-    the block's matmul is annotated for :func:`rewrite_wgmma` with the pipeline depth (and
+    the block's matmul is annotated for ``wgmma_rewrite.rewrite_wgmma`` with the pipeline depth (and
     :data:`WS_ATTR` when warp-specialized, :data:`GROUP_ATTR` with the block grouping)."""
     any_op = "!transform.any_op"
     blocks = "#gpu.block<linear_dim_1>, #gpu.block<linear_dim_0>"
@@ -179,19 +179,6 @@ def wgmma_script(op: int, tile_n: int, stages: int, attr: str, specialized: bool
     )
 
 
-def rewrite_wgmma(module: Any) -> int:
-    """Replace every matmul annotated :data:`WGMMA_ATTR` (on memrefs, a ``128 x tile_n``
-    block tile inside its block forall) by the TMA + mbarrier + wgmma kernel body, and
-    create its operands' TMA descriptors before the forall; returns how many."""
-    from stagegraph.mlir.walk import collect
-    from stagegraph.stages.gpu.wgmma_kernel import build_block
-
-    ops = collect(module, lambda op: WGMMA_ATTR in op.attributes)
-    for op in ops:
-        build_block(op)
-    return len(ops)
-
-
 def dynamic_shared_of(kernel: Any) -> int:
     """The dynamic shared memory bytes a kernel (``gpu.func``) built here needs: read from
     the :data:`SHARED_ATTR` its block body carries (0 for other kernels)."""
@@ -210,7 +197,7 @@ def plan_wgmma(op: Any, target: Any) -> Any:
     """A wgmma plan (a :class:`~stagegraph.stages.gpu.params.KernelPlan` with ``stages``)
     for a plain f16/bf16 -> f32 ``linalg.matmul`` on an ``sm_90a`` target whose shape
     splits into the tiles, or None (the caller then tries ``mma.sync``)."""
-    from stagegraph.stages.gpu.params import KernelPlan
+    from stagegraph.stages.gpu.kernel_plan import KernelPlan
     from stagegraph.stages.gpu.raster import group_rows
 
     if op.name != "linalg.matmul" or len(op.inputs) != 2 or len(op.outputs) != 1:

@@ -15,22 +15,15 @@ from typing import Any
 
 from stagegraph.errors import UnsupportedPayloadError
 from stagegraph.stages.gpu.mma import _Builder
-from stagegraph.stages.gpu.raster import regroup_blocks
-from stagegraph.stages.gpu.tma import create_descriptor
 from stagegraph.stages.gpu.wgmma import (
     BOX_N,
-    CONSUMERS,
-    GROUP_ATTR,
     SHARED_ATTR,
     TILE_K,
     TILE_M,
     WAIT_TICKS,
     WARPGROUP,
-    WGMMA_ATTR,
-    WS_ATTR,
     dynamic_shared_bytes,
 )
-from stagegraph.stages.gpu.zero_fill import dead_zero_fill
 
 
 def _block_forall(op: Any) -> Any:
@@ -395,50 +388,3 @@ def _dynamic_size() -> int:
     from stagegraph.mlir.bindings import ir
 
     return ir.ShapedType.get_dynamic_size()
-
-
-def build_block(matmul: Any) -> None:
-    """Replace one annotated block matmul by the pipeline (its descriptors on the host);
-    a zero fill of C right before it is dropped (the block then stores C).
-
-    Raises:
-        UnsupportedPayloadError: an operand is not a block's view of a 2-D buffer TMA can
-            describe.
-    """
-    from stagegraph.mlir.bindings import ir
-
-    forall = _block_forall(matmul)
-    stages = ir.IntegerAttr(matmul.attributes[WGMMA_ATTR]).value
-    if GROUP_ATTR in matmul.attributes:
-        regroup_blocks(forall, ir.IntegerAttr(matmul.attributes[GROUP_ATTR]).value)
-    a, b, c = (matmul.operands[i] for i in range(3))
-    (a_root, a_at), (b_root, b_at) = _root(a, forall), _root(b, forall)
-    if not (_tma_view(a_root) and _tma_view(b_root)):
-        raise UnsupportedPayloadError(
-            "stage gpu.lower: wgmma reads A and B through TMA, which needs static 2-D views "
-            "with unit inner stride and 16-byte aligned rows"
-        )
-    host = _Builder(forall)
-    made = (create_descriptor(host, a_root, (TILE_M, TILE_K)),
-            create_descriptor(host, b_root, (TILE_K, BOX_N)))  # fmt: skip
-    build = _Builder(matmul)
-    descriptors = tuple(_as_pointer(host, build, descriptor) for descriptor in made)
-    fill = dead_zero_fill(_root(c, forall)[0], forall)
-    if fill is not None:
-        fill.erase()
-    origin = tuple(v if not isinstance(v, int) else build.const(v) for v in (a_at[0], b_at[1]))
-    a_type, c_type = ir.MemRefType(a.type), ir.MemRefType(c.type)
-    shape = (a_type.element_type, c_type.shape[1], a_type.shape[1])
-    if WS_ATTR in matmul.attributes:
-        from stagegraph.stages.gpu.wgmma_specialized import SpecializedBlock
-
-        specialized = SpecializedBlock(build, descriptors, origin, shape, stages, CONSUMERS)
-        specialized.zero_init = fill is not None
-        specialized.prepare()
-        specialized.run(c)
-    else:
-        block = _Block(build, descriptors, origin, shape, stages)
-        block.zero_init = fill is not None
-        block.prepare()
-        block.epilogue(block.mainloop(), c)
-    matmul.erase()

@@ -16,7 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagegraph.core.tunable import Choice, declare_space
-from stagegraph.stages.gpu.params import WGMMA_KIND, KernelPlan
+from stagegraph.stages.gpu.kernel_plan import WGMMA_KIND, KernelPlan
 from stagegraph.stages.gpu.wgmma import (
     CONSUMER_REGISTERS,
     CONSUMERS,
