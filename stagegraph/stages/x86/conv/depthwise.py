@@ -106,30 +106,51 @@ def grouped_to_width_kernels(fn: Any, lanes: int) -> int:
     for op in top_level_ops(fn):
         if not takes_width_kernel(op, lanes):
             continue
+        init = op.operands[2].owner
         with ir.InsertionPoint(op), op.location:
             result = _rewrite(op, lanes)
         op.results[0].replace_all_uses_with(result)
         op.erase()
+        _erase_unused(init)
         count += 1
     return count
+
+
+def _erase_unused(op: Any) -> None:
+    """Erase ``op`` (the replaced convolution's init: a fill, a reshape) and then its
+    operands' producers while nothing uses them: the kernel starts from the fill's value."""
+    if not isinstance(op, ir.Operation | ir.OpView):
+        return
+    op = op.operation
+    if op.name not in ("linalg.fill", "tensor.empty", "tensor.expand_shape"):
+        return
+    if any(True for result in op.results for _ in result.uses):
+        return
+    producers = [operand.owner for operand in op.operands]
+    op.erase()
+    for producer in producers:
+        _erase_unused(producer)
 
 
 def _rewrite(op: Any, lanes: int) -> Any:
     """The kernel's result in ``op``'s type (depthwise: through NGCHW views, free
     reshapes)."""
     image, kernel, init = op.operands
+    fill = _fill_value(init)
     if op.name == _GROUPED:
-        return _Kernel(op, image, kernel, init, lanes).build()
+        return _Kernel(op, image, kernel, init, lanes, fill).build()
     n, c, h, w = _static(image)
     _, kh, kw = _static(kernel)
     out = _static(init)
-    groups = [[0], [1, 2], [3], [4]]
+    groups, shape = [[0], [1, 2], [3], [4]], [out[0], out[1], 1, out[2], out[3]]
     made = _Kernel(
         op,
         expand_shape(image, groups, [n, c, 1, h, w]),
         expand_shape(kernel, [[0, 1, 2], [3], [4]], [c, 1, 1, kh, kw]),
-        _init_view(init, groups, [out[0], out[1], 1, out[2], out[3]]),
+        init if fill is not None else expand_shape(init, groups, shape),
         lanes,
+        fill,
+        shape,
     ).build()
     return collapse_shape(made, groups, out)
 
@@ -142,39 +163,35 @@ def _fill_value(init: Any) -> Any:
     return None
 
 
-def _init_view(init: Any, groups: list[list[int]], shape: list[int]) -> Any:
-    """``init`` as NGCHW; a fill stays visible as one (a fill of an empty tensor)."""
-    value = _fill_value(init)
-    if value is None:
-        return expand_shape(init, groups, shape)
-    return _filled(value, shape)
-
-
-def _filled(value: Any, shape: list[int]) -> Any:
-    from stagegraph.mlir.build import named_structured_op
-
-    empty = tensor.EmptyOp(shape, value.type).result
-    return named_structured_op("linalg.fill", [value], [empty])
-
-
 class _Kernel:
     """Builds the loops of one NGCHW convolution at the current insertion point."""
 
-    def __init__(self, op: Any, image: Any, kernel: Any, init: Any, lanes: int) -> None:
+    def __init__(
+        self,
+        op: Any,
+        image: Any,
+        kernel: Any,
+        init: Any,
+        lanes: int,
+        fill: Any = None,
+        shape: list[int] | None = None,
+    ) -> None:
+        """``init``: the NGCHW accumulator, or when ``fill`` (its scalar) is given, any
+        tensor of ``shape`` (default: ``init``'s), whose values are not read."""
         self.image, self.kernel = image, kernel
-        self.n, self.groups, self.filters, self.oh, self.ow = _static(init)
+        shape = shape or _static(init)
+        self.n, self.groups, self.filters, self.oh, self.ow = shape
         _, _, self.channels, self.kh, self.kw = _static(kernel)
         self.in_width = _static(image)[-1]
         self.strides, self.dilations = window_attr(op, "strides"), window_attr(op, "dilations")
         self.plan = width_plan(self.ow, self.filters, lanes)
         self.element = ir.RankedTensorType(init.type).element_type
         self.vector_type = ir.VectorType.get([self.plan.lanes], self.element)
-        self.fill = _fill_value(init)
-        self.init = init
+        self.fill, self.init = fill, init
         # Constants at the function's start: they dominate every loop made here.
         self._constants_at = ir.InsertionPoint.at_block_begin(op.operation.block)
         if self.fill is not None:  # accumulators start at the fill value: no fill pass
-            self.init = tensor.EmptyOp(_static(init), self.element).result
+            self.init = tensor.EmptyOp(shape, self.element).result
         self._constants: dict[int, Any] = {}
 
     def index(self, value: int) -> Any:
