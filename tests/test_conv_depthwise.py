@@ -61,8 +61,29 @@ def test_width_plan_blocks_rows_within_the_accumulators(width, filters, lanes, e
     plan = width_plan(width, filters, lanes)
     got = (plan.lanes, plan.vectors, plan.filters, plan.blocks, plan.tail)
     assert got == expected
+    assert plan.rows == 1
     assert plan.vectors * plan.filters <= ACCUMULATORS
     assert plan.blocks * plan.vectors * plan.lanes + plan.tail == width
+
+
+@pytest.mark.parametrize(
+    ("height", "width", "filters", "rows"),
+    [
+        (14, 14, 1, 7),
+        (7, 7, 1, 7),
+        (28, 28, 1, 4),
+        (112, 112, 1, 1),
+        (14, 14, 2, 2),  # both filters x 2 rows
+        (13, 13, 1, 1),
+    ],
+)
+def test_short_rows_take_several_rows_per_block(height, width, filters, rows):
+    """Rows fill the accumulators the vectors and filters leave, by divisors of the
+    height (13 rows: one at a time)."""
+    plan = width_plan(width, filters, 16, height)
+    assert plan.rows == rows
+    assert height % plan.rows == 0
+    assert plan.rows * plan.vectors * plan.filters <= ACCUMULATORS
 
 
 _DEPTHWISE_MLIR = """
@@ -80,9 +101,10 @@ func.func @main(%x: tensor<2x16x12x12xf32>, %w: tensor<16x3x3xf32>) -> tensor<2x
 
 
 def test_depthwise_becomes_a_width_kernel_without_transposes():
-    """Stride 2, 5 columns: one masked 8-lane block per row, 9 taps each read as 16 lanes
-    and shuffled to every other one; the weights broadcast once per channel; the fill
-    becomes the accumulators' start (no fill op, no transpose, no convolution left)."""
+    """Stride 2, 5 x 5 outputs: all 5 rows in one block of one masked 8-lane vector each,
+    9 taps per row read as 16 lanes and shuffled to every other one; the weights broadcast
+    once per channel; the fill becomes the accumulators' start (no fill op, no
+    transpose, no convolution left)."""
     with new_context(), ir.Location.unknown():
         module = ir.Module.parse(_DEPTHWISE_MLIR)
         (fn,) = collect(module, "func.func")
@@ -91,11 +113,11 @@ def test_depthwise_becomes_a_width_kernel_without_transposes():
         names = [op.name for op in collect(module)]
         assert not [n for n in names if n.startswith("linalg.")]
         assert names.count("scf.forall") == 1
-        assert names.count("vector.fma") == 9
-        assert names.count("vector.broadcast") == 9 + 1  # weights, the fill value
+        assert names.count("vector.fma") == 9 * 5
+        assert names.count("vector.broadcast") == 9 + 5  # weights, the fill per row
         shuffles = collect(module, "vector.shuffle")
-        assert len(shuffles) == 9
-        assert [ir.VectorType(s.result.type).shape for s in shuffles] == [[8]] * 9
+        assert len(shuffles) == 9 * 5
+        assert {tuple(ir.VectorType(s.result.type).shape) for s in shuffles} == {(8,)}
         reads = collect(module, "vector.transfer_read")
         assert {tuple(ir.VectorType(r.result.type).shape) for r in reads} == {(16,)}
 

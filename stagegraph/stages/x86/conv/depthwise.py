@@ -43,30 +43,38 @@ MAX_STRIDE = 2
 
 @dataclass(frozen=True)
 class WidthPlan:
-    """Register blocking of one output row: ``vectors`` vectors of ``lanes`` columns times
-    ``filters`` filters of a group per block; ``blocks`` whole blocks, then ``tail``
-    columns in a masked block."""
+    """Register blocking of the output: ``rows`` rows times ``vectors`` vectors of
+    ``lanes`` columns times ``filters`` filters of a group per block; along a row,
+    ``blocks`` whole blocks, then ``tail`` columns in a block whose last vector is
+    masked."""
 
     lanes: int
     vectors: int
     filters: int
+    rows: int
     blocks: int
     tail: int
 
 
-def width_plan(out_width: int, filters: int, lanes: int) -> WidthPlan:
-    """The blocking of a row of ``out_width`` columns: vectors of the target's ``lanes``
-    (fewer, a power of two, when the row is shorter: a 7-wide row takes 8 lanes), as many
-    per block as the row and :data:`ACCUMULATORS` allow, and the largest divisor of the
-    group's ``filters`` that fills the remaining accumulators (each input vector then
-    feeds that many FMAs)."""
+def width_plan(out_width: int, filters: int, lanes: int, out_height: int = 1) -> WidthPlan:
+    """The blocking of an output of ``out_height`` rows of ``out_width`` columns:
+    vectors of the target's ``lanes`` (fewer, a power of two, when the row is shorter: a
+    7-wide row takes 8 lanes), as many per block as the row and :data:`ACCUMULATORS`
+    allow; then the largest divisor of the group's ``filters`` that fits the remaining
+    accumulators (each input vector then feeds that many FMAs); then the largest divisor
+    of the rows that fits the rest (independent FMA chains for short rows: a 14-wide row
+    is one vector, whose single chain waits on the FMA latency)."""
     width_lanes = min(lanes, 1 << max(0, math.ceil(math.log2(max(1, out_width)))))
     row_vectors = math.ceil(out_width / width_lanes)
     vectors = min(row_vectors, ACCUMULATORS)
-    fit = max(1, ACCUMULATORS // vectors)
-    block_filters = max(d for d in range(1, min(filters, fit) + 1) if filters % d == 0)
+    block_filters = _divisor_at_most(filters, ACCUMULATORS // vectors)
+    rows = _divisor_at_most(out_height, ACCUMULATORS // (vectors * block_filters))
     blocks, tail = divmod(out_width, vectors * width_lanes)
-    return WidthPlan(width_lanes, vectors, block_filters, blocks, tail)
+    return WidthPlan(width_lanes, vectors, block_filters, rows, blocks, tail)
+
+
+def _divisor_at_most(extent: int, cap: int) -> int:
+    return max(d for d in range(1, max(1, min(extent, cap)) + 1) if extent % d == 0)
 
 
 def _static(value: Any) -> list[int]:
@@ -184,7 +192,7 @@ class _Kernel:
         _, _, self.channels, self.kh, self.kw = _static(kernel)
         self.in_width = _static(image)[-1]
         self.strides, self.dilations = window_attr(op, "strides"), window_attr(op, "dilations")
-        self.plan = width_plan(self.ow, self.filters, lanes)
+        self.plan = width_plan(self.ow, self.filters, lanes, self.oh)
         self.element = ir.RankedTensorType(init.type).element_type
         self.vector_type = ir.VectorType.get([self.plan.lanes], self.element)
         self.fill, self.init = fill, init
@@ -223,11 +231,13 @@ class _Kernel:
                 tile_type, shared, [n, g, first], [], [], offsets, sizes, [1] * 5
             ).result
             weights = self._hoisted_weights(g, first)
-            over_rows = scf.ForOp(self.index(0), self.index(self.oh), self.index(1), [tile])
+            step = self.index(plan.rows)
+            over_rows = scf.ForOp(self.index(0), self.index(self.oh), step, [tile])
             with ir.InsertionPoint(over_rows.body):
                 row = over_rows.induction_variable
-                rows = self._row(over_rows.inner_iter_args[0], (n, g, first, row), weights)
-                scf.YieldOp([rows])
+                rows = [self.affine(row, 1, r) for r in range(plan.rows)]
+                made = self._rows(over_rows.inner_iter_args[0], (n, g, first, rows), weights)
+                scf.YieldOp([made])
             terminator = scf.InParallelOp()
             with ir.InsertionPoint(terminator.region.blocks[0]):
                 tensor.ParallelInsertSliceOp(
@@ -253,32 +263,33 @@ class _Kernel:
         scalar = tensor.ExtractOp(self.kernel, at).result
         return vector.BroadcastOp(self.vector_type, scalar).result
 
-    def _row(self, tile: Any, where: tuple, weights: dict | None) -> Any:
-        """One output row: the loop over whole blocks, then the masked tail block."""
+    def _rows(self, tile: Any, where: tuple, weights: dict | None) -> Any:
+        """One block of output rows: the loop over whole blocks, then the tail block."""
         plan = self.plan
         step = plan.vectors * plan.lanes
         loop_blocks, peeled = plan.blocks, []
         if plan.blocks and not self._reads_in_bounds((plan.blocks - 1) * step, plan.vectors):
             loop_blocks -= 1  # its strided reads pass the row's end: masked, peeled
-            peeled.append(((plan.blocks - 1) * step, plan.vectors, True))
+            peeled.append(((plan.blocks - 1) * step, plan.vectors))
         if plan.tail:
-            peeled.append((plan.blocks * step, math.ceil(plan.tail / plan.lanes), False))
+            peeled.append((plan.blocks * step, math.ceil(plan.tail / plan.lanes)))
         if loop_blocks:
             over_blocks = scf.ForOp(self.index(0), self.index(loop_blocks), self.index(1), [tile])
             with ir.InsertionPoint(over_blocks.body):
                 start = self.affine(over_blocks.induction_variable, step, 0)
                 body = over_blocks.inner_iter_args[0]
-                scf.YieldOp([self._block(body, where, start, plan.vectors, True, weights)])
+                scf.YieldOp([self._block(body, where, start, None, plan.vectors, weights)])
             tile = over_blocks.results[0]
-        for start, vectors, whole in peeled:
-            tile = self._block(tile, where, self.index(start), vectors, whole, weights, False)
+        for start, vectors in peeled:
+            tile = self._block(tile, where, self.index(start), start, vectors, weights)
         return tile
 
-    def _reads_in_bounds(self, start: int, vectors: int) -> bool:
-        """Whether a block's widest read (``stride`` vectors from its last tap) ends
-        inside the input row."""
+    def _reads_in_bounds(self, start: int, vectors: int, kw: int | None = None) -> bool:
+        """Whether the reads of a block at column ``start`` (of tap ``kw``, default the
+        last; ``stride`` vectors each) end inside the input row."""
+        kw = self.kw - 1 if kw is None else kw
         last = (start + (vectors - 1) * self.plan.lanes) * self.strides[1]
-        end = last + (self.kw - 1) * self.dilations[1] + self.strides[1] * self.plan.lanes
+        end = last + kw * self.dilations[1] + self.strides[1] * self.plan.lanes
         return end <= self.in_width
 
     def _block(
@@ -286,39 +297,50 @@ class _Kernel:
         tile: Any,
         where: tuple,
         start: Any,
+        static_start: int | None,
         vectors: int,
-        whole: bool,
         weights: dict | None,
-        reads_in_bounds: bool = True,
     ) -> Any:
-        """Accumulate one block of ``vectors`` x filters output vectors and write it."""
-        n, g, first, row = where
-        lanes = self.plan.lanes
+        """Accumulate one block of rows x filters x ``vectors`` output vectors and write
+        it. ``static_start``: the block's first column when it is peeled (its vectors are
+        then masked where they pass the row's end), None in the loop (all in bounds)."""
+        n, g, first, rows = where
+        lanes, filters = self.plan.lanes, self.plan.filters
         columns = [self.affine(start, 1, u * lanes) for u in range(vectors)]
-        accs = [
-            [self._initial(tile, f, row, col, whole) for col in columns]
-            for f in range(self.plan.filters)
+        if static_start is None:
+            whole = [True] * vectors
+            reads = {(u, kw): True for u in range(vectors) for kw in range(self.kw)}
+        else:
+            whole = [static_start + (u + 1) * lanes <= self.ow for u in range(vectors)]
+            reads = {
+                (u, kw): self._reads_in_bounds(static_start + u * lanes, 1, kw)
+                for u in range(vectors)
+                for kw in range(self.kw)
+            }
+        units = [
+            (r, f, u) for r in range(len(rows)) for f in range(filters) for u in range(vectors)
         ]
-        flat = [a for per_filter in accs for a in per_filter]
+        flat = [self._initial(tile, f, rows[r], columns[u], whole[u]) for r, f, u in units]
 
         def taps(channel: Any, values: list[Any]) -> list[Any]:
-            acc = [values[f * vectors : (f + 1) * vectors] for f in range(self.plan.filters)]
+            acc = dict(zip(units, values, strict=True))
             for kh in range(self.kh):
-                in_row = self.affine(row, self.strides[0], kh * self.dilations[0])
                 for kw in range(self.kw):
-                    inputs = [
-                        self._read(n, g, channel, in_row, col, kw, reads_in_bounds)
-                        for col in columns
-                    ]
-                    for f in range(self.plan.filters):
+                    inputs = {}
+                    for r, row in enumerate(rows):
+                        in_row = self.affine(row, self.strides[0], kh * self.dilations[0])
+                        for u, col in enumerate(columns):
+                            inputs[r, u] = self._read(n, g, channel, in_row, col, kw, reads[u, kw])
+                    for f in range(filters):
                         weight = (weights or {}).get((f, kh, kw))
                         if weight is None:
                             weight = self._weight(g, self.affine(first, 1, f), channel, kh, kw)
-                        acc[f] = [
-                            vector.FMAOp(x, weight, a).result
-                            for x, a in zip(inputs, acc[f], strict=True)
-                        ]
-            return [a for per_filter in acc for a in per_filter]
+                        for r in range(len(rows)):
+                            for u in range(vectors):
+                                acc[r, f, u] = vector.FMAOp(
+                                    inputs[r, u], weight, acc[r, f, u]
+                                ).result
+            return [acc[unit] for unit in units]
 
         if self.channels == 1:
             flat = taps(self.index(0), flat)
@@ -327,9 +349,8 @@ class _Kernel:
             with ir.InsertionPoint(over.body):
                 scf.YieldOp(taps(over.induction_variable, list(over.inner_iter_args)))
             flat = list(over.results)
-        for f in range(self.plan.filters):
-            for u, col in enumerate(columns):
-                tile = self._write(flat[f * vectors + u], tile, f, row, col, whole)
+        for (r, f, u), value in zip(units, flat, strict=True):
+            tile = self._write(value, tile, f, rows[r], columns[u], whole[u])
         return tile
 
     def _minor(self) -> Any:
