@@ -122,23 +122,39 @@ def test_depthwise_becomes_a_width_kernel_without_transposes():
         assert {tuple(ir.VectorType(r.result.type).shape) for r in reads} == {(16,)}
 
 
-def test_wide_grouped_convolutions_keep_the_group_loops():
-    """More input channels per group than lanes: a dense convolution per group."""
-    text = """
-func.func @main(%x: tensor<1x2x32x8x8xf32>, %w: tensor<2x4x32x3x3xf32>,
-                %o: tensor<1x2x4x6x6xf32>) -> tensor<1x2x4x6x6xf32> {
-  %r = linalg.conv_2d_ngchw_gfchw {dilations = dense<1> : vector<2xi64>,
-      strides = dense<1> : vector<2xi64>}
-      ins(%x, %w : tensor<1x2x32x8x8xf32>, tensor<2x4x32x3x3xf32>)
-      outs(%o : tensor<1x2x4x6x6xf32>) -> tensor<1x2x4x6x6xf32>
-  return %r : tensor<1x2x4x6x6xf32>
-}
+_GROUPED_MLIR = """
+func.func @main(%x: tensor<1x2x32x9x9xf32>, %w: tensor<2x4x32x3x{kw}xf32>,
+                %o: tensor<1x2x4x{oh}x{ow}xf32>) -> tensor<1x2x4x{oh}x{ow}xf32> {{
+  %r = linalg.conv_2d_ngchw_gfchw {{dilations = dense<1> : vector<2xi64>,
+      strides = dense<{stride}> : vector<2xi64>}}
+      ins(%x, %w : tensor<1x2x32x9x9xf32>, tensor<2x4x32x3x{kw}xf32>)
+      outs(%o : tensor<1x2x4x{oh}x{ow}xf32>) -> tensor<1x2x4x{oh}x{ow}xf32>
+  return %r : tensor<1x2x4x{oh}x{ow}xf32>
+}}
 """
+
+
+@pytest.mark.parametrize(
+    ("kw", "stride", "taken"),
+    [(3, 1, True), (3, 2, True), (3, 3, False), (1, 1, False)],
+    ids=["stride-1", "stride-2", "stride-3", "one-column-window"],
+)
+def test_which_grouped_convolutions_take_the_width_kernel(kw, stride, taken):
+    """32 channels per group (the group loops ran 16x PyTorch's time there) take it; a
+    stride past two (one shuffle per tap no longer does) and a one-column window do not.
+    The initial value is read (not a fill): 2 x 4 filters, 9 channels a loop each."""
+    oh, ow = (9 - 3) // stride + 1, (9 - kw) // stride + 1
+    text = _GROUPED_MLIR.format(kw=kw, stride=stride, oh=oh, ow=ow)
     with new_context(), ir.Location.unknown():
         module = ir.Module.parse(text)
         (fn,) = collect(module, "func.func")
-        assert grouped_to_width_kernels(fn, 16) == 0
-        assert grouped_to_width_kernels(fn, 32) == 1  # 32 channels fit 32 lanes
+        assert grouped_to_width_kernels(fn, 16) == int(taken)
+        module.operation.verify()
+        names = [op.name for op in collect(module)]
+        assert ("linalg.conv_2d_ngchw_gfchw" in names) != taken
+        if taken:
+            assert names.count("scf.for") >= 2  # rows, channels of a group
+            assert "vector.transfer_read" in names
 
 
 def _run(capsys, tmp_path, overrides: str, *extra: str) -> tuple[dict, list[str], set]:
@@ -174,6 +190,7 @@ def _run(capsys, tmp_path, overrides: str, *extra: str) -> tuple[dict, list[str]
         "c=8,hw=9,batch_size=3,bias=1",  # batch 3, a bias as the initial value
         "c=6,groups=6,hw=10,mult=3,stride=2,bias=1",  # channel multiplier 3: grouped, 1 channel
         "c=16,hw=20,groups=4",  # 4 channels per group: a loop over them
+        "c=64,hw=9,groups=2,stride=2",  # 32 channels per group
         "c=16,groups=16,hw=40",  # several whole blocks and a tail
     ],
 )

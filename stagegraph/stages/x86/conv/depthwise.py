@@ -86,11 +86,16 @@ def _float(value: Any) -> bool:
     return isinstance(element, ir.F32Type | ir.F64Type)
 
 
-def takes_width_kernel(op: Any, lanes: int) -> bool:
+def takes_width_kernel(op: Any) -> bool:
     """Whether ``op`` is a static float depthwise/grouped NCHW convolution this kernel
-    runs: a window wider than one column, a stride of at most :data:`MAX_STRIDE`, and at
-    most ``lanes`` input channels per group (more fill vectors of a dense convolution per
-    group, :func:`.rewrites.grouped_conv_to_group_loops`)."""
+    runs: a window wider than one column (a pointwise one is a matmul per group,
+    :mod:`.pointwise`) and a stride of at most :data:`MAX_STRIDE`.
+
+    Any number of channels per group: the alternative, a loop over the groups of dense
+    NCHW convolutions (:func:`.rewrites.grouped_conv_to_group_loops`), gathers its
+    channel vectors lane by lane. Measured on an AVX-512 Xeon, one thread, against
+    PyTorch eager (time ratios, loaded machine): 64 channels at 56x56 in 4 groups 2.6 ->
+    0.94, in 2 groups 16 -> 1.1; 256 channels at 28x28 in 32 groups 1.6 -> 0.46."""
     if op.name not in (_DEPTHWISE, _GROUPED) or len(op.operands) != 3 or len(op.results) != 1:
         return False
     if not all(isinstance(v.type, ir.RankedTensorType) for v in op.operands):
@@ -102,17 +107,15 @@ def takes_width_kernel(op: Any, lanes: int) -> bool:
     if len({str(ir.RankedTensorType(v.type).element_type) for v in op.operands}) != 1:
         return False
     kernel = _static(op.operands[1])
-    if kernel[-1] == 1 or max(window_attr(op, "strides")) > MAX_STRIDE:
-        return False
-    return op.name == _DEPTHWISE or kernel[2] <= lanes
+    return kernel[-1] > 1 and max(window_attr(op, "strides")) <= MAX_STRIDE
 
 
 def grouped_to_width_kernels(fn: Any, lanes: int) -> int:
     """Rewrite every convolution of ``fn`` that :func:`takes_width_kernel` into the width
-    kernel; returns the count."""
+    kernel, with vectors of up to ``lanes`` lanes; returns the count."""
     count = 0
     for op in top_level_ops(fn):
-        if not takes_width_kernel(op, lanes):
+        if not takes_width_kernel(op):
             continue
         init = op.operands[2].owner
         with ir.InsertionPoint(op), op.location:
@@ -196,8 +199,7 @@ class _Kernel:
         self.element = ir.RankedTensorType(init.type).element_type
         self.vector_type = ir.VectorType.get([self.plan.lanes], self.element)
         self.fill, self.init = fill, init
-        # Constants at the function's start: they dominate every loop made here.
-        self._constants_at = ir.InsertionPoint.at_block_begin(op.operation.block)
+        self._block_of_op = op.operation.block
         if self.fill is not None:  # accumulators start at the fill value: no fill pass
             self.init = tensor.EmptyOp(shape, self.element).result
         self._constants: dict[int, Any] = {}
@@ -205,7 +207,9 @@ class _Kernel:
     def index(self, value: int) -> Any:
         """An ``index`` constant (made at the kernel's start, reused)."""
         if value not in self._constants:
-            with self._constants_at:
+            # At the start of the op's block (its first op now): it dominates every
+            # loop made here, the ones made before it included.
+            with ir.InsertionPoint.at_block_begin(self._block_of_op):
                 self._constants[value] = arith.ConstantOp(ir.IndexType.get(), value).result
         return self._constants[value]
 
