@@ -159,7 +159,7 @@ def test_which_grouped_convolutions_take_the_width_kernel(kw, stride, taken):
 
 def _run(capsys, tmp_path, overrides: str, *extra: str) -> tuple[dict, list[str], set]:
     """Run the problem through x86 (verifying it); the report, the op names of the
-    scheduled IR and the shapes of its tensor results."""
+    scheduled IR and the shapes of its tensor and FMA results."""
     path = tmp_path / "problem.py"
     path.write_text(textwrap.dedent(_PROBLEM))
     dump = tmp_path / "dump"
@@ -178,6 +178,9 @@ def _run(capsys, tmp_path, overrides: str, *extra: str) -> tuple[dict, list[str]
             for op in ops
             for r in op.results
             if isinstance(r.type, ir.RankedTensorType)
+        }
+        shapes |= {
+            ("fma", *ir.VectorType(op.result.type).shape) for op in ops if op.name == "vector.fma"
         }
     return report, names, shapes
 
@@ -214,6 +217,10 @@ def test_the_width_kernel_is_a_tunable_choice(capsys, tmp_path):
     )
     assert report["verified"] is True
     assert (1, 14, 14, 16) in shapes and (1, 16, 1, 14, 14) not in shapes
+    # channels-last tiles: 12 columns (a divisor of 12 up to 8: 6) x 16 channels (AVX-512
+    # lanes), the channels innermost, never one channel per vector
+    fmas = {shape[1:] for shape in shapes if shape[0] == "fma"}
+    assert fmas and all(shape[-1] == 16 for shape in fmas), fmas
     report, _, shapes = _run(capsys, tmp_path, overrides, *target)
     assert report["verified"] is True
     assert (1, 14, 14, 16) not in shapes and (1, 16, 1, 14, 14) in shapes
