@@ -28,6 +28,7 @@ from stagegraph.mlir.bindings import arith, ir, scf, tensor, vector
 from stagegraph.mlir.build import collapse_shape, expand_shape
 from stagegraph.mlir.walk import top_level_ops
 from stagegraph.stages.x86.conv.pointwise import window_attr
+from stagegraph.stages.x86.generic.params import largest_divisor_at_most
 
 _DEPTHWISE = "linalg.depthwise_conv_2d_nchw_chw"
 _GROUPED = "linalg.conv_2d_ngchw_gfchw"
@@ -67,14 +68,10 @@ def width_plan(out_width: int, filters: int, lanes: int, out_height: int = 1) ->
     width_lanes = min(lanes, 1 << max(0, math.ceil(math.log2(max(1, out_width)))))
     row_vectors = math.ceil(out_width / width_lanes)
     vectors = min(row_vectors, ACCUMULATORS)
-    block_filters = _divisor_at_most(filters, ACCUMULATORS // vectors)
-    rows = _divisor_at_most(out_height, ACCUMULATORS // (vectors * block_filters))
+    block_filters = largest_divisor_at_most(filters, ACCUMULATORS // vectors)
+    rows = largest_divisor_at_most(out_height, ACCUMULATORS // (vectors * block_filters))
     blocks, tail = divmod(out_width, vectors * width_lanes)
     return WidthPlan(width_lanes, vectors, block_filters, rows, blocks, tail)
-
-
-def _divisor_at_most(extent: int, cap: int) -> int:
-    return max(d for d in range(1, max(1, min(extent, cap)) + 1) if extent % d == 0)
 
 
 def _static(value: Any) -> list[int]:
