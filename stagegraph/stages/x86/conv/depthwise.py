@@ -1,12 +1,13 @@
-"""Depthwise and grouped NCHW convolutions with few input channels per group, as a direct
-kernel vectorized along the output width.
+"""Depthwise and grouped NCHW convolutions (f32/f64, stride <= 2) as a direct kernel
+vectorized along the output width.
 
 A depthwise convolution (``groups == channels``, any channel multiplier) has no reduction
 over channels to vectorize, and its NCHW rows are contiguous: the kernel reads a vector of
 one input row per window tap, multiplies it by the tap's broadcast weight and accumulates
 a vector of one output row (register blocked: several width vectors and, for a channel
-multiplier, several filters per block; window taps unrolled; a stride ``s`` reads ``s``
-vectors and keeps every ``s``-th lane with one shuffle). Nothing is transposed: an NCHW
+multiplier, several filters per block, and rows; window taps unrolled; a stride ``s``
+reads ``s`` vectors and keeps every ``s``-th lane with one shuffle; a grouped convolution
+loops over the channels of its group inside). Nothing is transposed: an NCHW
 model stays NCHW (its 1x1 convolutions are NCHW matmuls, :mod:`.pointwise`), where the
 channels-last form (:func:`.rewrites.depthwise_to_channels_last`) pays two transposes per
 convolution, more than the convolution itself at MobileNet sizes.
