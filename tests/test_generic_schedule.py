@@ -480,9 +480,10 @@ func.func @main(%x: {tx}, %w: {tw}) -> {to} {{
 
 
 @pytest.mark.parametrize(("kernel", "strides"), [((3, 3), (1, 1)), ((3, 5), (2, 1))])
-def test_depthwise_nchw_runs_channels_last_and_vectorized(kernel, strides):
-    """NCHW depthwise convolutions are transposed to NHWC, decomposed and vectorized along
-    the channels; the result matches the definition."""
+def test_depthwise_nchw_runs_vectorized(kernel, strides):
+    """NCHW depthwise convolutions run vectorized (as direct kernels along the width,
+    stagegraph.stages.x86.conv.depthwise; tests/test_conv_depthwise.py); the result
+    matches the definition."""
     n, c, h, w = 2, 16, 9, 21
     kh, kw = kernel
     oh, ow = (h - kh) // strides[0] + 1, (w - kw) // strides[1] + 1
@@ -611,8 +612,9 @@ def test_square_becomes_a_multiply_and_other_powers_stay():
     np.testing.assert_allclose(out, a * a + a**3, rtol=1e-6)
 
 
-def test_grouped_conv_runs_as_a_loop_of_vectorized_conv2d():
-    """NGCHW x GFCHW: one plain 2-D convolution per group, decomposed and vectorized."""
+def test_grouped_conv_runs_vectorized():
+    """NGCHW x GFCHW with a strided, dilated width: vectorized (the width kernel) and
+    equal to the definition."""
     n, g, c, f, h, w, kh, kw = 2, 3, 4, 5, 8, 19, 3, 2
     oh, ow = h - kh + 1, (w - (kw - 1) * 2 - 1) // 2 + 1  # width: stride 2, dilation 2
     tx, tk, to = (f"tensor<{'x'.join(map(str, s))}xf32>" for s in

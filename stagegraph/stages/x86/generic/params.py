@@ -63,6 +63,10 @@ class GenericParams(Params):
     conv_nhwc_width_tile: int = Field(
         4, ge=1, description="output-width tile of channels-last convolutions at that tile"
     )
+    conv_grouped_width: bool = Field(
+        True,
+        description="depthwise/grouped NCHW convolutions as direct kernels along the width",
+    )
 
 
 def _element_bytes(facts: PayloadFacts, classes: frozenset[str] | None = None) -> int:
@@ -340,6 +344,7 @@ declare_space(
         "conv_batch_tile": Choice((1, 2, 4, 8)),
         "conv_drop_unit_dims": Choice((0, 1)),
         "conv_channels_last": Choice((0, 1)),
+        "conv_grouped_width": Choice((0, 1)),
         "conv_nhwc_channel_tile": _tiles_of("output_channel"),
         "conv_nhwc_width_tile": _tiles_of("output_image"),
     },

@@ -44,6 +44,11 @@ VECTORIZABLE_1D = frozenset(
 # Convolutions whose output channels are the innermost output dim (after decomposition:
 # the vector dim, read and written contiguously), register blocked by their own tiles.
 CHANNELS_LAST = frozenset(f"linalg.{n}" for n in ("conv_2d_nhwc_hwcf", "conv_1d_nwc_wcf"))
+# Depthwise convolutions whose channels (their ``depth`` dim) are innermost: tiled as
+# vectors of channels times a row of output width (:func:`depthwise_channels_last_tiles`).
+DEPTHWISE_CHANNELS_LAST = frozenset(
+    f"linalg.{n}" for n in ("depthwise_conv_2d_nhwc_hwc", "depthwise_conv_1d_nwc_wc")
+)
 # Reduction bodies the vectorizer turns into vector.multi_reduction (a single combiner).
 _COMBINERS = frozenset(
     f"arith.{n}"
@@ -123,6 +128,8 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
         channel_tile, width_tile = register_blocking(
             ranges[conv.output_channel[-1]], ranges[image[-1]], params
         )
+    if op.name in DEPTHWISE_CHANNELS_LAST and conv.depth and image:
+        return depthwise_channels_last_tiles(op, params), decompose
     along_width = pools_along_width(op, params)
     if image:
         width = ranges[image[-1]]
@@ -146,6 +153,29 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
             batch_tile = 1  # the width is the vector: one channel (image row) per tile
         sizes[conv.batch[-1]] = largest_divisor_at_most(ranges[conv.batch[-1]], batch_tile)
     return sizes, decompose
+
+
+#: Output columns per tile of a channels-last depthwise convolution: its accumulators
+#: (one vector of channels each); each filter vector then serves that many FMAs.
+DEPTHWISE_WIDTH_TILE = 8
+
+
+def depthwise_channels_last_tiles(op: OpFacts, params: GenericParams) -> list[int]:
+    """Tiles of a channels-last depthwise convolution: one vector of channels (its
+    ``depth`` dim, contiguous) times :data:`DEPTHWISE_WIDTH_TILE` output columns, one
+    output row, the innermost window row whole. Tiled by the output-channel rules, its
+    channels took a tile of 1 and its vectors ran along the width, gathering every lane
+    (2.8x PyTorch's time on a 256-channel 28x28 one; 2.2x tiled so, transposes
+    included)."""
+    conv = op.convolution
+    assert conv is not None
+    ranges = op.loop_ranges
+    sizes = [1] * len(ranges)
+    channels, width = conv.depth[-1], conv.output_image[-1]
+    sizes[channels] = largest_divisor_at_most(ranges[channels], params.lanes)
+    sizes[width] = static_tile_size(ranges[width], DEPTHWISE_WIDTH_TILE)
+    sizes[conv.filter_loop[-1]] = 0
+    return sizes
 
 
 #: Vectors of output width per tile of a pooling vectorized along its width: its windows

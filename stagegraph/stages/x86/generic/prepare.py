@@ -38,6 +38,7 @@ from typing import Any
 from stagegraph.mlir.bindings import arith, dialect, ir, linalg_ops
 from stagegraph.mlir.build import reassociation_attr
 from stagegraph.mlir.walk import top_level_ops
+from stagegraph.stages.x86.conv.depthwise import grouped_to_width_kernels
 from stagegraph.stages.x86.conv.rewrites import (
     conv3d_to_conv2d_loops,
     conv_to_channels_last,
@@ -384,12 +385,19 @@ def squares_to_multiplies(fn: Any) -> int:
 
 
 def prepare(
-    module: Any, fn: Any, fuse_elementwise: bool = True, conv_channels_last: bool = True
+    module: Any,
+    fn: Any,
+    fuse_elementwise: bool = True,
+    conv_channels_last: bool = True,
+    width_kernel_lanes: int = 0,
 ) -> bool:
     """All rewrites on the function ``fn`` of ``module``; whether anything changed.
 
     ``fuse_elementwise`` (the params' choice to fuse elementwise producers) also merges
     elementwise chains into single generics (:func:`fuse_elementwise_chains`).
+    ``width_kernel_lanes``: when not 0, depthwise and grouped NCHW convolutions with few
+    channels per group become direct kernels vectorized along the width with vectors of
+    up to that many lanes (:mod:`stagegraph.stages.x86.conv.depthwise`).
     """
     del module
     changed = drop_dead_results(fn)
@@ -399,6 +407,8 @@ def prepare(
     if conv_channels_last:  # before the 3-D loops, so a 3-D convolution is transposed once
         changed += conv_to_channels_last(fn)
     changed += conv3d_to_conv2d_loops(fn)
+    if width_kernel_lanes:  # depthwise/grouped NCHW: direct kernels along the width
+        changed += grouped_to_width_kernels(fn, width_kernel_lanes)
     changed += grouped_conv_to_group_loops(fn)
     changed += depthwise_to_channels_last(fn)
     if fuse_elementwise:

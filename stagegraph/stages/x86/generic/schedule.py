@@ -378,7 +378,11 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
             per_op = {sig: GenericParams.model_validate(p) for sig, p in recorded.items()}
         fn = entry_function(module, facts.entry)
         if params is not None and prepare(
-            module, fn, params.fuse_elementwise, params.conv_channels_last
+            module,
+            fn,
+            params.fuse_elementwise,
+            params.conv_channels_last,
+            params.lanes if params.conv_grouped_width else 0,
         ):
             facts = analyze(module, facts.entry)
         fused = annotate_generic_ops(module, facts)
