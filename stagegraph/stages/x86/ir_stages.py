@@ -20,7 +20,8 @@ from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.matmul.params import MatmulParams
-from stagegraph.stages.x86.params_stage import X86Params, matmul_ops, serial_below
+from stagegraph.stages.x86.params_stage import X86Params, matmul_ops
+from stagegraph.stages.x86.threads import serial_below
 
 
 class ScheduleConfig(Config):
@@ -353,12 +354,12 @@ def lower(
     threads = params.payload_threads()
     if threads > 1:
         # A loop whose work saves less than a fork and a join stays serial.
-        serialize_small_parallel_loops(module.ir, serial_below(threads))
+        serialize_small_parallel_loops(module.ir, serial_below(threads), threads)
     if threads <= 1:
         run_lowering(module, lowering.LOWER_TO_LLVM)
     else:
         # Threads take the parallel loop's blocks in shrinking chunks (lowering.schedule_guided).
-        run_lowering(module, lowering.TO_OPENMP)
+        run_lowering(module, lowering.to_openmp(threads))
         lowering.schedule_guided(module.ir)
         run_pipeline(module, lowering.OPENMP_TO_LLVM)
     forbid_inlining(module.ir)

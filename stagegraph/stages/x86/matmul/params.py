@@ -103,7 +103,10 @@ def pack_k_step(k: int) -> int:
 def partial_tiles(extent: int, block: int, tile: int) -> bool:
     """Whether the tile loop over a block of a dimension of ``extent`` split into blocks of
     ``block`` can end with a partial ``tile``: a dynamic bound (the blocks do not divide
-    the extent) or a static one that ``tile`` does not divide."""
+    the extent) or a static one that ``tile`` does not divide. A tile of one is never
+    partial (and a loop of unit steps has no last iteration to peel)."""
+    if tile == 1:
+        return False
     if extent > block and extent % block:
         return True
     return min(extent, block) % tile != 0
