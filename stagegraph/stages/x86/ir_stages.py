@@ -253,6 +253,7 @@ def _schedule_payload(
     )
     from stagegraph.stages.x86.matmul import canonical as canonical
     from stagegraph.stages.x86.matmul.broadcast_reads import scalarize_broadcast_reads
+    from stagegraph.stages.x86.matmul.constant_pack import prepack_constant_weights
     from stagegraph.stages.x86.matmul.operands import fold_transposed_operands
     from stagegraph.stages.x86.matmul.schedule import schedule_matmuls
 
@@ -270,8 +271,9 @@ def _schedule_payload(
     # lowered to loops.
     labelled = [(i, s) for i, s in enumerate(canonical.find_matmuls(payload)) if s.source in order]
     if labelled:
-        sites = [s for _, s in labelled]
-        schedule_matmuls(payload, labelled, _site_params(params, facts, sites), applied)
+        site_params = _site_params(params, facts, [s for _, s in labelled])
+        labelled = prepack_constant_weights(payload, labelled, site_params)
+        schedule_matmuls(payload, labelled, site_params, applied)
         scalarize_broadcast_reads(payload)
     canonical.strip_labels(payload)
 

@@ -22,6 +22,7 @@ from stagegraph.stages.target import Target
 from stagegraph.stages.x86.generic.params import GenericParams, heuristic_generic_params
 from stagegraph.stages.x86.matmul.heuristic import heuristic_matmul_params
 from stagegraph.stages.x86.matmul.params import MatmulParams
+from stagegraph.stages.x86.matmul.sites import reads_constant_b
 from stagegraph.stages.x86.threads import payload_threads, serial_below, thread_domain, thread_rules
 
 
@@ -142,7 +143,10 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
         # A step too small to split keeps whole blocks (its loop runs serially anyway).
         site = threads if op.flops >= serial_below(max(2, threads)) else 1
         by_batch = c.batch >= 4 * site or c.batch % site == 0
-        chosen = heuristic_matmul_params(c.m, c.n, c.k, dtype, target, 1 if by_batch else site)
+        constant_b = c.batch == 1 and reads_constant_b(op, facts)  # (packed at compile time)
+        chosen = heuristic_matmul_params(
+            c.m, c.n, c.k, dtype, target, 1 if by_batch else site, constant_b=constant_b
+        )
         sites.append(chosen.model_copy(update={"threads": site}))
     params = X86Params(
         matmul=tuple(sites),

@@ -66,7 +66,7 @@ class _RegisterTile(NamedTuple):
 
 
 def heuristic_matmul_params(
-    m: int, n: int, k: int, dtype: str, target: Target, threads: int = 1
+    m: int, n: int, k: int, dtype: str, target: Target, threads: int = 1, constant_b: bool = False
 ) -> MatmulParams:
     """Derive tiles from the vector width, register count and cache sizes (no size table).
 
@@ -85,7 +85,22 @@ def heuristic_matmul_params(
     with ``threads`` > 1 the block is halved until every thread has several blocks to
     take (the parallel loop is scheduled dynamically, :func:`_thread_blocks`). Blocks are
     balanced: equal parts of the extent, not a maximum size plus a sliver.
+
+    ``constant_b``: B is a compile-time constant, packed when the payload is compiled
+    (:mod:`.constant_pack`): packing then always pays, even for a few rows against a B
+    that fits the cache (where packing it per call would not).
     """
+    chosen = _heuristic_params(m, n, k, dtype, target, threads)
+    if constant_b and not chosen.pack and n % chosen.reg_n == 0 and dtype == "f32":
+        # A constant B is packed at compile time (constant_pack): the run packs only A.
+        chosen = chosen.model_copy(update={"pack": True})
+    return chosen
+
+
+def _heuristic_params(
+    m: int, n: int, k: int, dtype: str, target: Target, threads: int
+) -> MatmulParams:
+    """:func:`heuristic_matmul_params` for a B packed per call."""
     elem = byte_size(dtype, 4)
     tile = _register_tile(m, n, k, elem, target)
     problem = _Problem(m, n, k, elem, target, threads)
