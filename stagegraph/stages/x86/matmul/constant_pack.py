@@ -73,7 +73,7 @@ def prepack_constant_weights(
         ir.IntegerAttr(op.attributes[SITE_ATTR]).value: op
         for op in collect(
             payload, lambda op: op.name == "linalg.matmul" and SITE_ATTR in op.attributes
-        )  # noqa: E501
+        )
     }
     chosen = []
     for (label, site), site_params in zip(labelled, params, strict=True):
@@ -83,11 +83,22 @@ def prepack_constant_weights(
             chosen.append((label, site, site_params, mm, constant))
     if not chosen:
         return list(labelled)
-    values = evaluate_constants(payload, [c for *_, c in chosen])
+    # A weight several matmuls read (an unrolled recurrent network's steps) is evaluated
+    # and packed once per layout; the packed constants are equal attributes, one global.
+    unique: list[Any] = []
+    for *_, constant in chosen:
+        if not any(constant == seen for seen in unique):
+            unique.append(constant)
+    values = evaluate_constants(payload, unique)
+    packed: dict[tuple[int, int, bool], np.ndarray] = {}
     done = {}
-    for (label, site, site_params, mm, _), value in zip(chosen, values, strict=True):
-        panels = pack_panels(np.asarray(value), site_params.reg_n, site.transpose_b)
-        _replace_b(mm, panels, site_params.reg_n)
+    for label, site, site_params, mm, constant in chosen:
+        which = next(i for i, seen in enumerate(unique) if constant == seen)
+        key = (which, site_params.reg_n, site.transpose_b)
+        if key not in packed:
+            value = np.asarray(values[which])
+            packed[key] = pack_panels(value, site_params.reg_n, site.transpose_b)
+        _replace_b(mm, packed[key], site_params.reg_n)
         done[label] = site.model_copy(update={"prepacked_b": True, "transpose_b": False})
     return [(label, done.get(label, site)) for label, site in labelled]
 
