@@ -152,3 +152,24 @@ def test_an_imported_linear_weight_blob_is_packed_and_verifies():
     assert (8, 256, 32) in _constant_shapes(scheduled.module.ir)
     assert collect(scheduled.module.ir, {"linalg.pack", "linalg.unpack"}) == []
     assert sg.run("x86", path, threads=1).verified is True
+
+
+def test_threads_share_no_packing_of_a_constant_weight():
+    """Where two threads would share each K block's packing of B (many rows, a B block
+    larger than L2), a constant B has no packing to share: the threads take blocks of
+    their own, and the packing stays on (a few rows against a cached B included)."""
+    from stagegraph.stages.target import Target
+    from stagegraph.stages.x86.matmul.heuristic import heuristic_matmul_params
+
+    mib = 1024 * 1024
+    avx512 = Target(isa=frozenset({"avx512f", "avx2", "fma"}), cores=2, vector_bits=512,
+                    l1d_bytes=48 * 1024, l2_bytes=mib, l3_bytes=32 * mib)  # fmt: skip
+    per_call = heuristic_matmul_params(2048, 2048, 2048, "f32", avx512, threads=2)
+    constant = heuristic_matmul_params(2048, 2048, 2048, "f32", avx512, 2, constant_b=True)
+    assert per_call.share_b is True
+    assert constant.share_b is False and constant.pack is True
+    blocks = -(-2048 // (constant.block_m or constant.tile_m)) * -(-2048 // constant.tile_n)
+    assert blocks >= 2  # every thread has a block
+    few_rows = heuristic_matmul_params(16, 256, 256, "f32", avx512)
+    assert few_rows.pack is False
+    assert heuristic_matmul_params(16, 256, 256, "f32", avx512, constant_b=True).pack is True

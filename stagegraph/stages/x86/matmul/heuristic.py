@@ -90,7 +90,8 @@ def heuristic_matmul_params(
     (:mod:`.constant_pack`): packing then always pays, even for a few rows against a B
     that fits the cache (where packing it per call would not).
     """
-    chosen = _heuristic_params(m, n, k, dtype, target, threads)
+    # (A constant B packed at compile time leaves no packing of B for threads to share.)
+    chosen = _heuristic_params(m, n, k, dtype, target, threads, share_b=not constant_b)
     if constant_b and not chosen.pack and n % chosen.reg_n == 0 and dtype == "f32":
         # A constant B is packed at compile time (constant_pack): the run packs only A.
         chosen = chosen.model_copy(update={"pack": True})
@@ -98,9 +99,10 @@ def heuristic_matmul_params(
 
 
 def _heuristic_params(
-    m: int, n: int, k: int, dtype: str, target: Target, threads: int
+    m: int, n: int, k: int, dtype: str, target: Target, threads: int, share_b: bool = True
 ) -> MatmulParams:
-    """:func:`heuristic_matmul_params` for a B packed per call."""
+    """:func:`heuristic_matmul_params` for a B packed per call (``share_b``: the threads
+    may share its packing)."""
     elem = byte_size(dtype, 4)
     tile = _register_tile(m, n, k, elem, target)
     problem = _Problem(m, n, k, elem, target, threads)
@@ -110,10 +112,10 @@ def _heuristic_params(
     # streams from L2 instead of L1. Not where C_TILE_K_STEPS already lengthened the blocks
     # past L1.
     if dtype == "f32" and k == 2 * kc and kc == l1_kc:
-        single = _blocked(problem, k, tile)
+        single = _blocked(problem, k, tile, share_b)
         if single.whole_register_tiles(m, n):
             return single
-    return _blocked(problem, kc, tile)
+    return _blocked(problem, kc, tile, share_b)
 
 
 def _register_tile(m: int, n: int, k: int, elem: int, target: Target) -> _RegisterTile:
@@ -177,7 +179,9 @@ def _k_block(
     return kc, l1_kc
 
 
-def _blocked(problem: _Problem, kc: int, tile: _RegisterTile) -> MatmulParams:
+def _blocked(
+    problem: _Problem, kc: int, tile: _RegisterTile, may_share_b: bool = True
+) -> MatmulParams:
     """The params with K blocks of ``kc``: cache blocks sized from L2 and L3, then split
     for the threads."""
     m, n, k, elem, target, threads = problem
@@ -196,7 +200,7 @@ def _blocked(problem: _Problem, kc: int, tile: _RegisterTile) -> MatmulParams:
     share_b = False
     if threads > 1:
         tile_m, tile_n, block_m, share_b = _thread_blocks(
-            problem, kc, tile, (tile_m, tile_n, block_m), pack
+            problem, kc, tile, (tile_m, tile_n, block_m), pack and may_share_b
         )
     return MatmulParams(
         tile_m=tile_m,
