@@ -34,7 +34,7 @@ from stagegraph.stages.x86.matmul.canonical import SITE_ATTR, MatmulSite
 from stagegraph.stages.x86.matmul.params import MatmulParams
 
 #: Weights with more elements are left packed per call (the probe would hold two copies).
-MAX_PREPACK_ELEMENTS = 1 << 28
+MAX_PREPACK_ELEMENTS = 1 << 26  # 256 MiB of f32: an 8192x8192 weight
 
 
 def prepackable(site: MatmulSite, params: MatmulParams) -> bool:
