@@ -109,6 +109,13 @@ def test_a_constant_weight_is_packed_at_compile_time(tmp_path, transposed):
     # Packing steps write only A's panels ([2, 256, 8]: 16 rows in panels of 8).
     written = {s for s in _tensor_shapes(module, "vector.transfer_write") if len(s) == 3}
     assert all(s[-1] == 8 for s in written)
+    # One global holds the weight, packed: no copy in its own layout is left in the binary.
+    bufferized = sg.run("x86", path, threads=1, target=TARGET, until="bufferized")
+    globals_ = [
+        tuple(ir.MemRefType(ir.TypeAttr(op.attributes["type"]).value).shape)
+        for op in collect(bufferized.module.ir, "memref.global")
+    ]
+    assert sorted(globals_, key=len) == [(256,), (8, 256, 32)]
 
 
 @pytest.mark.parametrize(
