@@ -126,6 +126,7 @@ def test_a_constant_weight_is_packed_at_compile_time(tmp_path, transposed):
         (37, 96, 128, True, 1, {}),  # rows in no whole register tile
         (64, 256, 256, True, 2, {"tile_n": 64, "tile_k": 64, "threads": 2}),  # blocks, K blocks
         (16, 256, 80, True, 1, {}),  # 80 columns: no whole panels, packed per call instead
+        (16, 128, 96, True, 1, {"tile_n": 64, "pack": True}),  # narrower last block: per call
     ],
 )  # fmt: skip
 def test_linear_layers_verify(tmp_path, m, k, n, transposed, threads, param):

@@ -17,8 +17,9 @@ of B meets it, and canonicalization folds the pair away
 packing of B runs at all (``MatmulSite.prepacked_b``; ``packed_kernel`` then skips B's
 packing steps).
 
-Only where the fold is exact: f32, B not widened, the panels tiling N (``reg_n`` divides N:
-no padded panel), the packed kernel (``pack``) and no shared packing of B among threads.
+Only where the fold is exact: f32, B not widened, every column block whole panels
+(``params.whole_b_panels``: no padded panel, no narrower last block), the packed kernel
+(``pack``) and no shared packing of B among threads.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 from stagegraph.mlir.bindings import ir, linalg
 from stagegraph.mlir.walk import collect
 from stagegraph.stages.x86.matmul.canonical import SITE_ATTR, MatmulSite
-from stagegraph.stages.x86.matmul.params import MatmulParams
+from stagegraph.stages.x86.matmul.params import MatmulParams, whole_b_panels
 
 #: Weights with more elements are left packed per call (the probe would hold two copies).
 MAX_PREPACK_ELEMENTS = 1 << 26  # 256 MiB of f32: an 8192x8192 weight
@@ -43,7 +44,7 @@ def prepackable(site: MatmulSite, params: MatmulParams) -> bool:
         params.pack
         and site.dtype == "f32"
         and not site.widened[1]
-        and site.n % params.reg_n == 0
+        and whole_b_panels(site.n, params)
         and site.n * site.k <= MAX_PREPACK_ELEMENTS
         and not (params.share_b and params.threads > 1)
     )

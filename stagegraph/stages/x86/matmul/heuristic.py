@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from stagegraph.dtypes import byte_size
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.matmul.params import MatmulParams, pack_k_step
+from stagegraph.stages.x86.matmul.params import MatmulParams, pack_k_step, whole_b_panels
 
 # Register-tile rows preferred on 16 registers when the FMA units are half as wide as the
 # vectors (Zen 1 on AVX2: one 256-bit FMA per cycle, so 8 chains of latency 5 keep it busy),
@@ -92,7 +92,7 @@ def heuristic_matmul_params(
     """
     # (A constant B packed at compile time leaves no packing of B for threads to share.)
     chosen = _heuristic_params(m, n, k, dtype, target, threads, share_b=not constant_b)
-    if constant_b and not chosen.pack and n % chosen.reg_n == 0 and dtype == "f32":
+    if constant_b and not chosen.pack and whole_b_panels(n, chosen) and dtype == "f32":
         # A constant B is packed at compile time (constant_pack): the run packs only A.
         chosen = chosen.model_copy(update={"pack": True})
     return chosen
