@@ -20,7 +20,7 @@ from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.matmul.params import MatmulParams
-from stagegraph.stages.x86.params_stage import X86Params, matmul_ops
+from stagegraph.stages.x86.params_stage import DEDUPLICATE_ABOVE, X86Params, matmul_ops
 from stagegraph.stages.x86.threads import serial_below
 
 
@@ -34,7 +34,7 @@ class ScheduleConfig(Config):
     (:mod:`stagegraph.stages.common.roll`)."""
 
     propagate_failures: bool = False
-    deduplicate_above: int = Field(300, ge=0)
+    deduplicate_above: int = Field(DEDUPLICATE_ABOVE, ge=0)
     roll_steps: bool = Field(
         True,
         description="after deduplication, roll runs of identical steps of the entry (an "

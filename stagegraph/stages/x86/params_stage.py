@@ -124,6 +124,12 @@ def compute_dtype(op: Any) -> str:
     return op.outputs[0].dtype
 
 
+#: Entries with more linalg ops than this have their repeated groups of ops outlined into
+#: functions before scheduling (``x86.schedule``'s ``deduplicate_above``, this its
+#: default): their weights then arrive as function arguments, no longer constants.
+DEDUPLICATE_ABOVE = 300
+
+
 @stage("params", name="x86.heuristic")
 def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X86Params:
     """Tiles from the vector width, register file and cache sizes; threads from the target
@@ -143,7 +149,9 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
         # A step too small to split keeps whole blocks (its loop runs serially anyway).
         site = threads if op.flops >= serial_below(max(2, threads)) else 1
         by_batch = c.batch >= 4 * site or c.batch % site == 0
-        constant_b = c.batch == 1 and reads_constant_b(op, facts)  # (packed at compile time)
+        # A constant B is packed at compile time (unless outlined with a repeated group).
+        inline = len(facts.ops) <= DEDUPLICATE_ABOVE
+        constant_b = c.batch == 1 and inline and reads_constant_b(op, facts)
         chosen = heuristic_matmul_params(
             c.m, c.n, c.k, dtype, target, 1 if by_batch else site, constant_b=constant_b
         )
