@@ -181,3 +181,18 @@ def test_threads_share_no_packing_of_a_constant_weight():
     few_rows = heuristic_matmul_params(16, 256, 256, "f32", avx512)
     assert few_rows.pack is False
     assert heuristic_matmul_params(16, 256, 256, "f32", avx512, constant_b=True).pack is True
+
+
+def test_outlined_steps_keep_their_per_call_choice():
+    """An unrolled LSTM has more ops than x86.schedule keeps inline: its repeated steps are
+    outlined, their weights become function arguments, so no step's B is packed at compile
+    time and the few-row steps stay unpacked, as before."""
+    from stagegraph.stages.analysis import PayloadFacts
+    from stagegraph.stages.x86.params_stage import DEDUPLICATE_ABOVE
+
+    path = str(kernelbench_or_skip("level3") / "l3_037_LSTMCn.mlir")
+    chosen = sg.run("x86", path, threads=1, target=TARGET, until="select")
+    facts = next(v for v in chosen.values.values() if isinstance(v, PayloadFacts))
+    assert len(facts.ops) > DEDUPLICATE_ABOVE
+    steps = [p for p in chosen.params.matmul if p.tile_m <= 16]
+    assert steps and not any(p.pack for p in steps)
