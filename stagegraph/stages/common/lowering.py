@@ -67,6 +67,14 @@ OPENMP_TO_LLVM = (
 LOWER_TO_LLVM_OPENMP = f"{TO_OPENMP},{OPENMP_TO_LLVM}"
 
 
+def to_openmp(threads: int) -> str:
+    """``TO_OPENMP`` whose parallel regions run on exactly ``threads`` threads
+    (``omp.parallel num_threads``): the count the cost model (or the tuner) chose, not the
+    runtime's default of every core."""
+    pass_with_count = f"convert-scf-to-openmp{{num-threads={threads}}}"
+    return TO_OPENMP.replace("convert-scf-to-openmp", pass_with_count)
+
+
 def schedule_guided(module) -> int:
     """Give every ``omp.wsloop`` of ``module`` (an ``ir.Module`` after ``TO_OPENMP``) the
     ``guided`` schedule: threads take chunks of the remaining iterations, large first and

@@ -7,6 +7,12 @@ elements does not, and on a machine whose cores other processes share its join c
 whole time slice for a descheduled thread. This pass estimates each outermost loop's work
 from the buffer-level IR (vector lanes times static trip counts) and turns the loops below
 a threshold into ``scf.for`` before the OpenMP lowering.
+
+Given the thread count, a loop's work counts only as far as its trips split it: ``T`` trips
+on ``P`` threads take ``ceil(T / P)`` trips' time, so one trip saves nothing (a matmul whose
+blocks were not split for threads, a convolution parallel over a batch of one) and three
+trips on two threads save a third. Such a loop only forks, joins and waits; serial, the
+payload is never slower on two threads than on one for it.
 """
 
 from __future__ import annotations
@@ -99,9 +105,25 @@ def _trip_count(op: Any) -> int | None:
     return None  # scf.parallel: not made by these schedules; assume it is worth its threads
 
 
-def mark_small_parallel_loops(module: Any, min_work: int) -> int:
+def splittable_work(op: Any, threads: int) -> int:
+    """``op``'s work (:func:`loop_work`) scaled by how much of it ``threads`` threads can
+    split: ``work * (1 - ceil(T/P)/T) / (1 - 1/P)`` for a loop of ``T`` static trips (its
+    whole work when the trips divide evenly, none for one trip); a loop with a dynamic trip
+    count or with parallel loops inside (they may split what its trips do not) counts whole."""
+    from stagegraph.mlir.walk import collect
+
+    work = loop_work(op)
+    trips = _trip_count(op)
+    if threads <= 1 or trips is None or trips <= 0 or collect(op, "scf.forall"):
+        return work
+    per_thread = -(-trips // threads)
+    return work * (trips - per_thread) * threads // (trips * (threads - 1))
+
+
+def mark_small_parallel_loops(module: Any, min_work: int, threads: int = 0) -> int:
     """Mark (``SERIAL_ATTR``) each outermost ``scf.forall`` whose estimated work is below
-    ``min_work``; returns how many."""
+    ``min_work`` (with ``threads``, the work those threads can split:
+    :func:`splittable_work`); returns how many."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.walk import collect
 
@@ -114,7 +136,8 @@ def mark_small_parallel_loops(module: Any, min_work: int) -> int:
                 nested = True
                 break
             parent = parent.parent
-        if nested or loop_work(forall) >= min_work:
+        work = splittable_work(forall, threads) if threads else loop_work(forall)
+        if nested or work >= min_work:
             continue
         # The loops nested in it go too: left parallel, each would fork once per trip of
         # the serial loop (a weight transpose's inner loops forked 1,344 times a call and
@@ -127,15 +150,16 @@ def mark_small_parallel_loops(module: Any, min_work: int) -> int:
     return marked
 
 
-def serialize_small_parallel_loops(module: Any, min_work: int) -> int:
+def serialize_small_parallel_loops(module: Any, min_work: int, threads: int = 0) -> int:
     """Rewrite the outermost ``scf.forall`` loops of ``module`` (buffer level: no results)
-    whose estimated work is below ``min_work`` into ``scf.for`` nests; returns how many."""
+    whose estimated work (split on ``threads`` threads, when given) is below ``min_work``
+    into ``scf.for`` nests; returns how many."""
     from stagegraph.mlir.bindings import ir, loop, structured, transform
     from stagegraph.mlir.walk import collect, strip_attributes
     from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
     from stagegraph.stages.common.transform_build import any_op
 
-    count = mark_small_parallel_loops(module, min_work)
+    count = mark_small_parallel_loops(module, min_work, threads)
     if count:
         ranks = {
             ir.IntegerAttr(op.attributes[SERIAL_ATTR]).value

@@ -20,7 +20,8 @@ from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.matmul.params import MatmulParams
-from stagegraph.stages.x86.params_stage import X86Params, matmul_ops, serial_below
+from stagegraph.stages.x86.params_stage import DEDUPLICATE_ABOVE, X86Params, matmul_ops
+from stagegraph.stages.x86.threads import serial_below
 
 
 class ScheduleConfig(Config):
@@ -33,7 +34,7 @@ class ScheduleConfig(Config):
     (:mod:`stagegraph.stages.common.roll`)."""
 
     propagate_failures: bool = False
-    deduplicate_above: int = Field(300, ge=0)
+    deduplicate_above: int = Field(DEDUPLICATE_ABOVE, ge=0)
     roll_steps: bool = Field(
         True,
         description="after deduplication, roll runs of identical steps of the entry (an "
@@ -252,6 +253,7 @@ def _schedule_payload(
     )
     from stagegraph.stages.x86.matmul import canonical as canonical
     from stagegraph.stages.x86.matmul.broadcast_reads import scalarize_broadcast_reads
+    from stagegraph.stages.x86.matmul.constant_pack import prepack_constant_weights
     from stagegraph.stages.x86.matmul.operands import fold_transposed_operands
     from stagegraph.stages.x86.matmul.schedule import schedule_matmuls
 
@@ -269,8 +271,9 @@ def _schedule_payload(
     # lowered to loops.
     labelled = [(i, s) for i, s in enumerate(canonical.find_matmuls(payload)) if s.source in order]
     if labelled:
-        sites = [s for _, s in labelled]
-        schedule_matmuls(payload, labelled, _site_params(params, facts, sites), applied)
+        site_params = _site_params(params, facts, [s for _, s in labelled])
+        labelled = prepack_constant_weights(payload, labelled, site_params)
+        schedule_matmuls(payload, labelled, site_params, applied)
         scalarize_broadcast_reads(payload)
     canonical.strip_labels(payload)
 
@@ -353,12 +356,12 @@ def lower(
     threads = params.payload_threads()
     if threads > 1:
         # A loop whose work saves less than a fork and a join stays serial.
-        serialize_small_parallel_loops(module.ir, serial_below(threads))
+        serialize_small_parallel_loops(module.ir, serial_below(threads), threads)
     if threads <= 1:
         run_lowering(module, lowering.LOWER_TO_LLVM)
     else:
         # Threads take the parallel loop's blocks in shrinking chunks (lowering.schedule_guided).
-        run_lowering(module, lowering.TO_OPENMP)
+        run_lowering(module, lowering.to_openmp(threads))
         lowering.schedule_guided(module.ir)
         run_pipeline(module, lowering.OPENMP_TO_LLVM)
     forbid_inlining(module.ir)

@@ -15,13 +15,15 @@ from pydantic import Field
 
 from stagegraph.core.ports import Params
 from stagegraph.core.stage import stage
-from stagegraph.core.tunable import TuningSite
+from stagegraph.core.tunable import ANY_OP, TuningSite, declare_space
 from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.generic.params import GenericParams, heuristic_generic_params
 from stagegraph.stages.x86.matmul.heuristic import heuristic_matmul_params
 from stagegraph.stages.x86.matmul.params import MatmulParams
+from stagegraph.stages.x86.matmul.sites import reads_constant_b
+from stagegraph.stages.x86.threads import payload_threads, serial_below, thread_domain, thread_rules
 
 
 class X86Params(Params):
@@ -31,7 +33,13 @@ class X86Params(Params):
     generic: GenericParams = Field(default_factory=GenericParams)
     threads: int = Field(
         1, ge=1, le=1024,
-        description="threads the payload's parallel loops run on (at least every matmul's)",
+        description="threads the payload's parallel loops run on (the OpenMP regions' "
+        "num_threads; a tunable: see stagegraph.stages.x86.threads)",
+    )  # fmt: skip
+    granted_threads: int = Field(
+        1024, ge=1, le=1024,
+        description="cores the run was granted (--threads, else the target's): the most "
+        "threads a tuner may choose",
     )  # fmt: skip
     op_params: dict[str, GenericParams] = Field(
         default_factory=dict,
@@ -42,12 +50,14 @@ class X86Params(Params):
     def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list[TuningSite]:
         """Where a tuner varies these params: each matmul's own params; the generic params
         of the other ops, shared (``per_op`` False) or one entry of ``op_params`` per
-        distinct op signature."""
+        distinct op signature; last, the payload's thread count (``payload.threads``)."""
         matmuls = matmul_ops(facts)
         sites = [
             TuningSite(f"matmul{i}", ("matmul", i), MatmulParams, (op,))
             for i, op in enumerate(matmuls)
         ]
+        # Last, the payload's thread count: one site over the whole payload (no op).
+        payload = TuningSite("payload", (), X86Params)
         taken = {op.index for op in matmuls}
         others = [op for op in facts.ops if op.index not in taken and op.op_class != "other"]
         if not per_op:
@@ -56,7 +66,7 @@ class X86Params(Params):
                     TuningSite("generic", ("generic",), GenericParams, tuple(others),
                                kind_of=generic_op_kind)
                 )  # fmt: skip
-            return sites
+            return [*sites, payload]
         groups: dict[str, list[Any]] = {}
         for op in others:
             groups.setdefault(op.signature(), []).append(op)
@@ -66,7 +76,7 @@ class X86Params(Params):
                 TuningSite(f"op{ops[0].index}", ("op_params", signature), GenericParams,
                            tuple(ops), default=default, kind_of=generic_op_kind)
             )  # fmt: skip
-        return sites
+        return [*sites, payload]
 
     @classmethod
     def override_keys(cls) -> set[str]:
@@ -82,12 +92,13 @@ class X86Params(Params):
             generic=apply_overrides(self.generic, gen),
             op_params={s: apply_overrides(p, gen) for s, p in self.op_params.items()},
             threads=overrides.get("threads", self.threads),
+            granted_threads=max(self.granted_threads, overrides.get("threads", 1)),
         )
 
     def payload_threads(self) -> int:
-        """Threads the lowered payload runs on: its own count, or more if a matmul's params
-        (a tuned site, an older record) ask for more."""
-        return max([self.threads, *(p.threads for p in self.matmul)])
+        """Threads the lowered payload runs on: its own count, the decision (a matmul's
+        ``threads`` only shapes its blocks; it never raises the payload's)."""
+        return self.threads
 
 
 def generic_op_kind(op: Any) -> str:
@@ -113,62 +124,23 @@ def compute_dtype(op: Any) -> str:
     return op.outputs[0].dtype
 
 
-# Below this much matmul work per thread (about 40 us of one core's FMAs), forking and
-# joining OpenMP threads (and waiting for a busy core) costs more than it saves.
-MIN_FLOPS_PER_THREAD = 4 << 20
-
-
-def _threads_for(flops: int, cores: int) -> int:
-    """Threads for a contraction of ``flops`` when the config does not say."""
-    return max(1, min(cores, flops // MIN_FLOPS_PER_THREAD))
-
-
-#: What forking and joining one parallel loop costs, in flops of one core's work (a few
-#: microseconds; far more when another process holds a core the join waits for).
-FORK_JOIN_FLOPS = MIN_FLOPS_PER_THREAD // 16
-
-
-def serial_below(threads: int) -> int:
-    """Work (lane operations) below which a loop runs serially on ``threads`` threads: what
-    it would save, ``work * (1 - 1 / threads)``, is less than a fork and a join."""
-    return threads * FORK_JOIN_FLOPS // (threads - 1)
-
-
-def _payload_threads(facts: PayloadFacts, cores: int) -> int:
-    """Threads for the payload: what its largest matmul or convolution is worth, if the
-    work the contractions worth splitting save outweighs a fork and a join for every op
-    whose loop stays parallel; else one.
-
-    Once a payload is threaded, ``x86.lower`` keeps its loops too small to gain serial
-    (:mod:`stagegraph.stages.common.serial_loops`), so an unrolled recurrent network's
-    hundreds of small steps cost no forks: its input projections (large matmuls) take the
-    threads and its steps run as before. Each step that is big enough to stay parallel
-    (work or output elements above :func:`serial_below`) counts one fork and one join, so
-    hundreds of mid-sized steps still keep a payload on one thread (before loops were
-    serialized, a GRU ran 10 ms on one thread and 38 ms on two)."""
-    ops = [*matmul_ops(facts), *(op for op in facts.ops if op.op_class == "convolution")]
-    threads = _threads_for(max((op.flops for op in ops), default=0), cores)
-    if threads <= 1:
-        return 1
-    splittable = sum(op.flops for op in ops if _threads_for(op.flops, cores) > 1)
-    saved = splittable - splittable // threads
-    parallel = serial_below(threads)
-    forks = sum(
-        1
-        for op in facts.ops
-        if max(op.flops, *(v.numel for v in op.outputs if v.kind == "tensor"), 0) >= parallel
-    )
-    return threads if saved > max(1, forks) * FORK_JOIN_FLOPS else 1
+#: Entries with more linalg ops than this have their repeated groups of ops outlined into
+#: functions before scheduling (``x86.schedule``'s ``deduplicate_above``, this its
+#: default): their weights then arrive as function arguments, no longer constants.
+DEDUPLICATE_ABOVE = 300
 
 
 @stage("params", name="x86.heuristic")
 def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X86Params:
     """Tiles from the vector width, register file and cache sizes; threads from the target
-    (fewer when the matmul work is small, see ``MIN_FLOPS_PER_THREAD``)."""
+    (fewer when the contractions' work is small: :func:`.threads.payload_threads`)."""
     ops = matmul_ops(facts)
     # --threads grants cores; the payload uses as many as its work is worth (an unrolled
     # RNN threaded ran 3.5x slower than on one core).
-    threads = _payload_threads(facts, config.threads or target.cores)
+    cores = config.threads or target.cores
+    threads = payload_threads(
+        facts, [*ops, *(op for op in facts.ops if op.op_class == "convolution")], cores
+    )
     sites = []
     for op in ops:
         c = op.contraction
@@ -177,9 +149,27 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
         # A step too small to split keeps whole blocks (its loop runs serially anyway).
         site = threads if op.flops >= serial_below(max(2, threads)) else 1
         by_batch = c.batch >= 4 * site or c.batch % site == 0
-        chosen = heuristic_matmul_params(c.m, c.n, c.k, dtype, target, 1 if by_batch else site)
+        # A constant B is packed at compile time (unless outlined with a repeated group).
+        inline = len(facts.ops) <= DEDUPLICATE_ABOVE
+        constant_b = c.batch == 1 and inline and reads_constant_b(op, facts)
+        chosen = heuristic_matmul_params(
+            c.m, c.n, c.k, dtype, target, 1 if by_batch else site, constant_b=constant_b
+        )
         sites.append(chosen.model_copy(update={"threads": site}))
     params = X86Params(
-        matmul=tuple(sites), generic=heuristic_generic_params(facts, target), threads=threads
+        matmul=tuple(sites),
+        generic=heuristic_generic_params(facts, target),
+        threads=threads,
+        granted_threads=cores,
     )
     return apply_overrides(params, config.overrides)
+
+
+declare_space(
+    X86Params,
+    ANY_OP,
+    {"threads": thread_domain},
+    thread_rules,
+    applies_to=lambda target: target.arch in ("x86_64", "AMD64"),
+    name="threads",
+)

@@ -61,6 +61,8 @@ class MatmulSite(Facts):
     transpose_b: bool = False
     source: int | None = None
     widened: tuple[bool, bool] = (False, False)  # A / B come from widen_inputs' copies
+    # B is the unpack of a constant packed at compile time (constant_pack): no B packing runs
+    prepacked_b: bool = False
 
 
 def find_matmuls(payload: ir.Module) -> list[MatmulSite]:

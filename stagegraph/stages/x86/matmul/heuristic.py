@@ -10,7 +10,7 @@ from typing import NamedTuple
 
 from stagegraph.dtypes import byte_size
 from stagegraph.stages.target import Target
-from stagegraph.stages.x86.matmul.params import MatmulParams, pack_k_step
+from stagegraph.stages.x86.matmul.params import MatmulParams, pack_k_step, whole_b_panels
 
 # Register-tile rows preferred on 16 registers when the FMA units are half as wide as the
 # vectors (Zen 1 on AVX2: one 256-bit FMA per cycle, so 8 chains of latency 5 keep it busy),
@@ -66,7 +66,7 @@ class _RegisterTile(NamedTuple):
 
 
 def heuristic_matmul_params(
-    m: int, n: int, k: int, dtype: str, target: Target, threads: int = 1
+    m: int, n: int, k: int, dtype: str, target: Target, threads: int = 1, constant_b: bool = False
 ) -> MatmulParams:
     """Derive tiles from the vector width, register count and cache sizes (no size table).
 
@@ -85,7 +85,24 @@ def heuristic_matmul_params(
     with ``threads`` > 1 the block is halved until every thread has several blocks to
     take (the parallel loop is scheduled dynamically, :func:`_thread_blocks`). Blocks are
     balanced: equal parts of the extent, not a maximum size plus a sliver.
+
+    ``constant_b``: B is a compile-time constant, packed when the payload is compiled
+    (:mod:`.constant_pack`): packing then always pays, even for a few rows against a B
+    that fits the cache (where packing it per call would not).
     """
+    # (A constant B packed at compile time leaves no packing of B for threads to share.)
+    chosen = _heuristic_params(m, n, k, dtype, target, threads, share_b=not constant_b)
+    if constant_b and not chosen.pack and whole_b_panels(n, chosen) and dtype == "f32":
+        # A constant B is packed at compile time (constant_pack): the run packs only A.
+        chosen = chosen.model_copy(update={"pack": True})
+    return chosen
+
+
+def _heuristic_params(
+    m: int, n: int, k: int, dtype: str, target: Target, threads: int, share_b: bool = True
+) -> MatmulParams:
+    """:func:`heuristic_matmul_params` for a B packed per call (``share_b``: the threads
+    may share its packing)."""
     elem = byte_size(dtype, 4)
     tile = _register_tile(m, n, k, elem, target)
     problem = _Problem(m, n, k, elem, target, threads)
@@ -95,10 +112,10 @@ def heuristic_matmul_params(
     # streams from L2 instead of L1. Not where C_TILE_K_STEPS already lengthened the blocks
     # past L1.
     if dtype == "f32" and k == 2 * kc and kc == l1_kc:
-        single = _blocked(problem, k, tile)
+        single = _blocked(problem, k, tile, share_b)
         if single.whole_register_tiles(m, n):
             return single
-    return _blocked(problem, kc, tile)
+    return _blocked(problem, kc, tile, share_b)
 
 
 def _register_tile(m: int, n: int, k: int, elem: int, target: Target) -> _RegisterTile:
@@ -162,7 +179,9 @@ def _k_block(
     return kc, l1_kc
 
 
-def _blocked(problem: _Problem, kc: int, tile: _RegisterTile) -> MatmulParams:
+def _blocked(
+    problem: _Problem, kc: int, tile: _RegisterTile, may_share_b: bool = True
+) -> MatmulParams:
     """The params with K blocks of ``kc``: cache blocks sized from L2 and L3, then split
     for the threads."""
     m, n, k, elem, target, threads = problem
@@ -181,7 +200,7 @@ def _blocked(problem: _Problem, kc: int, tile: _RegisterTile) -> MatmulParams:
     share_b = False
     if threads > 1:
         tile_m, tile_n, block_m, share_b = _thread_blocks(
-            problem, kc, tile, (tile_m, tile_n, block_m), pack
+            problem, kc, tile, (tile_m, tile_n, block_m), pack and may_share_b
         )
     return MatmulParams(
         tile_m=tile_m,

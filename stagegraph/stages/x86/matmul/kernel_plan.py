@@ -95,6 +95,7 @@ def shares_b(site: MatmulSite, params: MatmulParams, k_block: int, direct: bool)
     loops inside it instead) and several row blocks to share."""
     return (
         params.share_b
+        and not site.prepacked_b  # (no packing of B to share)
         and params.threads > 1
         and bool(k_block)
         and not direct

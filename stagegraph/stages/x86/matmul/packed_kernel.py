@@ -52,7 +52,7 @@ class _Handles:
     unpack: ir.Value
     kernel: ir.Value
     pack_a: ir.Value
-    pack_b: ir.Value
+    pack_b: ir.Value | None
     zero: ir.Value
     widenings: list[ir.Value | None]
 
@@ -138,7 +138,8 @@ def _pack_panels(
         unpack=unpack,
         kernel=kernel,
         pack_a=producer_of(kernel, 0),
-        pack_b=producer_of(kernel, 1),
+        # A prepacked B (constant_pack): its pack folded into the packed constant's slice.
+        pack_b=None if site.prepacked_b else producer_of(kernel, 1),
         zero=producer_of(kernel, 2),
         widenings=list(widenings),
     )
@@ -153,7 +154,8 @@ def _block_k(handles: _Handles, site: MatmulSite, k_block: int) -> None:
     handles.kernel, kloop = by_k.tiled_linalg_op, by_k.loops[0]
     fused = structured.FuseIntoContainingOp(handles.pack_a, kloop)
     handles.pack_a, kloop = fused.fused_op, fused.new_containing_op
-    handles.pack_b = structured.FuseIntoContainingOp(handles.pack_b, kloop).fused_op
+    if handles.pack_b is not None:
+        handles.pack_b = structured.FuseIntoContainingOp(handles.pack_b, kloop).fused_op
     # A widening copy follows its pack into the K-block loop (and below, into the pack
     # step): fusion only reaches a producer used directly inside the container.
     handles.widenings = [
@@ -236,21 +238,24 @@ def _tile_packing(
     tiled_a = structured.TileUsingForOp(pack_a, sizes=[1, kp])
     if not site.transpose_a:  # each step reads reg_m rows of A: prefetch ahead along them
         transform.AnnotateOp(tiled_a.loops[1], PREFETCH_ROWS_ATTR)
-    # B[k, n] packs k-outer: each step reads kp rows of B along n (contiguous), instead of
-    # walking one reg_n-wide column strip down all of K (a new page every row).
-    b_order = [0, 1] if site.transpose_b else [1, 0]
-    if widenings[1] is None:
-        pack_b, partial_b = _split_partial_panel(pack_b, site.n, params.tile_n, params.reg_n)
-    if plan.shared:  # the threads pack B's whole panels together (the partial one follows)
-        pack_b = structured.TileUsingForallOp(pack_b, num_threads=[params.threads, 0]).tiled_op
-    tiled_b = structured.TileUsingForOp(pack_b, sizes=[1, kp], interchange=b_order)
-    handles.pack_a, handles.pack_b = tiled_a.tiled_linalg_op, tiled_b.tiled_linalg_op
+    handles.pack_a = tiled_a.tiled_linalg_op
     if partial_a is not None:
         partial_a = structured.TileUsingForOp(partial_a, sizes=[1, kp]).tiled_linalg_op
-    if partial_b is not None:
-        partial_b = structured.TileUsingForOp(
-            partial_b, sizes=[1, kp], interchange=b_order
-        ).tiled_linalg_op
+    tiled_b = None
+    if pack_b is not None:  # (none for a B packed at compile time)
+        # B[k, n] packs k-outer: each step reads kp rows of B along n (contiguous), instead
+        # of walking one reg_n-wide column strip down all of K (a new page every row).
+        b_order = [0, 1] if site.transpose_b else [1, 0]
+        if widenings[1] is None:
+            pack_b, partial_b = _split_partial_panel(pack_b, site.n, params.tile_n, params.reg_n)
+        if plan.shared:  # the threads pack B's whole panels together (the partial one next)
+            pack_b = structured.TileUsingForallOp(pack_b, num_threads=[params.threads, 0]).tiled_op
+        tiled_b = structured.TileUsingForOp(pack_b, sizes=[1, kp], interchange=b_order)
+        handles.pack_b = tiled_b.tiled_linalg_op
+        if partial_b is not None:
+            partial_b = structured.TileUsingForOp(
+                partial_b, sizes=[1, kp], interchange=b_order
+            ).tiled_linalg_op
     steps = []
     for copy, tiled, panel in zip(
         widenings,
@@ -308,7 +313,8 @@ def _vectorize_packing(
     structured.VectorizeOp(handles.pack_a, [1, k_step, params.reg_m])
     if partial_a is not None:
         structured.VectorizeOp(partial_a, [1, k_step, params.reg_m])
-    structured.VectorizeOp(handles.pack_b, [1, k_step, params.reg_n])
+    if handles.pack_b is not None:
+        structured.VectorizeOp(handles.pack_b, [1, k_step, params.reg_n])
     if partial_b is not None:
         structured.VectorizeOp(partial_b, [1, k_step, params.reg_n])
 

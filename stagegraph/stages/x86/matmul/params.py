@@ -100,10 +100,21 @@ def pack_k_step(k: int) -> int:
     return next(s for s in (8, 4, 2, 1) if k % s == 0)
 
 
+def whole_b_panels(n: int, params: MatmulParams) -> bool:
+    """Whether every column block of B is whole ``reg_n``-column panels, each block the same
+    static width: then B can be packed ahead (``constant_pack``) and each block's pack of
+    it folds away exactly (a partial panel would need padding, a last narrower block a
+    dynamic shape)."""
+    return n % params.reg_n == 0 and n % min(params.tile_n, n) == 0
+
+
 def partial_tiles(extent: int, block: int, tile: int) -> bool:
     """Whether the tile loop over a block of a dimension of ``extent`` split into blocks of
     ``block`` can end with a partial ``tile``: a dynamic bound (the blocks do not divide
-    the extent) or a static one that ``tile`` does not divide."""
+    the extent) or a static one that ``tile`` does not divide. A tile of one is never
+    partial (and a loop of unit steps has no last iteration to peel)."""
+    if tile == 1:
+        return False
     if extent > block and extent % block:
         return True
     return min(extent, block) % tile != 0

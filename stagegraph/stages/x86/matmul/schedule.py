@@ -58,6 +58,7 @@ def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, params: Matmu
     for _ in range(site.consumers):
         chain.append(transform.GetConsumersOfResult(any_op(), chain[-1], 0).result)
     fill = producer_of(mm, 2) if site.has_fill else None
+    unpack_b = producer_of(mm, 1) if site.prepacked_b else None  # (constant_pack)
     tiled = structured.TileUsingForallOp(chain[-1], tile_sizes=[params.block_rows, params.tile_n])
     forall = tiled.forall_op
     block_mm = tiled.tiled_op
@@ -65,6 +66,9 @@ def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, params: Matmu
         fused = structured.FuseIntoContainingOp(producer, forall)
         forall = fused.new_containing_op
         block_mm = fused.fused_op
+    if unpack_b is not None:
+        # The unpack of the packed constant, per block: the kernel's pack of B folds into it.
+        forall = structured.FuseIntoContainingOp(unpack_b, forall).new_containing_op
     block_fill = None
     if fill is not None:
         fused = structured.FuseIntoContainingOp(fill, forall)
@@ -169,7 +173,8 @@ def _site_ops(mm: ir.Operation, site: MatmulSite) -> list[ir.Operation]:
     copies (when only the matmul reads them), the matmul, its elementwise chain."""
     block = mm.block
     ops = []
-    producers = [(2, site.has_fill)] + [(i, w) for i, w in enumerate(site.widened)]
+    producers = [(2, site.has_fill), (1, site.prepacked_b)]
+    producers += [(i, w) for i, w in enumerate(site.widened)]
     for operand, present in producers:
         owner = defining_op(mm.operands[operand]) if present else None
         if owner is not None and owner.block == block and len(list(owner.results[0].uses)) == 1:

@@ -46,3 +46,23 @@ def matmul_like_ops(facts) -> list[OpFacts]:
     """The entry's ops that the matmul schedule handles, in walk order: one
     ``linalg.matmul`` site per op (per batch element, in a loop over the batch)."""
     return [op for op in facts.ops if canonicalizable(op)]
+
+
+def reads_constant_b(op: OpFacts, facts) -> bool:
+    """Whether a matmul's B is a compile-time constant, read as it is or through a
+    transpose of a constant (``nn.Linear``'s weight): the schedule packs such a B once, at
+    compile time (:mod:`stagegraph.stages.x86.matmul.constant_pack`), so packing costs the
+    run nothing and always pays. Only a batch-free 2-D B qualifies (one matmul site)."""
+    if len(op.producers) < 2 or len(op.inputs) < 2 or len(op.inputs[1].shape) != 2:
+        return False
+    if op.producers[1] == "arith.constant":
+        return True
+    if op.producers[1] != "linalg.transpose":
+        return False
+    shape = tuple(op.inputs[1].shape)
+    transposes = [
+        t for t in facts.ops
+        if t.index < op.index and t.name == "linalg.transpose"
+        and t.outputs and tuple(t.outputs[0].shape) == shape
+    ]  # fmt: skip
+    return bool(transposes) and all(t.producers[:1] == ("arith.constant",) for t in transposes)
