@@ -40,6 +40,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -99,7 +100,7 @@ def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
     for problem in sorted(linear.glob("*.py")) if linear else []:
         wanted = not only or any(fnmatch.fnmatch(problem.stem, p) for p in only)
         if wanted and ("Gemm" in problem.name or "Matmul" in problem.name):
-            cases.append(build_linear(directory, target, problem, batch, features))
+            cases.append(build_linear(directory, target, problem, batch, features, params))
     peaks = {d: facts.peak_tflops(d, tensor_cores=True) for d in DTYPES}
     meta = {"target": target, "cases": cases, "peak_tflops": peaks}
     (directory / "cases.json").write_text(json.dumps(meta, indent=1) + "\n")
@@ -115,10 +116,14 @@ def _build_case(folder: Path, source: Path, target: str, params: list[str]) -> d
     chosen = sg.run("gpu", str(source), target=target, until="select",
                     param=params or None).value("select")  # fmt: skip
     plan = chosen.kernels[-1]  # the matmul (after its fill)
-    path = ("wgmma-ws" if plan.warp_specialized else "wgmma") if plan.stages else (
-        "mma.sync" if plan.mma else "simt")  # fmt: skip
-    return {"mma": list(plan.mma), "tile": [plan.tile_m, plan.tile_n], "path": path,
+    return {"mma": list(plan.mma), "tile": [plan.tile_m, plan.tile_n], "path": _path(plan),
             "stages": plan.stages}  # fmt: skip
+
+
+def _path(plan: Any) -> str:
+    """The kernel path a matmul's plan takes (the table's last column)."""
+    return ("wgmma-ws" if plan.warp_specialized else "wgmma") if plan.stages else (
+        "mma.sync" if plan.mma else "simt")  # fmt: skip
 
 
 #: Problem-file constants set for the Linear cases (those a file has): rows, then features.
@@ -127,8 +132,10 @@ FEATURE_NAMES = ("in_features", "out_features", "input_size", "hidden_size", "ou
 
 
 def build_linear(directory: Path, target: str, problem: Path, batch: int,
-                 features: int) -> dict:  # fmt: skip
-    """One Linear + epilogue problem in bf16: exported, compiled, saved with its inputs."""
+                 features: int, params: list[str] | None = None) -> dict:  # fmt: skip
+    """One Linear + epilogue problem in bf16: exported, compiled (the cost model's
+    ``params`` overridden, e.g. ``epilogues=false`` or ``wgmma=false`` to compare), saved
+    with its inputs."""
     import torch
 
     import stagegraph as sg
@@ -148,18 +155,21 @@ def build_linear(directory: Path, target: str, problem: Path, batch: int,
     source = sources(directory) / f"{name}.mlir"
     source.parent.mkdir(parents=True, exist_ok=True)
     source.write_text(text)
-    sg.run("gpu", str(source), target=target, emit="object", output=str(directory / name))
-    params = sg.run("gpu", str(source), target=target, until="select").value("select")
+    sg.run("gpu", str(source), target=target, emit="object", output=str(directory / name),
+           param=params or None)  # fmt: skip
+    chosen = sg.run("gpu", str(source), target=target, until="select",
+                    param=params or None).value("select")  # fmt: skip
     torch.export.save(program, directory / name / "model.pt2")
     raw = [x.view(torch.int16).numpy().view(np.uint16) for x in loaded.inputs]
     np.savez(directory / name / "inputs.npz", *raw)
-    matmuls = [p for p in params.kernels if p.name == "linalg.matmul"]
-    kernels = sum(p.mapped for p in params.kernels)
-    print(f"built {name}: {kernels} kernels, tensor cores "
-          f"{'yes' if any(p.mma for p in matmuls) else 'no'}", flush=True)  # fmt: skip
+    matmuls = [p for p in chosen.kernels if p.name == "linalg.matmul"]
+    kernels = sum(p.mapped for p in chosen.kernels)
+    path = _path(matmuls[0]) if matmuls else "none"
+    print(f"built {name}: {kernels} kernels, {path}", flush=True)
     flops = 2.0 * batch * features * features
     return {"name": name, "linear": True, "dtype": "bf16", "flops": flops,
-            "mma": list(matmuls[0].mma) if matmuls else [], "kernels": kernels}  # fmt: skip
+            "mma": list(matmuls[0].mma) if matmuls else [], "kernels": kernels,
+            "path": path}  # fmt: skip
 
 
 def run_linear_case(folder: Path, case: dict, repeats: int) -> dict:

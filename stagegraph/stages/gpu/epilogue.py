@@ -53,8 +53,9 @@ def epilogue_consumer(facts: PayloadFacts, matmul: OpFacts) -> int | None:
 
 def fuse_epilogues(kernels: list[Any], facts: PayloadFacts) -> list[Any]:
     """Fold each matmul's consumer and init fill into the matmul's plan (its ``fused``),
-    where the matmul has a tensor-core plan (the fill alone too) or a SIMT plan tiling
-    both output dims (with a consumer); the folded ops' own plans then map nothing.
+    where the matmul has an ``mma.sync`` plan (the fill alone too), a wgmma plan or a SIMT
+    plan tiling both output dims (with a consumer); the folded ops' own plans then map
+    nothing.
     Returns the new plans."""
     by_op = {plan.op: n for n, plan in enumerate(kernels)}
     ops = {op.index: op for op in facts.ops}
@@ -64,14 +65,15 @@ def fuse_epilogues(kernels: list[Any], facts: PayloadFacts) -> list[Any]:
         op = ops.get(plan.op)
         if op is None or op.name not in ("linalg.matmul", "linalg.batch_matmul"):
             continue
-        if plan.stages or (not plan.mma and not _simt_fusable(plan)):
-            continue  # (a wgmma block drops its zero fill itself: zero_fill.py)
+        if not plan.mma and not _simt_fusable(plan):
+            continue
         consumer = epilogue_consumer(facts, op)
         consumer = None if consumer in claimed else consumer
         fill = init_fill(facts, op)
         fused = tuple(i for i in (consumer, fill) if i is not None and i in by_op)
-        if not fused or (consumer not in fused and not plan.mma):
-            continue  # (on tensor cores a fill alone is worth folding: C starts in registers)
+        if not fused or (consumer not in fused and (plan.stages or not plan.mma)):
+            continue  # (mma.sync: a fill alone is worth folding, C starts in registers; a
+            # wgmma block drops a zero fill without a consumer itself: zero_fill.py)
         claimed.update(fused)
         out[by_op[plan.op]] = out[by_op[plan.op]].model_copy(update={"fused": fused})
         for index in fused:
@@ -104,8 +106,9 @@ def fused_script(plan: Any, attr: str, mapping: tuple[list[str], list[str]],
                  mma_attr: str | None) -> str:  # fmt: skip
     """Transform ops for a matmul ``plan`` with ``fused`` ops (a consumer comes after the
     matmul in program order, a fill before it): the consumer (else the matmul itself) tiled
-    by ``tiles`` (block, then warp or thread tiles of C) with ``mapping`` at each level,
-    the matmul and its fill fused into both levels; the inner matmul annotated
+    by ``tiles`` (block, then warp or thread tiles of C; or block tiles alone) with
+    ``mapping`` at each level, the matmul and its fill fused into each; the inner matmul
+    annotated
     ``mma_attr`` (tensor cores), the inner consumer :data:`EPILOGUE_ATTR`."""
     i = plan.op
     consumers = [x for x in plan.fused if x > i]
@@ -141,13 +144,14 @@ def fused_script(plan: Any, attr: str, mapping: tuple[list[str], list[str]],
         f'    transform.annotate {level_handles[0]} "{attr}" = %ix{i} '
         f": {_ANY}, !transform.param<i64>\n"
     )
+    last = len(tiles) - 1  # the innermost level's handles
     if mma_attr is not None:
         from stagegraph.stages.gpu.mma_bounds import tile_annotations
 
-        text += f'    transform.annotate %mm{i}_l1 "{mma_attr}" : {_ANY}\n'
-        text += tile_annotations(f"%mm{i}_l1", *tiles[1][-2:], str(i))
+        text += f'    transform.annotate %mm{i}_l{last} "{mma_attr}" : {_ANY}\n'
+        text += tile_annotations(f"%mm{i}_l{last}", *tiles[last][-2:], str(i))
     if consumers:
-        text += f'    transform.annotate %ep{i}_l1 "{EPILOGUE_ATTR}" : {_ANY}\n'
+        text += f'    transform.annotate %ep{i}_l{last} "{EPILOGUE_ATTR}" : {_ANY}\n'
     # The matmul and fill the fusion copied (the whole op, the block's) are dead once the
     # sizes read from their results read their inits instead.
     text += (

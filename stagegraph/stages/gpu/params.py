@@ -33,9 +33,8 @@ class GpuParams(Params):
     matmul on the SIMT path (to compare the two); ``wgmma``: off keeps sm_90a matmuls on
     ``mma.sync`` (to compare the two Hopper paths); ``epilogues``: a matmul's elementwise
     consumer and zero fill run in its kernel (:mod:`stagegraph.stages.gpu.epilogue`; off
-    gives each its own kernel, to compare). A matmul with an elementwise consumer to fuse
-    takes ``mma.sync`` with its epilogue in registers rather than wgmma without it (the
-    wgmma block has no register epilogue yet)."""
+    gives each its own kernel, to compare; on wgmma blocks the epilogue runs as the block
+    copies its C tile out, :mod:`stagegraph.stages.gpu.wgmma_epilogue`)."""
 
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
     tf32: bool = False
@@ -146,12 +145,10 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     )
     if "kernels" in config.overrides:
         return params
-    from stagegraph.stages.gpu.epilogue import epilogue_consumer
     from stagegraph.stages.gpu.wgmma import plan_wgmma
 
     def wgmma_plan(op: OpFacts) -> KernelPlan | None:
-        fusing = params.epilogues and epilogue_consumer(facts, op) is not None
-        return plan_wgmma(op, target) if params.wgmma and not fusing else None
+        return plan_wgmma(op, target) if params.wgmma else None
 
     kernels = [(params.tensor_cores and (wgmma_plan(op) or plan_mma(op, target, params.tf32)))
                or plan_op(op, params.threads_per_block, vector_width(op))

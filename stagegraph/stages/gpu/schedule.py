@@ -67,6 +67,10 @@ def _tile(target: str, tiles: tuple[int, ...], mapping: list[str], out: str) -> 
 def kernel_script(plan: KernelPlan) -> str:
     """The transform ops that tile one op to blocks, then each block's piece to threads."""
     i = plan.op
+    if plan.stages and plan.fused:
+        from stagegraph.stages.gpu.wgmma_epilogue import wgmma_epilogue_script
+
+        return wgmma_epilogue_script(plan, OP_ATTR)
     if plan.stages:
         from stagegraph.stages.gpu.wgmma import wgmma_script
 

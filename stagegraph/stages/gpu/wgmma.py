@@ -153,8 +153,8 @@ def choose(m: int, n: int, k: int, sm_count: int, shared_limit: int, registers: 
 def wgmma_script(op: int, tile_n: int, stages: int, attr: str, specialized: bool = False,
                  group: int = 0) -> str:  # fmt: skip
     """Transform ops for op ``op`` (matched by ``attr``): tiled to ``128 x tile_n`` blocks;
-    the block's matmul is annotated for ``wgmma_rewrite.rewrite_wgmma`` with the pipeline depth (and
-    :data:`WS_ATTR` when warp-specialized, :data:`GROUP_ATTR` with the block grouping)."""
+    the block's matmul is annotated for ``wgmma_rewrite.rewrite_wgmma``
+    (:func:`wgmma_annotations`)."""
     any_op = "!transform.any_op"
     blocks = "#gpu.block<linear_dim_1>, #gpu.block<linear_dim_0>"
     return (
@@ -165,13 +165,23 @@ def wgmma_script(op: int, tile_n: int, stages: int, attr: str, specialized: bool
         f": ({any_op}) -> ({any_op}, {any_op})\n"
         f"    %wi{op} = transform.param.constant {op} : i64 -> !transform.param<i64>\n"
         f'    transform.annotate %wb{op} "{attr}" = %wi{op} : {any_op}, !transform.param<i64>\n'
+        + wgmma_annotations(f"%wb{op}_op", op, stages, specialized, group)
+    )
+
+
+def wgmma_annotations(handle: str, op: int, stages: int, specialized: bool, group: int) -> str:
+    """Transform ops marking the block matmul ``handle`` with the pipeline depth
+    (:data:`WGMMA_ATTR`), :data:`WS_ATTR` when warp-specialized and :data:`GROUP_ATTR`
+    with the block grouping."""
+    any_op = "!transform.any_op"
+    return (
         f"    %ws{op} = transform.param.constant {stages} : i64 -> !transform.param<i64>\n"
-        f'    transform.annotate %wb{op}_op "{WGMMA_ATTR}" = %ws{op} '
+        f'    transform.annotate {handle} "{WGMMA_ATTR}" = %ws{op} '
         f": {any_op}, !transform.param<i64>\n"
-        + (f'    transform.annotate %wb{op}_op "{WS_ATTR}" : {any_op}\n' if specialized else "")
+        + (f'    transform.annotate {handle} "{WS_ATTR}" : {any_op}\n' if specialized else "")
         + (
             f"    %wg{op} = transform.param.constant {group} : i64 -> !transform.param<i64>\n"
-            f'    transform.annotate %wb{op}_op "{GROUP_ATTR}" = %wg{op} '
+            f'    transform.annotate {handle} "{GROUP_ATTR}" = %wg{op} '
             f": {any_op}, !transform.param<i64>\n"
             if group
             else ""

@@ -111,6 +111,9 @@ class _Block:
         self.consumers, self.rows = consumers, TILE_M // consumers
         #: Whether C holds zeros before the block (then it is stored, not added to).
         self.zero_init = False
+        #: The fused consumer's :class:`~stagegraph.stages.gpu.epilogue.WarpEpilogue`, or
+        #: None: then the C tile goes through the consumer's body on its way out.
+        self.fused: Any = None
         self.a_bytes = TILE_M * TILE_K * 2
         self.b_bytes = TILE_K * self.tile_n * 2
         with build.location:
@@ -338,6 +341,16 @@ class _Block:
             nvgpu.WarpgroupMmaStoreOp(acc, mine, ip=build.point)
         return self.tile
 
+    def tile_out(self, c: Any, local: Any, workers: int) -> None:
+        """The shared C tile out of the block by ``workers`` threads: through the fused
+        consumer (:mod:`stagegraph.stages.gpu.wgmma_epilogue`), else added to C."""
+        if self.fused is None:
+            self.add_to_c(c, local, workers)
+            return
+        from stagegraph.stages.gpu.wgmma_epilogue import apply_epilogue
+
+        apply_epilogue(self, self.fused, local, workers)
+
     def add_to_c(self, c: Any, local: Any, workers: int) -> None:
         """``workers`` threads (``local``: this one's index) add the shared C tile to C,
         element ``local + workers * i`` each (consecutive threads on consecutive columns)."""
@@ -369,10 +382,10 @@ class _Block:
 
     def epilogue(self, acc: Any, c: Any) -> None:
         """Accumulator -> C: stored where C held zeros, else through shared memory and
-        added to C by the warpgroup."""
+        added to C (or put through the fused consumer) by the warpgroup."""
         from stagegraph.mlir.bindings import gpu
 
-        if self.zero_init:
+        if self.zero_init and self.fused is None:
             self.store_to_c(acc, c)
             return
         with self.build.location:
@@ -381,7 +394,7 @@ class _Block:
         self.store_tile(acc)
         with self.build.location:
             gpu.BarrierOp(ip=self.build.point)
-        self.add_to_c(c, self.tid, WARPGROUP)
+        self.tile_out(c, self.tid, WARPGROUP)
 
 
 def _dynamic_size() -> int:

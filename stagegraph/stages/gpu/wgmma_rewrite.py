@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagegraph.errors import UnsupportedPayloadError
+from stagegraph.stages.gpu.epilogue import WarpEpilogue
 from stagegraph.stages.gpu.mma import _Builder
 from stagegraph.stages.gpu.raster import regroup_blocks
 from stagegraph.stages.gpu.tma import create_descriptor
@@ -47,7 +48,8 @@ def rewrite_wgmma(module: Any) -> int:
 
 def build_block(matmul: Any) -> None:
     """Replace one annotated block matmul by the pipeline (its descriptors on the host);
-    a zero fill of C right before it is dropped (the block then stores C).
+    a zero fill of C right before it is dropped (the block then stores C); a fused
+    consumer (:mod:`stagegraph.stages.gpu.wgmma_epilogue`) runs on the C tile instead.
 
     Raises:
         UnsupportedPayloadError: an operand is not a block's view of a 2-D buffer TMA can
@@ -69,9 +71,12 @@ def build_block(matmul: Any) -> None:
     host = _Builder(forall)
     made = (create_descriptor(host, a_root, (TILE_M, TILE_K)),
             create_descriptor(host, b_root, (TILE_K, BOX_N)))  # fmt: skip
-    build = _Builder(matmul)
+    fused = WarpEpilogue(matmul)
+    fused = fused if fused.consumer is not None else None
+    # With a consumer the block goes where the consumer is: after its operands' views.
+    build = _Builder(matmul if fused is None else fused.consumer)
     descriptors = tuple(_as_pointer(host, build, descriptor) for descriptor in made)
-    fill = dead_zero_fill(_root(c, forall)[0], forall)
+    fill = dead_zero_fill(_root(c, forall)[0], forall) if fused is None else None
     if fill is not None:
         fill.erase()
     origin = tuple(v if not isinstance(v, int) else build.const(v) for v in (a_at[0], b_at[1]))
@@ -79,12 +84,15 @@ def build_block(matmul: Any) -> None:
     shape = (a_type.element_type, c_type.shape[1], a_type.shape[1])
     if WS_ATTR in matmul.attributes:
         specialized = SpecializedBlock(build, descriptors, origin, shape, stages, CONSUMERS)
-        specialized.zero_init = fill is not None
+        specialized.zero_init, specialized.fused = fill is not None, fused
         specialized.prepare()
         specialized.run(c)
     else:
         block = _Block(build, descriptors, origin, shape, stages)
-        block.zero_init = fill is not None
+        block.zero_init, block.fused = fill is not None, fused
         block.prepare()
         block.epilogue(block.mainloop(), c)
-    matmul.erase()
+    if fused is None:
+        matmul.erase()
+    else:  # the consumer, the matmul, its fill and C's block buffer
+        fused.finish(matmul)

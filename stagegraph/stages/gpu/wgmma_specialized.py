@@ -13,7 +13,8 @@ lowering waits for all but the newest wgmma group) and then release the previous
 slot (every consumer thread arrives on its empty barrier, which counts 256 arrivals). The
 loads thus run ahead by ``stages`` steps without the consumers ever issuing one, and the
 two consumers' wgmma streams overlap each other's waits. After the loop the consumers put
-their accumulators into the shared C tile and add it to C, synchronised by a named
+their accumulators into the shared C tile and add it to C (or put it through the fused
+consumer, :mod:`stagegraph.stages.gpu.wgmma_epilogue`), synchronised by a named
 barrier of their 256 threads: the producer, at its lower register count, never runs code
 past its branch.
 """
@@ -115,7 +116,7 @@ class SpecializedBlock(_Block):
             zero = nvgpu.WarpgroupMmaInitAccumulatorOp(self.accumulator_type(),
                                                        ip=build.point).result  # fmt: skip
         acc = self.consume(zero, consumer, steps)
-        if self.zero_init:
+        if self.zero_init and self.fused is None:
             self.store_to_c(acc, c, consumer)
             build.op("scf.yield", [], [])
             build.point = outer
@@ -125,6 +126,6 @@ class SpecializedBlock(_Block):
         self.store_tile(acc, consumer)
         self.consumers_barrier()
         local = self.index("subi", self.tid, build.const(WARPGROUP))
-        self.add_to_c(c, local, WARPGROUP * self.consumers)
+        self.tile_out(c, local, WARPGROUP * self.consumers)
         build.op("scf.yield", [], [])
         build.point = outer
