@@ -106,7 +106,7 @@ def test_table_has_peaks_geomeans_and_the_count_below_one(scripts) -> None:
         _row(vt, "a", {"torch": 2.0, "iree": 4.0}),
         _row(vt, "b", {"torch": 0.5, "iree": 1.0}),
         vt.VsRow(payload="c", error="x86: timeout after 300 s"),
-        _row(vt, "d", {"torch": 1.0}) .model_copy(update={"peers": {
+        _row(vt, "d", {"torch": 1.0}).model_copy(update={"peers": {
             "torch": vt.PeerResult(speedup=3.0, seconds=0.006, gflops=3.3, trustworthy=False),
             "iree": vt.PeerResult(error="IREE cannot compile it")}}),
     ]  # fmt: skip
@@ -149,6 +149,7 @@ def test_a_failing_child_becomes_an_error_row(scripts) -> None:
     vt = scripts.versus_table
     row = vt.row_from("p", "p.py:batch_size=1", {"verified": False, "message": "no fit"})
     assert not row.verified and row.error == "no fit" and row.peers == {}
-    ok = vt.row_from("q", "q.py", {"verified": True, "x86_s": 0.1, "gflops": 5.0,
-                                   "peers": {"torch": {"seconds": 0.2, "speedup": 2.0}}})  # fmt: skip
+    result = {"verified": True, "x86_s": 0.1, "gflops": 5.0,
+              "peers": {"torch": {"seconds": 0.2, "speedup": 2.0}}}  # fmt: skip
+    ok = vt.row_from("q", "q.py", result)
     assert ok.peers["torch"].speedup == 2.0 and ok.error == ""
