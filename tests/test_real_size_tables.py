@@ -153,3 +153,24 @@ def test_a_failing_child_becomes_an_error_row(scripts) -> None:
               "peers": {"torch": {"seconds": 0.2, "speedup": 2.0}}}  # fmt: skip
     ok = vt.row_from("q", "q.py", result)
     assert ok.peers["torch"].speedup == 2.0 and ok.error == ""
+
+
+def test_compile_time_table_lists_every_stage_and_iree(scripts) -> None:
+    import compile_time
+
+    results = [
+        ("m1", {"seconds": 6.0, "cpu_s": 5.5, "import_s": 30.0,
+                "stages": {"schedule": 2.0, "lower": 1.5, "emit": 2.5}},
+         {"seconds": 9.0, "cpu_s": 12.0}),
+        ("m2", {"error": "timeout after 600 s"}, {"error": "exit 1: IREE failed"}),
+    ]  # fmt: skip
+    lines = compile_time.stage_table(results)
+    head = [c.strip() for c in lines[0].strip("|").split("|")]
+    assert head[:5] == ["model", "import s", "schedule", "lower", "emit"]
+    assert head[5:] == ["x86 s", "x86 CPU s", "IREE s", "IREE CPU s", "x86/IREE"]
+    first = [c.strip() for c in lines[2].strip("|").split("|")]
+    assert first == ["m1", "30.00", "2.00", "1.50", "2.50", "6.00", "5.50", "9.00", "12.00",
+                     "0.67"]  # fmt: skip
+    second = [c.strip() for c in lines[3].strip("|").split("|")]
+    assert second[5] == "timeout after 600 s" and second[7] == "exit 1: IREE failed"
+    assert second[-1] == "-"
