@@ -126,3 +126,18 @@ def test_globals_that_cannot_be_read_stay_nested() -> None:
         kept = [ir.TypeAttr(g.attributes["global_type"]).value for g in _globals(module)]
         assert flatten_constant_globals(module) == 0
         assert [ir.TypeAttr(g.attributes["global_type"]).value for g in _globals(module)] == kept
+
+
+def test_the_x86_lowering_leaves_only_flat_weights() -> None:
+    from stagegraph.app.session import Session, SessionRequest
+    from tests.conftest import kernelbench_or_skip
+
+    payload = next(kernelbench_or_skip("level2").glob("l2_009_*.mlir"))
+    with Session(SessionRequest(graph="x86", workload=str(payload), threads=1)) as session:
+        module = session.compile(until="lower").module.ir
+    weights = [g for g in _globals(module) if "value" in g.attributes]
+    assert weights
+    for weight in weights:
+        global_type = ir.TypeAttr(weight.attributes["global_type"]).value
+        if isinstance(global_type, llvm.ArrayType):
+            assert not isinstance(llvm.ArrayType(global_type).element_type, llvm.ArrayType)
