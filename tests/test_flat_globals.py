@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from stagegraph.mlir.bindings import ir, llvm, new_context
-from stagegraph.mlir.resources import flat_elements, has_blob, resource_values
+from stagegraph.mlir.resources import flat_bytes, has_blob, resource_values
 from stagegraph.mlir.walk import children
 
 
@@ -42,25 +42,25 @@ def test_a_resource_without_its_blob_is_refused_not_read() -> None:
         attr = constant.attributes["value"]
         assert not has_blob(attr, 64 * 32 * 4)
         assert resource_values(attr) is None
-        assert flat_elements(attr, "flat") is None
+        assert flat_bytes(attr, "flat") is None
 
 
-def test_flat_elements_keep_values_and_change_only_the_shape() -> None:
+def test_flat_bytes_keep_the_bytes_and_change_only_the_type() -> None:
     values = np.linspace(-1, 1, 32 * 48, dtype=np.float32).reshape(2, 16, 48)
+    raw = values.reshape(-1).view(np.int8)
     with new_context(), ir.Location.unknown():
-        flat = flat_elements(_resource(values), "flat")
-        assert ir.ShapedType(flat.type).shape == [values.size]
-        np.testing.assert_array_equal(resource_values(flat), values.reshape(-1))
-        dense = ir.DenseElementsAttr.get(values)
-        flat_dense = ir.DenseElementsAttr(flat_elements(dense, "unused"))
-        assert ir.ShapedType(flat_dense.type).shape == [values.size]
-        np.testing.assert_array_equal(np.array(flat_dense), values.reshape(-1))
-        half = ir.DenseElementsAttr.get(values.astype(np.float16))  # no C API getter: kept
-        assert flat_elements(_resource(values.astype(np.float64)), "d") is not None
-        assert flat_elements(ir.DenseElementsAttr.get_splat(
+        flat = flat_bytes(_resource(values), "flat")
+        assert ir.ShapedType(flat.type).shape == [values.nbytes]
+        assert ir.ShapedType(flat.type).element_type == ir.IntegerType.get_signless(8)
+        np.testing.assert_array_equal(resource_values(flat), raw)
+        flat_dense = ir.DenseElementsAttr(flat_bytes(ir.DenseElementsAttr.get(values), "x"))
+        np.testing.assert_array_equal(np.array(flat_dense), raw)
+        assert flat_bytes(_resource(values.astype(np.float64)), "d") is not None
+        # no C API getter (f16), a splat: left as they are
+        assert flat_bytes(ir.DenseElementsAttr.get(values.astype(np.float16)), "h") is None
+        assert flat_bytes(ir.DenseElementsAttr.get_splat(
             ir.RankedTensorType.get([2, 3], ir.F32Type.get()), ir.FloatAttr.get_f32(1.0)),
             "splat") is None  # fmt: skip
-        assert half is not None
 
 
 def _lowered_constant_function(attr: object) -> object:
@@ -99,7 +99,9 @@ def test_flattened_global_gives_the_same_results(kind: str) -> None:
         assert flatten_constant_globals(module) == 1
         module.operation.verify()
         after = llvm.ArrayType(ir.TypeAttr(weight.attributes["global_type"]).value)
-        assert after.num_elements == values.size and isinstance(after.element_type, ir.F32Type)
+        assert after.num_elements == values.nbytes
+        assert after.element_type == ir.IntegerType.get_signless(8)
+        assert ir.IntegerAttr(weight.attributes["alignment"]).value >= 4
         assert flatten_constant_globals(module) == 0  # one-dimensional already
         (result,) = jit(module, opt_level=0).call("weights", [])
     np.testing.assert_array_equal(result, values)

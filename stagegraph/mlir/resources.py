@@ -170,27 +170,29 @@ def resource_values(attr: Any) -> np.ndarray | None:
     return out
 
 
-def flat_elements(attr: Any, name: str) -> Any | None:
-    """The same elements as a one-dimensional attribute of the same kind (a new
-    ``dense_resource`` blob named ``name``, or a dense attribute), or ``None`` when they
-    cannot be read (splats, element types without a getter, a missing blob)."""
+def flat_bytes(attr: Any, name: str) -> Any | None:
+    """The elements' bytes (row-major, the target's byte order) as a one-dimensional ``i8``
+    attribute of the same kind (a new ``dense_resource`` blob named ``name``, or a dense
+    attribute), or ``None`` when they cannot be read (splats, element types without a
+    getter, a missing blob, fewer than two elements)."""
     shaped = ir.ShapedType(attr.type)
     if element_key(shaped.element_type) is None:
         return None
-    count = int(np.prod(shaped.shape, dtype=np.int64))
-    if count < 2:  # nothing to flatten (and one element would make a splat)
+    if int(np.prod(shaped.shape, dtype=np.int64)) < 2:  # one element would make a splat
         return None
     dense = _as(ir.DenseElementsAttr, attr)
     with attr.context, ir.Location.unknown(attr.context):
+        byte = ir.IntegerType.get_signless(8)
         if _as(ir.DenseResourceElementsAttr, attr) is not None:
             values = resource_values(attr)
             if values is None:
                 return None
-            flat_type = ir.RankedTensorType.get([count], shaped.element_type)
-            return ir.DenseResourceElementsAttr.get_from_buffer(values, name, flat_type)
+            raw = values.view(np.int8)
+            flat_type = ir.RankedTensorType.get([raw.size], byte)
+            return ir.DenseResourceElementsAttr.get_from_buffer(raw, name, flat_type)
         if dense is None or dense.is_splat:
             return None
-        return ir.DenseElementsAttr.get(np.array(dense).reshape(-1), type=shaped.element_type)
+        return ir.DenseElementsAttr.get(np.array(dense).reshape(-1).view(np.int8), type=byte)
 
 
-__all__ = ["element_key", "flat_elements", "has_blob", "resource_values"]
+__all__ = ["element_key", "flat_bytes", "has_blob", "resource_values"]

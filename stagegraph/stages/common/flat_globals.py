@@ -1,15 +1,18 @@
-"""Constant globals of an LLVM-dialect module become one-dimensional arrays.
+"""Constant globals of an LLVM-dialect module become one-dimensional byte arrays.
 
 Lowering ``memref.global`` keeps the memref's shape: a ``512x256x3x3`` weight becomes an
 ``!llvm.array<512 x array<256 x array<3 x array<3 x f32>>>>`` global, which MLIR's
 translation to LLVM IR builds as one LLVM constant per innermost row of three floats
 (uniqued, hashed) and nested arrays above them. For ResNet-18 that is four million
 constants: 9 of the 12 seconds its ``emit`` took, against a tenth of a second for the same
-bytes as one ``!llvm.array<N x f32>``.
+bytes as one ``!llvm.array<N x f32>``. As bytes (``!llvm.array<4N x i8>``) the code
+generator writes the initializer in one piece rather than element by element: 0.4 s less
+for ResNet-18's 11.7 million weights.
 
 The bytes and their order are the same either way (arrays of scalars have no padding), and
 every user reaches a global through ``llvm.mlir.addressof``, an opaque pointer, and GEPs
-that carry their own element type; so only the global's type and initializer change.
+and loads that carry their own element type and alignment; so only the global's type and
+initializer change, and its alignment stays at least the element's.
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagegraph.mlir.bindings import ir, llvm
-from stagegraph.mlir.resources import flat_elements
+from stagegraph.mlir.resources import flat_bytes
 from stagegraph.mlir.walk import children
 
 
@@ -33,8 +36,8 @@ def _innermost(array_type: Any) -> tuple[Any, int, int]:
 
 
 def flatten_constant_globals(module: Any) -> int:
-    """Give every initialized global of nested arrays of scalars a one-dimensional type and
-    initializer in ``module`` (LLVM dialect); returns how many changed. Globals whose
+    """Give every initialized global of nested arrays of scalars a one-dimensional byte
+    type and initializer in ``module`` (LLVM dialect); returns how many changed. Globals whose
     elements cannot be read (f16/bf16 ``dense_resource`` blobs, splats) stay as they are:
     slower to translate, equally correct."""
     changed = 0
@@ -50,11 +53,19 @@ def flatten_constant_globals(module: Any) -> int:
         if shaped.element_type != element or shaped.rank != depth:
             continue
         name = ir.StringAttr(op.attributes["sym_name"]).value
-        flat = flat_elements(value, f"{name}_flat")
+        flat = flat_bytes(value, f"{name}_bytes")
         if flat is None:
             continue
-        op.attributes["global_type"] = ir.TypeAttr.get(llvm.ArrayType.get(element, count))
+        size = ir.ShapedType(flat.type).shape[0]
+        byte = ir.IntegerType.get_signless(8, module.context)
+        op.attributes["global_type"] = ir.TypeAttr.get(llvm.ArrayType.get(byte, size))
         op.attributes["value"] = flat
+        aligned = (
+            ir.IntegerAttr(op.attributes["alignment"]).value if "alignment" in op.attributes else 0
+        )
+        op.attributes["alignment"] = ir.IntegerAttr.get(
+            ir.IntegerType.get_signless(64, module.context), max(aligned, size // count)
+        )
         changed += 1
     return changed
 
