@@ -174,3 +174,47 @@ def test_compile_time_table_lists_every_stage_and_iree(scripts) -> None:
     second = [c.strip() for c in lines[3].strip("|").split("|")]
     assert second[5] == "timeout after 600 s" and second[7] == "exit 1: IREE failed"
     assert second[-1] == "-"
+
+
+def test_specs_of_each_mode(scripts) -> None:
+    if not (ROOT / "src" / "level3").is_dir():
+        pytest.skip("no ../shared/kernelbench")
+    from argparse import Namespace
+
+    vt = scripts.versus_table
+    args = Namespace(folder=ROOT / "level2", models=False, scale=16, only="l2_00")
+    specs, _, mode = vt.main_specs(args)
+    assert [name[:6] for name, _ in specs] == ["l2_001", "l2_003", "l2_005", "l2_007", "l2_009"]
+    assert "16x larger" in mode
+    shipped = scripts.real_size.scaled_problem_spec(ROOT / "level2" / f"{specs[0][0]}.mlir", 1)
+    assert specs[0][1].replace("batch_size=256", "batch_size=16") == shipped != specs[0][1]
+    for folder in (ROOT, ROOT / "level3"):  # the kernelbench root or its level3
+        args = Namespace(folder=folder, models=True, scale=1, only="ResNet")
+        specs, _, mode = vt.main_specs(args)
+        assert [name for name, _ in specs] == ["l3_009_ResNet18"] and "224x224" in mode
+
+
+@pytest.mark.slow
+def test_one_payload_against_pytorch_in_process(scripts, tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    problem = tmp_path / "linear.py"
+    problem.write_text(
+        "import torch\n"
+        "batch_size = 4\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(32, 16)\n"
+        "    def forward(self, x):\n"
+        "        return torch.relu(self.fc(x))\n"
+        "def get_inputs():\n"
+        "    return [torch.randn(batch_size, 32)]\n"
+        "def get_init_inputs():\n"
+        "    return []\n"
+    )
+    result = scripts.versus_table.measure_versus(f"{problem}:batch_size=8", ["torch"], 1, 0.05)
+    row = scripts.versus_table.row_from("linear", str(problem), result)
+    assert row.verified and row.x86_s > 0 and row.payload_threads == 1
+    assert row.peers["torch"].seconds > 0 and row.peers["torch"].speedup > 0
+    assert row.peers["torch"].error == ""
+    assert row.gflops == pytest.approx(2 * 8 * 32 * 16 / row.x86_s / 1e9, rel=0.5)
