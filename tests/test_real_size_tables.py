@@ -125,6 +125,10 @@ def test_table_has_peaks_geomeans_and_the_count_below_one(scripts) -> None:
     assert "no (x86: timeout after 300 s)" in next(x for x in lines if x.startswith("| c |"))
     row_d = next(line for line in lines if line.startswith("| d |"))
     assert "3.00 (noisy)" in row_d and "(IREE cannot compile it)" in row_d
+    drifted = _row(vt, "e", {"torch": 2.0}).model_copy(update={"peers": {
+        "torch": vt.PeerResult(seconds=0.002, speedup=2.0, x86_s=0.001)}})  # fmt: skip
+    row_e = vt.table_lines([drifted], ["torch"], [], None)[3]
+    assert "| 2.000 (x86 1.000) | - | 2.00 |" in row_e  # x86 ran 2 ms in the first pair
     mean = next(line for line in lines if line.startswith("| geometric mean"))
     assert "3 of 4" in mean and "1.44" in mean and "2.00" in mean
     assert "torch: geometric-mean speedup 1.44 over 3 payloads; below 1.0: 1 (b)" in lines
