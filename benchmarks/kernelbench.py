@@ -201,10 +201,9 @@ def header(host: dict | None, note: str | None) -> list[str]:
     return lines + ([note] if note else [])
 
 
-def main() -> int:
-    from stagegraph.app.host import reexec_without_openblas_overrides
+def parse_arguments() -> argparse.Namespace:
+    from versus_table import add_versus_arguments
 
-    note = reexec_without_openblas_overrides()  # before any child process starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--json", action="store_true")
@@ -215,11 +214,18 @@ def main() -> int:
     parser.add_argument("--torch", action="store_true",
                         help="add PyTorch eager and torch.compile columns (payloads with a "
                         "problem file in ../src/levelN; needs the torch extra)")  # fmt: skip
-    from versus_table import add_versus_arguments, main_specs, run_tables
+    add_versus_arguments(parser)  # --vs, --scale, --models: the real-size tables
+    return parser.parse_args()
 
-    add_versus_arguments(parser)
-    args = parser.parse_args()
+
+def main() -> int:
+    from stagegraph.app.host import reexec_without_openblas_overrides
+
+    note = reexec_without_openblas_overrides()  # before any child process starts
+    args = parse_arguments()
     if args.vs is not None or args.models:
+        from versus_table import main_specs, run_tables
+
         return run_tables(*main_specs(args))
     limits = Limits(timeout_s=args.timeout, memory_bytes=16 * 2**30)
     rows, host = [], None
