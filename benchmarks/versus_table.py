@@ -282,20 +282,36 @@ def add_versus_arguments(parser: Any) -> None:
     )
 
 
+def refuse(message: str) -> None:
+    """Bad arguments: the message on stderr and exit status 2, no traceback."""
+    print(f"kernelbench.py: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
 def main_specs(args: Any) -> tuple[list[tuple[str, str]], Any, str]:
     """``(specs, args, mode)`` for :func:`run_tables` from ``kernelbench.py``'s arguments:
     the level-3 models (``--models``; the folder is the kernelbench root or its level3) or
     the problem files of the folder's payloads at ``--scale``."""
     from kernelbench_torch_coverage import problem_file
-    from real_size import model_specs, scaled_problem_spec
+    from real_size import LEVEL3_MODELS, model_specs, scaled_problem_spec
 
     folder = args.folder.resolve()
+    if args.scale < 1:
+        refuse(f"--scale {args.scale}: give a whole factor of 1 or more")
     if args.models:
         root = folder if (folder / "src").is_dir() else folder.parent
-        return model_specs(root, args.only), args, "dev level-3 models at batch 1, 224x224"
-    specs = []
-    for path in sorted(folder.glob("*.mlir")):
-        if args.only in path.stem and problem_file(path) is not None:
-            specs.append((path.stem, scaled_problem_spec(path, args.scale)))
-    sizes = "shipped sizes" if args.scale == 1 else f"every input {args.scale}x larger"
-    return specs, args, f"{folder.name} problem files at {sizes}"
+        specs = model_specs(root, args.only)
+        mode = "dev level-3 models at batch 1, 224x224"
+        where = f"{root / 'src' / 'level3'} (problem numbers {', '.join(LEVEL3_MODELS)})"
+    else:
+        specs = []
+        for path in sorted(folder.glob("*.mlir")):
+            if args.only in path.stem and problem_file(path) is not None:
+                specs.append((path.stem, scaled_problem_spec(path, args.scale)))
+        sizes = "shipped sizes" if args.scale == 1 else f"every input {args.scale}x larger"
+        mode = f"{folder.name} problem files at {sizes}"
+        where = f"{folder} (payloads with a problem file in ../src/{folder.name})"
+    if not specs:
+        named = f" whose name contains {args.only!r}" if args.only else ""
+        refuse(f"nothing to measure: no problem files found for {where}{named}")
+    return specs, args, mode

@@ -222,3 +222,17 @@ def test_one_payload_against_pytorch_in_process(scripts, tmp_path: Path) -> None
     assert row.peers["torch"].seconds > 0 and row.peers["torch"].speedup > 0
     assert row.peers["torch"].error == ""
     assert row.gflops == pytest.approx(2 * 8 * 32 * 16 / row.x86_s / 1e9, rel=0.5)
+
+
+def test_bad_arguments_exit_2_with_a_message(scripts, tmp_path: Path, capsys) -> None:
+    from argparse import Namespace
+
+    vt = scripts.versus_table
+    for args, words in (
+        (Namespace(folder=tmp_path, models=True, scale=1, only=""), "no problem files found"),
+        (Namespace(folder=tmp_path, models=False, scale=0, only=""), "--scale 0"),
+    ):
+        with pytest.raises(SystemExit) as exited:
+            vt.main_specs(args)
+        assert exited.value.code == 2
+        assert words in capsys.readouterr().err
