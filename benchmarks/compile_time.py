@@ -7,17 +7,21 @@ compiler runs as a grandchild). The x86 side compiles from the payload file to a
 binary (every stage of the x86 graph but the run); IREE compiles the same text for the same
 host with the flags ``bench --vs iree`` uses (``stagegraph.app.iree.compile_vmfb``).
 
-Two modes::
+Three modes::
 
     python benchmarks/compile_time.py [FOLDER] [--timeout S] [--no-iree]
+    python benchmarks/compile_time.py --models [--only ResNet18] [--threads 1]
     python benchmarks/compile_time.py --curve [--sizes 250,500,1000,2000,4000]
 
 The first compiles every ``.mlir`` of FOLDER (default: ``shared/kernelbench/level3``,
 found beside the repository or in a parent folder, as the tests find it) and prints a
 table: ops, x86 seconds and peak MiB, IREE seconds and peak MiB, and x86 time / IREE time.
-``--curve`` compiles synthetic unrolled recurrent networks (a matmul and an elementwise
-cell per step) of about N ops each and prints seconds and seconds per op for each N: a
-linear compile time shows as a flat seconds-per-op column.
+``--models`` compiles the dev level-3 models at batch 1 with 224x224 images (the problem
+files with the overrides of ``benchmarks/real_size.py``) and prints, per model, the seconds
+of each stage of the x86 graph, its total (wall and CPU) and ``iree-compile``'s on the same
+imported text. ``--curve`` compiles synthetic unrolled recurrent networks (a matmul and an
+elementwise cell per step) of about N ops each and prints seconds and seconds per op for
+each N: a linear compile time shows as a flat seconds-per-op column.
 """
 
 from __future__ import annotations
@@ -32,6 +36,9 @@ import time
 from pathlib import Path
 
 MiB = 2**20
+#: Threads the x86 side compiles for (``--threads``; passed to the children by the
+#: environment, as their command line names only the job).
+THREADS = int(os.environ.get("STAGEGRAPH_COMPILE_TIME_THREADS", "1"))
 
 
 def find_shared() -> Path | None:
@@ -65,25 +72,50 @@ def count_ops(text: str) -> int:
     return count - 1  # not the module itself
 
 
+def cpu_seconds(who: int) -> float:
+    """User + system CPU seconds of this process (``RUSAGE_SELF``) or of the children it
+    waited for (``RUSAGE_CHILDREN``: ``iree-compile``)."""
+    import resource
+
+    usage = resource.getrusage(who)
+    return usage.ru_utime + usage.ru_stime
+
+
 def child_x86(path: str) -> dict:
-    """Compile ``path`` through the x86 graph to a JIT binary (in this child)."""
+    """Compile ``path`` (a payload file or a problem-file spec) through the x86 graph to a
+    JIT binary (in this child): wall and CPU seconds, per stage too. A PyTorch model's
+    import is timed apart (``import_s``): IREE gets the imported text."""
+    import resource
+
     from stagegraph.app.session import Session, SessionRequest
 
     start = time.perf_counter()
-    with Session(SessionRequest(graph="x86", workload=path)) as session:
-        session.compile()
-    return {"seconds": time.perf_counter() - start}
+    with Session(SessionRequest(graph="x86", workload=path, threads=THREADS)) as session:
+        before = time.perf_counter()
+        session.prepare_workload()
+        imported = time.perf_counter() - before
+        cpu = cpu_seconds(resource.RUSAGE_SELF)
+        result = session.compile()
+        cpu = cpu_seconds(resource.RUSAGE_SELF) - cpu
+    return {"seconds": time.perf_counter() - start - imported, "cpu_s": cpu,
+            "import_s": imported,
+            "stages": {r.name: r.seconds for r in result.trace.records}}  # fmt: skip
 
 
 def child_iree(path: str) -> dict:
     """Compile ``path`` with IREE for this host (in this child; IREE in a grandchild)."""
+    import resource
+
     from stagegraph.app.iree import compile_vmfb, payload_text
     from stagegraph.app.session import open_workload
 
     text = payload_text(open_workload(path))
+    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) + cpu_seconds(resource.RUSAGE_SELF)
     start = time.perf_counter()
-    compile_vmfb(text, None, source=Path(path).name)
-    return {"seconds": time.perf_counter() - start}
+    compile_vmfb(text, None, source=Path(path.partition(":")[0]).name)
+    seconds = time.perf_counter() - start
+    cpu = cpu_seconds(resource.RUSAGE_CHILDREN) + cpu_seconds(resource.RUSAGE_SELF) - cpu
+    return {"seconds": seconds, "cpu_s": cpu}
 
 
 def child_ops(path: str) -> dict:
@@ -93,7 +125,7 @@ def child_ops(path: str) -> dict:
 CHILDREN = {"x86": child_x86, "iree": child_iree, "ops": child_ops}
 
 
-def measure(kind: str, path: Path, timeout_s: float) -> dict:
+def measure(kind: str, path: Path | str, timeout_s: float) -> dict:
     """Run ``kind`` on ``path`` in a fresh child: its result, wall seconds, peak MiB, and
     an ``error`` when it failed or ran out of time."""
     command = [sys.executable, __file__, "--child", kind, str(path)]
@@ -185,6 +217,53 @@ def table(folder: Path, timeout_s: float, with_iree: bool) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- models
+
+
+def stage_table(results: list[tuple[str, dict, dict]]) -> list[str]:
+    """Markdown lines: per model, the import, each x86 stage's seconds, the x86 total (wall
+    and CPU), IREE's (wall and CPU) and x86 wall / IREE wall. A failed side shows its error."""
+    stages = list(dict.fromkeys(n for _, x86, _ in results for n in x86.get("stages", {})))
+    head = ["model", "import s", *stages, "x86 s", "x86 CPU s", "IREE s", "IREE CPU s",
+            "x86/IREE"]  # fmt: skip
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for name, x86, iree in results:
+        x86_s, iree_s = x86.get("seconds"), iree.get("seconds")
+        cells = [name, fmt(x86.get("import_s"))]
+        cells += [fmt(x86.get("stages", {}).get(n)) for n in stages]
+        cells += [fmt(x86_s) if "error" not in x86 else x86["error"], fmt(x86.get("cpu_s"))]
+        cells += [fmt(iree_s) if "error" not in iree else iree["error"], fmt(iree.get("cpu_s"))]
+        cells.append(fmt(x86_s / iree_s if x86_s and iree_s and "error" not in x86 else None))
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def models(only: str, timeout_s: float, with_iree: bool) -> int:
+    """Compile time per stage of the dev level-3 models at batch 1 with 224x224 images
+    (``benchmarks/real_size.py``) next to ``iree-compile`` on the same imported text."""
+    from real_size import model_specs
+
+    shared = find_shared()
+    if shared is None:
+        print("no shared/kernelbench found beside the repository", file=sys.stderr)
+        return 2
+    print(f"{host_line()}  ")
+    print(f"dev level-3 models at batch 1, 224x224; x86 compiled for {THREADS} thread(s); "
+          f"each compile in a fresh child process, limit {timeout_s:.0f} s; the PyTorch "
+          f"import (import s) is not counted on either side; CPU s: user + system seconds "
+          f"(IREE's compiler uses several threads); {cache_bytecode()}")  # fmt: skip
+    print()
+    results = []
+    for name, spec in model_specs(shared / "kernelbench", only):
+        x86 = measure("x86", spec, timeout_s)
+        iree = measure("iree", spec, timeout_s) if with_iree else {"error": "skipped"}
+        results.append((name, x86, iree))
+        print(f"... {name}: x86 {fmt(x86.get('seconds'))} s, IREE {fmt(iree.get('seconds'))} s",
+              file=sys.stderr, flush=True)  # fmt: skip
+    print("\n".join(stage_table(results)))
+    return 0
+
+
 # ----------------------------------------------------------------------------- curve
 
 
@@ -272,8 +351,17 @@ def main() -> int:
     parser.add_argument("--sizes", default="250,500,1000,2000,4000")
     parser.add_argument("--timeout", type=float, default=600.0, help="per compile (s)")
     parser.add_argument("--no-iree", action="store_true")
+    parser.add_argument("--models", action="store_true",
+                        help="the dev level-3 models at batch 1, 224x224, per stage")  # fmt: skip
+    parser.add_argument("--only", default="", help="--models: names containing this")
+    parser.add_argument("--threads", type=int, default=1, help="x86: compile for this many")
     args = parser.parse_args()
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    os.environ["STAGEGRAPH_COMPILE_TIME_THREADS"] = str(args.threads)
+    global THREADS
+    THREADS = args.threads
+    if args.models:
+        return models(args.only, args.timeout, not args.no_iree)
     if args.curve:
         return curve([int(s) for s in args.sizes.split(",")], args.timeout)
     folder = args.folder

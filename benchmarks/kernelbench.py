@@ -16,6 +16,16 @@ the geometric means (times over the payloads both x86 and IREE verify). Usage:
 ``--torch`` adds PyTorch eager and ``torch.compile`` (inductor) columns for the payloads whose
 problem file lies in ``../src/levelN`` (run at the payload's ``scaled_constants``, verified
 against eager PyTorch, threads pinned like ``bench --vs torch``).
+
+The real-size tables (``benchmarks/versus_table.py``) run the problem files instead, each
+side timed interleaved with x86 as ``bench --vs`` does, one child per payload, every row
+saved to ``--save`` as it finishes:
+
+    python benchmarks/kernelbench.py ../shared/kernelbench/level2 --vs torch --scale 16
+    python benchmarks/kernelbench.py ../shared/kernelbench --models --vs torch iree --threads 1
+
+``--scale N`` multiplies each level-2 problem's batch (every input N times larger);
+``--models`` takes the dev level-3 models at batch 1 with 224x224 images.
 """
 
 from __future__ import annotations
@@ -191,10 +201,9 @@ def header(host: dict | None, note: str | None) -> list[str]:
     return lines + ([note] if note else [])
 
 
-def main() -> int:
-    from stagegraph.app.host import reexec_without_openblas_overrides
+def parse_arguments() -> argparse.Namespace:
+    from versus_table import add_versus_arguments
 
-    note = reexec_without_openblas_overrides()  # before any child process starts
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", type=Path)
     parser.add_argument("--json", action="store_true")
@@ -205,7 +214,19 @@ def main() -> int:
     parser.add_argument("--torch", action="store_true",
                         help="add PyTorch eager and torch.compile columns (payloads with a "
                         "problem file in ../src/levelN; needs the torch extra)")  # fmt: skip
-    args = parser.parse_args()
+    add_versus_arguments(parser)  # --vs, --scale, --models: the real-size tables
+    return parser.parse_args()
+
+
+def main() -> int:
+    from stagegraph.app.host import reexec_without_openblas_overrides
+
+    note = reexec_without_openblas_overrides()  # before any child process starts
+    args = parse_arguments()
+    if args.vs is not None or args.models:
+        from versus_table import main_specs, run_tables
+
+        return run_tables(*main_specs(args))
     limits = Limits(timeout_s=args.timeout, memory_bytes=16 * 2**30)
     rows, host = [], None
     missing = iree_missing()

@@ -88,18 +88,25 @@ def problem_specs(root: Path, levels: list[int], only: str = "") -> list[tuple[s
     return specs
 
 
-def payload_problem_spec(payload: Path) -> str | None:
-    """The problem-file spec of a shipped payload (``levelN/lN_XXX_*.mlir``): its file in
-    ``src/levelN`` at the payload's ``scaled_constants``; None when there is none."""
-    level = payload.parent.name.removeprefix("level")
-    if not level.isdigit():
+def problem_file(payload: Path) -> Path | None:
+    """The problem file of a shipped payload (``levelN/lN_XXX_*.mlir``): its file in
+    ``src/levelN``; None when there is none."""
+    if not payload.parent.name.removeprefix("level").isdigit():
         return None
     found = sorted((payload.parent.parent / "src" / payload.parent.name).glob(
         f"{payload.stem[:6]}_*.py"))  # fmt: skip
-    if not found:
+    return found[0].resolve() if found else None
+
+
+def payload_problem_spec(payload: Path) -> str | None:
+    """The problem-file spec of a shipped payload: its file in ``src/levelN`` at the
+    payload's ``scaled_constants``; None when there is none."""
+    source = problem_file(payload)
+    if source is None:
         return None
-    constants = manifest_sizes(payload.parent.parent, int(level)).get(payload.stem[:6], {})
-    return problem_spec(found[0].resolve(), constants)
+    level = int(payload.parent.name.removeprefix("level"))
+    return problem_spec(source, manifest_sizes(payload.parent.parent, level).get(
+        payload.stem[:6], {}))  # fmt: skip
 
 
 def check(graph: str, spec: str) -> dict[str, Any]:

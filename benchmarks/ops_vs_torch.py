@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from real_size import scale_constants
 
 # Payload stems (level 1) this benchmark owns: pools, scans, the exp/erf/tanh activations.
 PAYLOADS = (
@@ -46,7 +47,6 @@ PAYLOADS = (
     "l1_089_cumsum", "l1_090_cumprod", "l1_091_cumsum_reverse", "l1_092_cumsum_exclusive",
     "l1_093_masked_cumsum",
 )  # fmt: skip
-BATCH_NAMES = ("batch_size",)
 
 
 def copy_bandwidth_gbs(megabytes: int = 64, repeats: int = 7) -> float:
@@ -67,9 +67,8 @@ def load_problem(path: Path, constants: dict[str, Any], scale: int) -> Any:
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    for name, value in constants.items():
-        value = tuple(value) if isinstance(value, list) else value
-        setattr(module, name, value * scale if name in BATCH_NAMES else value)
+    for name, value in scale_constants(constants, scale).items():
+        setattr(module, name, tuple(value) if isinstance(value, list) else value)
     return module
 
 
