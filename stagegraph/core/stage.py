@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import inspect
+import types
 import typing
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -84,7 +85,7 @@ def _ports_from_hints(fn: Callable, owner: str) -> tuple[tuple[Port, ...], tuple
             config_model = hint
             continue
         optional = param.default is None
-        if optional and typing.get_origin(hint) in (typing.Union, getattr(typing, "UnionType", ())):
+        if optional and typing.get_origin(hint) in (typing.Union, types.UnionType):
             hint = next(a for a in typing.get_args(hint) if a is not type(None))
         if not is_port_type(hint):
             raise StageDefinitionError(

@@ -10,14 +10,13 @@ of the input (the tap's window, ``[N, C, O...]``) transposed into the tap's rows
 
 Why this form: the filters are the matmul's rows (``m``), the images' output positions
 together its columns (``n``, long and contiguous: the vectors run along them), the
-channels and taps its depth (``k``). So a convolution with few filters or few output
-positions per image is still one large matmul the packed micro-kernel runs near the FMA
-peak, where the direct path (a 1-D convolution vectorized along the filters, see
-:mod:`stagegraph.stages.x86.prepare_convolutions`) starves on a few filters (8, 12) or
-gathers on channels-first tiles. The patch copy costs ``C*T*N*O`` moves against
-``2*F*C*T*N*O`` flops. :func:`gemm_worth` takes the GEMM for the spatial ranks
-``ConvGemmConfig.ranks`` names (by default 1-D ones: 2-D and 3-D ones have a channels-last
-direct path that measured faster) when the filters pay for the copy.
+channels and taps its depth (``k``). So a convolution with few output positions per image
+or a filter past L2 is still one large matmul the packed micro-kernel runs near the FMA
+peak, where the direct path starves on a short register block or streams its filter from
+L3 once per output row. The patch copy costs ``C*T*N*O`` moves against ``2*F*C*T*N*O``
+flops. :func:`gemm_worth` admits the spatial ranks ``ConvGemmConfig.ranks`` names when the
+filters pay for the copy; among those, the cost model of
+:mod:`stagegraph.stages.x86.conv.choice` picks the path per shape.
 
 Transposed convolutions reach here as the plain convolutions of their zero-stuffed (or,
 after :mod:`stagegraph.stages.x86.conv.transposed`, per phase) inputs. Runs in
@@ -32,6 +31,7 @@ from typing import Any
 
 from stagegraph.mlir.build import collapse_shape, expand_shape, named_structured_op
 from stagegraph.mlir.walk import top_level_ops
+from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.pointwise import window_attr
 
@@ -109,30 +109,47 @@ def gemm_worth(shape: ConvShape, config: ConvGemmConfig) -> bool:
     return shape.depth * shape.columns <= config.max_patch_elements
 
 
-def convolutions_to_gemm(module: Any, config: ConvGemmConfig | None = None) -> int:
+def convolutions_to_gemm(
+    module: Any, config: ConvGemmConfig | None = None, target: Target | None = None
+) -> int:
     """Rewrite every channels-first convolution of ``module``'s functions that
-    :func:`gemm_worth` takes into patches and one ``linalg.matmul``; returns the count."""
+    :func:`gemm_worth` admits and the cost model of :mod:`stagegraph.stages.x86.conv.choice`
+    (for ``target``, by default the host) sends to the GEMM into patches and one
+    ``linalg.matmul``; returns the count. Each decided op (the matmul made, or the
+    convolution kept) carries the decision as ``choice.PATH_ATTRIBUTE``."""
     from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.target import detect_target
+    from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, choose_path, path_attribute
 
+    config = config or ConvGemmConfig()
+    target = target or detect_target()
     found = []
     for fn in top_level_ops(module.operation):
         if fn.name != "func.func":
             continue
         for op in top_level_ops(fn):
             shape = conv_shape(op)
-            if shape is not None and gemm_worth(shape, config or ConvGemmConfig()):
-                found.append((op, shape))
-    for op, shape in found:
+            if shape is None or not gemm_worth(shape, config):
+                continue
+            element = str(ir.RankedTensorType(op.operands[2].type).element_type)
+            choice = choose_path(shape, target, config, element)
+            if choice.path == "direct":
+                op.attributes[PATH_ATTRIBUTE] = path_attribute(choice)
+            else:
+                found.append((op, shape, choice))
+    for op, shape, choice in found:
         with ir.InsertionPoint(op), op.location:
-            result = _gemm(op, shape)
+            result = _gemm(op, shape, choice)
         op.results[0].replace_all_uses_with(result)
         op.erase()
     return len(found)
 
 
-def _gemm(op: Any, shape: ConvShape) -> Any:
-    """``out = W @ P`` for the convolution ``op``, in its output's layout."""
+def _gemm(op: Any, shape: ConvShape, choice: Any) -> Any:
+    """``out = W @ P`` for the convolution ``op``, in its output's layout; the matmul
+    carries ``choice``."""
     from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, path_attribute
 
     image, kernel, init = op.operands
     element = ir.RankedTensorType(init.type).element_type
@@ -140,7 +157,8 @@ def _gemm(op: Any, shape: ConvShape) -> Any:
     patches = _patches(image, shape, element)
     weights = collapse_shape(kernel, [[0], list(range(1, rank + 2))], [shape.f, shape.depth])
     acc = _accumulator(init, shape, element)
-    made = named_structured_op("linalg.matmul", [weights, patches], [acc])
+    attributes = {PATH_ATTRIBUTE: path_attribute(choice)}
+    made = named_structured_op("linalg.matmul", [weights, patches], [acc], attributes)
     # out'[F, (N, O...)] -> [N, F, O...]
     by_filter = expand_shape(made, [[0], list(range(1, rank + 2))], [shape.f, shape.n, *shape.out])
     return swap_leading(by_filter, element)
