@@ -75,5 +75,9 @@ class ConvGemmConfig(Config):
     gemm_rows_half: float = Field(38.0, ge=0.0)
     patch_cycles: float = Field(12.0, ge=0.0)
     patch_spill_cycles: float = Field(12.0, ge=0.0)
+    # One image's GEMM runs in blocks of output rows whose patch matrix takes this fraction
+    # of L2 (stagegraph.stages.x86.conv.gemm_blocks; 0: never), at most max_patch_blocks.
+    patch_block_l2_fraction: float = Field(0.5, ge=0.0)
+    max_patch_blocks: int = Field(16, ge=1)
     min_filters: int = Field(4, ge=1)
     max_patch_elements: int = Field(1 << 26, ge=1)

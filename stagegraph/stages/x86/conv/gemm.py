@@ -120,6 +120,7 @@ def convolutions_to_gemm(
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.target import detect_target
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, choose_path, path_attribute
+    from stagegraph.stages.x86.conv.gemm_blocks import block_rows
 
     config = config or ConvGemmConfig()
     target = target or detect_target()
@@ -138,27 +139,34 @@ def convolutions_to_gemm(
             else:
                 found.append((op, shape, choice))
     for op, shape, choice in found:
+        element = str(ir.RankedTensorType(op.operands[2].type).element_type)
+        rows = block_rows(shape, target, config, element)
         with ir.InsertionPoint(op), op.location:
-            result = _gemm(op, shape, choice)
+            result = _gemm(op, shape, choice, rows)
         op.results[0].replace_all_uses_with(result)
         op.erase()
     return len(found)
 
 
-def _gemm(op: Any, shape: ConvShape, choice: Any) -> Any:
+def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int) -> Any:
     """``out = W @ P`` for the convolution ``op``, in its output's layout; the matmul
-    carries ``choice``."""
+    carries ``choice``. One image whose output has more than ``rows`` rows runs in blocks
+    of them (:mod:`stagegraph.stages.x86.conv.gemm_blocks`)."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, path_attribute
+    from stagegraph.stages.x86.conv.gemm_blocks import blocked_gemm
 
     image, kernel, init = op.operands
     element = ir.RankedTensorType(init.type).element_type
     rank = len(shape.taps)
-    patches = _patches(image, shape, element)
     weights = collapse_shape(kernel, [[0], list(range(1, rank + 2))], [shape.f, shape.depth])
     acc = _accumulator(init, shape, element)
     attributes = {PATH_ATTRIBUTE: path_attribute(choice)}
-    made = named_structured_op("linalg.matmul", [weights, patches], [acc], attributes)
+    if rows < shape.out[0]:
+        made = blocked_gemm(image, weights, acc, shape, rows, (element, _patches, attributes))
+    else:
+        patches = _patches(image, shape, element)
+        made = named_structured_op("linalg.matmul", [weights, patches], [acc], attributes)
     # out'[F, (N, O...)] -> [N, F, O...]
     by_filter = expand_shape(made, [[0], list(range(1, rank + 2))], [shape.f, shape.n, *shape.out])
     return swap_leading(by_filter, element)
