@@ -19,7 +19,8 @@ are :class:`~stagegraph.stages.x86.conv.config.ConvGemmConfig` fields, fitted by
 * **GEMM**: the matmul (``F`` rows, ``N*O`` columns, ``C*T`` deep) at
   ``gemm_peak_fraction * F / (F + gemm_rows_half)`` (few filters: short micro-kernel
   row blocks, and the packing of the patch matrix is shared by fewer rows), plus the
-  patch copy, ``patch_cycles`` per element while the patch matrix fits L2 and
+  patch copy, ``patch_cycles`` per element while the patch matrix (of one block of output
+  rows, see :mod:`stagegraph.stages.x86.conv.gemm_blocks`) fits L2 and
   ``patch_spill_cycles`` beyond, and for several images the output's transpose at the
   same rate.
 
@@ -97,8 +98,15 @@ def direct_cycles(
         # the filter slice one register block reads per output tile (two vectors of filters
         # over every channel and tap), against L1: past it, every tile reloads it from L2
         block = shape.depth * 2 * lanes * bits // 8 / target.l1d_bytes
+        # the input rows one output row's windows read (every channel, the window's rows),
+        # against L1: past it, each filter tile of the row reloads them from L2
+        reach = (
+            (shape.out[-1] - 1) * shape.strides[-1] + shape.dilations[-1] * (shape.taps[-1] - 1) + 1
+        )
+        rows = shape.c * math.prod(shape.taps[:-1]) * reach * bits // 8 / target.l1d_bytes
         fraction = (
-            config.direct_peak_fraction * used * channels / (1 + config.direct_l1_weight * block)
+            config.direct_peak_fraction * used * channels
+            / (1 + config.direct_l1_weight * block) / (1 + config.direct_rows_l1_weight * rows)
         )  # fmt: skip
     cycles = flops(shape) / (_peak(target, element) * fraction)
     weight_bytes = shape.f * shape.depth * bits // 8
@@ -115,9 +123,14 @@ def gemm_cycles(
     bits = _ELEMENT_BITS.get(element, 32)
     fraction = config.gemm_peak_fraction * shape.f / (shape.f + config.gemm_rows_half)
     cycles = flops(shape) / (_peak(target, element) * fraction)
+    from stagegraph.stages.x86.conv.gemm_blocks import block_rows
+
     patch = shape.depth * shape.columns
+    # the patch matrix of one block of output rows (gemm_blocks), or of the whole output
+    rows = block_rows(shape, target, config, element)
+    block = patch * rows // shape.out[0]
     per_element = (
-        config.patch_cycles if patch * bits // 8 <= target.l2_bytes else config.patch_spill_cycles
+        config.patch_cycles if block * bits // 8 <= target.l2_bytes else config.patch_spill_cycles
     )
     moved = patch + (shape.f * shape.columns if shape.n > 1 else 0)
     return cycles + moved * per_element
@@ -157,15 +170,14 @@ def stamped_choices(module: Any) -> list[PathChoice]:
     """The decisions ``x86.normalize`` stamped on ``module``'s functions' ops, in walk
     order."""
     from stagegraph.mlir.bindings import ir
-    from stagegraph.mlir.walk import top_level_ops
+    from stagegraph.mlir.walk import collect, top_level_ops
 
     found = []
     for fn in top_level_ops(module.operation):
         if fn.name != "func.func":
             continue
-        for op in top_level_ops(fn):
-            if PATH_ATTRIBUTE not in op.attributes:
-                continue
+        # a blocked GEMM's matmul sits in its loop (gemm_blocks)
+        for op in collect(fn, lambda op: PATH_ATTRIBUTE in op.attributes):
             fields = ir.DictAttr(op.attributes[PATH_ATTRIBUTE])
 
             def text(name: str, fields: Any = fields) -> str:

@@ -60,21 +60,22 @@ class ConvGemmConfig(Config):
     col2im_max_elements: int = Field(1 << 22, ge=1)
     # The direct-vs-GEMM cost model (stagegraph.stages.x86.conv.choice): times in cycles
     # of one core, the FMA peak and the cache sizes read from the target. Fitted on an
-    # AVX-512 Xeon (x86-64-v4), one thread, to the GEMM/direct speed of 21 convolutions
-    # (ResNet-18 and VGG-16 layers at batch 1 and 224^2, small 2-D/3-D ones with 3-128
-    # channels) measured by benchmarks/conv_paths.py under load: all 21 on the faster side
-    # (docs/measurements.md, "Convolutions: direct or GEMM"). Only ratios are fitted, so
-    # gemm_peak_fraction is pinned at the matmul kernel's measured efficiency.
-    direct_peak_fraction: float = Field(0.18, gt=0.0, le=1.0)
-    direct_channels_half: float = Field(9.0, ge=0.0)
-    direct_l1_weight: float = Field(0.003, ge=0.0)
-    direct_weight_bytes_per_cycle: float = Field(3.0, gt=0.0)
+    # AVX-512 Xeon (x86-64-v4, 48 KB L1, 2 MB L2), one thread, to the GEMM/direct speed of
+    # 21 convolutions (ResNet-18 and VGG-16 layers at batch 1 and 224^2, small 2-D/3-D
+    # ones with 3-128 channels) measured by benchmarks/conv_paths.py under load: all 21 on
+    # the faster side (docs/measurements.md, "Convolutions: direct or GEMM"). Only ratios
+    # are fitted, so gemm_peak_fraction is pinned at the matmul kernel's efficiency.
+    direct_peak_fraction: float = Field(0.35, gt=0.0, le=1.0)
+    direct_channels_half: float = Field(2.4, ge=0.0)
+    direct_l1_weight: float = Field(0.0014, ge=0.0)
+    direct_rows_l1_weight: float = Field(0.15, ge=0.0)
+    direct_weight_bytes_per_cycle: float = Field(2.2, gt=0.0)
     # 1-D: the GEMM measured 1.1-3.0x faster on every KernelBench level-1 one (see above).
-    direct_1d_fraction: float = Field(0.04, gt=0.0, le=1.0)
+    direct_1d_fraction: float = Field(0.1, gt=0.0, le=1.0)
     gemm_peak_fraction: float = Field(0.9, gt=0.0, le=1.0)
-    gemm_rows_half: float = Field(38.0, ge=0.0)
-    patch_cycles: float = Field(12.0, ge=0.0)
-    patch_spill_cycles: float = Field(12.0, ge=0.0)
+    gemm_rows_half: float = Field(15.0, ge=0.0)
+    patch_cycles: float = Field(3.4, ge=0.0)
+    patch_spill_cycles: float = Field(5.4, ge=0.0)
     # One image's GEMM runs in blocks of output rows whose patch matrix takes this fraction
     # of L2 (stagegraph.stages.x86.conv.gemm_blocks; 0: never), at most max_patch_blocks.
     patch_block_l2_fraction: float = Field(0.5, ge=0.0)
