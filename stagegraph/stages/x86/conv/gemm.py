@@ -5,8 +5,8 @@ position, ``t``: kernel tap, per spatial dim) is a matmul once the input's patch
 out as a matrix: ``P[(c, t), (n, o)] = X[n, c, o*s + t*d]``. Then ``out'[f, (n, o)] =
 W[f, (c, t)] @ P`` reads the filter as it is stored (``FCHW`` collapses to ``[F, C*T]``
 with no copy), and ``out'`` is ``[F, N, O]``: the output (``[N, F, O]``) is one transpose
-of it, none for one image. The patch matrix is built by one copy per tap: a strided slice
-of the input (the tap's window, ``[N, C, O...]``) transposed into the tap's rows of ``P``.
+of it, none for one image. The patch matrix is built by one copy, a ``linalg.generic``
+whose input map reads each tap's (strided, dilated) window.
 
 Why this form: the filters are the matmul's rows (``m``), the images' output positions
 together its columns (``n``, long and contiguous: the vectors run along them), the
@@ -29,7 +29,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from stagegraph.mlir.build import collapse_shape, expand_shape, named_structured_op
+from stagegraph.mlir.build import collapse_shape, expand_shape, generic, named_structured_op
 from stagegraph.mlir.walk import top_level_ops
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
@@ -195,41 +195,30 @@ def _transposed(value: Any, permutation: list[int], element: Any) -> Any:
 
 
 def _patches(image: Any, shape: ConvShape, element: Any) -> Any:
-    """``P[(c, t), (n, o)] = X[n, c, o*s + t*d]`` as a ``[C*T, N*O]`` matrix: per tap, the
-    strided window of the input transposed into the tap's rows."""
+    """``P[(c, t), (n, o)] = X[n, c, o*s + t*d]`` as a ``[C*T, N*O]`` matrix, made by one
+    ``linalg.generic`` over ``[C, T..., N, O...]`` whose input map takes each window's
+    offsets. Measured as fast as one strided slice and transpose per tap (0.96-1.13x on
+    ResNet-18 layers), in one op instead of two per tap; and no strided slice crosses an
+    op boundary (outlined as a repeated group by ``stagegraph.stages.common.dedup``, the
+    per-tap slices of ResNet-18's 7x7/2 layer reached a function argument that
+    bufferization could not copy)."""
     from stagegraph.mlir.bindings import dialect, ir
 
-    tensor = dialect("tensor")
-    rank, taps = len(shape.taps), math.prod(shape.taps)
-    # P as [C, T, N, O...]: its rows (c, t) in the order the filter [F, C, T...] stores them.
-    full = [shape.c, taps, shape.n, *shape.out]
-    patches = tensor.EmptyOp(full, element).result
-    window = [shape.n, shape.c, *shape.out]
-    window_type = ir.RankedTensorType.get(window, element)
-    block = [shape.c, shape.n, *shape.out]
-    block_type = ir.RankedTensorType.get(block, element)
-    for index, tap in enumerate(_taps(shape.taps)):
-        starts = [t * d for t, d in zip(tap, shape.dilations, strict=True)]
-        source = tensor.ExtractSliceOp(
-            window_type, image, [], [], [], [0, 0, *starts], window, [1, 1, *shape.strides]
-        ).result
-        offsets, sizes = [0, index, *[0] * (rank + 1)], [shape.c, 1, shape.n, *shape.out]
-        dest = tensor.ExtractSliceOp(
-            block_type, patches, [], [], [], offsets, sizes, [1] * len(full)
-        ).result
-        attributes = {"permutation": ir.DenseI64ArrayAttr.get([1, 0, *range(2, rank + 2)])}
-        moved = named_structured_op("linalg.transpose", [source], [dest], attributes)
-        patches = tensor.InsertSliceOp(
-            moved, patches, [], [], [], offsets, sizes, [1] * len(full)
-        ).result
-    return collapse_shape(patches, [[0, 1], list(range(2, rank + 3))], [shape.depth, shape.columns])
-
-
-def _taps(taps: tuple[int, ...]) -> list[tuple[int, ...]]:
-    """Every tap position, row-major (the filter's storage order)."""
-    import itertools
-
-    return list(itertools.product(*(range(t) for t in taps)))
+    rank = len(shape.taps)
+    full = [shape.c, *shape.taps, shape.n, *shape.out]
+    patches = dialect("tensor").EmptyOp(full, element).result
+    dims = [ir.AffineDimExpr.get(i) for i in range(len(full))]
+    taps, n, outs = dims[1 : rank + 1], dims[rank + 1], dims[rank + 2 :]
+    windows = [
+        o * s + t * d for o, t, s, d in zip(outs, taps, shape.strides, shape.dilations, strict=True)
+    ]
+    maps = [
+        ir.AffineMap.get(len(full), 0, [n, dims[0], *windows]),
+        ir.AffineMap.get_identity(len(full)),
+    ]
+    made = generic([image], [patches], maps, ["parallel"] * len(full), lambda x, _: x)
+    return collapse_shape(made, [list(range(rank + 1)), list(range(rank + 1, 2 * rank + 2))],
+                          [shape.depth, shape.columns])  # fmt: skip
 
 
 def _accumulator(init: Any, shape: ConvShape, element: Any) -> Any:
