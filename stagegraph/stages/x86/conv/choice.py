@@ -156,12 +156,14 @@ def path_attribute(choice: PathChoice) -> Any:
     """``choice`` as the dictionary attribute :data:`PATH_ATTRIBUTE` holds."""
     from stagegraph.mlir.bindings import ir
 
+    i64 = ir.IntegerType.get_signless(64)
     fields = {
         "key": ir.StringAttr.get(choice.key),
         "path": ir.StringAttr.get(choice.path),
         "decided_by": ir.StringAttr.get(choice.decided_by),
-        "direct_cycles": ir.FloatAttr.get_f64(round(choice.direct_cycles)),
-        "gemm_cycles": ir.FloatAttr.get_f64(round(choice.gemm_cycles)),
+        # whole cycles as i64: an f64 this large prints in hex
+        "direct_cycles": ir.IntegerAttr.get(i64, round(choice.direct_cycles)),
+        "gemm_cycles": ir.IntegerAttr.get(i64, round(choice.gemm_cycles)),
     }
     return ir.DictAttr.get(fields)
 
@@ -184,7 +186,7 @@ def stamped_choices(module: Any) -> list[PathChoice]:
                 return ir.StringAttr(fields[name]).value
 
             def number(name: str, fields: Any = fields) -> float:
-                return ir.FloatAttr(fields[name]).value
+                return float(ir.IntegerAttr(fields[name]).value)
 
             found.append(
                 PathChoice(text("key"), text("path"), number("direct_cycles"),
