@@ -34,10 +34,12 @@ def test_blocks_fit_half_of_l2_in_whole_register_panels():
     shape, config = _layer(64, 56), ConvGemmConfig()
     assert block_rows(shape, _with_l2(_V4, 2 << 20), config, "f32") == 8
     assert block_rows(shape, _with_l2(_V4, 1 << 20), config, "f32") == 4
-    # a patch matrix that fits, several images, a strided window, or the knob at 0: whole
+    # a patch matrix that fits, several images, or the knob at 0: whole
     assert block_rows(_layer(256, 14), _with_l2(_V4, 2 << 20), config, "f32") == 14
     assert block_rows(_layer(64, 56, n=2), _with_l2(_V4, 2 << 20), config, "f32") == 56
-    assert block_rows(_layer(64, 56, stride=2), _with_l2(_V4, 1 << 16), config, "f32") == 28
+    # ResNet-18's 7x7/2 first layer: 112 rows of 147 x 112 patches, 14 a block
+    conv1 = ConvShape(1, 3, 64, (7, 7), (112, 112), (2, 2), (1, 1))
+    assert block_rows(conv1, _with_l2(_V4, 2 << 20), config, "f32") == 14
     off = ConvGemmConfig(patch_block_l2_fraction=0)
     assert block_rows(shape, _with_l2(_V4, 2 << 20), off, "f32") == 56
 
