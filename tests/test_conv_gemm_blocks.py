@@ -34,9 +34,9 @@ def test_blocks_fit_half_of_l2_in_whole_register_panels():
     shape, config = _layer(64, 56), ConvGemmConfig()
     assert block_rows(shape, _with_l2(_V4, 2 << 20), config, "f32") == 8
     assert block_rows(shape, _with_l2(_V4, 1 << 20), config, "f32") == 4
-    # a patch matrix that fits, several images, or the knob at 0: whole
+    # per image: several images block alike; a patch matrix that fits or the knob at 0: whole
+    assert block_rows(_layer(64, 56, n=2), _with_l2(_V4, 2 << 20), config, "f32") == 8
     assert block_rows(_layer(256, 14), _with_l2(_V4, 2 << 20), config, "f32") == 14
-    assert block_rows(_layer(64, 56, n=2), _with_l2(_V4, 2 << 20), config, "f32") == 56
     # ResNet-18's 7x7/2 first layer: 112 rows of 147 x 112 patches, 14 a block
     conv1 = ConvShape(1, 3, 64, (7, 7), (112, 112), (2, 2), (1, 1))
     assert block_rows(conv1, _with_l2(_V4, 2 << 20), config, "f32") == 14
@@ -115,3 +115,18 @@ def test_blocked_and_whole_gemms_match_numpy_on_avx2(tmp_path, fraction):
         module = ir.Module.parse(normalized.read_text())
         loops = collect(module.operation, lambda op: op.name == "scf.for")
     assert len(loops) == (1 if fraction else 0)
+
+
+def test_several_images_run_one_by_one_into_the_output_layout():
+    """Two images: one loop over (image, row block) accumulating into the init's own
+    [N, F, H, W] layout, so neither the bias init nor the result is transposed."""
+    text = _payload(8, 16, 18).replace("tensor<1x", "tensor<2x")
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        count = convolutions_to_gemm(module, _SMALL_BLOCKS, _with_l2(_V4, 1 << 20))
+        assert count == 1 and module.operation.verify()
+        [loop] = collect(module.operation, lambda op: op.name == "scf.for")
+        bounds = [ir.IntegerAttr(loop.operands[i].owner.attributes["value"]).value for i in (0, 1)]
+        assert bounds == [0, 2 * 4]  # 2 images x 4 blocks of 4 rows
+        assert not collect(module.operation, lambda op: op.name == "linalg.transpose")
+        assert ir.RankedTensorType(loop.results[0].type).shape == [2, 16, 16, 16]

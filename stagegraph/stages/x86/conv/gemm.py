@@ -150,8 +150,8 @@ def convolutions_to_gemm(
 
 def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int) -> Any:
     """``out = W @ P`` for the convolution ``op``, in its output's layout; the matmul
-    carries ``choice``. One image whose output has more than ``rows`` rows runs in blocks
-    of them (:mod:`stagegraph.stages.x86.conv.gemm_blocks`)."""
+    carries ``choice``. Several images, or an output of more than ``rows`` rows, run image
+    by image in blocks of ``rows`` (:mod:`stagegraph.stages.x86.conv.gemm_blocks`)."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, path_attribute
     from stagegraph.stages.x86.conv.gemm_blocks import blocked_gemm
@@ -160,13 +160,12 @@ def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int) -> Any:
     element = ir.RankedTensorType(init.type).element_type
     rank = len(shape.taps)
     weights = collapse_shape(kernel, [[0], list(range(1, rank + 2))], [shape.f, shape.depth])
-    acc = _accumulator(init, shape, element)
     attributes = {PATH_ATTRIBUTE: path_attribute(choice)}
-    if rows < shape.out[0]:
-        made = blocked_gemm(image, weights, acc, shape, rows, (element, _patches, attributes))
-    else:
-        patches = _patches(image, shape, element)
-        made = named_structured_op("linalg.matmul", [weights, patches], [acc], attributes)
+    if shape.n > 1 or rows < shape.out[0]:
+        return blocked_gemm(image, weights, init, shape, rows, (element, _patches, attributes))
+    patches = _patches(image, shape, element)
+    acc = _accumulator(init, shape, element)
+    made = named_structured_op("linalg.matmul", [weights, patches], [acc], attributes)
     # out'[F, (N, O...)] -> [N, F, O...]
     by_filter = expand_shape(made, [[0], list(range(1, rank + 2))], [shape.f, shape.n, *shape.out])
     return swap_leading(by_filter, element)

@@ -29,12 +29,13 @@ _ELEMENT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 
 def block_rows(shape: ConvShape, target: Target, config: ConvGemmConfig, element: str) -> int:
     """Output rows (of the first spatial dim) per block: the most whose patch matrix fits
-    ``patch_block_l2_fraction`` of L2, a divisor of the rows (every block the same shape),
-    at least rows / ``max_patch_blocks``. All the rows (one block) for several images, a
-    1-D convolution, or a matrix that fits already. Strided windows block too (ResNet-18's
+    ``patch_block_l2_fraction`` of L2 (one image's rows: several images run one by one),
+    a divisor of the rows (every block the same shape), at least rows /
+    ``max_patch_blocks``. All the rows (one block) for a 1-D convolution or a matrix that
+    fits already. Strided windows block too (ResNet-18's
     7x7/2 layer: 8 blocks of 14 rows, 1.44x the whole matrix)."""
     rows = shape.out[0]
-    if shape.n != 1 or len(shape.taps) < 2 or config.patch_block_l2_fraction <= 0:
+    if len(shape.taps) < 2 or config.patch_block_l2_fraction <= 0:
         return rows
     bytes_ = _ELEMENT_BYTES.get(element, 4)
     row_bytes = shape.depth * math.prod(shape.out[1:]) * bytes_
@@ -56,55 +57,59 @@ def block_rows(shape: ConvShape, target: Target, config: ConvGemmConfig, element
 def blocked_gemm(
     image: Any,
     weights: Any,
-    acc: Any,
+    init: Any,
     shape: ConvShape,
     rows: int,
     build: tuple[Any, Any, dict[str, Any]],
 ) -> Any:
-    """``W @ P`` of one image in ``shape.out[0] // rows`` blocks of output rows: ``acc`` is
-    the ``[F, O]`` accumulator, the result ``[F, O]``; ``build`` is (the element type,
+    """``W @ P`` image by image, each in ``shape.out[0] // rows`` blocks of output rows,
+    accumulating into ``init`` (the convolution's ``[N, F, O...]`` init) where each block's
+    result lies: no transpose of the init or the output. ``build`` is (the element type,
     ``patches(image, shape, element)`` that builds one block's patch matrix, the matmul's
     attributes)."""
     element, patches, attributes = build
     from stagegraph.mlir.bindings import arith, ir, scf, tensor
 
     rank = len(shape.taps)
-    by_row = expand_shape(acc, [[0], list(range(1, rank + 1))], [shape.f, *shape.out])
-    block = replace(shape, out=(rows, *shape.out[1:]))
+    block = replace(shape, n=1, out=(rows, *shape.out[1:]))
+    per_image = shape.out[0] // rows
     # the input rows one block's windows read
     reach = (rows - 1) * shape.strides[0] + shape.dilations[0] * (shape.taps[0] - 1) + 1
     image_shape = ir.RankedTensorType(image.type).shape
     window = [1, shape.c, reach, *image_shape[3:]]
     window_type = ir.RankedTensorType.get(window, element)
-    out_block = [shape.f, rows, *shape.out[1:]]
+    out_block = [1, shape.f, rows, *shape.out[1:]]
     out_type = ir.RankedTensorType.get(out_block, element)
     dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
     index = ir.IndexType.get()
+    offsets = [dynamic, 0, dynamic, *[0] * (rank - 1)]
+    unit = [1] * (rank + 2)
 
     def constant(value: int) -> Any:
         return arith.ConstantOp(index, value).result
 
-    loop = scf.ForOp(constant(0), constant(shape.out[0] // rows), constant(1), [by_row])
+    loop = scf.ForOp(constant(0), constant(shape.n * per_image), constant(1), [init])
     with ir.InsertionPoint(loop.body):
         step, current = loop.induction_variable, loop.inner_iter_args[0]
-        first_row = arith.MulIOp(step, constant(rows)).result
-        first_input = arith.MulIOp(step, constant(rows * shape.strides[0])).result
+        number = arith.DivUIOp(step, constant(per_image)).result
+        row_block = arith.RemUIOp(step, constant(per_image)).result
+        first_row = arith.MulIOp(row_block, constant(rows)).result
+        first_input = arith.MulIOp(row_block, constant(rows * shape.strides[0])).result
         source = tensor.ExtractSliceOp(
-            window_type, image, [first_input], [], [],
-            [0, 0, dynamic, *[0] * (rank - 1)], window, [1] * (rank + 2),
+            window_type, image, [number, first_input], [], [],
+            offsets, window, unit,
         ).result  # fmt: skip
-        offsets = [0, dynamic, *[0] * (rank - 1)]
-        unit = [1] * (rank + 1)
         rows_acc = tensor.ExtractSliceOp(
-            out_type, current, [first_row], [], [], offsets, out_block, unit
+            out_type, current, [number, first_row], [], [], offsets, out_block, unit
         ).result
         columns = rows * math.prod(shape.out[1:])
-        flat = collapse_shape(rows_acc, [[0], list(range(1, rank + 1))], [shape.f, columns])
+        groups = [[0, 1], list(range(2, rank + 2))]
+        flat = collapse_shape(rows_acc, groups, [shape.f, columns])
         operands = [weights, patches(source, block, element)]
         made = named_structured_op("linalg.matmul", operands, [flat], attributes)
-        back = expand_shape(made, [[0], list(range(1, rank + 1))], out_block)
-        written = tensor.InsertSliceOp(back, current, [first_row], [], [], offsets, out_block, unit)
+        back = expand_shape(made, groups, out_block)
+        written = tensor.InsertSliceOp(
+            back, current, [number, first_row], [], [], offsets, out_block, unit
+        )
         scf.YieldOp([written.result])
-    return collapse_shape(
-        loop.results[0], [[0], list(range(1, rank + 1))], [shape.f, shape.columns]
-    )
+    return loop.results[0]
