@@ -19,10 +19,9 @@ are :class:`~stagegraph.stages.x86.conv.config.ConvGemmConfig` fields, fitted by
 * **GEMM**: the matmul (``F`` rows, ``N*O`` columns, ``C*T`` deep) at
   ``gemm_peak_fraction * F / (F + gemm_rows_half)`` (few filters: short micro-kernel
   row blocks, and the packing of the patch matrix is shared by fewer rows), plus the
-  patch copy, ``patch_cycles`` per element while the patch matrix (of one block of output
-  rows, see :mod:`stagegraph.stages.x86.conv.gemm_blocks`) fits L2 and
-  ``patch_spill_cycles`` beyond, and for several images the output's transpose at the
-  same rate.
+  patch copy, ``patch_cycles`` per element while the patch matrix of one block (of one
+  image's output rows, see :mod:`stagegraph.stages.x86.conv.gemm_blocks`) fits L2 and
+  ``patch_spill_cycles`` beyond.
 
 The smaller estimate wins. ``ConvGemmConfig.path`` forces one path on every convolution,
 ``ConvGemmConfig.paths`` on single ones by :func:`conv_key`; ``x86.normalize`` stamps its
@@ -125,15 +124,13 @@ def gemm_cycles(
     cycles = flops(shape) / (_peak(target, element) * fraction)
     from stagegraph.stages.x86.conv.gemm_blocks import block_rows
 
-    patch = shape.depth * shape.columns
-    # the patch matrix of one block of output rows (gemm_blocks), or of the whole output
+    # the patch matrix of one block of one image's output rows (gemm_blocks)
     rows = block_rows(shape, target, config, element)
-    block = patch * rows // shape.out[0]
+    block = shape.depth * rows * math.prod(shape.out[1:])
     per_element = (
         config.patch_cycles if block * bits // 8 <= target.l2_bytes else config.patch_spill_cycles
     )
-    moved = patch + (shape.f * shape.columns if shape.n > 1 else 0)
-    return cycles + moved * per_element
+    return cycles + shape.depth * shape.columns * per_element
 
 
 def choose_path(

@@ -65,17 +65,17 @@ class ConvGemmConfig(Config):
     # ones with 3-128 channels) measured by benchmarks/conv_paths.py under load: all 21 on
     # the faster side (docs/measurements.md, "Convolutions: direct or GEMM"). Only ratios
     # are fitted, so gemm_peak_fraction is pinned at the matmul kernel's efficiency.
-    direct_peak_fraction: float = Field(0.35, gt=0.0, le=1.0)
-    direct_channels_half: float = Field(2.4, ge=0.0)
-    direct_l1_weight: float = Field(0.0014, ge=0.0)
-    direct_rows_l1_weight: float = Field(0.15, ge=0.0)
-    direct_weight_bytes_per_cycle: float = Field(2.2, gt=0.0)
+    direct_peak_fraction: float = Field(0.59, gt=0.0, le=1.0)
+    direct_channels_half: float = Field(3.7, ge=0.0)
+    direct_l1_weight: float = Field(0.001, ge=0.0)
+    direct_rows_l1_weight: float = Field(0.17, ge=0.0)
+    direct_weight_bytes_per_cycle: float = Field(2.0, gt=0.0)
     # 1-D: the GEMM measured 1.1-3.0x faster on every KernelBench level-1 one (see above).
-    direct_1d_fraction: float = Field(0.1, gt=0.0, le=1.0)
+    direct_1d_fraction: float = Field(0.2, gt=0.0, le=1.0)
     gemm_peak_fraction: float = Field(0.9, gt=0.0, le=1.0)
-    gemm_rows_half: float = Field(15.0, ge=0.0)
-    patch_cycles: float = Field(3.4, ge=0.0)
-    patch_spill_cycles: float = Field(5.4, ge=0.0)
+    gemm_rows_half: float = Field(11.0, ge=0.0)
+    patch_cycles: float = Field(1.5, ge=0.0)
+    patch_spill_cycles: float = Field(2.6, ge=0.0)
     # One image's GEMM runs in blocks of output rows whose patch matrix takes this fraction
     # of L2 (stagegraph.stages.x86.conv.gemm_blocks; 0: never), at most max_patch_blocks.
     patch_block_l2_fraction: float = Field(0.5, ge=0.0)
