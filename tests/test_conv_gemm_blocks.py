@@ -14,7 +14,7 @@ from stagegraph.mlir.walk import collect
 from stagegraph.stages.target import resolve_target, target_from_override
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.gemm import ConvShape, convolutions_to_gemm
-from stagegraph.stages.x86.conv.gemm_blocks import block_rows
+from stagegraph.stages.x86.conv.gemm_blocks import block_rows, per_image
 
 _V4 = resolve_target("x86-64-v4")
 
@@ -130,3 +130,16 @@ def test_several_images_run_one_by_one_into_the_output_layout():
         assert bounds == [0, 2 * 4]  # 2 images x 4 blocks of 4 rows
         assert not collect(module.operation, lambda op: op.name == "linalg.transpose")
         assert ir.RankedTensorType(loop.results[0].type).shape == [2, 16, 16, 16]
+
+
+def test_narrow_images_share_one_gemm():
+    """Images of at least 4 register panels of outputs (128 columns on AVX-512, 64 on
+    AVX2) run one by one; 32 images of 19 outputs (KernelBench l1_076) share one GEMM."""
+    config = ConvGemmConfig()
+    narrow = ConvShape(32, 32, 64, (3,), (19,), (3,), (4,))
+    assert not per_image(narrow, _V4, config, "f32")
+    wide = ConvShape(2, 8, 16, (3, 3), (16, 16), (1, 1), (1, 1))
+    assert per_image(wide, _V4, config, "f32")
+    edge = ConvShape(2, 8, 16, (3, 3), (8, 12), (1, 1), (1, 1))  # 96 outputs
+    v3 = resolve_target("x86-64-v3")
+    assert per_image(edge, v3, config, "f32") and not per_image(edge, _V4, config, "f32")

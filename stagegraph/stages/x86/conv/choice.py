@@ -21,7 +21,8 @@ are :class:`~stagegraph.stages.x86.conv.config.ConvGemmConfig` fields, fitted by
   row blocks, and the packing of the patch matrix is shared by fewer rows), plus the
   patch copy, ``patch_cycles`` per element while the patch matrix of one block (of one
   image's output rows, see :mod:`stagegraph.stages.x86.conv.gemm_blocks`) fits L2 and
-  ``patch_spill_cycles`` beyond.
+  ``patch_spill_cycles`` beyond, and the output's transpose at the same rate where
+  several images too narrow to run one by one share one GEMM.
 
 The smaller estimate wins. ``ConvGemmConfig.path`` forces one path on every convolution,
 ``ConvGemmConfig.paths`` on single ones by :func:`conv_key`; ``x86.normalize`` stamps its
@@ -122,15 +123,18 @@ def gemm_cycles(
     bits = _ELEMENT_BITS.get(element, 32)
     fraction = config.gemm_peak_fraction * shape.f / (shape.f + config.gemm_rows_half)
     cycles = flops(shape) / (_peak(target, element) * fraction)
-    from stagegraph.stages.x86.conv.gemm_blocks import block_rows
+    from stagegraph.stages.x86.conv.gemm_blocks import block_rows, per_image
 
-    # the patch matrix of one block of one image's output rows (gemm_blocks)
+    # the patch matrix of one block of one image's output rows (gemm_blocks), or of all
+    # images, then transposed, when they are too narrow to run one by one
     rows = block_rows(shape, target, config, element)
-    block = shape.depth * rows * math.prod(shape.out[1:])
+    alone = rows < shape.out[0] or per_image(shape, target, config, element)
+    block = shape.depth * rows * math.prod(shape.out[1:]) * (1 if alone else shape.n)
     per_element = (
         config.patch_cycles if block * bits // 8 <= target.l2_bytes else config.patch_spill_cycles
     )
-    return cycles + shape.depth * shape.columns * per_element
+    moved = shape.depth * shape.columns + (0 if alone or shape.n == 1 else shape.f * shape.columns)
+    return cycles + moved * per_element
 
 
 def choose_path(

@@ -80,5 +80,7 @@ class ConvGemmConfig(Config):
     # of L2 (stagegraph.stages.x86.conv.gemm_blocks; 0: never), at most max_patch_blocks.
     patch_block_l2_fraction: float = Field(0.5, ge=0.0)
     max_patch_blocks: int = Field(16, ge=1)
+    # Several images run one by one when each has this many register panels of outputs.
+    per_image_min_panels: int = Field(4, ge=1)
     min_filters: int = Field(4, ge=1)
     max_patch_elements: int = Field(1 << 26, ge=1)

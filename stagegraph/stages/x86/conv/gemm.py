@@ -120,7 +120,7 @@ def convolutions_to_gemm(
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.target import detect_target
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, choose_path, path_attribute
-    from stagegraph.stages.x86.conv.gemm_blocks import block_rows
+    from stagegraph.stages.x86.conv.gemm_blocks import block_rows, per_image
 
     config = config or ConvGemmConfig()
     target = target or detect_target()
@@ -141,8 +141,9 @@ def convolutions_to_gemm(
     for op, shape, choice in found:
         element = str(ir.RankedTensorType(op.operands[2].type).element_type)
         rows = block_rows(shape, target, config, element)
+        one_by_one = rows < shape.out[0] or per_image(shape, target, config, element)
         with ir.InsertionPoint(op), op.location:
-            result = _gemm(op, shape, choice, rows)
+            result = _gemm(op, shape, choice, rows if one_by_one else 0)
         op.results[0].replace_all_uses_with(result)
         op.erase()
     return len(found)
@@ -150,8 +151,9 @@ def convolutions_to_gemm(
 
 def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int) -> Any:
     """``out = W @ P`` for the convolution ``op``, in its output's layout; the matmul
-    carries ``choice``. Several images, or an output of more than ``rows`` rows, run image
-    by image in blocks of ``rows`` (:mod:`stagegraph.stages.x86.conv.gemm_blocks`)."""
+    carries ``choice``. With ``rows`` (not 0) the images run one by one in blocks of
+    ``rows`` output rows (:mod:`stagegraph.stages.x86.conv.gemm_blocks`), else one GEMM
+    takes every image's columns."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, path_attribute
     from stagegraph.stages.x86.conv.gemm_blocks import blocked_gemm
@@ -161,7 +163,7 @@ def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int) -> Any:
     rank = len(shape.taps)
     weights = collapse_shape(kernel, [[0], list(range(1, rank + 2))], [shape.f, shape.depth])
     attributes = {PATH_ATTRIBUTE: path_attribute(choice)}
-    if shape.n > 1 or rows < shape.out[0]:
+    if rows:
         return blocked_gemm(image, weights, init, shape, rows, (element, _patches, attributes))
     patches = _patches(image, shape, element)
     acc = _accumulator(init, shape, element)
