@@ -31,6 +31,7 @@ def build() -> Graph:
         [
             "payload -> load.module",
             "load.module -> normalize.module",
+            "target.facts -> normalize.target",
             "normalize.module -> analyze.module",
             "analyze.facts -> select.facts",
             "target.facts -> select.target",

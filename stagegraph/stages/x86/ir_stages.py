@@ -46,6 +46,7 @@ class ScheduleConfig(Config):
 @stage("passes", name="x86.normalize")
 def normalize(
     module: TensorModule,
+    target: Target | None = None,
     config: ConvGemmConfig = ConvGemmConfig(),  # noqa: B008  (frozen, safe to share)
 ) -> TensorModule:
     """Rewrites that decide which schedule an op takes, run before the analysis so the cost
@@ -54,7 +55,9 @@ def normalize(
     ones a GEMM on their real input (:mod:`stagegraph.stages.x86.conv.col2im`), then
     pointwise convolutions (some phases' among them) become matmuls
     (:mod:`stagegraph.stages.x86.conv.pointwise`), and other channels-first ones the implicit
-    GEMM of their patches (:mod:`stagegraph.stages.x86.conv.gemm`, as ``config`` says);
+    GEMM of their patches (:mod:`stagegraph.stages.x86.conv.gemm`) where the cost model
+    of :mod:`stagegraph.stages.x86.conv.choice` finds it faster on ``target`` (default: the
+    host) or ``config`` says;
     3-D poolings become 2-D then 1-D ones. Before those, gathers through constant
     positions that only reshape become reshapes
     (:mod:`stagegraph.stages.common.constant_gathers`), and unit dims leave the generic ops
@@ -73,7 +76,7 @@ def normalize(
         decompose_strided_transposed_convolutions(module.ir)
         stride1_transposed_to_col2im(module.ir, config)
         pointwise_convolutions_to_matmuls(module.ir)
-        convolutions_to_gemm(module.ir, config)
+        convolutions_to_gemm(module.ir, config, target)
         separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized
     return module
 

@@ -4,9 +4,14 @@ data, no MLIR, so a graph file, a tuner or a benchmark can set it
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from stagegraph.core.ports import Config
+
+#: The two ways a dense channels-first convolution runs (``path``/``paths`` values).
+Path = Literal["direct", "gemm"]
 
 
 class ConvGemmConfig(Config):
@@ -14,20 +19,31 @@ class ConvGemmConfig(Config):
     (:mod:`stagegraph.stages.x86.conv.gemm`) instead of the direct path.
 
     ``conv_gemm``: off, every convolution takes the direct path. ``ranks``: the spatial
-    ranks (1: ``conv_1d``, 2, 3) that take the GEMM; the others keep the direct path.
-    ``col2im`` and its cost model: see below. ``min_filters``: fewer
-    filters than this keep the direct path (the patch copy costs one move per ``2 *
-    filters`` flops). ``max_patch_elements``: a larger patch matrix streams through memory
-    instead of cache; such convolutions keep the direct path."""
+    ranks (1: ``conv_1d``, 2, 3) that may take the GEMM; the others keep the direct path.
+    Within them, ``path`` decides: ``auto`` (the default) asks the cost model of
+    :mod:`stagegraph.stages.x86.conv.choice` per convolution (its constants are the
+    ``direct_*``, ``gemm_*`` and ``patch_*`` fields below), ``direct`` or ``gemm`` forces
+    one path on every convolution. ``paths`` overrides the choice for single
+    convolutions, by their :func:`~stagegraph.stages.x86.conv.choice.conv_key` (which
+    ``x86.normalize`` stamps on each convolution it decides, see
+    :data:`~stagegraph.stages.x86.conv.choice.PATH_ATTRIBUTE`): a tuner or a user pins
+    one layer without touching the others. ``col2im`` and its cost model: see below.
+    ``min_filters``: fewer filters than this keep the direct path (the patch copy costs
+    one move per ``2 * filters`` flops). ``max_patch_elements``: a larger patch matrix
+    streams through memory instead of cache; such convolutions keep the direct path."""
 
     conv_gemm: bool = True
+    path: Literal["auto", "direct", "gemm"] = "auto"
+    paths: dict[str, Path] = Field(default_factory=dict)
     # Measured on an AVX-512 Xeon, one thread, against the direct path on the 35 KernelBench
     # level-1 convolutions (benchmarks/conv_vs_torch.py --direct): every 1-D one ran faster
     # as the GEMM (1.1-3.0x: the direct path has no channels-last form for 1-D and gathers
     # its strided channels); of 19 2-D/3-D ones, one ran faster and 16 slower (0.05-0.7x:
     # their channels-last direct path runs at 60-90% of the FMA peak, and a 3-D window of
     # 27-105 taps makes patch matrices of 10-45 MB that stream through memory).
-    ranks: frozenset[int] = frozenset({1})
+    # Since the cost model (stagegraph.stages.x86.conv.choice) decides per shape, every rank
+    # may take the GEMM; the model keeps those shapes on the direct path.
+    ranks: frozenset[int] = frozenset({1, 2, 3})
     # Stride-1 transposed convolutions (a convolution of a zero-padded input): GEMM on the
     # real input then shifted adds (stagegraph.stages.x86.conv.col2im) when its estimated
     # time per useful flop, 1/gemm_efficiency + add_cost/(2*channels), beats the direct
@@ -42,5 +58,29 @@ class ConvGemmConfig(Config):
     # the adds read them: beyond this many elements they stream through memory (a 5^3
     # window, 8 images of 16 x 8^3: 8M elements ran 0.75x the direct path; 1.7M, 2x).
     col2im_max_elements: int = Field(1 << 22, ge=1)
+    # The direct-vs-GEMM cost model (stagegraph.stages.x86.conv.choice): times in cycles
+    # of one core, the FMA peak and the cache sizes read from the target. Fitted on an
+    # AVX-512 Xeon (x86-64-v4, 48 KB L1, 2 MB L2), one thread, to the GEMM/direct speed of
+    # 21 convolutions (ResNet-18 and VGG-16 layers at batch 1 and 224^2, small 2-D/3-D
+    # ones with 3-128 channels) measured by benchmarks/conv_paths.py under load: all 21 on
+    # the faster side (docs/measurements.md, "Convolutions: direct or GEMM"). Only ratios
+    # are fitted, so gemm_peak_fraction is pinned at the matmul kernel's efficiency.
+    direct_peak_fraction: float = Field(0.59, gt=0.0, le=1.0)
+    direct_channels_half: float = Field(3.7, ge=0.0)
+    direct_l1_weight: float = Field(0.001, ge=0.0)
+    direct_rows_l1_weight: float = Field(0.17, ge=0.0)
+    direct_weight_bytes_per_cycle: float = Field(2.0, gt=0.0)
+    # 1-D: the GEMM measured 1.1-3.0x faster on every KernelBench level-1 one (see above).
+    direct_1d_fraction: float = Field(0.2, gt=0.0, le=1.0)
+    gemm_peak_fraction: float = Field(0.9, gt=0.0, le=1.0)
+    gemm_rows_half: float = Field(11.0, ge=0.0)
+    patch_cycles: float = Field(1.5, ge=0.0)
+    patch_spill_cycles: float = Field(2.6, ge=0.0)
+    # One image's GEMM runs in blocks of output rows whose patch matrix takes this fraction
+    # of L2 (stagegraph.stages.x86.conv.gemm_blocks; 0: never), at most max_patch_blocks.
+    patch_block_l2_fraction: float = Field(0.5, ge=0.0)
+    max_patch_blocks: int = Field(16, ge=1)
+    # Several images run one by one when each has this many register panels of outputs.
+    per_image_min_panels: int = Field(4, ge=1)
     min_filters: int = Field(4, ge=1)
     max_patch_elements: int = Field(1 << 26, ge=1)

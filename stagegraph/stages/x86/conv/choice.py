@@ -1,0 +1,196 @@
+"""Which path a dense channels-first convolution takes: the direct kernel or the implicit
+GEMM (:mod:`stagegraph.stages.x86.conv.gemm`), by a cost model over its shape and the
+target.
+
+Both estimates are in cycles of one core; the FMA peak (vector lanes times FMA units) and
+the L2 size come from the :class:`~stagegraph.stages.target.Target`, the other constants
+are :class:`~stagegraph.stages.x86.conv.config.ConvGemmConfig` fields, fitted by
+``benchmarks/conv_paths.py`` (see docs/measurements.md, "Convolutions: direct or GEMM").
+
+* **Direct** (channels-last, register blocked along the filters and the output width):
+  ``flops / (peak * direct_peak_fraction * lanes used * C / (C + direct_channels_half)
+  / (1 + direct_l1_weight * S / L1))``: "lanes used" the filters over the filters rounded
+  up to whole vectors; few input channels (an RGB image's 3) leave each tap's reduction
+  too short to hide the loads; ``S`` the filter slice a register block reads per output
+  tile (two vectors of filters over every channel and tap), reloaded from L2 once it
+  outgrows L1. A 1-D convolution has no channels-last direct form: it runs at
+  ``direct_1d_fraction``. When the whole filter outgrows L2 it streams from L3 once per
+  output row, at ``direct_weight_bytes_per_cycle``.
+* **GEMM**: the matmul (``F`` rows, ``N*O`` columns, ``C*T`` deep) at
+  ``gemm_peak_fraction * F / (F + gemm_rows_half)`` (few filters: short micro-kernel
+  row blocks, and the packing of the patch matrix is shared by fewer rows), plus the
+  patch copy, ``patch_cycles`` per element while the patch matrix of one block (of one
+  image's output rows, see :mod:`stagegraph.stages.x86.conv.gemm_blocks`) fits L2 and
+  ``patch_spill_cycles`` beyond, and the output's transpose at the same rate where
+  several images too narrow to run one by one share one GEMM.
+
+The smaller estimate wins. ``ConvGemmConfig.path`` forces one path on every convolution,
+``ConvGemmConfig.paths`` on single ones by :func:`conv_key`; ``x86.normalize`` stamps its
+decision, both estimates and the key on the op it leaves (the kept convolution, or the
+GEMM's matmul) as :data:`PATH_ATTRIBUTE`, so ``--print-ir-after normalize`` shows it and
+:func:`stamped_choices` reads it back.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from stagegraph.stages.target import Target
+from stagegraph.stages.x86.conv.config import ConvGemmConfig
+from stagegraph.stages.x86.conv.gemm import ConvShape
+
+#: The discardable attribute ``x86.normalize`` puts on each decided convolution's op.
+PATH_ATTRIBUTE = "stagegraph.conv_path"
+
+_ELEMENT_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
+
+
+@dataclass(frozen=True)
+class PathChoice:
+    """One convolution's decision: its ``key``, the ``path`` taken, both estimates (cycles
+    of one core) and what decided (``cost model``, ``path``, ``paths`` or ``shape``: a
+    shape the GEMM does not take, see :func:`~stagegraph.stages.x86.conv.gemm.gemm_worth`)."""
+
+    key: str
+    path: str
+    direct_cycles: float
+    gemm_cycles: float
+    decided_by: str
+
+
+def conv_key(shape: ConvShape) -> str:
+    """A convolution's name in ``ConvGemmConfig.paths``: rank, images, channels, filters,
+    window, output, strides, dilations (``conv2d.n1.c64.f64.k3x3.o56x56.s1x1.d1x1``)."""
+
+    def dims(values: tuple[int, ...]) -> str:
+        return "x".join(str(v) for v in values)
+
+    return (
+        f"conv{len(shape.taps)}d.n{shape.n}.c{shape.c}.f{shape.f}.k{dims(shape.taps)}"
+        f".o{dims(shape.out)}.s{dims(shape.strides)}.d{dims(shape.dilations)}"
+    )
+
+
+def flops(shape: ConvShape) -> int:
+    """Multiplies and adds of the convolution."""
+    return 2 * shape.f * shape.depth * shape.columns
+
+
+def _peak(target: Target, element: str) -> float:
+    """Flops per cycle of one core at the FMA peak for ``element`` (f32 lanes scaled)."""
+    bits = _ELEMENT_BITS.get(element, 32)
+    return 2.0 * target.fma_lanes_per_cycle() * 32 / bits
+
+
+def direct_cycles(
+    shape: ConvShape, target: Target, config: ConvGemmConfig, element: str = "f32"
+) -> float:
+    """The direct path's estimated cycles (see the module)."""
+    bits = _ELEMENT_BITS.get(element, 32)
+    if len(shape.taps) == 1:
+        fraction = config.direct_1d_fraction
+    else:
+        lanes = max(1, target.vector_bits // bits)
+        used = shape.f / (math.ceil(shape.f / lanes) * lanes)
+        channels = shape.c / (shape.c + config.direct_channels_half)
+        # the filter slice one register block reads per output tile (two vectors of filters
+        # over every channel and tap), against L1: past it, every tile reloads it from L2
+        block = shape.depth * 2 * lanes * bits // 8 / target.l1d_bytes
+        # the input rows one output row's windows read (every channel, the window's rows),
+        # against L1: past it, each filter tile of the row reloads them from L2
+        reach = (
+            (shape.out[-1] - 1) * shape.strides[-1] + shape.dilations[-1] * (shape.taps[-1] - 1) + 1
+        )
+        rows = shape.c * math.prod(shape.taps[:-1]) * reach * bits // 8 / target.l1d_bytes
+        fraction = (
+            config.direct_peak_fraction * used * channels
+            / (1 + config.direct_l1_weight * block) / (1 + config.direct_rows_l1_weight * rows)
+        )  # fmt: skip
+    cycles = flops(shape) / (_peak(target, element) * fraction)
+    weight_bytes = shape.f * shape.depth * bits // 8
+    if weight_bytes > target.l2_bytes:
+        rows = shape.n * math.prod(shape.out[:-1])
+        cycles += rows * weight_bytes / config.direct_weight_bytes_per_cycle
+    return cycles
+
+
+def gemm_cycles(
+    shape: ConvShape, target: Target, config: ConvGemmConfig, element: str = "f32"
+) -> float:
+    """The implicit GEMM's estimated cycles: matmul plus patch copy (see the module)."""
+    bits = _ELEMENT_BITS.get(element, 32)
+    fraction = config.gemm_peak_fraction * shape.f / (shape.f + config.gemm_rows_half)
+    cycles = flops(shape) / (_peak(target, element) * fraction)
+    from stagegraph.stages.x86.conv.gemm_blocks import block_rows, per_image
+
+    # the patch matrix of one block of one image's output rows (gemm_blocks), or of all
+    # images, then transposed, when they are too narrow to run one by one
+    rows = block_rows(shape, target, config, element)
+    alone = rows < shape.out[0] or per_image(shape, target, config, element)
+    block = shape.depth * rows * math.prod(shape.out[1:]) * (1 if alone else shape.n)
+    per_element = (
+        config.patch_cycles if block * bits // 8 <= target.l2_bytes else config.patch_spill_cycles
+    )
+    moved = shape.depth * shape.columns + (0 if alone or shape.n == 1 else shape.f * shape.columns)
+    return cycles + moved * per_element
+
+
+def choose_path(
+    shape: ConvShape, target: Target, config: ConvGemmConfig, element: str = "f32"
+) -> PathChoice:
+    """The path of a convolution the GEMM may take: ``config.paths`` for its key, else
+    ``config.path`` when it forces one, else the cheaper estimate."""
+    key = conv_key(shape)
+    direct = direct_cycles(shape, target, config, element)
+    gemm = gemm_cycles(shape, target, config, element)
+    if key in config.paths:
+        return PathChoice(key, config.paths[key], direct, gemm, "paths")
+    if config.path != "auto":
+        return PathChoice(key, config.path, direct, gemm, "path")
+    path = "gemm" if gemm < direct else "direct"
+    return PathChoice(key, path, direct, gemm, "cost model")
+
+
+def path_attribute(choice: PathChoice) -> Any:
+    """``choice`` as the dictionary attribute :data:`PATH_ATTRIBUTE` holds."""
+    from stagegraph.mlir.bindings import ir
+
+    i64 = ir.IntegerType.get_signless(64)
+    fields = {
+        "key": ir.StringAttr.get(choice.key),
+        "path": ir.StringAttr.get(choice.path),
+        "decided_by": ir.StringAttr.get(choice.decided_by),
+        # whole cycles as i64: an f64 this large prints in hex
+        "direct_cycles": ir.IntegerAttr.get(i64, round(choice.direct_cycles)),
+        "gemm_cycles": ir.IntegerAttr.get(i64, round(choice.gemm_cycles)),
+    }
+    return ir.DictAttr.get(fields)
+
+
+def stamped_choices(module: Any) -> list[PathChoice]:
+    """The decisions ``x86.normalize`` stamped on ``module``'s functions' ops, in walk
+    order."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect, top_level_ops
+
+    found = []
+    for fn in top_level_ops(module.operation):
+        if fn.name != "func.func":
+            continue
+        # a blocked GEMM's matmul sits in its loop (gemm_blocks)
+        for op in collect(fn, lambda op: PATH_ATTRIBUTE in op.attributes):
+            fields = ir.DictAttr(op.attributes[PATH_ATTRIBUTE])
+
+            def text(name: str, fields: Any = fields) -> str:
+                return ir.StringAttr(fields[name]).value
+
+            def number(name: str, fields: Any = fields) -> float:
+                return float(ir.IntegerAttr(fields[name]).value)
+
+            found.append(
+                PathChoice(text("key"), text("path"), number("direct_cycles"),
+                           number("gemm_cycles"), text("decided_by"))
+            )  # fmt: skip
+    return found
