@@ -39,7 +39,7 @@ from typing import Any
 
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
-from stagegraph.stages.x86.conv.gemm import ConvShape
+from stagegraph.stages.x86.conv.conv_shape import ConvShape
 
 #: The discardable attribute ``x86.normalize`` puts on each decided convolution's op.
 PATH_ATTRIBUTE = "stagegraph.conv_path"

@@ -26,13 +26,13 @@ after :mod:`stagegraph.stages.x86.conv.transposed`, per phase) inputs. Runs in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Any
 
 from stagegraph.mlir.build import collapse_shape, expand_shape, generic, named_structured_op
 from stagegraph.mlir.walk import top_level_ops
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
+from stagegraph.stages.x86.conv.conv_shape import ConvShape
 from stagegraph.stages.x86.conv.pointwise import window_attr
 
 # Channels-first convolutions with (image, filter, output) = ([N, C, S...], [F, C, T...],
@@ -43,30 +43,6 @@ CONVOLUTIONS = {
     "linalg.conv_3d_ncdhw_fcdhw": 3,
 }
 _FLOATS = ("f16", "bf16", "f32", "f64")
-
-
-@dataclass(frozen=True)
-class ConvShape:
-    """A channels-first convolution's sizes: images ``n``, channels ``c``, filters ``f``,
-    kernel taps per spatial dim ``taps``, output sizes ``out``, ``strides``, ``dilations``."""
-
-    n: int
-    c: int
-    f: int
-    taps: tuple[int, ...]
-    out: tuple[int, ...]
-    strides: tuple[int, ...]
-    dilations: tuple[int, ...]
-
-    @property
-    def depth(self) -> int:
-        """The matmul's ``k``: channels times taps."""
-        return self.c * math.prod(self.taps)
-
-    @property
-    def columns(self) -> int:
-        """The matmul's ``n``: output positions of all images."""
-        return self.n * math.prod(self.out)
 
 
 def conv_shape(op: Any) -> ConvShape | None:

@@ -22,7 +22,7 @@ from typing import Any
 from stagegraph.mlir.build import collapse_shape, expand_shape, named_structured_op
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
-from stagegraph.stages.x86.conv.gemm import ConvShape
+from stagegraph.stages.x86.conv.conv_shape import ConvShape
 
 _ELEMENT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 
