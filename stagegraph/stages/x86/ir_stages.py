@@ -56,9 +56,12 @@ def normalize(
     GEMM of their patches (:mod:`stagegraph.stages.x86.conv.gemm`, as ``config`` says);
     3-D poolings become 2-D then 1-D ones. Before those, gathers through constant
     positions that only reshape become reshapes
-    (:mod:`stagegraph.stages.common.constant_gathers`), and unit dims leave the generic ops
+    (:mod:`stagegraph.stages.common.constant_gathers`), per-channel constant scales and
+    shifts after a convolution or matmul (eval-mode BatchNorm) fold into its weights and
+    bias (:mod:`stagegraph.stages.common.fold_batchnorm`), and unit dims leave the generic ops
     (:mod:`stagegraph.stages.common.unit_dims`)."""
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
+    from stagegraph.stages.common.fold_batchnorm import fold_channel_affine_chains
     from stagegraph.stages.common.unit_dims import fold_unit_dims
     from stagegraph.stages.x86.conv.col2im import stride1_transposed_to_col2im
     from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
@@ -68,6 +71,7 @@ def normalize(
 
     with module.ir.context, ir_location(module.ir):
         fold_reshaping_gathers(module.ir)
+        fold_channel_affine_chains(module.ir)  # eval-mode BatchNorm into conv weights
         fold_unit_dims(module.ir)
         decompose_strided_transposed_convolutions(module.ir)
         stride1_transposed_to_col2im(module.ir, config)
