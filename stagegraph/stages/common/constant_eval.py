@@ -177,7 +177,8 @@ class ConstantValues:
             if inner.name == "linalg.yield":
                 result = self._read(inner.operands[0], env)
                 return np.broadcast_to(result, loop_shape).astype(
-                    numpy_dtype(_element(out)), copy=True)
+                    numpy_dtype(_element(out)), copy=True
+                )
             env_value = self._compute(inner, [self._read(v, env) for v in inner.operands])
             if env_value is not None:
                 env[inner.results[0]] = env_value

@@ -56,13 +56,16 @@ class MemoryPasses:
 
 
 def count_memory_passes(
-    module: Any, entry: str = "main", resident_bytes: int = RESIDENT_BYTES
+    module: Any, entry: str | None = None, resident_bytes: int = RESIDENT_BYTES
 ) -> MemoryPasses:
     """The passes over memory of bufferized ``module`` (an ``ir.Module``) from its function
-    ``entry`` (see the module doc for the definition)."""
-    functions = {
-        _symbol(op): op for op in children(module.operation) if op.name == "func.func"
-    }
+    ``entry`` (default: the payload's entry, as every stage finds it; see the module doc
+    for the definition)."""
+    from stagegraph.mlir.functions import entry_function, function_name
+
+    if entry is None:
+        entry = function_name(entry_function(module, None))
+    functions = {_symbol(op): op for op in children(module.operation) if op.name == "func.func"}
     counted: dict[str, int] = {}
 
     def function_passes(name: str, active: tuple[str, ...]) -> int:
