@@ -117,6 +117,5 @@ def test_x86_counts_a_matmul_with_its_fused_epilogue_once(tmp_path) -> None:
         path = tmp_path / f"m{int(extra)}.mlir"
         path.write_text(payload(extra))
         counts.append(payload_memory_passes(str(path), threads=1).total)
-    print(counts)
     assert 1 <= counts[0] < counts[1]
     assert np.isfinite(counts).all()

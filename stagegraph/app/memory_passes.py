@@ -27,14 +27,16 @@ def payload_memory_passes(
     **options: Any,
 ) -> MemoryPasses:
     """The passes over memory of ``workload`` compiled through ``graph`` (counted after the
-    stage tagged ``tag``); ``options`` are :func:`stagegraph.api.run`'s (``target``,
+    stage tagged ``tag``); ``options`` are :func:`stagegraph.api.run`'s keywords (``target``,
     ``param``, ...).
 
     Raises:
         StagegraphError: as ``stagegraph run --until`` reports it (unknown names, a
             failing stage).
     """
-    from stagegraph import api
+    from stagegraph.app import commands
 
-    result = api.run(graph, workload, until=tag, threads=threads, **options)
+    values = {keyword: spec.default for keyword, spec in commands.run_options().items()}
+    values.update(options, until=tag, threads=threads)
+    result = commands.run(graph, workload, values).result
     return count_memory_passes(result.module.ir, None, resident_bytes)

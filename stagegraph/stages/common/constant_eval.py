@@ -10,7 +10,7 @@ probe for all ``dense_resource`` blobs, which the bindings cannot read), its arr
 (:meth:`ConstantValues.value`).
 
 Evaluated: ``arith.constant``, ``tensor.empty`` (as an unread init), ``tensor.expand_shape``
-/ ``collapse_shape``, ``linalg.fill``, ``linalg.transpose`` and all-parallel
+/ ``collapse_shape``, ``linalg.fill``, ``linalg.transpose``, ``linalg.broadcast`` and all-parallel
 ``linalg.generic`` ops whose inputs are read through dims or constant 0s and whose body uses
 the float arithmetic below. Anything else is not a constant here.
 """
@@ -42,6 +42,10 @@ _PREDICATES = ["false", "oeq", "ogt", "oge", "olt", "ole", "one", "ord",
                "ueq", "ugt", "uge", "ult", "ule", "une", "uno", "true"]  # fmt: skip
 _BODY_OPS = {*_BINARY, *_UNARY, "arith.truncf", "arith.extf", "arith.constant",
              "arith.cmpf", "arith.select", "cf.assert", "linalg.yield"}  # fmt: skip
+
+
+_STRUCTURAL = frozenset({"tensor.expand_shape", "tensor.collapse_shape", "linalg.fill",
+                         "linalg.transpose", "linalg.broadcast", "linalg.generic"})  # fmt: skip
 
 
 class NotConstantError(ValueError):
@@ -88,8 +92,7 @@ class ConstantValues:
             return [op]
         if op.name == "tensor.empty":
             return []
-        if op.name not in ("tensor.expand_shape", "tensor.collapse_shape", "linalg.fill",
-                           "linalg.transpose", "linalg.generic"):  # fmt: skip
+        if op.name not in _STRUCTURAL:
             return None
         if op.name == "linalg.generic" and not _evaluable_generic(op):
             return None
@@ -99,8 +102,8 @@ class ConstantValues:
             if more is None:
                 return None
             found.extend(more)
-        if op.name == "linalg.generic":
-            for inner in _body_ops(op):
+        if op.name in ("linalg.generic", "linalg.broadcast"):
+            for inner in _body_ops(op) if op.name == "linalg.generic" else []:
                 for operand in inner.operands:
                     outside = _owner(operand)
                     if outside is not None and not _inside(outside, op):
@@ -155,7 +158,10 @@ class ConstantValues:
             array = np.full(_shape(value), self.value(op.operands[0]),
                             numpy_dtype(_element(value)))  # fmt: skip
         elif op.name == "linalg.transpose":
-            array = np.transpose(self.value(op.operands[0]), list(_permutation(op)))
+            array = np.transpose(self.value(op.operands[0]), _i64_array(op, "permutation"))
+        elif op.name == "linalg.broadcast":
+            added = np.expand_dims(self.value(op.operands[0]), _i64_array(op, "dimensions"))
+            array = np.broadcast_to(added, _shape(value)).copy()
         else:
             array = self._generic(op)
         self._values[value] = array
@@ -236,10 +242,10 @@ def _element(value: Any) -> Any:
     return ir.ShapedType(value.type).element_type
 
 
-def _permutation(op: Any) -> list[int]:
+def _i64_array(op: Any, name: str) -> list[int]:
     from stagegraph.mlir.bindings import ir
 
-    return list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+    return list(ir.DenseI64ArrayAttr(op.attributes[name]))
 
 
 def _body_ops(op: Any) -> list[Any]:
