@@ -56,6 +56,10 @@ from stagegraph.stages.x86.generic.linalg_parts import (
     is_contraction,
     result_owner,
 )
+from stagegraph.stages.x86.generic.transpose_fusion import (
+    fold_constant_transposes,
+    merge_transposes_into_elementwise,
+)
 
 _BITWISE = frozenset({"arith.andi", "arith.ori", "arith.xori"})
 
@@ -401,7 +405,9 @@ def prepare(
     changed += conv3d_to_conv2d_loops(fn)
     changed += grouped_conv_to_group_loops(fn)
     changed += depthwise_to_channels_last(fn)
+    changed += fold_constant_transposes(fn)  # channels-last filters, at compile time
     if fuse_elementwise:
+        changed += merge_transposes_into_elementwise(fn)  # merged just below
         changed += duplicate_cheap_producers(fn)
         changed += fuse_elementwise_chains(fn)
     return bool(changed)

@@ -1,0 +1,249 @@
+"""Transposes around channels-last convolutions that need no pass of their own.
+
+The generic schedule runs an NCHW convolution channels-last, between transposes
+(:func:`stagegraph.stages.x86.conv.rewrites.conv_to_channels_last`): of the image, of the
+filter, of the init, and of the result back. As named ``linalg.transpose`` ops each is a
+loop nest over the whole tensor, a pass over memory, even where its neighbours are
+elementwise ops that stream the same tensor anyway. Here, before elementwise chains are
+merged (:mod:`.elementwise_fusion`):
+
+* a transpose of a constant (the filter of a model's convolution) becomes the transposed
+  constant, computed at compile time (:mod:`stagegraph.stages.common.constant_eval`): no
+  pass at all;
+* a transpose whose input is an elementwise generic that only it reads (the broadcast of a
+  bias into the init), or whose result only an elementwise generic reads (the activation,
+  residual add or BatchNorm after the convolution), becomes the equivalent
+  ``linalg.generic``, which the chain merge folds into its neighbour: the bias is broadcast
+  straight into the channels-last init, and the result is transposed back inside the
+  epilogue's loop.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from stagegraph.mlir.bindings import arith, ir
+from stagegraph.mlir.build import generic
+from stagegraph.mlir.walk import children, top_level_ops
+from stagegraph.stages.common.constant_eval import ConstantValues, NotConstantError
+from stagegraph.stages.x86.generic.elementwise_fusion import _plain_elementwise
+from stagegraph.stages.x86.generic.linalg_parts import body_block, input_count, result_owner
+
+_RESHAPES = frozenset({"tensor.expand_shape", "tensor.collapse_shape"})
+
+#: Constants larger than this (elements) are not transposed at compile time (a 512 MiB
+#: embedding is better transposed by the loop than copied through numpy).
+MAX_CONSTANT_ELEMENTS = 1 << 26
+
+
+def _permutation(op: Any) -> list[int]:
+    return list(ir.DenseI64ArrayAttr(op.attributes["permutation"]))
+
+
+def fold_constant_transposes(fn: Any) -> int:
+    """Replace each top-level ``linalg.transpose`` of a constant in ``fn`` by the transposed
+    constant; returns how many."""
+    values = ConstantValues(fn)  # its context is all the constant probe needs
+    found = []
+    for op in top_level_ops(fn):
+        if op.name != "linalg.transpose":
+            continue
+        shape = ir.RankedTensorType(op.results[0].type)
+        if not shape.has_static_shape or np.prod(shape.shape) > MAX_CONSTANT_ELEMENTS:
+            continue
+        if not _stored_constant(op.operands[0]):
+            continue  # a computed tensor (a broadcast bias): stored, it would cost a pass
+        leaves = values.leaves(op.operands[0])
+        if leaves:
+            found.append((op, leaves))
+    if not found:
+        return 0
+    values.load([leaf for _, leaves in found for leaf in leaves])
+    folded = 0
+    for op, _ in found:
+        try:
+            array = np.ascontiguousarray(np.transpose(values.value(op.operands[0]),
+                                                      _permutation(op)))  # fmt: skip
+        except (NotConstantError, ValueError):
+            continue
+        with ir.InsertionPoint(op), op.location:
+            constant = arith.ConstantOp(op.results[0].type, ir.DenseElementsAttr.get(array))
+        op.results[0].replace_all_uses_with(constant.result)
+        source = op.operands[0]
+        op.erase()
+        _erase_if_unused(source)
+        folded += 1
+    return folded
+
+
+def merge_transposes_into_elementwise(fn: Any) -> int:
+    """Merge each top-level ``linalg.transpose`` of ``fn`` into the elementwise generic that
+    alone reads its result (through unit-dim reshapes: the epilogue after a channels-last
+    convolution) or alone feeds it (the bias broadcast into its init); returns how many."""
+    merged = 0
+    for op in top_level_ops(fn):
+        if op.name != "linalg.transpose" or len(op.results) != 1:
+            continue
+        if _merge_into_reader(op) or _merge_producer(op):
+            merged += 1
+    return merged
+
+
+def _inverse(permutation: list[int]) -> list[int]:
+    inverse = [0] * len(permutation)
+    for position, dim in enumerate(permutation):
+        inverse[dim] = position
+    return inverse
+
+
+def _shape(value: Any) -> list[int]:
+    return list(ir.RankedTensorType(value.type).shape)
+
+
+def _non_unit(shape: list[int]) -> list[int]:
+    """Positions of the dims of ``shape`` that are not 1."""
+    return [d for d, size in enumerate(shape) if size != 1]
+
+
+def _unit_reshapes_down(value: Any) -> tuple[Any, list[Any]] | None:
+    """Follow single-use unit-dim reshapes from ``value`` to the one op that reads the last;
+    returns (the value that op reads, the reshapes), or None if some use is shared."""
+    chain = []
+    while True:
+        uses = list(value.uses)
+        if len(uses) != 1:
+            return None
+        user = uses[0].owner.operation
+        if user.name not in _RESHAPES or not _same_non_unit(value, user.results[0]):
+            return value, chain
+        chain.append(user)
+        value = user.results[0]
+
+
+def _same_non_unit(a: Any, b: Any) -> bool:
+    """Whether a reshape from ``a`` to ``b`` only adds or drops unit dims."""
+    sa, sb = _shape(a), _shape(b)
+    return [sa[d] for d in _non_unit(sa)] == [sb[d] for d in _non_unit(sb)]
+
+
+def _merge_into_reader(op: Any) -> bool:
+    """``E(reshape(transpose(r)))`` -> ``E`` reading ``r`` through the composed map."""
+    followed = _unit_reshapes_down(op.results[0])
+    if followed is None:
+        return False
+    read, reshapes = followed
+    reader = next(iter(read.uses)).owner.operation
+    if not _plain_elementwise(reader) or reader.parent != op.parent:
+        return False
+    maps = [ir.AffineMapAttr(a).value for a in reader.attributes["indexing_maps"]]
+    slots = [k for k, operand in enumerate(reader.operands) if operand == read]
+    mapping = maps[slots[0]]
+    if len(slots) != 1 or not all(isinstance(e, ir.AffineDimExpr) for e in mapping.results):
+        return False
+    source, transposed = op.operands[0], op.results[0]
+    inverse = _inverse(_permutation(op))
+    t_non_unit, u_non_unit = _non_unit(_shape(transposed)), _non_unit(_shape(read))
+    exprs = []
+    for dim in range(len(inverse)):
+        t_dim = inverse[dim]
+        if t_dim not in t_non_unit:
+            exprs.append(ir.AffineConstantExpr.get(0))
+        else:
+            exprs.append(mapping.results[u_non_unit[t_non_unit.index(t_dim)]])
+    maps[slots[0]] = ir.AffineMap.get(mapping.n_dims, 0, exprs)
+    reader.operands[slots[0]] = source
+    reader.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps])
+    for reshape in reversed(reshapes):
+        reshape.erase()
+    op.erase()
+    return True
+
+
+def _merge_producer(op: Any) -> bool:
+    """``transpose(reshape(G(...)))`` -> one generic computing ``G``'s body straight into
+    the transposed shape (``G`` elementwise, read by nothing else)."""
+    value, reshapes = op.operands[0], []
+    while (owner := result_owner(value)) is not None and owner.name in _RESHAPES:
+        if len(list(value.uses)) != 1 or not _same_non_unit(owner.operands[0], value):
+            return False
+        reshapes.append(owner)
+        value = owner.operands[0]
+    producer = result_owner(value)
+    if producer is None or not _plain_elementwise(producer) or len(list(value.uses)) != 1:
+        return False
+    if any(inner.regions for inner in children(producer)):
+        return False
+    maps = [ir.AffineMapAttr(a).value for a in producer.attributes["indexing_maps"]]
+    if maps[-1] != ir.AffineMap.get_identity(maps[-1].n_dims):
+        return False
+    transposed = op.results[0]
+    rank = len(_shape(transposed))
+    inverse = _inverse(_permutation(op))
+    before = op.operands[0]  # the transpose's input, G's result reshaped
+    g_non_unit, b_non_unit = _non_unit(_shape(value)), _non_unit(_shape(before))
+    # G's loop dim j, as an expression of the transposed space's loops.
+    loops = []
+    for j in range(maps[-1].n_dims):
+        if j not in g_non_unit:
+            loops.append(ir.AffineConstantExpr.get(0))
+        else:
+            b_dim = b_non_unit[g_non_unit.index(j)]
+            loops.append(ir.AffineDimExpr.get(inverse[b_dim]))
+    inputs = input_count(producer)
+    new_maps = []
+    for mapping in maps[:inputs]:
+        exprs = []
+        for expr in mapping.results:
+            if isinstance(expr, ir.AffineDimExpr):
+                exprs.append(loops[expr.position])
+            elif isinstance(expr, ir.AffineConstantExpr):
+                exprs.append(expr)
+            else:
+                return False
+        new_maps.append(ir.AffineMap.get(rank, 0, exprs))
+    new_maps.append(ir.AffineMap.get_identity(rank))
+    with ir.InsertionPoint(op), op.location:
+        merged = generic(list(producer.operands)[:inputs], [op.operands[1]], new_maps,
+                         ["parallel"] * rank, _cloned_body(producer))  # fmt: skip
+    op.results[0].replace_all_uses_with(merged)
+    op.erase()
+    for reshape in reshapes:
+        reshape.erase()
+    producer.erase()
+    return True
+
+
+def _cloned_body(producer: Any) -> Any:
+    """A body builder for :func:`generic` that clones ``producer``'s body ops (none with
+    regions), its block arguments mapped to the new ones."""
+    block = body_block(producer)
+    ops = children(producer)
+
+    def build(*arguments: Any) -> list[Any]:
+        mapping = dict(zip(block.arguments, arguments, strict=True))
+        for inner in ops[:-1]:
+            copy = inner.clone()
+            for k, operand in enumerate(inner.operands):
+                if operand in mapping:
+                    copy.operands[k] = mapping[operand]
+            for old, new in zip(inner.results, copy.results, strict=True):
+                mapping[old] = new
+        return [mapping.get(v, v) for v in ops[-1].operands]
+
+    return build
+
+
+def _stored_constant(value: Any) -> bool:
+    """An ``arith.constant``, perhaps reshaped: as large as its transpose anyway."""
+    owner = result_owner(value)
+    while owner is not None and owner.name in _RESHAPES:
+        owner = result_owner(owner.operands[0])
+    return owner is not None and owner.name == "arith.constant"
+
+
+def _erase_if_unused(value: Any) -> None:
+    owner = result_owner(value)
+    if owner is not None and owner.name == "arith.constant" and not list(value.uses):
+        owner.erase()
