@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from stagegraph.mlir.bindings import arith, ir
-from stagegraph.mlir.build import generic
+from stagegraph.mlir.build import collapse_shape, generic
 from stagegraph.mlir.walk import children, top_level_ops
 from stagegraph.stages.common.constant_eval import ConstantValues, NotConstantError
 from stagegraph.stages.x86.generic.elementwise_fusion import _plain_elementwise
@@ -145,20 +145,31 @@ def _merge_into_reader(op: Any) -> bool:
     source, transposed = op.operands[0], op.results[0]
     inverse = _inverse(_permutation(op))
     t_non_unit, u_non_unit = _non_unit(_shape(transposed)), _non_unit(_shape(read))
-    exprs = []
-    for dim in range(len(inverse)):
-        t_dim = inverse[dim]
-        if t_dim not in t_non_unit:
-            exprs.append(ir.AffineConstantExpr.get(0))
-        else:
-            exprs.append(mapping.results[u_non_unit[t_non_unit.index(t_dim)]])
+    # The source without its unit dims (a free reshape): the read is then a permutation,
+    # which the elementwise chain merge composes.
+    kept = [dim for dim in range(len(inverse)) if inverse[dim] in t_non_unit]
+    exprs = [mapping.results[u_non_unit[t_non_unit.index(inverse[dim])]] for dim in kept]
     maps[slots[0]] = ir.AffineMap.get(mapping.n_dims, 0, exprs)
+    if len(kept) != len(inverse):
+        with ir.InsertionPoint(op), op.location:
+            source = _drop_unit_dims(source, kept)
     reader.operands[slots[0]] = source
     reader.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps])
     for reshape in reversed(reshapes):
         reshape.erase()
     op.erase()
     return True
+
+
+def _drop_unit_dims(value: Any, kept: list[int]) -> Any:
+    """``value`` collapsed to its dims ``kept`` (every other one is a unit dim)."""
+    rank = len(_shape(value))
+    groups: list[list[int]] = [[] for _ in kept]
+    for dim in range(rank):
+        # a unit dim joins the next kept dim (the last kept one when none follows)
+        later = [i for i, k in enumerate(kept) if k >= dim]
+        groups[later[0] if later else len(kept) - 1].append(dim)
+    return collapse_shape(value, groups, [_shape(value)[k] for k in kept])
 
 
 def _merge_producer(op: Any) -> bool:
