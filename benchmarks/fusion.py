@@ -53,13 +53,14 @@ def eval_spec(spec: str, directory: Path, index: int) -> str:
 
 
 def torch_spec(spec: str) -> str | None:
-    """What ``--vs torch`` can time for ``spec``: itself, or a ``.mlir`` payload's problem
-    file in ``../src/levelN`` (None: no PyTorch side)."""
+    """What ``--vs torch`` can time for ``spec``: itself, or a shipped ``.mlir`` payload's
+    problem file in ``../src/levelN`` at the payload's scaled sizes (None: no PyTorch
+    side)."""
     if not spec.endswith(".mlir"):
         return spec
-    payload = Path(spec)
-    problem = payload.parent.parent / "src" / payload.parent.name / f"{payload.stem}.py"
-    return str(problem) if problem.is_file() else None
+    from kernelbench_torch_coverage import payload_problem_spec
+
+    return payload_problem_spec(Path(spec))
 
 
 def measure(spec: str, label: str, options: argparse.Namespace) -> dict[str, Any]:
