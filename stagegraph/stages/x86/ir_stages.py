@@ -111,11 +111,17 @@ def schedule(
     params: X86Params,
     config: ScheduleConfig = ScheduleConfig(),  # noqa: B008  (frozen, safe to share)
 ) -> TensorModule:
-    """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels."""
+    """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels;
+    then concatenations become insertions their producers write in place
+    (:mod:`stagegraph.stages.common.concat_in_place`)."""
+    from stagegraph.stages.common.concat_in_place import concatenations_in_place
+
     _apply_schedules(
         module, facts, params, propagate_failures=config.propagate_failures,
         deduplicate=len(facts.ops) > config.deduplicate_above, roll=config.roll_steps,
     )  # fmt: skip
+    with module.ir.context, ir_location(module.ir):
+        concatenations_in_place(module.ir)  # written in place by their producers
     return module
 
 
