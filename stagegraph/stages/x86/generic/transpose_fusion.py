@@ -258,3 +258,87 @@ def _erase_if_unused(value: Any) -> None:
     owner = result_owner(value)
     if owner is not None and owner.name == "arith.constant" and not list(value.uses):
         owner.erase()
+
+
+def transposes_before_padding(fn: Any) -> int:
+    """Rewrite each top-level ``transpose(expand_shape(pad(x)))`` of ``fn`` (the input of a
+    channels-last convolution, padded in NCHW) as the transposed ``x`` inserted into a
+    filled tensor of the padded, transposed shape; returns how many.
+
+    Transposed before it is padded, ``x`` merges into its producer when that is an
+    elementwise generic read by nothing else (:func:`merge_transposes_into_elementwise`),
+    and inserted rather than padded it is written in place into the padded buffer (the
+    bufferization pipeline runs ``eliminate-empty-tensors``): of the pad's fill, copy and
+    transpose, only the fill remains a pass of its own."""
+    rewritten = 0
+    for op in top_level_ops(fn):
+        if op.name == "linalg.transpose" and _pad_after_transpose(op):
+            rewritten += 1
+    return rewritten
+
+
+def _pad_after_transpose(op: Any) -> bool:
+    expand = result_owner(op.operands[0])
+    if expand is None or expand.name != "tensor.expand_shape":
+        return False
+    pad = result_owner(expand.operands[0])
+    if pad is None or pad.name != "tensor.pad" or len(pad.operands) != 1:
+        return False
+    if len(list(pad.results[0].uses)) != 1 or len(list(expand.results[0].uses)) != 1:
+        return False
+    value = _pad_value(pad)
+    if value is None:
+        return False
+    low = list(ir.DenseI64ArrayAttr(pad.attributes["static_low"]))
+    high = list(ir.DenseI64ArrayAttr(pad.attributes["static_high"]))
+    groups = [[int(ir.IntegerAttr(d).value) for d in ir.ArrayAttr(g)]
+              for g in ir.ArrayAttr(expand.attributes["reassociation"])]  # fmt: skip
+    padded_shape = _shape(expand.results[0])
+    source = pad.operands[0]
+    source_shape = _shape(source)
+    expanded_shape = list(padded_shape)
+    low_e, high_e = [0] * len(padded_shape), [0] * len(padded_shape)
+    for k, group in enumerate(groups):
+        wide = [d for d in group if padded_shape[d] != 1]
+        if low[k] == 0 and high[k] == 0:
+            continue
+        if len(wide) != 1:
+            return False
+        low_e[wide[0]], high_e[wide[0]] = low[k], high[k]
+        expanded_shape[wide[0]] = source_shape[k]
+    permutation = _permutation(op)
+    low_t = [low_e[p] for p in permutation]
+    shape_t = [expanded_shape[p] for p in permutation]
+    with ir.InsertionPoint(op), op.location:
+        from stagegraph.mlir.bindings import dialect, linalg_native  # noqa: F401
+        from stagegraph.mlir.build import expand_shape, named_structured_op
+
+        tensor = dialect("tensor")
+        element = ir.RankedTensorType(op.results[0].type).element_type
+        result_type = ir.RankedTensorType(op.results[0].type)
+        # The fill first: the transposed value's init must come after it for the
+        # bufferization to write that value in place (eliminate-empty-tensors).
+        full = tensor.EmptyOp(result_type.shape, element).result
+        filled = named_structured_op("linalg.fill", [value], [full])
+        unpadded = expand_shape(source, groups, expanded_shape)
+        empty = tensor.EmptyOp(shape_t, element).result
+        transposed = named_structured_op("linalg.transpose", [unpadded], [empty],
+                                         {"permutation": op.attributes["permutation"]})  # fmt: skip
+        inserted = tensor.InsertSliceOp(transposed, filled, [], [], [], low_t, shape_t,
+                                        [1] * len(shape_t)).result  # fmt: skip
+    op.results[0].replace_all_uses_with(inserted)
+    op.erase()
+    expand.erase()
+    pad.erase()
+    return True
+
+
+def _pad_value(pad: Any) -> Any | None:
+    """The constant a ``tensor.pad`` pads with (its body yields a value defined outside),
+    else None."""
+    body = children(pad)
+    if len(body) != 1 or len(body[0].operands) != 1:
+        return None
+    value = body[0].operands[0]
+    owner = result_owner(value)
+    return value if owner is not None and owner.name == "arith.constant" else None
