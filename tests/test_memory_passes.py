@@ -119,3 +119,28 @@ def test_x86_counts_a_matmul_with_its_fused_epilogue_once(tmp_path) -> None:
         counts.append(payload_memory_passes(str(path), threads=1).total)
     assert 1 <= counts[0] < counts[1]
     assert np.isfinite(counts).all()
+
+
+def test_run_reports_the_passes(tmp_path, capsys) -> None:
+    """``stagegraph run`` reports the same count (``RunReport.memory_passes``, and a line of
+    its text output) as the function others call."""
+    import stagegraph as sg
+    from stagegraph.app.memory_passes import payload_memory_passes
+    from stagegraph.cli.main import main
+
+    t = "tensor<64x1024xf32>"
+    path = tmp_path / "neg.mlir"
+    path.write_text(
+        f"func.func @main(%a: {t}) -> {t} {{\n  %e = tensor.empty() : {t}\n"
+        f"  %r = linalg.generic {{indexing_maps = [{IDENTITY}, {IDENTITY}], "
+        f'iterator_types = ["parallel", "parallel"]}} ins(%a : {t}) outs(%e : {t}) {{\n'
+        "  ^bb0(%i: f32, %o: f32):\n    %n = arith.negf %i : f32\n    linalg.yield %n : f32\n"
+        f"  }} -> {t}\n  return %r : {t}\n}}\n"
+    )
+    a = np.random.default_rng(0).standard_normal((64, 1024)).astype(np.float32)
+    np.savez(tmp_path / "neg.npz", in0=a, out0=-a)
+    report = sg.run("x86", str(path), threads=1)
+    assert report.verified is True
+    assert report.memory_passes == payload_memory_passes(str(path)).total == 1
+    assert main(["run", "x86", str(path), "--threads", "1"]) == 0
+    assert "passes over memory: 1" in capsys.readouterr().out

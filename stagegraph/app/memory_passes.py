@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagegraph.core.engine import Hook, StageEvent
+from stagegraph.instrument.ir_hooks import output_module
 from stagegraph.stages.common.memory_passes import (
     RESIDENT_BYTES,
     MemoryPasses,
@@ -40,3 +42,23 @@ def payload_memory_passes(
     values.update(options, until=tag, threads=threads)
     result = commands.run(graph, workload, values).result
     return count_memory_passes(result.module.ir, None, resident_bytes)
+
+
+class MemoryPassesHook(Hook):
+    """Counts the passes over memory on the module a stage tagged ``bufferized`` produces
+    (before lowering changes it), so every run reports them (``RunReport.memory_passes``)
+    at the cost of one walk of the module. ``total`` stays None for a graph without such
+    a stage or a run that stops before it."""
+
+    def __init__(self, resident_bytes: int = RESIDENT_BYTES) -> None:
+        self.resident_bytes = resident_bytes
+        self.total: int | None = None
+
+    def after_stage(self, event: StageEvent) -> None:
+        if "bufferized" not in event.stage.tags:
+            return
+        module = output_module(event)
+        if module is None:
+            return
+        with module.ir.context:
+            self.total = count_memory_passes(module.ir, None, self.resident_bytes).total
