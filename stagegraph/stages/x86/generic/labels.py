@@ -54,14 +54,13 @@ def _absorbed_by_matmuls(fact: OpFacts) -> bool:
 def _initialized_convolution(
     op: Any, fact: OpFacts, users: list[Any], position: dict[Any, int], facts: PayloadFacts
 ) -> int | None:
-    """The index of the convolution whose init ``op`` alone makes (a fill or an elementwise
-    broadcast of its bias), else None: fused into the convolution's output tiles, the init
-    is written in the tile the convolution then accumulates into, not in a pass of its
-    own."""
+    """The index of the convolution or pooling whose init ``op`` alone makes (a fill, an
+    elementwise broadcast of a bias), else None: fused into its output tiles, the init is
+    written in the tile the convolution then accumulates into, not in a pass of its own."""
     if len(users) != 1 or len(op.results) != 1 or fact.op_class != "elementwise":
         return None
     j = position.get(users[0])
-    if j is None or facts.ops[j].op_class != "convolution":
+    if j is None or facts.ops[j].op_class not in ("convolution", "pooling"):
         return None
     conv = users[0]
     inits = list(conv.operands)[len(facts.ops[j].inputs) :]

@@ -59,6 +59,7 @@ from stagegraph.stages.x86.generic.linalg_parts import (
 from stagegraph.stages.x86.generic.transpose_fusion import (
     fold_constant_transposes,
     merge_transposes_into_elementwise,
+    pads_as_filled_inserts,
     transposes_before_padding,
 )
 
@@ -408,6 +409,7 @@ def prepare(
     changed += depthwise_to_channels_last(fn)
     changed += fold_constant_transposes(fn)  # channels-last filters, at compile time
     changed += transposes_before_padding(fn)  # written in place into the padded input
+    changed += pads_as_filled_inserts(fn)  # likewise for the other pads
     if fuse_elementwise:
         changed += merge_transposes_into_elementwise(fn)  # merged just below
         changed += duplicate_cheap_producers(fn)

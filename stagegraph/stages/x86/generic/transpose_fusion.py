@@ -342,3 +342,39 @@ def _pad_value(pad: Any) -> Any | None:
     value = body[0].operands[0]
     owner = result_owner(value)
     return value if owner is not None and owner.name == "arith.constant" else None
+
+
+def pads_as_filled_inserts(fn: Any) -> int:
+    """Rewrite each top-level ``tensor.pad`` of ``fn`` with static sizes and a constant
+    value as its source inserted into a filled tensor, the fill placed before the source's
+    producer; returns how many. A pad bufferizes to a fill and a copy of its source; as an
+    insertion, a producer that writes a fresh tensor (a pooling's input made by an
+    activation) writes straight into the padded buffer instead (``eliminate-empty-tensors``
+    in the bufferization pipeline), and the copy is gone."""
+    from stagegraph.mlir.bindings import dialect
+    from stagegraph.mlir.build import named_structured_op
+
+    tensor = dialect("tensor")
+    rewritten = 0
+    for op in top_level_ops(fn):
+        if op.name != "tensor.pad" or len(op.operands) != 1:
+            continue
+        value = _pad_value(op)
+        result = ir.RankedTensorType(op.results[0].type)
+        source = op.operands[0]
+        if value is None or not result.has_static_shape:
+            continue
+        producer = result_owner(source)
+        anchor = producer if producer is not None and producer.parent == op.parent else op
+        low = list(ir.DenseI64ArrayAttr(op.attributes["static_low"]))
+        with ir.InsertionPoint(anchor), op.location:
+            full = tensor.EmptyOp(result.shape, result.element_type).result
+            filled = named_structured_op("linalg.fill", [value], [full])
+        shape = _shape(source)
+        with ir.InsertionPoint(op), op.location:
+            inserted = tensor.InsertSliceOp(source, filled, [], [], [], low, shape,
+                                            [1] * len(shape)).result  # fmt: skip
+        op.results[0].replace_all_uses_with(inserted)
+        op.erase()
+        rewritten += 1
+    return rewritten
