@@ -174,3 +174,47 @@ def test_convolution_values_with_and_without_an_epilogue(tmp_path, relu_after: b
     np.savez(tmp_path / "conv.npz", in0=x, out0=expected.astype(np.float32))
     result = sg.run("x86", str(path), threads=1)
     assert result.verified is True, result.message
+
+
+def _relu_pad_pool_payload() -> str:
+    """A ReLU, padded by one, then a 3x3 max pooling (stride 1), NCHW, as torch-mlir
+    imports ``ReLU`` + ``MaxPool2d(3, 1, 1)``."""
+    x, p, y = "tensor<1x16x40x40xf32>", "tensor<1x16x42x42xf32>", "tensor<1x16x40x40xf32>"
+    id4 = "affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>"
+    return "\n".join([
+        f"func.func @main(%x: {x}) -> {y} {{",
+        "  %zero = arith.constant 0.0 : f32",
+        "  %ninf = arith.constant 0xFF800000 : f32",
+        f"  %e = tensor.empty() : {x}",
+        f"  %r = linalg.generic {{indexing_maps = [{id4}, {id4}], iterator_types = "
+        '["parallel", "parallel", "parallel", "parallel"]} '
+        f"ins(%x : {x}) outs(%e : {x}) {{",
+        "  ^bb0(%in: f32, %o: f32):\n    %m = arith.maximumf %in, %zero : f32",
+        f"    linalg.yield %m : f32\n  }} -> {x}",
+        "  %p = tensor.pad %r low[0, 0, 1, 1] high[0, 0, 1, 1] {",
+        "  ^bb0(%a: index, %b: index, %c: index, %d: index):",
+        f"    tensor.yield %ninf : f32\n  }} : {x} to {p}",
+        "  %w = tensor.empty() : tensor<3x3xf32>",
+        f"  %o = tensor.empty() : {y}",
+        f"  %f = linalg.fill ins(%ninf : f32) outs(%o : {y}) -> {y}",
+        "  %pool = linalg.pooling_nchw_max {dilations = dense<1> : vector<2xi64>, "
+        f"strides = dense<1> : vector<2xi64>}} ins(%p, %w : {p}, tensor<3x3xf32>) "
+        f"outs(%f : {y}) -> {y}",
+        f"  return %pool : {y}",
+        "}",
+    ])  # fmt: skip
+
+
+def test_a_padded_pooling_input_is_written_in_place(tmp_path) -> None:
+    """The pad's fill (1), the ReLU writing into the padded buffer (1) and the pooling with
+    its init made in its tiles (1). A pad copied after its producer, and a pooling init
+    filled on its own, made 5."""
+    path = tmp_path / "pool.mlir"
+    path.write_text(_relu_pad_pool_payload())
+    x = np.random.default_rng(4).standard_normal((1, 16, 40, 40)).astype(np.float32)
+    padded = np.pad(np.maximum(x, 0), ((0, 0), (0, 0), (1, 1), (1, 1)), constant_values=-np.inf)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, (3, 3), axis=(2, 3))
+    np.savez(tmp_path / "pool.npz", in0=x, out0=windows.max(axis=(-2, -1)).astype(np.float32))
+    assert payload_memory_passes(str(path)).total == 3
+    result = sg.run("x86", str(path), threads=1)
+    assert result.verified is True, result.message
