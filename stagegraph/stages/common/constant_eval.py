@@ -94,7 +94,7 @@ class ConstantValues:
             return []
         if op.name not in _STRUCTURAL:
             return None
-        if op.name == "linalg.generic" and not _evaluable_generic(op):
+        if op.name == "linalg.generic" and not evaluable_generic(op):
             return None
         found: list[Any] = []
         for operand in op.operands:
@@ -261,7 +261,7 @@ def _inside(candidate: Any, op: Any) -> bool:
     return False
 
 
-def _evaluable_generic(op: Any) -> bool:
+def evaluable_generic(op: Any) -> bool:
     """All-parallel, one result written through the identity map, inputs read through dims
     or constants only, a body of the ops :class:`ConstantValues` computes."""
     from stagegraph.mlir.bindings import ir

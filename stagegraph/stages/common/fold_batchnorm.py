@@ -117,9 +117,9 @@ def _match(op: Any, def_use: DefUse) -> _Chain | None:
 def _affine_step(op: Any, chain_value: Any, channel_dim: int) -> _Step | None:
     """``op`` as one affine step on ``chain_value``, or ``None``."""
     from stagegraph.mlir.bindings import ir
-    from stagegraph.stages.common.constant_eval import _evaluable_generic
+    from stagegraph.stages.common.constant_eval import evaluable_generic
 
-    if op.name != "linalg.generic" or not _evaluable_generic(op):
+    if op.name != "linalg.generic" or not evaluable_generic(op):
         return None
     if op.results[0].type != chain_value.type:
         return None
