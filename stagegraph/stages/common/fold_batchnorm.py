@@ -85,7 +85,10 @@ def fold_channel_affine_chains(module: Any) -> int:
             leaves.extend(needed)
     if not ready:
         return 0
-    values.load(list({leaf: None for leaf in leaves}))
+    try:
+        values.load(list({leaf: None for leaf in leaves}))
+    except NotConstantError:
+        return 0  # a constant of a type numpy does not compute like (f16, bf16)
     folded = 0
     for chain in ready:
         try:
@@ -102,6 +105,8 @@ def _match(op: Any, def_use: DefUse) -> _Chain | None:
         return None
     if "indexing_maps" in op.attributes or len(op.operands) != 3:
         return None  # a matmul with transposed maps: its weight axis is not the table's
+    if not all(_f32_or_f64(v) for v in (*op.operands, op.results[0])):
+        return None  # bf16 and others: numpy has no type that computes like them
     channel_dim, weight_axis = CHANNEL_PRODUCERS[op.name]
     steps: list[_Step] = []
     value = op.results[0]
@@ -112,6 +117,13 @@ def _match(op: Any, def_use: DefUse) -> _Chain | None:
         steps.append(step)
         value = users[0].results[0]
     return _Chain(op, steps, channel_dim, weight_axis) if steps else None
+
+
+def _f32_or_f64(value: Any) -> bool:
+    from stagegraph.mlir.bindings import ir
+
+    element = ir.ShapedType(value.type).element_type
+    return isinstance(element, ir.F32Type | ir.F64Type)
 
 
 def _affine_step(op: Any, chain_value: Any, channel_dim: int) -> _Step | None:

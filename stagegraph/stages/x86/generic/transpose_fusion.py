@@ -53,6 +53,8 @@ def fold_constant_transposes(fn: Any) -> int:
         shape = ir.RankedTensorType(op.results[0].type)
         if not shape.has_static_shape or np.prod(shape.shape) > MAX_CONSTANT_ELEMENTS:
             continue
+        if not isinstance(shape.element_type, ir.F32Type | ir.F64Type):
+            continue  # bf16 comes back from the probe as raw 16-bit integers
         if not _stored_constant(op.operands[0]):
             continue  # a computed tensor (a broadcast bias): stored, it would cost a pass
         leaves = values.leaves(op.operands[0])
@@ -60,7 +62,10 @@ def fold_constant_transposes(fn: Any) -> int:
             found.append((op, leaves))
     if not found:
         return 0
-    values.load([leaf for _, leaves in found for leaf in leaves])
+    try:
+        values.load([leaf for _, leaves in found for leaf in leaves])
+    except NotConstantError:
+        return 0
     folded = 0
     for op, _ in found:
         try:
