@@ -47,6 +47,9 @@ class RunReport(Schema):
     warnings: list[str] = Field(default_factory=list)
     #: Where the reference came from: ``npz``, ``pytorch``, ``numpy``, ``graph:NAME``, ``none``.
     reference: str = ""
+    #: Passes over memory of the bufferized code (``stages.common.memory_passes``; None: the
+    #: graph has no stage tagged ``bufferized``).
+    memory_passes: int | None = None
 
 
 def check_single_process(workload: Any) -> None:
@@ -119,6 +122,7 @@ def run_report(session: Session) -> RunReport:
         "specialized": workload.specialization,
         "warnings": warned,
         "reference": workload.reference_source,
+        "memory_passes": session.memory_passes.total,
     }
     binary = result.binary
     if binary is None or not hasattr(binary, "call"):

@@ -227,6 +227,10 @@ class Session:
         self.graph = resolve_graph(base, request, self.workload.spec)
         self.hooks = inspection_hooks(self.graph, request.inspection, write)
         self.hooks += list(extra_hooks)
+        from stagegraph.app.memory_passes import MemoryPassesHook
+
+        self.memory_passes = MemoryPassesHook()  # the run report's passes over memory
+        self.hooks.append(self.memory_passes)
         self.watchdog: Watchdog | None = None
         if request.compile_timeout_s or request.run_timeout_s:
             from stagegraph.instrument.watchdog import Watchdog

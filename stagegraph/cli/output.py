@@ -28,6 +28,8 @@ def print_run_report(report: Any, as_json: bool, extra: dict[str, Any] | None = 
             click.echo(f"  {stage.name:<14} {stage.kind:<9} {stage.seconds * 1e3:9.2f} ms")
         if report.run_seconds is not None:
             click.echo(f"  run            {report.run_seconds * 1e3:9.2f} ms{_threads(report)}")
+        if getattr(report, "memory_passes", None) is not None:
+            click.echo(f"  passes over memory: {report.memory_passes}")
     if report.verified is False:
         raise SystemExit(1)
 

@@ -16,7 +16,11 @@ unroll leaves stack allocas inside loops).
 # matmul's unpack loop does when the block loop has a single block and is inlined) must
 # fold to that buffer, or the returned value is not the allocation itself and the result
 # is copied into the out-parameter instead of being written there.
+# ``eliminate-empty-tensors`` first: a producer whose init is a ``tensor.empty`` and whose
+# result is inserted into a larger tensor (a concatenation, see
+# ``stagegraph.stages.common.concat_in_place``) then writes straight into its slice.
 BUFFERIZE = (
+    "eliminate-empty-tensors,"
     "one-shot-bufferize{bufferize-function-boundaries "
     "function-boundary-type-conversion=identity-layout-map},"
     "canonicalize,"

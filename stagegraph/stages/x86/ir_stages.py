@@ -60,9 +60,12 @@ def normalize(
     host) or ``config`` says;
     3-D poolings become 2-D then 1-D ones. Before those, gathers through constant
     positions that only reshape become reshapes
-    (:mod:`stagegraph.stages.common.constant_gathers`), and unit dims leave the generic ops
+    (:mod:`stagegraph.stages.common.constant_gathers`), per-channel constant scales and
+    shifts after a convolution or matmul (eval-mode BatchNorm) fold into its weights and
+    bias (:mod:`stagegraph.stages.common.fold_batchnorm`), and unit dims leave the generic ops
     (:mod:`stagegraph.stages.common.unit_dims`)."""
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
+    from stagegraph.stages.common.fold_batchnorm import fold_channel_affine_chains
     from stagegraph.stages.common.unit_dims import fold_unit_dims
     from stagegraph.stages.x86.conv.col2im import stride1_transposed_to_col2im
     from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
@@ -72,6 +75,7 @@ def normalize(
 
     with module.ir.context, ir_location(module.ir):
         fold_reshaping_gathers(module.ir)
+        fold_channel_affine_chains(module.ir)  # eval-mode BatchNorm into conv weights
         fold_unit_dims(module.ir)
         decompose_strided_transposed_convolutions(module.ir)
         stride1_transposed_to_col2im(module.ir, config)
@@ -111,11 +115,17 @@ def schedule(
     params: X86Params,
     config: ScheduleConfig = ScheduleConfig(),  # noqa: B008  (frozen, safe to share)
 ) -> TensorModule:
-    """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels."""
+    """Generic ops first (tile, fuse, vectorize), then the packed matmul micro-kernels;
+    then concatenations become insertions their producers write in place
+    (:mod:`stagegraph.stages.common.concat_in_place`)."""
+    from stagegraph.stages.common.concat_in_place import concatenations_in_place
+
     _apply_schedules(
         module, facts, params, propagate_failures=config.propagate_failures,
         deduplicate=len(facts.ops) > config.deduplicate_above, roll=config.roll_steps,
     )  # fmt: skip
+    with module.ir.context, ir_location(module.ir):
+        concatenations_in_place(module.ir)  # written in place by their producers
     return module
 
 

@@ -51,6 +51,24 @@ def _absorbed_by_matmuls(fact: OpFacts) -> bool:
     )
 
 
+def _initialized_convolution(
+    op: Any, fact: OpFacts, users: list[Any], position: dict[Any, int], facts: PayloadFacts
+) -> int | None:
+    """The index of the convolution or pooling whose init ``op`` alone makes (a fill, an
+    elementwise broadcast of a bias), else None: fused into its output tiles, the init is
+    written in the tile the convolution then accumulates into, not in a pass of its own."""
+    if len(users) != 1 or len(op.results) != 1 or fact.op_class != "elementwise":
+        return None
+    j = position.get(users[0])
+    if j is None or facts.ops[j].op_class not in ("convolution", "pooling"):
+        return None
+    conv = users[0]
+    inits = list(conv.operands)[len(facts.ops[j].inputs) :]
+    if list(op.results) != inits or conv.parent != op.parent:
+        return None
+    return j
+
+
 def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
     """Label the ops this schedule may touch; returns {fused producer: root consumer}.
 
@@ -78,6 +96,9 @@ def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
     fused: dict[int, int] = {}
     for i in sorted(mine, reverse=True):  # consumers first: chains resolve to their root
         users = _users(ops[i])
+        if (j := _initialized_convolution(ops[i], facts.ops[i], users, position, facts)) in mine:
+            fused[i] = j  # the init (zero fill, bias broadcast) made in the output tiles
+            continue
         if facts.ops[i].op_class != "elementwise" or len(users) != 1:
             continue
         if has_bool_operands(facts.ops[i]):

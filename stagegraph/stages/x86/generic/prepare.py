@@ -57,6 +57,12 @@ from stagegraph.stages.x86.generic.linalg_parts import (
     is_contraction,
     result_owner,
 )
+from stagegraph.stages.x86.generic.transpose_fusion import (
+    fold_constant_transposes,
+    merge_transposes_into_elementwise,
+    pads_as_filled_inserts,
+    transposes_before_padding,
+)
 
 _BITWISE = frozenset({"arith.andi", "arith.ori", "arith.xori"})
 
@@ -411,7 +417,11 @@ def prepare(
         changed += grouped_to_width_kernels(fn, width_kernel_lanes)
     changed += grouped_conv_to_group_loops(fn)
     changed += depthwise_to_channels_last(fn)
+    changed += fold_constant_transposes(fn)  # channels-last filters, at compile time
+    changed += transposes_before_padding(fn)  # written in place into the padded input
+    changed += pads_as_filled_inserts(fn)  # likewise for the other pads
     if fuse_elementwise:
+        changed += merge_transposes_into_elementwise(fn)  # merged just below
         changed += duplicate_cheap_producers(fn)
         changed += fuse_elementwise_chains(fn)
     return bool(changed)

@@ -274,15 +274,40 @@ class OpSequenceBuilder:
             each = transform.ForeachOp([], [targets])
             with ir.InsertionPoint(each.body):
                 compute, scope = self._tile_convolution(each.body.arguments[0], op, sizes)
+                init = self._fuse_convolution_init(body_root, op, sizes, scope)
                 if decompose:
                     compute = structured.DecomposeOp(compute).result
                 structured.VectorizeOp(compute)
+                if init is not None:
+                    structured.VectorizeOp(init)
                 if scope is not None:
                     if self.params.conv_drop_unit_dims or pools_along_width(op, self.params):
                         self.drop_unit_dims(scope)
                     self.lower_vectors(scope)
                 transform.YieldOp([])
             transform.YieldOp([])
+
+    def _fuse_convolution_init(
+        self, body_root: Any, op: OpFacts, sizes: list[int], scope: Any
+    ) -> Any | None:
+        """Fuse the producer of the convolution's init (labelled by
+        :func:`annotate_generic_ops`) into its output-tile loop; returns the fused op's
+        handle, or None where there is none or the tiles are partial."""
+        parallel = [s if k == "parallel" else 0 for s, k in zip(sizes, op.iterator_types,
+                                                                strict=True)]  # fmt: skip
+        if self.fused_roots is None or op.index not in self.fused_roots or not any(parallel):
+            return None
+        if partial_tiles(op.loop_ranges, parallel):
+            return None
+        producers = self.match(body_root, FUSE_ATTR, op.index)
+        fused = self.structured.FuseIntoContainingOp(self.any, self.any, producers, scope)
+        # The original producer is dead now: erase it, so its own sub-sequence finds
+        # nothing to schedule (left, it would still run as a pass of its own).
+        function = self.transform.GetParentOp(
+            self.any, fused.results[1], op_name="func.func", isolated_from_above=True
+        ).result
+        self.transform.ApplyDeadCodeEliminationOp(function)
+        return fused.results[0]
 
     def _tile_convolution(self, target: Any, op: OpFacts, sizes: list[int]) -> tuple[Any, Any]:
         """(tiled op, outermost loop or None): the output tiles (batch, channels, image) as
