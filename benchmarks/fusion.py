@@ -26,7 +26,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-EVAL_FACTORY = '''
+EVAL_FACTORY = """
 from pathlib import Path
 
 from stagegraph.workload.torch_source import load_problem_file, parse_value
@@ -36,7 +36,7 @@ def make():
     problem = load_problem_file(Path({path!r}), {{k: parse_value(v) for k, v in {overrides!r}}},
                                 0)
     return problem.model.eval(), tuple(problem.inputs)
-'''
+"""
 
 
 def eval_spec(spec: str, directory: Path, index: int) -> str:

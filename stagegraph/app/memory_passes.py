@@ -4,14 +4,13 @@ One call for everyone who reports it (a benchmark column, a script, a test):
 :func:`payload_memory_passes` compiles ``workload`` through ``graph`` up to the stage
 tagged ``bufferized`` (the schedule's loops, on buffers, before lowering) and counts there
 (:mod:`stagegraph.stages.common.memory_passes` defines a pass). Nothing is run or timed.
+Every run's report counts them too (:class:`~stagegraph.app.memory_passes_hook.MemoryPassesHook`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from stagegraph.core.engine import Hook, StageEvent
-from stagegraph.instrument.ir_hooks import output_module
 from stagegraph.stages.common.memory_passes import (
     RESIDENT_BYTES,
     MemoryPasses,
@@ -42,23 +41,3 @@ def payload_memory_passes(
     values.update(options, until=tag, threads=threads)
     result = commands.run(graph, workload, values).result
     return count_memory_passes(result.module.ir, None, resident_bytes)
-
-
-class MemoryPassesHook(Hook):
-    """Counts the passes over memory on the module a stage tagged ``bufferized`` produces
-    (before lowering changes it), so every run reports them (``RunReport.memory_passes``)
-    at the cost of one walk of the module. ``total`` stays None for a graph without such
-    a stage or a run that stops before it."""
-
-    def __init__(self, resident_bytes: int = RESIDENT_BYTES) -> None:
-        self.resident_bytes = resident_bytes
-        self.total: int | None = None
-
-    def after_stage(self, event: StageEvent) -> None:
-        if "bufferized" not in event.stage.tags:
-            return
-        module = output_module(event)
-        if module is None:
-            return
-        with module.ir.context:
-            self.total = count_memory_passes(module.ir, None, self.resident_bytes).total

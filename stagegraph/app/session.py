@@ -227,7 +227,7 @@ class Session:
         self.graph = resolve_graph(base, request, self.workload.spec)
         self.hooks = inspection_hooks(self.graph, request.inspection, write)
         self.hooks += list(extra_hooks)
-        from stagegraph.app.memory_passes import MemoryPassesHook
+        from stagegraph.app.memory_passes_hook import MemoryPassesHook
 
         self.memory_passes = MemoryPassesHook()  # the run report's passes over memory
         self.hooks.append(self.memory_passes)
