@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagegraph.mlir.bindings import ir, llvm
+from stagegraph.mlir.bindings import ir
+from stagegraph.mlir.bindings import llvm_types as llvm
 from stagegraph.mlir.resources import flat_bytes
 from stagegraph.mlir.walk import children
 

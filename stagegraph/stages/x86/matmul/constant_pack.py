@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from stagegraph.mlir.bindings import ir, linalg
+from stagegraph.mlir.bindings import ir
 from stagegraph.mlir.walk import collect
 from stagegraph.stages.x86.matmul.canonical import SITE_ATTR, MatmulSite
 from stagegraph.stages.x86.matmul.params import MatmulParams, whole_b_panels
@@ -116,7 +116,7 @@ def _constant_operand(op: Any, index: int) -> Any | None:
 def _replace_b(mm: Any, panels: np.ndarray, reg_n: int) -> None:
     """Make ``mm`` read B as the unpack of the ``panels`` constant, with B's map
     ``(m, n, k) -> (k, n)``."""
-    from stagegraph.mlir.bindings import arith, linalg_native, tensor
+    from stagegraph.mlir.bindings import arith, linalg_native, linalg_ops, tensor
 
     k = panels.shape[1]
     n = panels.shape[0] * reg_n
@@ -125,7 +125,12 @@ def _replace_b(mm: Any, panels: np.ndarray, reg_n: int) -> None:
         packed_type = ir.RankedTensorType.get(list(panels.shape), f32)
         packed = arith.ConstantOp(packed_type, ir.DenseElementsAttr.get(panels, type=f32))
         empty = tensor.EmptyOp([k, n], f32)
-        unpacked = linalg.unpack(packed.result, empty.result, [1], [reg_n], outer_dims_perm=[1, 0])
+        # The generated op class, not the OpDSL module (``linalg.unpack``), whose import
+        # costs a tenth of a small model's compile (tests/test_analysis.py).
+        unpacked = linalg_ops.UnPackOp(
+            empty.result.type, packed.result, empty.result, [1], [], [reg_n],
+            outer_dims_perm=[1, 0],
+        ).result  # fmt: skip
     old = mm.operands[1].owner.operation
     mm.operands[1] = unpacked
     maps = [ir.AffineMapAttr(m).value for m in linalg_native.get_indexing_maps(mm)]
