@@ -142,7 +142,23 @@ def with_cost_model(
         "tuned": {"db": db, "workload": workload, "graph": graph.name},
         "fixed": {"path": params_file},
     }.get(name, {})
-    return graph.replace(select.name, factory(select.name, **extra))
+    graph = graph.replace(select.name, factory(select.name, **extra))
+    return with_tuned_upstream(graph, db, workload) if name == "tuned" else graph
+
+
+def with_tuned_upstream(graph: Graph, db: str | None, workload: str) -> Graph:
+    """Point the stages before the params that replay tuned choices (a config field
+    ``tuned``: ``x86.normalize``'s convolution paths) at the tuning DB ``db``; its size and
+    time are part of the config, so a cached result never outlives a grown DB."""
+    if not db:
+        return graph
+    stat = Path(db).stat()
+    source = {"db": str(db), "workload": workload, "graph": graph.name,
+              "version": f"{stat.st_size}-{stat.st_mtime_ns}"}  # fmt: skip
+    for stage in list(graph.stages.values()):
+        if stage.kind != "params" and "tuned" in type(stage.config).model_fields:
+            graph = graph.with_config(stage.name, tuned=source)
+    return graph
 
 
 def check_cost_model_inputs(name: str, db: str | None, params_file: str | None) -> None:

@@ -85,6 +85,15 @@ def chosen_paths(facts: Any) -> dict[str, ConvPathParams]:
     return {op.key: ConvPathParams(gemm=op.path == "gemm") for op in stamped_paths(facts)}
 
 
+def cost_model_paths(facts: Any) -> dict[str, ConvPathParams]:
+    """The path the cost model estimated faster for each stamped convolution, whatever
+    ``paths`` decided (the stamp keeps both estimates)."""
+    return {
+        op.key: ConvPathParams(gemm=op.gemm_cycles < op.direct_cycles)
+        for op in stamped_paths(facts)
+    }
+
+
 def path_sites(facts: Any) -> list[TuningSite]:
     """One site per decided convolution, ``conv<i>`` at ``("conv_paths", key)``."""
     return [
