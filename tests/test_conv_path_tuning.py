@@ -161,3 +161,31 @@ def test_a_result_that_cannot_be_found_leaves_normalize_alone(payload, tmp_path)
     with pytest.warns(UserWarning, match="cost model 'tuned'"):
         choice, verified = _stamped("x86", payload, tmp_path, cost_model="tuned", db=str(empty))
     assert (choice.path, choice.decided_by, verified) == ("direct", "cost model", True)
+
+
+def test_per_op_records_leave_paths_to_their_payload(problem, tmp_path):
+    """A winner's values are stored per op signature for other payloads, but not a path
+    (x86.normalize replays the payload's winner), nor anything of a winner that moved a
+    path (its other values were measured on other ops)."""
+    from stagegraph.stages.common.tuning_db import CandidateResult, TuneDB
+    from stagegraph.tune.runner import _record_tuned_sites
+
+    space = problem.space
+    base = space.values_of(problem.base)
+    tile = next(n for n in base if n.startswith("generic.conv_width"))
+    other = next(v for v in space.variables[tile].domain.values if v != base[tile])
+
+    def winner(values):
+        params = space.to_params({**base, **values})
+        return CandidateResult(params_hash=params.content_hash()[:16], status="ok",
+                               params=params.model_dump(mode="json"), samples=[1.0] * 6,
+                               baseline_samples=[2.0] * 6, median_s=1.0)  # fmt: skip
+
+    db = TuneDB(tmp_path / "sites.db")
+    moved = winner({"conv0.gemm": 1})
+    assert _record_tuned_sites(db, problem, {moved.params_hash: moved}) == []
+    tiled = winner({tile: other})
+    stored = _record_tuned_sites(db, problem, {tiled.params_hash: tiled})
+    db.close()
+    assert stored and not any(s.startswith("conv_path") for s in stored)
+    assert any(s.startswith("convolution linalg.conv_2d_nchw_fchw") for s in stored)
