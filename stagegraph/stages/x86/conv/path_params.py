@@ -8,7 +8,9 @@ stamps on as ``PayloadFacts.decisions``. The params stage copies them into
 ``X86Params.conv_paths`` (by :func:`~stagegraph.stages.x86.conv.choice.conv_key`), so the
 params record the path each convolution took, and a tuner varies them like any other
 site: one :class:`ConvPathParams` site per convolution (op kind ``conv_path``), whose
-default is the cost model's choice. A candidate's paths go back to ``x86.normalize`` as
+default is the cost model's choice (a convolution the GEMM cannot take, see
+:func:`~stagegraph.stages.x86.conv.gemm.gemm_worth`, is not decided, so it has no site).
+A candidate's paths go back to ``x86.normalize`` as
 its ``paths`` config (:func:`normalize_paths`), which is why the choice stays a rewrite
 before the analysis and not a schedule option: the other path makes other ops (a GEMM's
 patch copy and matmul, which have tile params of their own).
@@ -18,7 +20,8 @@ matmul more or fewer), so tile params measured on one set of paths mean nothing 
 another. The declaration below therefore makes the path sites *exclusive*
 (:class:`~stagegraph.core.tunable.SpaceDeclaration` ``exclusive``): a candidate that moves
 a path keeps every other site at the baseline's values, and it is compiled with the
-graph's own cost model for everything but the paths (:func:`moves_paths`).
+graph's own cost model for everything but the paths (``X86Params.moves_upstream``, read
+by :func:`stagegraph.app.graph_options.with_candidate_params`).
 """
 
 from __future__ import annotations
@@ -28,12 +31,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from stagegraph.core.tunable import Choice, TuningSite, declare_space
+from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE
 
 #: The op kind of the path sites' declaration.
 CONV_PATH_KIND = "conv_path"
-#: The decision attribute ``x86.normalize`` stamps (the value of ``choice.PATH_ATTRIBUTE``;
-#: repeated here so the params need not import the MLIR-side module).
-_STAMP = "stagegraph.conv_path"
 
 
 class ConvPathParams(BaseModel):
@@ -45,8 +46,8 @@ class ConvPathParams(BaseModel):
 
 
 class ConvPathOp(BaseModel):
-    """The op a path site governs: the convolution's key and the cost model's estimates
-    (what ``--explain`` and the rules read)."""
+    """The op a path site governs: the convolution's key, the path taken, the cost
+    model's estimates and what decided (the fields of the stamp)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -63,11 +64,11 @@ class ConvPathOp(BaseModel):
 
 
 def stamped_paths(facts: Any) -> list[ConvPathOp]:
-    """The path decisions ``x86.normalize`` stamped, one per convolution key (in walk
-    order; a convolution blocked into several matmuls is stamped once per block)."""
+    """The path decisions ``x86.normalize`` stamped, one per convolution key in walk order
+    (identical convolutions share a key, so one site and one ``paths`` entry)."""
     found: dict[str, ConvPathOp] = {}
     for decision in getattr(facts, "decisions", ()):
-        if decision.attribute != _STAMP or decision.key in found:
+        if decision.attribute != PATH_ATTRIBUTE or decision.key in found:
             continue
         fields = decision.fields
         found[decision.key] = ConvPathOp(
