@@ -189,3 +189,28 @@ def test_per_op_records_leave_paths_to_their_payload(problem, tmp_path):
     db.close()
     assert stored and not any(s.startswith("conv_path") for s in stored)
     assert any(s.startswith("convolution linalg.conv_2d_nchw_fchw") for s in stored)
+
+
+def test_the_analysis_passes_stamped_decisions_on():
+    from stagegraph.stages.analysis import analyze
+
+    text = """
+func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {
+  %e = tensor.empty() : tensor<4xf32>
+  %r = linalg.copy {stagegraph.conv_path = {key = "k1", path = "gemm", gemm_cycles = 3 : i64},
+                    stagegraph.other = 5 : i64, note = {key = "not ours"}}
+    ins(%a : tensor<4xf32>) outs(%e : tensor<4xf32>) -> tensor<4xf32>
+  return %r : tensor<4xf32>
+}
+"""
+    with new_context():
+        facts = analyze(ir.Module.parse(text))
+    [decision] = facts.decisions
+    assert (decision.attribute, decision.key) == ("stagegraph.conv_path", "k1")
+    assert decision.fields == {"path": "gemm", "gemm_cycles": 3}
+
+
+def test_fixing_a_path_on_a_payload_without_convolutions_is_refused(capsys):
+    code = main(["tune", "x86", "matmul:m=16,n=16,k=16", "--explain", "--fix", "gemm=1"])
+    assert code == 2
+    assert "--fix 'gemm' is not a tunable field of this payload" in capsys.readouterr().err
