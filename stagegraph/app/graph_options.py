@@ -142,7 +142,23 @@ def with_cost_model(
         "tuned": {"db": db, "workload": workload, "graph": graph.name},
         "fixed": {"path": params_file},
     }.get(name, {})
-    return graph.replace(select.name, factory(select.name, **extra))
+    graph = graph.replace(select.name, factory(select.name, **extra))
+    return with_tuned_upstream(graph, db, workload) if name == "tuned" else graph
+
+
+def with_tuned_upstream(graph: Graph, db: str | None, workload: str) -> Graph:
+    """Point the stages before the params that replay tuned choices (a config field
+    ``tuned``: ``x86.normalize``'s convolution paths) at the tuning DB ``db``; its size and
+    time are part of the config, so a cached result never outlives a grown DB."""
+    if not db:
+        return graph
+    stat = Path(db).stat()
+    source = {"db": str(db), "workload": workload, "graph": graph.name,
+              "version": f"{stat.st_size}-{stat.st_mtime_ns}"}  # fmt: skip
+    for stage in list(graph.stages.values()):
+        if stage.kind != "params" and "tuned" in type(stage.config).model_fields:
+            graph = graph.with_config(stage.name, tuned=source)
+    return graph
 
 
 def check_cost_model_inputs(name: str, db: str | None, params_file: str | None) -> None:
@@ -204,3 +220,30 @@ def with_fixed_params(graph: Graph, params: dict[str, Any]) -> Graph:
         doc="Exactly the params in the config.",
     )
     return graph.replace(old.name, factory(old.name, params=params))
+
+
+def with_upstream_choices(graph: Graph, params: Params) -> Graph:
+    """The graph with the config ``params`` decides for stages before the params stage
+    (its model's ``upstream_configs()``, by stage factory: the x86 params' convolution
+    paths are ``x86.normalize``'s ``paths``); unchanged for a model without one."""
+    configs = getattr(params, "upstream_configs", None)
+    for factory_name, changes in (configs() if configs is not None else {}).items():
+        for stage in list(graph.stages.values()):
+            if stage.factory_name == factory_name:
+                graph = graph.with_config(stage.name, **changes)
+    return graph
+
+
+def with_candidate_params(graph: Graph, params: dict[str, Any], baseline: dict[str, Any]) -> Graph:
+    """How a tuner compiles one candidate: its upstream choices on their stages
+    (:func:`with_upstream_choices`), then exactly its params (:func:`with_fixed_params`),
+    unless the candidate moves an upstream choice away from the ``baseline``'s (its model's
+    ``moves_upstream``): then the ops differ from those the params were made for, and the
+    graph's own cost model gives the rest for the new ops."""
+    _, port = graph.params_output()
+    value = port.type.model_validate(params)
+    chosen = with_upstream_choices(graph, value)
+    moves = getattr(value, "moves_upstream", None)
+    if moves is not None and moves(port.type.model_validate(baseline)):
+        return chosen
+    return with_fixed_params(chosen, params)

@@ -92,11 +92,35 @@ class SearchSpace:
                 where += f".op{getattr(op, 'index', '?')}"
             for rule, expr in declaration.constraints(names, op, self.target, z3).items():
                 constraints[f"{where}.{rule}"] = _as_bool(z3, expr, ctx)
+        constraints.update(self._exclusive_rules(zvars, ctx))
         for key, value in self.fixes.items():
             for name, var in self.variables.items():
                 if var.field == key:
                     constraints[f"fixed {name}={value}"] = zvars[name] == int(value)
         return zvars, constraints
+
+    def _exclusive_rules(self, zvars: Mapping[str, Any], ctx: Any) -> dict[str, Any]:
+        """``<site>.alone``: a site of an ``exclusive`` declaration keeps the base's values,
+        or every site of no exclusive declaration does (exclusive sites move together; see
+        :class:`~stagegraph.core.tunable.SpaceDeclaration`)."""
+        z3 = self._z3
+        exclusive = {id(s) for s, d, _ in self.rules if d.exclusive}
+        if not exclusive:
+            return {}
+        base = self.values_of(self.base)
+
+        def at_base(names: list[str]) -> Any:
+            return z3.And([zvars[n] == base[n] for n in names] or [z3.BoolVal(True, ctx)])
+
+        rules = {}
+        for site in self.sites:
+            if id(site) not in exclusive:
+                continue
+            mine = [n for n, v in self.variables.items() if v.site is site]
+            others = [n for n, v in self.variables.items() if id(v.site) not in exclusive]
+            if mine and others:
+                rules[f"{site.label}.alone"] = z3.Or(at_base(mine), at_base(others))
+        return rules
 
     def _site_values(self, site: TuningSite, zvars: Mapping[str, Any]) -> dict[str, Any]:
         """The site's fields: solver variables where varied, base values elsewhere."""

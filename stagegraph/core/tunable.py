@@ -7,7 +7,10 @@ payload) on the targets it applies to:
 * which fields vary, over which values (a :class:`Range` or a :class:`Choice`, given or
   computed from the op's facts and the target);
 * named constraints over the fields and the facts (shapes, target), written once with a
-  ``logic`` argument (``z3`` for the solver; the same expressions check a value).
+  ``logic`` argument (``z3`` for the solver; the same expressions check a value);
+* whether its sites are ``exclusive``: a candidate that moves one of them from the base
+  keeps every other site's values (a choice that changes which ops the rest of the params
+  describe, such as a convolution's direct or GEMM path).
 
 A params model says where its parts sit and which ops each governs with a
 ``tuning_sites(facts, per_op)`` classmethod-like method returning :class:`TuningSite`; a
@@ -86,6 +89,7 @@ class SpaceDeclaration:
     constraints: ConstraintRule | None = None
     applies_to: Callable[[Any], bool] | None = None
     name: str = ""
+    exclusive: bool = False
 
     def applies(self, target: Any) -> bool:
         return self.applies_to is None or bool(self.applies_to(target))
@@ -105,6 +109,7 @@ def declare_space(
     constraints: ConstraintRule | None = None,
     applies_to: Callable[[Any], bool] | None = None,
     name: str = "",
+    exclusive: bool = False,
 ) -> SpaceDeclaration:
     """Declare (or redeclare, by ``model``, ``op_kind`` and ``name``) a search space.
 
@@ -119,7 +124,9 @@ def declare_space(
                 f"search space of {model.__name__} for {op_kind!r} names unknown fields "
                 f"{', '.join(unknown)}"
             )
-    declaration = SpaceDeclaration(model, op_kind, dict(fields), constraints, applies_to, name)
+    declaration = SpaceDeclaration(
+        model, op_kind, dict(fields), constraints, applies_to, name, exclusive
+    )
     _DECLARATIONS[(model, op_kind, name)] = declaration
     return declaration
 

@@ -231,9 +231,18 @@ def _record_tuned_sites(
 
     best, speedup = found
     space = problem.space
-    values = space.values_of(type(space.base).model_validate(best.params))
+    params = type(space.base).model_validate(best.params)
+    moves = getattr(params, "moves_upstream", None)
+    if moves is not None and moves(space.base):
+        return []  # measured on other ops than its sites describe (see with_candidate_params)
+    values = space.values_of(params)
+    # an exclusive site (a convolution's path) replays with its payload only: the stage
+    # before the analysis that reads it looks the whole payload's winner up
+    exclusive = {id(site) for site, declaration, _ in space.rules if declaration.exclusive}
     stored = []
     for site in space.sites:
+        if id(site) in exclusive:
+            continue
         varied = {v.field: values[n] for n, v in space.variables.items() if v.site is site}
         model = f"{site.model.__module__}:{site.model.__qualname__}"
         for op in site.ops:

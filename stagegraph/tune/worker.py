@@ -148,10 +148,10 @@ class Measuring:
 
     def graph(self, params: dict[str, Any]) -> Any:
         from stagegraph.app.bench import spliced
-        from stagegraph.app.graph_options import with_fixed_params
+        from stagegraph.app.graph_options import with_candidate_params
         from stagegraph.stages.common.measure import measuring_graph
 
-        fixed = with_fixed_params(self.session.graph, params)
+        fixed = with_candidate_params(self.session.graph, params, self.task.baseline)
         bench_graph, _ = spliced(fixed, None, self.session.workload.entry)
         return measuring_graph(bench_graph, self.timer, self.task.samples)
 

@@ -19,6 +19,7 @@ from stagegraph.errors import UnsupportedPayloadError
 from stagegraph.mlir.diagnostics import parse_payload
 from stagegraph.mlir.functions import function_name, payload_functions, select_entry
 from stagegraph.mlir.walk import DefUse
+from stagegraph.stages.analysis.decisions import stamped_decisions
 from stagegraph.stages.analysis.facts import (
     CLASS_PRIORITY,
     SUPPORTED_DTYPES,
@@ -94,6 +95,7 @@ def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
         def_use = DefUse(fn)
         facts = [op_facts(op, i, f"payload function @{name}", def_use) for i, op in enumerate(ops)]
         layers = layers_of(ops, facts, def_use)
+        decisions = stamped_decisions(fn)
     entry_facts = fn_facts[functions.index(fn)]
     classes = frozenset(f.op_class for f in facts)
     values = entry_facts.arguments + entry_facts.results
@@ -108,6 +110,7 @@ def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
         bytes=sum(v.nbytes for v in values),
         dtypes=frozenset(v.dtype for f in facts for v in f.inputs + f.outputs)
         | frozenset(v.dtype for v in values),
+        decisions=decisions,
     )
 
 

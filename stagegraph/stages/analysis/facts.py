@@ -8,6 +8,7 @@ from typing import Literal
 
 from stagegraph.core.ports import Facts
 from stagegraph.dtypes import byte_size
+from stagegraph.stages.analysis.decisions import Decision
 
 # In priority order: a payload is named by the first class it contains (``primary_class``).
 OpClass = Literal["matmul", "convolution", "pooling", "reduction", "elementwise", "other"]
@@ -147,6 +148,9 @@ class PayloadFacts(Facts):
     flops: int = 0
     bytes: int = 0  # arguments + results of the entry function
     dtypes: frozenset[str] = frozenset()
+    #: Choices rewrites before the analysis stamped on the entry's ops (see
+    #: :mod:`stagegraph.stages.analysis.decisions`): a cost model's tunable defaults.
+    decisions: tuple[Decision, ...] = ()
 
     @property
     def entry_function(self) -> FunctionFacts:

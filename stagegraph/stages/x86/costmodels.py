@@ -27,6 +27,7 @@ from stagegraph.stages.common.costmodel import (
     check_param_keys,
 )
 from stagegraph.stages.target import Target
+from stagegraph.stages.x86.conv.path_params import cost_model_paths
 from stagegraph.stages.x86.params_stage import X86Params, heuristic
 
 log = logging.getLogger("stagegraph.tune")
@@ -171,6 +172,13 @@ def tuned(facts: PayloadFacts, target: Target, config: TunedConfig) -> X86Params
     the values tuned for the same op (kind, shape, dtypes) in any payload, and the
     heuristic's choice for the others (a warning names them). Never cached: the DB grows."""
     params, why = lookup_tuned(config, target)
+    if params is not None and params.moves_upstream(
+        params.model_copy(update={"conv_paths": cost_model_paths(facts)})
+    ):
+        # the winner took other convolution paths than the cost model (x86.normalize ran
+        # them, see ConvGemmConfig.tuned) and was measured with the heuristic's params for
+        # the ops they make: the same again
+        params = _heuristic(facts, target, config)
     if params is None:
         base = _heuristic(facts, target, config)
         params, found, missing = base, [], []

@@ -73,6 +73,7 @@ def normalize(
     from stagegraph.stages.x86.conv.transposed import decompose_strided_transposed_convolutions
     from stagegraph.stages.x86.pool3d import separate_3d_poolings
 
+    config = _with_tuned_paths(config, target)
     with module.ir.context, ir_location(module.ir):
         fold_reshaping_gathers(module.ir)
         fold_channel_affine_chains(module.ir)  # eval-mode BatchNorm into conv weights
@@ -83,6 +84,25 @@ def normalize(
         convolutions_to_gemm(module.ir, config, target)
         separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized
     return module
+
+
+def _with_tuned_paths(config: ConvGemmConfig, target: Target | None) -> ConvGemmConfig:
+    """``config`` with the paths of the tuning DB's best candidate (``config.tuned``, set by
+    ``--cost-model tuned``) over its ``paths``; unchanged without a winner for this
+    workload, graph and target (the ``tuned`` cost model then falls back as well)."""
+    if config.tuned is None or target is None:
+        return config
+    from stagegraph.stages.x86.conv.path_params import normalize_paths
+    from stagegraph.stages.x86.costmodels import TunedConfig, lookup_tuned
+
+    source = config.tuned
+    found, _ = lookup_tuned(
+        TunedConfig(db=source.db, workload=source.workload, graph=source.graph), target
+    )
+    if found is None or not found.conv_paths:
+        return config
+    paths = {**config.paths, **normalize_paths(found.conv_paths)}
+    return config.model_copy(update={"paths": paths})
 
 
 def describe_schedule(inputs: dict[str, Any], config: Config) -> str:

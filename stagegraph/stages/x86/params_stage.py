@@ -19,6 +19,13 @@ from stagegraph.core.tunable import ANY_OP, TuningSite, declare_space
 from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.common.costmodel import CostModelConfig, apply_overrides
 from stagegraph.stages.target import Target
+from stagegraph.stages.x86.conv.path_params import (
+    ConvPathParams,
+    chosen_paths,
+    moves_paths,
+    normalize_paths,
+    path_sites,
+)
 from stagegraph.stages.x86.generic.params import GenericParams, heuristic_generic_params
 from stagegraph.stages.x86.matmul.heuristic import heuristic_matmul_params
 from stagegraph.stages.x86.matmul.params import MatmulParams
@@ -46,12 +53,19 @@ class X86Params(Params):
         description="generic params of single ops, by OpFacts.signature (tuned layers); "
         "every other non-matmul op takes `generic`",
     )
+    conv_paths: dict[str, ConvPathParams] = Field(
+        default_factory=dict,
+        description="each convolution's direct or GEMM path, by its conv_key: what "
+        "x86.normalize decided (a tunable: see stagegraph.stages.x86.conv.path_params)",
+    )
 
     def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list[TuningSite]:
         """Where a tuner varies these params: each matmul's own params; the generic params
         of the other ops, shared (``per_op`` False) or one entry of ``op_params`` per
-        distinct op signature; last, the payload's thread count (``payload.threads``)."""
+        distinct op signature; the path of each convolution ``x86.normalize`` decided
+        (``conv<i>.gemm``); last, the payload's thread count (``payload.threads``)."""
         matmuls = matmul_ops(facts)
+        paths = path_sites(facts)
         sites = [
             TuningSite(f"matmul{i}", ("matmul", i), MatmulParams, (op,))
             for i, op in enumerate(matmuls)
@@ -66,7 +80,7 @@ class X86Params(Params):
                     TuningSite("generic", ("generic",), GenericParams, tuple(others),
                                kind_of=generic_op_kind)
                 )  # fmt: skip
-            return [*sites, payload]
+            return [*sites, *paths, payload]
         groups: dict[str, list[Any]] = {}
         for op in others:
             groups.setdefault(op.signature(), []).append(op)
@@ -76,7 +90,7 @@ class X86Params(Params):
                 TuningSite(f"op{ops[0].index}", ("op_params", signature), GenericParams,
                            tuple(ops), default=default, kind_of=generic_op_kind)
             )  # fmt: skip
-        return [*sites, payload]
+        return [*sites, *paths, payload]
 
     @classmethod
     def override_keys(cls) -> set[str]:
@@ -93,7 +107,21 @@ class X86Params(Params):
             op_params={s: apply_overrides(p, gen) for s, p in self.op_params.items()},
             threads=overrides.get("threads", self.threads),
             granted_threads=max(self.granted_threads, overrides.get("threads", 1)),
+            conv_paths=self.conv_paths,
         )
+
+    def upstream_configs(self) -> dict[str, dict[str, Any]]:
+        """Config of the stages before the analysis that these params decide, by stage
+        factory: the convolutions' paths are ``x86.normalize``'s ``paths``."""
+        if not self.conv_paths:
+            return {}
+        return {"x86.normalize": {"paths": normalize_paths(self.conv_paths)}}
+
+    def moves_upstream(self, baseline: X86Params) -> bool:
+        """Do these params take another convolution path than ``baseline``? Then the ops
+        they were made for differ from the baseline's, and the rest of the params must come
+        from the cost model for the new ops (see :mod:`.conv.path_params`)."""
+        return moves_paths(self.conv_paths, baseline.conv_paths)
 
     def payload_threads(self) -> int:
         """Threads the lowered payload runs on: its own count, the decision (a matmul's
@@ -161,6 +189,7 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
         generic=heuristic_generic_params(facts, target),
         threads=threads,
         granted_threads=cores,
+        conv_paths=chosen_paths(facts),
     )
     return apply_overrides(params, config.overrides)
 

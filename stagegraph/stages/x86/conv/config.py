@@ -14,6 +14,17 @@ from stagegraph.core.ports import Config
 Path = Literal["direct", "gemm"]
 
 
+class TunedSource(Config):
+    """Where ``--cost-model tuned`` finds the paths a tuner chose: the tuning DB and the
+    workload and graph they were measured for; ``version`` (the DB's size and time when the
+    graph was built) keeps a cached normalization from outliving a grown DB."""
+
+    db: str
+    workload: str = ""
+    graph: str = ""
+    version: str = ""
+
+
 class ConvGemmConfig(Config):
     """Which channels-first convolutions run as the implicit GEMM of their patches
     (:mod:`stagegraph.stages.x86.conv.gemm`) instead of the direct path.
@@ -35,6 +46,9 @@ class ConvGemmConfig(Config):
     conv_gemm: bool = True
     path: Literal["auto", "direct", "gemm"] = "auto"
     paths: dict[str, Path] = Field(default_factory=dict)
+    #: Set by ``--cost-model tuned``: the best measured candidate's paths (its
+    #: ``X86Params.conv_paths``) override ``paths`` (see ``x86.normalize``).
+    tuned: TunedSource | None = None
     # Measured on an AVX-512 Xeon, one thread, against the direct path on the 35 KernelBench
     # level-1 convolutions (benchmarks/conv_vs_torch.py --direct): every 1-D one ran faster
     # as the GEMM (1.1-3.0x: the direct path has no channels-last form for 1-D and gathers
