@@ -68,6 +68,7 @@ def normalize(
     from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
     from stagegraph.stages.x86.conv.pointwise import pointwise_convolutions_to_matmuls
     from stagegraph.stages.x86.conv.transposed import decompose_strided_transposed_convolutions
+    from stagegraph.stages.x86.matmul.weight_rows import read_constant_weights_in_place
     from stagegraph.stages.x86.pool3d import separate_3d_poolings
 
     with module.ir.context, ir_location(module.ir):
@@ -78,6 +79,7 @@ def normalize(
         pointwise_convolutions_to_matmuls(module.ir)
         convolutions_to_gemm(module.ir, config, target)
         separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized
+        read_constant_weights_in_place(module.ir)  # a few rows: GEMV on W's own rows
     return module
 
 

@@ -1,0 +1,99 @@
+"""A few rows against a constant weight read the weight where it lies, row by row (GEMV).
+
+PyTorch's ``nn.Linear`` imports as ``x @ transpose(W)`` with ``W[n, k]`` a constant. With
+few rows of ``x`` (a classifier at batch 1: ResNet's 512 -> 1000, VGG's 25088 -> 4096),
+the matmul is a matrix-vector product: each weight element serves at most a few FMAs, so
+the run time is the time to read the weight once. Read through the transpose, it is
+neither: the transpose rewrites all of W on every call (unscheduled: scalar loops), and
+the product then reads columns of the transposed copy at a stride of ``n`` (measured on a
+Xeon, 1 thread: 1024 -> 1000 at batch 1, 50-90x PyTorch's time).
+
+:func:`read_constant_weights_in_place` drops such a transpose: the matmul reads ``W[n,
+k]`` through its indexing map (``(m, n, k) -> (n, k)``, the ``matmul_transpose_b``
+layout), so every output element is the dot product of a contiguous weight row with a row
+of ``x``, which the generic schedule vectorizes along k (:mod:`stagegraph.stages.x86.
+generic.gemv`). Nothing is evaluated or copied at compile time: a 400 MB weight stays the
+one constant it was.
+
+Only where the matmul has at most :data:`MAX_ROWS` rows (where the packed kernel's
+compile-time packing does not apply anyway: :mod:`.constant_pack`) and the weight is an
+``arith.constant`` read only through transposes: an argument weight keeps its transpose
+(it is the caller's data; the transpose is scheduled like any other op).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stagegraph.mlir.walk import collect
+
+#: Matmuls with more rows than this keep the packed kernel's path (and its compile-time
+#: packing of a constant weight): from here on each weight element serves enough FMAs for
+#: register tiles of several rows to pay.
+MAX_ROWS = 1
+
+
+def read_constant_weights_in_place(module: Any, max_rows: int = MAX_ROWS) -> int:
+    """Rewrite every ``linalg.matmul`` of ``module`` with at most ``max_rows`` rows whose B
+    is ``linalg.transpose [1, 0]`` of an ``arith.constant`` to read the constant itself
+    through a transposed indexing map; erase transposes left unused. Returns how many
+    matmuls were rewritten."""
+    from stagegraph.mlir.bindings import ir
+
+    rewritten = 0
+    for mm in collect(module, "linalg.matmul"):
+        transpose = _constant_transpose(mm.operands[1])
+        if transpose is None or _rows(mm) > max_rows or not _plain_maps(mm):
+            continue
+        mm.operands[1] = transpose.operands[0]
+        d_m, d_n, d_k = (ir.AffineDimExpr.get(i) for i in range(3))
+        maps = [ir.AffineMap.get(3, 0, e) for e in ([d_m, d_k], [d_n, d_k], [d_m, d_n])]
+        mm.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps])
+        if not list(transpose.results[0].uses):
+            transpose.erase()
+        rewritten += 1
+    return rewritten
+
+
+def _constant_transpose(value: Any) -> Any | None:
+    """The ``linalg.transpose [1, 0]`` of an ``arith.constant`` defining ``value``, if so."""
+    from stagegraph.mlir.bindings import ir
+
+    owner = value.owner
+    if not isinstance(owner, ir.Operation | ir.OpView):
+        return None
+    owner = owner.operation
+    if owner.name != "linalg.transpose":
+        return None
+    if list(ir.DenseI64ArrayAttr(owner.attributes["permutation"])) != [1, 0]:
+        return None
+    source = owner.operands[0].owner
+    if not isinstance(source, ir.Operation | ir.OpView):
+        return None
+    return owner if source.operation.name == "arith.constant" else None
+
+
+def _rows(mm: Any) -> int:
+    """M of a 2-D matmul (A's rows); dynamic or other ranks count as many."""
+    from stagegraph.mlir.bindings import ir
+
+    a_type = ir.RankedTensorType(mm.operands[0].type)
+    if a_type.rank != 2 or a_type.is_dynamic_dim(0):
+        return 1 << 62
+    return a_type.shape[0]
+
+
+def _plain_maps(mm: Any) -> bool:
+    """Whether ``mm`` has the default matmul maps (no ``indexing_maps`` of its own, or the
+    default ones): A ``[m, k]``, B ``[k, n]``."""
+    from stagegraph.mlir.bindings import ir
+
+    if "indexing_maps" not in mm.attributes:
+        return True
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(mm.attributes["indexing_maps"])]
+    expected = [[0, 2], [2, 1], [0, 1]]
+    for affine, dims in zip(maps, expected, strict=True):
+        results = list(affine.results)
+        if [e.position if isinstance(e, ir.AffineDimExpr) else -1 for e in results] != dims:
+            return False
+    return True
