@@ -1,24 +1,25 @@
-"""A few rows against a constant weight read the weight where it lies, row by row (GEMV).
+"""A matmul of one row reads its transposed weight where it lies, row by row (GEMV).
 
 PyTorch's ``nn.Linear`` imports as ``x @ transpose(W)`` with ``W[n, k]`` a constant. With
-few rows of ``x`` (a classifier at batch 1: ResNet's 512 -> 1000, VGG's 25088 -> 4096),
-the matmul is a matrix-vector product: each weight element serves at most a few FMAs, so
-the run time is the time to read the weight once. Read through the transpose, it is
-neither: the transpose rewrites all of W on every call (unscheduled: scalar loops), and
-the product then reads columns of the transposed copy at a stride of ``n`` (measured on a
-Xeon, 1 thread: 1024 -> 1000 at batch 1, 50-90x PyTorch's time).
+one row of ``x`` (a classifier at batch 1: ResNet's 512 -> 1000, VGG's 25088 -> 4096),
+the matmul is a matrix-vector product (the generic schedule's, see
+:func:`stagegraph.stages.x86.generic.plan.reduction_like`): each weight element serves
+one FMA, so the run time is the time to read the weight once. Read through the transpose,
+it is neither: the transpose rewrites all of W on every call (left unscheduled: scalar
+loops), and the product then reads ``[k x 1]`` columns of the copy at a stride of ``n``
+(measured on a Xeon, 1 thread: 1024 -> 1000 at batch 1, 50-90x PyTorch's time).
 
-:func:`read_constant_weights_in_place` drops such a transpose: the matmul reads ``W[n,
+:func:`read_transposed_weights_in_place` drops such a transpose: the matmul reads ``W[n,
 k]`` through its indexing map (``(m, n, k) -> (n, k)``, the ``matmul_transpose_b``
-layout), so every output element is the dot product of a contiguous weight row with a row
-of ``x``, which the generic schedule vectorizes along k (:mod:`stagegraph.stages.x86.
-generic.gemv`). Nothing is evaluated or copied at compile time: a 400 MB weight stays the
-one constant it was.
+layout). Every output element is then the dot product of a contiguous weight row with
+``x``, which the generic schedule vectorizes along k (long vectors, reassociated into a
+tree of adds when lowered), with the bias/activation epilogue vectorized after it. Nothing
+is evaluated or copied at compile time: a 400 MB weight stays the one constant it was.
+The same holds for a weight that is an argument (read in place instead of copied).
 
-Only where the matmul has at most :data:`MAX_ROWS` rows (where the packed kernel's
-compile-time packing does not apply anyway: :mod:`.constant_pack`) and the weight is an
-``arith.constant`` read only through transposes: an argument weight keeps its transpose
-(it is the caller's data; the transpose is scheduled like any other op).
+Only for matmuls of at most :data:`MAX_ROWS` rows: with more, the packed kernel takes the
+matmul (it reads either layout of B, and packs a constant one at compile time:
+:mod:`.constant_pack`).
 """
 
 from __future__ import annotations
@@ -27,22 +28,21 @@ from typing import Any
 
 from stagegraph.mlir.walk import collect
 
-#: Matmuls with more rows than this keep the packed kernel's path (and its compile-time
-#: packing of a constant weight): from here on each weight element serves enough FMAs for
-#: register tiles of several rows to pay.
+#: Matmuls with more rows than this keep the packed kernel's path (analysis' ``is_matvec``:
+#: only one row makes a matrix-vector product of it).
 MAX_ROWS = 1
 
 
-def read_constant_weights_in_place(module: Any, max_rows: int = MAX_ROWS) -> int:
+def read_transposed_weights_in_place(module: Any, max_rows: int = MAX_ROWS) -> int:
     """Rewrite every ``linalg.matmul`` of ``module`` with at most ``max_rows`` rows whose B
-    is ``linalg.transpose [1, 0]`` of an ``arith.constant`` to read the constant itself
-    through a transposed indexing map; erase transposes left unused. Returns how many
-    matmuls were rewritten."""
+    is ``linalg.transpose [1, 0]`` of some ``W`` to read ``W`` itself through a transposed
+    indexing map; erase transposes left unused. Returns how many matmuls were
+    rewritten."""
     from stagegraph.mlir.bindings import ir
 
     rewritten = 0
     for mm in collect(module, "linalg.matmul"):
-        transpose = _constant_transpose(mm.operands[1])
+        transpose = _weight_transpose(mm.operands[1])
         if transpose is None or _rows(mm) > max_rows or not _plain_maps(mm):
             continue
         mm.operands[1] = transpose.operands[0]
@@ -55,8 +55,8 @@ def read_constant_weights_in_place(module: Any, max_rows: int = MAX_ROWS) -> int
     return rewritten
 
 
-def _constant_transpose(value: Any) -> Any | None:
-    """The ``linalg.transpose [1, 0]`` of an ``arith.constant`` defining ``value``, if so."""
+def _weight_transpose(value: Any) -> Any | None:
+    """The ``linalg.transpose [1, 0]`` defining ``value``, if so."""
     from stagegraph.mlir.bindings import ir
 
     owner = value.owner
@@ -67,10 +67,7 @@ def _constant_transpose(value: Any) -> Any | None:
         return None
     if list(ir.DenseI64ArrayAttr(owner.attributes["permutation"])) != [1, 0]:
         return None
-    source = owner.operands[0].owner
-    if not isinstance(source, ir.Operation | ir.OpView):
-        return None
-    return owner if source.operation.name == "arith.constant" else None
+    return owner
 
 
 def _rows(mm: Any) -> int:
