@@ -64,8 +64,8 @@ def test_an_argument_weight_at_one_row_verifies(tmp_path, transposed):
 def test_only_one_row_matmuls_are_rewritten():
     """With two rows the packed kernel keeps the matmul (and packs a constant weight at
     compile time): its transpose stays for that kernel's own handling."""
-    from stagegraph.mlir.diagnostics import parse_module
     from stagegraph.mlir.bindings import new_context
+    from stagegraph.mlir.diagnostics import parse_module
     from stagegraph.stages.x86.matmul.weight_rows import read_transposed_weights_in_place
 
     def module(m: int) -> str:
