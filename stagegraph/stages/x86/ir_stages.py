@@ -62,14 +62,15 @@ def normalize(
     positions that only reshape become reshapes
     (:mod:`stagegraph.stages.common.constant_gathers`), and unit dims leave the generic ops
     (:mod:`stagegraph.stages.common.unit_dims`). Last, a matmul of one row reads its
-    transposed weight in place (:mod:`stagegraph.stages.x86.matmul.weight_rows`)."""
+    transposed weight in place, and one of a few rows gets its constant weight transposed
+    at compile time (:mod:`stagegraph.stages.x86.matmul.weight_rows`)."""
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
     from stagegraph.stages.common.unit_dims import fold_unit_dims
     from stagegraph.stages.x86.conv.col2im import stride1_transposed_to_col2im
     from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
     from stagegraph.stages.x86.conv.pointwise import pointwise_convolutions_to_matmuls
     from stagegraph.stages.x86.conv.transposed import decompose_strided_transposed_convolutions
-    from stagegraph.stages.x86.matmul.weight_rows import read_transposed_weights_in_place
+    from stagegraph.stages.x86.matmul.weight_rows import prepare_weights
     from stagegraph.stages.x86.pool3d import separate_3d_poolings
 
     with module.ir.context, ir_location(module.ir):
@@ -80,7 +81,7 @@ def normalize(
         pointwise_convolutions_to_matmuls(module.ir)
         convolutions_to_gemm(module.ir, config, target)
         separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized
-        read_transposed_weights_in_place(module.ir)  # one row: GEMV on W's own rows
+        prepare_weights(module.ir)  # few rows: no per-call transpose of W
     return module
 
 

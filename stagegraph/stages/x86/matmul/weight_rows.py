@@ -19,7 +19,12 @@ The same holds for a weight that is an argument (read in place instead of copied
 
 Only for matmuls of at most :data:`MAX_ROWS` rows: with more, the packed kernel takes the
 matmul (it reads either layout of B, and packs a constant one at compile time:
-:mod:`.constant_pack`).
+:mod:`.constant_pack`). With a few rows (up to :data:`MAX_FEW_ROWS`, batch 2 to 8), a
+constant weight's transpose is folded at compile time instead
+(:func:`fold_few_row_transposes`): where its columns make no whole panels (N = 1000) the
+kernel cannot prepack it, and then reads the ``[k, n]`` constant's rows directly, unpacked
+(``heuristic.heuristic_matmul_params``): 1024 -> 1000 at batch 3 went from 1.8x to 0.76x
+PyTorch's time (Xeon, 1 thread, under load).
 """
 
 from __future__ import annotations
@@ -31,6 +36,35 @@ from stagegraph.mlir.walk import collect
 #: Matmuls with more rows than this keep the packed kernel's path (analysis' ``is_matvec``:
 #: only one row makes a matrix-vector product of it).
 MAX_ROWS = 1
+
+
+#: Matmuls with more rows than this keep a constant weight's transpose for the kernel's own
+#: handling (compile-time packing, which transposes in numpy, or per-call packing): few
+#: rows are where a per-call pass over B costs as much as the product itself.
+MAX_FEW_ROWS = 8
+
+
+def prepare_weights(module: Any) -> tuple[int, int]:
+    """Weights of one-row matmuls read in place, then constant weights of few-row ones
+    transposed at compile time; returns how many of each (see the module doc)."""
+    return read_transposed_weights_in_place(module), fold_few_row_transposes(module)
+
+
+def fold_few_row_transposes(module: Any, max_rows: int = MAX_FEW_ROWS) -> int:
+    """Fold each transpose of a constant that only matmuls of at most ``max_rows`` rows
+    read, as their B (:mod:`stagegraph.stages.common.constant_transposes`); returns how
+    many."""
+    from stagegraph.stages.common.constant_transposes import fold_constant_transposes
+
+    def only_few_rows(transpose: Any) -> bool:
+        users = [use.owner.operation for use in transpose.results[0].uses]
+        return bool(users) and all(
+            user.name == "linalg.matmul" and user.operands[1] == transpose.results[0]
+            and user.operands[0] != transpose.results[0] and _rows(user) <= max_rows
+            for user in users
+        )  # fmt: skip
+
+    return fold_constant_transposes(module, only_few_rows)
 
 
 def read_transposed_weights_in_place(module: Any, max_rows: int = MAX_ROWS) -> int:
