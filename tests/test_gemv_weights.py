@@ -1,7 +1,9 @@
 """A Linear at batch 1 is a GEMV on the weight's own rows (``matmul.weight_rows``): no
 transpose of the weight runs per call, the weight is read as contiguous rows in vectors
 of the target's width, it stays one constant, and the results verify (bias + ReLU, N not
-a multiple of the vector width, batch 1 and 3, constant and argument weights)."""
+a multiple of the vector width, batch 1 and 3, constant and argument weights). At a few
+rows the constant is transposed once at compile time and read unpacked where it cannot
+be prepacked."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import stagegraph as sg
 from stagegraph.mlir.bindings import ir
 from stagegraph.mlir.walk import collect
 from stagegraph.stages.target import resolve_target
-from tests.test_linear_layers import _linear, _tensor_shapes
+from tests.test_linear_layers import _constant_shapes, _linear, _tensor_shapes
 
 K, N = 1024, 1000  # N: not a multiple of 16 lanes
 
@@ -87,3 +89,65 @@ func.func @main(%x: tensor<{m}x8xf32>, %w: tensor<4x8xf32>) -> tensor<{m}x4xf32>
         assert collect(one, "linalg.transpose") == []
         assert len(collect(two, "linalg.transpose")) == 1
         assert one.operation.verify()
+
+
+def test_a_few_rows_read_the_weight_transposed_once_at_compile_time(tmp_path):
+    """Batch 3: the constant's transpose is folded when compiled (one [K, N] constant, no
+    transpose, no [N, K] copy left), and with N = 1000 (no whole 32-column panels to
+    prepack) the kernel reads it unpacked: no packing of B at run time."""
+    path = _linear(tmp_path, 3, K, N)
+    scheduled = sg.run("x86", path, threads=1, target="x86-64-v4", until="schedule")
+    assert scheduled.params.matmul[0].pack is False
+    module = scheduled.module.ir
+    assert collect(module, {"linalg.transpose", "linalg.pack"}) == []
+    assert (K, N) in _constant_shapes(module) and (N, K) not in _constant_shapes(module)
+
+
+def test_few_rows_pack_b_only_where_it_pays():
+    """A constant B that cannot be prepacked is read unpacked when M fits one register
+    tile; prepackable ones (N = 1024) stay packed at compile time, argument B and many
+    rows keep the per-call choice."""
+    from stagegraph.stages.x86.matmul.heuristic import heuristic_matmul_params
+
+    v4 = resolve_target("x86-64-v4")
+    assert heuristic_matmul_params(3, N, K, "f32", v4, constant_b=True).pack is False
+    assert heuristic_matmul_params(3, 1024, K, "f32", v4, constant_b=True).pack is True
+    argument = heuristic_matmul_params(3, N, K, "f32", v4)
+    many = heuristic_matmul_params(64, N, K, "f32", v4, constant_b=True)
+    assert many.reg_m < 64 and many.pack == heuristic_matmul_params(64, N, K, "f32", v4).pack
+    assert argument.pack == heuristic_matmul_params(3, N, K, "f32", v4).pack
+
+
+def test_a_weight_shared_with_many_rows_is_not_folded():
+    """A transpose also read by a matmul of many rows is left for the packed kernel (which
+    transposes while packing at compile time); alone under few rows, it is folded."""
+    from stagegraph.mlir.bindings import new_context
+    from stagegraph.mlir.diagnostics import parse_module
+    from stagegraph.stages.x86.matmul.weight_rows import fold_few_row_transposes
+
+    def module(rows: list[int]) -> str:
+        lines = []
+        for i, m in enumerate(rows):
+            lines.append(f"""
+  %o{i} = tensor.empty() : tensor<{m}x4xf32>
+  %mm{i} = linalg.matmul ins(%x{i}, %wt : tensor<{m}x8xf32>, tensor<8x4xf32>)
+      outs(%o{i} : tensor<{m}x4xf32>) -> tensor<{m}x4xf32>""")
+        args = ", ".join(f"%x{i}: tensor<{m}x8xf32>" for i, m in enumerate(rows))
+        results = ", ".join(f"tensor<{m}x4xf32>" for m in rows)
+        returned = ", ".join(f"%mm{i}" for i in range(len(rows)))
+        return f"""
+func.func @main({args}) -> ({results}) {{
+  %w = arith.constant dense<1.0> : tensor<4x8xf32>
+  %e = tensor.empty() : tensor<8x4xf32>
+  %wt = linalg.transpose ins(%w : tensor<4x8xf32>) outs(%e : tensor<8x4xf32>) permutation = [1, 0]
+  {"".join(lines)}
+  return {returned} : {results}
+}}"""
+
+    context = new_context()
+    with context, ir.Location.unknown():
+        few, mixed = (parse_module(module(r), context, "test") for r in ([2, 8], [2, 16]))
+        assert fold_few_row_transposes(few) == 1 and fold_few_row_transposes(mixed) == 0
+        assert collect(few, "linalg.transpose") == []
+        assert len(collect(mixed, "linalg.transpose")) == 1
+        assert few.operation.verify()
