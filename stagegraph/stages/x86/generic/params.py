@@ -232,6 +232,10 @@ def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int],
     if iterators and iterators[last] == "parallel":
         outer[last] = tile_size(ranges[last], params.reduction_rows)
     budget = max(1, params.reduction_chunk // max(1, outer[last] if outer else 1))
+    rows = gemv_rows(op)
+    if rows is not None:
+        outer[rows] = largest_divisor_at_most(ranges[rows], GEMV_ROWS)
+        budget = max(1, params.reduction_chunk // outer[rows])
     chunk = _fill(ranges, reduction, budget)
     inner = [0] * len(ranges)
     for d in reduction:
@@ -241,6 +245,22 @@ def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int],
             else chunk[d]
         )
     return outer, inner
+
+
+#: Weight rows per tile of a matrix-vector product reading them along k: as many
+#: independent streams and dot products, each vector of ``x`` loaded once for all.
+GEMV_ROWS = 4
+
+
+def gemv_rows(op: OpFacts) -> int | None:
+    """The loop of a matrix-vector product's weight rows (n, with one row of x), where the
+    weight is read along k (its innermost loop, ``B[n, k]``); else None."""
+    c = op.contraction
+    if op.op_class != "matmul" or c is None or c.m != 1 or c.batch_dims:
+        return None
+    if len(c.n_dims) != 1 or len(c.k_dims) != 1 or not c.transpose_b:
+        return None
+    return c.n_dims[0] if c.k_dims[0] == len(op.loop_ranges) - 1 else None
 
 
 def tile_volume(sizes: list[int], ranges: tuple[int, ...]) -> int:
