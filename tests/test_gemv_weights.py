@@ -13,6 +13,7 @@ import stagegraph as sg
 from stagegraph.mlir.bindings import ir
 from stagegraph.mlir.walk import collect
 from stagegraph.stages.target import resolve_target
+from stagegraph.stages.x86.generic.params import GEMV_ROWS
 from tests.test_linear_layers import _constant_shapes, _linear, _tensor_shapes
 
 K, N = 1024, 1000  # N: not a multiple of 16 lanes
@@ -34,6 +35,9 @@ def test_one_row_reads_the_constant_weight_rows_in_place(tmp_path, target):
     reads = [ir.VectorType(op.results[0].type) for op in collect(module, "vector.transfer_read")]
     widest = max(v.shape[-1] for v in reads if v.rank == 1)
     assert widest >= 4 * lanes and widest % lanes == 0 and K % widest == 0
+    # The weight: GEMV_ROWS rows at once, each a whole number of vectors along k.
+    tiles = [v.shape for v in reads if v.rank == 2]
+    assert tiles and all(r == GEMV_ROWS and c % lanes == 0 and K % c == 0 for r, c in tiles)
 
 
 def test_the_weight_stays_one_constant(tmp_path):
@@ -48,9 +52,11 @@ def test_the_weight_stays_one_constant(tmp_path):
     assert globals_ == [(N,), (N, K)]
 
 
-@pytest.mark.parametrize("m", [1, 3])
-def test_linear_bias_relu_verifies_at_few_rows(tmp_path, m):
-    assert sg.run("x86", _linear(tmp_path, m, K, N), threads=1).verified is True
+@pytest.mark.parametrize(("m", "k", "n"), [(1, K, N), (3, K, N), (1, 96, 997), (1, 40, 1001)])
+def test_linear_bias_relu_verifies_at_few_rows(tmp_path, m, k, n):
+    """Also N = 997 (prime: one weight row per tile), 1001 (seven rows) with k = 40 (not
+    a whole number of 16-lane vectors)."""
+    assert sg.run("x86", _linear(tmp_path, m, k, n), threads=1).verified is True
 
 
 @pytest.mark.parametrize("transposed", [True, False])
