@@ -33,13 +33,14 @@ def fold_constant_transposes(
     """Replace each ``linalg.transpose`` of an ``arith.constant`` tensor (for which
     ``only(transpose)`` holds, when given) by the transposed constant; returns how many."""
     from stagegraph.mlir.bindings import ir
-    from stagegraph.mlir.walk import collect
+    from stagegraph.mlir.walk import DefUse, collect
     from stagegraph.stages.common.constant_gathers import evaluate_constants
 
     found, total = [], 0
+    def_use = DefUse(module)  # value.owner would import the dialects' modules (see DefUse)
     for op in collect(module, "linalg.transpose"):
-        source = op.operands[0].owner
-        if not isinstance(source, ir.Operation | ir.OpView) or source.name != "arith.constant":
+        source = def_use.owner(op.operands[0])
+        if source is None or source.name != "arith.constant":
             continue
         if only is not None and not only(op):
             continue
@@ -47,7 +48,7 @@ def fold_constant_transposes(
         if total + size > max_elements:
             continue
         total += size
-        found.append((op, source.operation))
+        found.append((op, source))
     if not found:
         return 0
     values = evaluate_constants(module, [source for _, source in found])

@@ -99,7 +99,7 @@ def heuristic_matmul_params(
     if constant_b and not chosen.pack and whole_b_panels(n, chosen) and dtype == "f32":
         # A constant B is packed at compile time (constant_pack): the run packs only A.
         chosen = chosen.model_copy(update={"pack": True})
-    elif constant_b and chosen.pack and not whole_b_panels(n, chosen) and m <= chosen.reg_m:
+    elif chosen.pack and m <= chosen.reg_m and not (constant_b and whole_b_panels(n, chosen)):
         chosen = chosen.model_copy(update={"pack": False})  # one pass over B, unpacked
     return chosen
 

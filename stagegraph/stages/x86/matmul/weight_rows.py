@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from stagegraph.mlir.walk import collect
+from stagegraph.mlir.walk import DefUse, collect
 
 #: Matmuls with more rows than this keep the packed kernel's path (analysis' ``is_matvec``:
 #: only one row makes a matrix-vector product of it).
@@ -56,8 +56,10 @@ def fold_few_row_transposes(module: Any, max_rows: int = MAX_FEW_ROWS) -> int:
     many."""
     from stagegraph.stages.common.constant_transposes import fold_constant_transposes
 
+    def_use = DefUse(module)  # value.owner would import the linalg module (see DefUse)
+
     def only_few_rows(transpose: Any) -> bool:
-        users = [use.owner.operation for use in transpose.results[0].uses]
+        users = def_use.users(transpose.results[0])
         return bool(users) and all(
             user.name == "linalg.matmul" and user.operands[1] == transpose.results[0]
             and user.operands[0] != transpose.results[0] and _rows(user) <= max_rows
@@ -75,8 +77,9 @@ def read_transposed_weights_in_place(module: Any, max_rows: int = MAX_ROWS) -> i
     from stagegraph.mlir.bindings import ir
 
     rewritten = 0
+    def_use = DefUse(module)  # value.owner would import the linalg module (see DefUse)
     for mm in collect(module, "linalg.matmul"):
-        transpose = _weight_transpose(mm.operands[1])
+        transpose = _weight_transpose(def_use.owner(mm.operands[1]))
         if transpose is None or _rows(mm) > max_rows or not _plain_maps(mm):
             continue
         mm.operands[1] = transpose.operands[0]
@@ -89,15 +92,11 @@ def read_transposed_weights_in_place(module: Any, max_rows: int = MAX_ROWS) -> i
     return rewritten
 
 
-def _weight_transpose(value: Any) -> Any | None:
-    """The ``linalg.transpose [1, 0]`` defining ``value``, if so."""
+def _weight_transpose(owner: Any | None) -> Any | None:
+    """``owner`` (a value's defining op, if any) if it is a ``linalg.transpose [1, 0]``."""
     from stagegraph.mlir.bindings import ir
 
-    owner = value.owner
-    if not isinstance(owner, ir.Operation | ir.OpView):
-        return None
-    owner = owner.operation
-    if owner.name != "linalg.transpose":
+    if owner is None or owner.name != "linalg.transpose":
         return None
     if list(ir.DenseI64ArrayAttr(owner.attributes["permutation"])) != [1, 0]:
         return None
