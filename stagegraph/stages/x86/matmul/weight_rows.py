@@ -12,8 +12,10 @@ loops), and the product then reads ``[k x 1]`` columns of the copy at a stride o
 :func:`read_transposed_weights_in_place` drops such a transpose: the matmul reads ``W[n,
 k]`` through its indexing map (``(m, n, k) -> (n, k)``, the ``matmul_transpose_b``
 layout). Every output element is then the dot product of a contiguous weight row with
-``x``, which the generic schedule vectorizes along k (long vectors, reassociated into a
-tree of adds when lowered), with the bias/activation epilogue vectorized after it. Nothing
+``x``, which the generic schedule vectorizes along k, ``GEMV_ROWS`` rows per tile
+(:func:`stagegraph.stages.x86.generic.params.gemv_rows`; long vectors, reassociated into
+a tree of adds when lowered), with the bias/activation epilogue vectorized after it (a
+separate pass over the N outputs, not over the weight). Nothing
 is evaluated or copied at compile time: a 400 MB weight stays the one constant it was.
 The same holds for a weight that is an argument (read in place instead of copied).
 
@@ -33,8 +35,8 @@ from typing import Any
 
 from stagegraph.mlir.walk import DefUse, collect
 
-#: Matmuls with more rows than this keep the packed kernel's path (analysis' ``is_matvec``:
-#: only one row makes a matrix-vector product of it).
+#: Matmuls with more rows than this keep the packed kernel's path (only one row makes a
+#: matrix-vector product of it: ``sites.runs_as_matvec``).
 MAX_ROWS = 1
 
 
