@@ -123,6 +123,18 @@ def test_few_rows_pack_b_only_where_it_pays():
     assert many.reg_m < 256 and many.pack is True  # B far past the caches: packed per call
 
 
+@pytest.mark.parametrize(("n", "prepacked"), [(256, True), (200, False)])
+def test_one_row_against_a_constant_b_k_n_runs_on_the_kernel(tmp_path, n, prepacked):
+    """``x @ W`` with a constant ``W[k, n]`` at batch 1: the kernel's one-row tile reads
+    B's rows along n, packed at compile time where N makes whole panels, else as it
+    lies; either way no packing of B runs per call, and the values verify."""
+    path = _linear(tmp_path, 1, 128, n, transposed=False)
+    scheduled = sg.run("x86", path, threads=1, target="x86-64-v4", until="schedule")
+    assert len(scheduled.params.matmul) == 1 and scheduled.params.matmul[0].pack is prepacked
+    assert collect(scheduled.module.ir, {"linalg.pack", "linalg.transpose"}) == []
+    assert sg.run("x86", path, threads=1).verified is True
+
+
 def test_a_weight_shared_with_many_rows_is_not_folded():
     """A transpose also read by a matmul of many rows is left for the packed kernel (which
     transposes while packing at compile time); alone under few rows, it is folded."""
