@@ -879,19 +879,28 @@ def test_bf16_widening_is_fused_into_the_blocks():
         assert "arith.extf" in inside or "linalg.copy" in inside
 
 
-@pytest.mark.parametrize(
-    ("a_shape", "b_shape"), [((37, 300), (300, 1)), ((1, 300), (300, 45)), ((1, 64), (64, 1))]
-)
 @pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("a_shape", "b_shape"), [((37, 300), (300, 1)), ((1, 64), (64, 1))])
 def test_matvec_runs_as_a_vectorized_reduction(a_shape, b_shape, threads):
-    """m or n = 1: no matmul micro-kernel (it would pad the unit dim to a register tile);
-    the generic schedule reduces contiguous chunks of each row instead."""
+    """n = 1: no matmul micro-kernel (it would pad the unit dim to a register tile); the
+    generic schedule reduces contiguous chunks of each row instead."""
     if threads > 1:
         pytest.importorskip("stagegraph.runtime.openmp").library_path()
     c_shape = (a_shape[0], b_shape[1])
     text = _named("linalg.matmul", a_shape, b_shape, c_shape)
     names = _check(text, a_shape, b_shape, np.matmul, threads=threads, sites=0)
     assert "linalg.matmul" not in names and "vector.reduction" in names
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_one_row_against_b_k_n_runs_on_the_kernel(threads):
+    """m = 1 against B[k, n]: the kernel's one-row register tile reads B's rows along n
+    (as a reduction along k it read B's columns: ``sites.runs_as_matvec``)."""
+    if threads > 1:
+        pytest.importorskip("stagegraph.runtime.openmp").library_path()
+    text = _named("linalg.matmul", (1, 300), (300, 45), (1, 45))
+    names = _check(text, (1, 300), (300, 45), np.matmul, threads=threads, sites=1)
+    assert "linalg.matmul" not in names and "vector.fma" in names
 
 
 def _rnn_step(m: int, k: int, n: int) -> str:

@@ -63,7 +63,9 @@ def normalize(
     (:mod:`stagegraph.stages.common.constant_gathers`), per-channel constant scales and
     shifts after a convolution or matmul (eval-mode BatchNorm) fold into its weights and
     bias (:mod:`stagegraph.stages.common.fold_batchnorm`), and unit dims leave the generic ops
-    (:mod:`stagegraph.stages.common.unit_dims`)."""
+    (:mod:`stagegraph.stages.common.unit_dims`). Last, a matmul of one row reads its
+    transposed weight in place, and one of a few rows gets its constant weight transposed
+    at compile time (:mod:`stagegraph.stages.x86.matmul.weight_rows`)."""
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
     from stagegraph.stages.common.fold_batchnorm import fold_channel_affine_chains
     from stagegraph.stages.common.unit_dims import fold_unit_dims
@@ -71,6 +73,7 @@ def normalize(
     from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
     from stagegraph.stages.x86.conv.pointwise import pointwise_convolutions_to_matmuls
     from stagegraph.stages.x86.conv.transposed import decompose_strided_transposed_convolutions
+    from stagegraph.stages.x86.matmul.weight_rows import prepare_weights
     from stagegraph.stages.x86.pool3d import separate_3d_poolings
 
     config = _with_tuned_paths(config, target)
@@ -83,6 +86,7 @@ def normalize(
         pointwise_convolutions_to_matmuls(module.ir)
         convolutions_to_gemm(module.ir, config, target)
         separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized
+        prepare_weights(module.ir)  # few rows: no per-call transpose of W
     return module
 
 

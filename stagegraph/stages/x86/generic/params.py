@@ -223,6 +223,8 @@ def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int],
     Parallel dims are tiled to 1, except an innermost parallel dim (a reduction over outer
     dims), which takes up to ``reduction_rows`` points so the reduction is a vector add.
     Reduction dims are chunked, innermost first, to at most ``reduction_chunk`` elements.
+    A matrix-vector product reading its weight rows along k (:func:`gemv_rows`) takes
+    :data:`GEMV_ROWS` of them per tile, its chunk shrunk to keep the tile's size.
     """
     ranges, iterators = op.loop_ranges, op.iterator_types
     parallel = [d for d, it in enumerate(iterators) if it == "parallel"]
@@ -232,6 +234,10 @@ def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int],
     if iterators and iterators[last] == "parallel":
         outer[last] = tile_size(ranges[last], params.reduction_rows)
     budget = max(1, params.reduction_chunk // max(1, outer[last] if outer else 1))
+    rows = gemv_rows(op)
+    if rows is not None:
+        outer[rows] = largest_divisor_at_most(ranges[rows], GEMV_ROWS)
+        budget = max(1, params.reduction_chunk // outer[rows])
     chunk = _fill(ranges, reduction, budget)
     inner = [0] * len(ranges)
     for d in reduction:
@@ -241,6 +247,25 @@ def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int],
             else chunk[d]
         )
     return outer, inner
+
+
+#: Weight rows per tile of a matrix-vector product reading them along k: as many
+#: independent streams and dot products, each vector of ``x`` loaded once for all (1024
+#: -> 1000 and 4096 -> 4096 at batch 1, Xeon, 1 thread, under load: one row per tile
+#: 0.68x and ~1.6x PyTorch's time, four 0.67x and ~1.1x, eight 0.82x (a faster PyTorch
+#: sample: 0.136 ms against four rows' 0.142) and ~0.98x).
+GEMV_ROWS = 8
+
+
+def gemv_rows(op: OpFacts) -> int | None:
+    """The loop of a matrix-vector product's weight rows (n, with one row of x), where the
+    weight is read along k (its innermost loop, ``B[n, k]``); else None."""
+    c = op.contraction
+    if op.op_class != "matmul" or c is None or c.m != 1 or c.batch_dims:
+        return None
+    if len(c.n_dims) != 1 or len(c.k_dims) != 1 or not c.transpose_b:
+        return None
+    return c.n_dims[0] if c.k_dims[0] == len(op.loop_ranges) - 1 else None
 
 
 def tile_volume(sizes: list[int], ranges: tuple[int, ...]) -> int:

@@ -11,7 +11,7 @@ from stagegraph.stages.x86.generic.params import (
     largest_divisor_at_most,
     static_tile_size,
 )
-from stagegraph.stages.x86.matmul.sites import canonicalizable
+from stagegraph.stages.x86.matmul.sites import canonicalizable, runs_as_matvec
 
 # Named convolutions that ``transform.structured.decompose`` rewrites to a 1-D op once the
 # outer image/filter dims are tiled to 1, and 1-D ones the vectorizer handles directly.
@@ -89,7 +89,7 @@ def reduction_like(op: OpFacts) -> bool:
     """A reduction, or a matrix-vector product (scheduled as one: no operand reuse for a
     matmul micro-kernel to exploit)."""
     if op.op_class == "matmul":
-        return op.contraction is not None and op.contraction.is_matvec
+        return op.contraction is not None and runs_as_matvec(op.contraction)
     return op.op_class == "reduction"
 
 
