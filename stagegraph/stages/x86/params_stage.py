@@ -129,6 +129,10 @@ def compute_dtype(op: Any) -> str:
 #: default): their weights then arrive as function arguments, no longer constants.
 DEDUPLICATE_ABOVE = 300
 
+#: Entries with more linalg ops than this (deduplicated) outline every group of ops, those
+#: that occur once too (``x86.schedule``'s ``outline_every_group_above``, this its default).
+OUTLINE_EVERY_GROUP_ABOVE = 300
+
 
 @stage("params", name="x86.heuristic")
 def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X86Params:
