@@ -130,10 +130,8 @@ def schedule(
 
 def _min_sites(facts: PayloadFacts, config: ScheduleConfig) -> int:
     """How often a group must occur to be outlined: twice (shared), or once in an entry
-    past ``outline_every_group_above`` ops. LLVM's cost on one function grows faster than
-    its size (DenseNet-121's entry inline: 283k LLVM ops in 10k blocks, 41 s of ``emit``;
-    every group outlined: 18 s), and a call per group costs nothing next to a group's
-    work at that size."""
+    past ``outline_every_group_above`` ops, where LLVM's cost on the one function has
+    turned superlinear (see :data:`.params_stage.OUTLINE_EVERY_GROUP_ABOVE`)."""
     return 1 if len(facts.ops) > config.outline_every_group_above else 2
 
 
