@@ -50,7 +50,7 @@ def _expected(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return s, np.tanh(y) * s
 
 
-def _compiled(text: str, every_above: int, deduplicate_above: int = 0):
+def _compiled(text: str, every_above: int | None, deduplicate_above: int = 0):
     """``text`` through the x86 schedule, bufferize and lower stages with the given
     thresholds; returns the scheduled function names and the JIT binary."""
     from stagegraph.core.ports import Module
@@ -102,8 +102,15 @@ def test_interleaved_groups_outlined_once_each_compute_the_same():
 
 
 def test_entries_up_to_the_threshold_keep_their_unique_groups_inline():
-    names, binary = _compiled(INTERLEAVED, every_above=4)  # four linalg ops: not above
-    assert names == ["main"]
+    from stagegraph.stages.x86.ir_stages import ScheduleConfig
+
+    # By default (None) never: outlined groups run slower (each returns a fresh tensor).
+    assert ScheduleConfig().outline_every_group_above is None
+    for above in (4, None):  # four linalg ops: not above 4
+        names, _ = _compiled(INTERLEAVED, every_above=above)
+        assert names == ["main"]
+    names, binary = _compiled(INTERLEAVED, every_above=3)
+    assert len(names) == 4
     x, y = _inputs()
     for got, expected in zip(binary.call("main", [x, y]), _expected(x, y), strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

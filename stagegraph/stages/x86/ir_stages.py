@@ -38,11 +38,12 @@ class ScheduleConfig(Config):
     deduplication, runs of identical steps of the entry become loops
     (:mod:`stagegraph.stages.common.roll`). ``outline_every_group_above``: entries with
     more linalg ops than this (and deduplicated) outline the groups that occur once as
-    well, so that no function LLVM compiles holds the whole model."""
+    well, so that no function LLVM compiles holds the whole model (None, the default:
+    never; it trades run time for compile time)."""
 
     propagate_failures: bool = False
     deduplicate_above: int = Field(DEDUPLICATE_ABOVE, ge=0)
-    outline_every_group_above: int = Field(OUTLINE_EVERY_GROUP_ABOVE, ge=0)
+    outline_every_group_above: int | None = Field(OUTLINE_EVERY_GROUP_ABOVE, ge=0)
     roll_steps: bool = Field(
         True,
         description="after deduplication, roll runs of identical steps of the entry (an "
@@ -132,7 +133,8 @@ def _min_sites(facts: PayloadFacts, config: ScheduleConfig) -> int:
     """How often a group must occur to be outlined: twice (shared), or once in an entry
     past ``outline_every_group_above`` ops, where LLVM's cost on the one function has
     turned superlinear (see :data:`.params_stage.OUTLINE_EVERY_GROUP_ABOVE`)."""
-    return 1 if len(facts.ops) > config.outline_every_group_above else 2
+    above = config.outline_every_group_above
+    return 1 if above is not None and len(facts.ops) > above else 2
 
 
 def _apply_schedules(

@@ -130,13 +130,12 @@ def compute_dtype(op: Any) -> str:
 DEDUPLICATE_ABOVE = 300
 
 #: Entries with more linalg ops than this (deduplicated) outline every group of ops, those
-#: that occur once too (``x86.schedule``'s ``outline_every_group_above``, this its default).
-#: LLVM's cost on one function grows faster than its size: inline, ResNet-18's entry (611
-#: ops) costs 2 s of ``emit`` CPU and DenseNet-121's (1,793) 41 s, where every group
-#: outlined costs 15 s. Outlined groups run ~5% slower (ResNet-18: each returns a fresh
-#: tensor where inline code writes in place), so only entries where LLVM's cost has turned
-#: superlinear pay it.
-OUTLINE_EVERY_GROUP_ABOVE = 1000
+#: that occur once too (``x86.schedule``'s ``outline_every_group_above``, this its default;
+#: None: never). Off by default: it cuts DenseNet-121's compile from 92 to 39 CPU seconds
+#: (LLVM's cost on one function grows faster than its size: the inline entry's ``emit``
+#: is 41 s, every group outlined 15 s), but the outlined model runs 1.4x slower (each
+#: group returns a fresh tensor where inline code writes in place; ResNet-18: 1.06x).
+OUTLINE_EVERY_GROUP_ABOVE: int | None = None
 
 
 @stage("params", name="x86.heuristic")
