@@ -199,6 +199,7 @@ def outline_repeated(
     declaration for each meanwhile, so it verifies. :func:`install` moves them in.
     """
     outlined: list[tuple[Hashable, Outlined]] = []
+    found = _by_last_op(fn, found)
     extras = [extra_key(ops) for ops in found]  # before any op moves
     # A necessary condition for equal keys, read in place: a group no other group matches
     # on it is never moved (a payload without repetition is left exactly as it was).
@@ -209,11 +210,13 @@ def outline_repeated(
     seen: dict[Hashable, int] = {}
     for c in coarse:
         seen[c] = seen.get(c, 0) + 1
+    passed_in: set[Any] = set()  # values outlined groups read as arguments
     for ops, extra, c in zip(found, extras, coarse, strict=True):
-        if seen[c] < min_sites:
+        if seen[c] < min_sites or _read_before_last(ops, passed_in):
             continue
         scope = outline(ops, clone_into_group)
         if scope is not None:
+            passed_in.update(scope.arguments)
             outlined.append(((structure_key(scope.function), extra), scope))
     counts: dict[Hashable, int] = {}
     for key, _ in outlined:
@@ -241,6 +244,23 @@ def outline_repeated(
         distinct.sites += 1
         call_instead(scope, distinct.symbol)
     return result
+
+
+def _by_last_op(fn: Any, found: Sequence[Sequence[Any]]) -> list[Sequence[Any]]:
+    """``found`` ordered by where each group's last op is. Outlined in that order, a group's
+    outside readers (all after its last op) are still in the function when it moves, so
+    each gets a placeholder; in the order of first ops, a reader outlined earlier would
+    have taken the value itself as an argument, and its call would then read a value
+    moved into another module."""
+    position = {op: i for i, op in enumerate(top_level_ops(fn))}
+    return sorted(found, key=lambda ops: position.get(ops[-1].operation, -1))
+
+
+def _read_before_last(ops: Sequence[Any], passed_in: set[Any]) -> bool:
+    """Whether a group outlined earlier reads a result of ``ops`` (as an argument): with
+    groups outlined by last op, that reader lies before this group's last op (the groups
+    interleave), so this group must stay where it is, where the reader's call finds it."""
+    return any(result in passed_in for op in ops for result in op.results)
 
 
 def install(module: Any, deduplicated: Deduplicated) -> None:

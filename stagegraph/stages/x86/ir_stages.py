@@ -20,7 +20,12 @@ from stagegraph.stages.analysis import PayloadFacts
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.matmul.params import MatmulParams
-from stagegraph.stages.x86.params_stage import DEDUPLICATE_ABOVE, X86Params, matmul_ops
+from stagegraph.stages.x86.params_stage import (
+    DEDUPLICATE_ABOVE,
+    OUTLINE_EVERY_GROUP_ABOVE,
+    X86Params,
+    matmul_ops,
+)
 from stagegraph.stages.x86.threads import serial_below
 
 
@@ -31,10 +36,14 @@ class ScheduleConfig(Config):
     (:mod:`stagegraph.stages.common.dedup`); smaller ones compile fast anyway and keep
     every op inline (no call or strided-argument overhead). ``roll_steps``: after
     deduplication, runs of identical steps of the entry become loops
-    (:mod:`stagegraph.stages.common.roll`)."""
+    (:mod:`stagegraph.stages.common.roll`). ``outline_every_group_above``: entries with
+    more linalg ops than this (and deduplicated) outline the groups that occur once as
+    well, so that no function LLVM compiles holds the whole model (None, the default:
+    never; it trades run time for compile time)."""
 
     propagate_failures: bool = False
     deduplicate_above: int = Field(DEDUPLICATE_ABOVE, ge=0)
+    outline_every_group_above: int | None = Field(OUTLINE_EVERY_GROUP_ABOVE, ge=0)
     roll_steps: bool = Field(
         True,
         description="after deduplication, roll runs of identical steps of the entry (an "
@@ -126,7 +135,7 @@ def describe_schedule(inputs: dict[str, Any], config: Config) -> str:
         deduplicate = len(inputs["facts"].ops) > settings.deduplicate_above
         _apply_schedules(
             copy, inputs["facts"], inputs["params"], applied, deduplicate=deduplicate,
-            roll=settings.roll_steps,
+            roll=settings.roll_steps, min_sites=_min_sites(inputs["facts"], settings),
         )  # fmt: skip
     parts = [f"// transform module {i + 1} of {len(applied)}\n{m}" for i, m in enumerate(applied)]
     return "\n".join(parts)
@@ -147,10 +156,19 @@ def schedule(
     _apply_schedules(
         module, facts, params, propagate_failures=config.propagate_failures,
         deduplicate=len(facts.ops) > config.deduplicate_above, roll=config.roll_steps,
+        min_sites=_min_sites(facts, config),
     )  # fmt: skip
     with module.ir.context, ir_location(module.ir):
         concatenations_in_place(module.ir)  # written in place by their producers
     return module
+
+
+def _min_sites(facts: PayloadFacts, config: ScheduleConfig) -> int:
+    """How often a group must occur to be outlined: twice (shared), or once in an entry
+    past ``outline_every_group_above`` ops, where LLVM's cost on the one function has
+    turned superlinear (see :data:`.params_stage.OUTLINE_EVERY_GROUP_ABOVE`)."""
+    above = config.outline_every_group_above
+    return 1 if above is not None and len(facts.ops) > above else 2
 
 
 def _apply_schedules(
@@ -161,6 +179,7 @@ def _apply_schedules(
     propagate_failures: bool = False,
     deduplicate: bool = False,
     roll: bool = True,
+    min_sites: int = 2,
 ) -> None:
     """What :func:`schedule` does; each transform module applied is appended to ``applied``
     (as text: applying may change it).
@@ -180,7 +199,7 @@ def _apply_schedules(
     applied = [] if applied is None else applied
     payload = module.ir
     with payload.context, ir_location(payload):
-        shared = _outline_repeated(payload, facts, params) if deduplicate else None
+        shared = _outline_repeated(payload, facts, params, min_sites) if deduplicate else None
         if shared is None:
             _schedule_payload(payload, facts, params, applied, propagate_failures)
             return
@@ -215,7 +234,9 @@ def _apply_schedules(
 ORIGIN_ATTR = "stagegraph.origin"
 
 
-def _outline_repeated(payload: Any, facts: PayloadFacts, params: X86Params) -> Any:
+def _outline_repeated(
+    payload: Any, facts: PayloadFacts, params: X86Params, min_sites: int = 2
+) -> Any:
     """Label the entry's linalg ops with their facts index, then outline repeated groups
     (a group's matmul params are part of its key: differently tuned sites stay apart)."""
     from stagegraph.mlir.bindings import ir
@@ -248,7 +269,7 @@ def _outline_repeated(payload: Any, facts: PayloadFacts, params: X86Params) -> A
         return tuple(matmul_params[i].model_dump_json() for i in chosen)
 
     found = dedup.groups(fn, seed, heavy)
-    return dedup.outline_repeated(payload, fn, found, extra_key)
+    return dedup.outline_repeated(payload, fn, found, extra_key, min_sites)
 
 
 def _local_params(
