@@ -58,6 +58,8 @@ def normalize(
     GEMM of their patches (:mod:`stagegraph.stages.x86.conv.gemm`) where the cost model
     of :mod:`stagegraph.stages.x86.conv.choice` finds it faster on ``target`` (default: the
     host) or ``config`` says;
+    elementwise consumers that reach a matmul through reshapes move onto its result, so
+    they fuse into its tiles (:mod:`stagegraph.stages.common.reshaped_epilogues`);
     3-D poolings become 2-D then 1-D ones. Before those, gathers through constant
     positions that only reshape become reshapes
     (:mod:`stagegraph.stages.common.constant_gathers`), per-channel constant scales and
@@ -66,6 +68,7 @@ def normalize(
     (:mod:`stagegraph.stages.common.unit_dims`)."""
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
     from stagegraph.stages.common.fold_batchnorm import fold_channel_affine_chains
+    from stagegraph.stages.common.reshaped_epilogues import fuse_epilogues_through_reshapes
     from stagegraph.stages.common.unit_dims import fold_unit_dims
     from stagegraph.stages.x86.conv.col2im import stride1_transposed_to_col2im
     from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
@@ -81,6 +84,7 @@ def normalize(
         stride1_transposed_to_col2im(module.ir, config)
         pointwise_convolutions_to_matmuls(module.ir)
         convolutions_to_gemm(module.ir, config, target)
+        fuse_epilogues_through_reshapes(module.ir)  # their epilogues onto the matmuls
         separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized
     return module
 
