@@ -151,8 +151,7 @@ def _move(op: Any, reshaped: Any, source: Any, flat: list[int]) -> bool:
                 return False
             plans.append([])
             continue
-        dims = [ir.AffineDimExpr(e).position if ir.AffineDimExpr.isinstance(e) else -1
-                for e in amap.results]  # fmt: skip
+        dims = [e.position if isinstance(e, ir.AffineDimExpr) else -1 for e in amap.results]
         if -1 in dims or dims != sorted(set(dims)):
             return False
         groups = _collapsed_operand(dims, space, split)
@@ -163,12 +162,12 @@ def _move(op: Any, reshaped: Any, source: Any, flat: list[int]) -> bool:
     d = [ir.AffineDimExpr.get(0), ir.AffineDimExpr.get(1)]
     new_maps, new_operands = [], []
     with ir.InsertionPoint(op), op.location:
-        for operand, amap, groups in zip(operands[:-1], maps[:-1], plans, strict=True):
+        for operand, groups in zip(operands[:-1], plans, strict=True):
             if operand == reshaped:
                 new_operands.append(source)
                 new_maps.append(ir.AffineMap.get_identity(2))
                 continue
-            parts = [part for part, _ in groups]
+            parts = [part for part, _ in groups]  # the loop dim (0: rows, 1: columns) each reads
             sizes = [flat[part] for part in parts]
             shape = list(ir.RankedTensorType(operand.type).shape)
             if sizes != shape:

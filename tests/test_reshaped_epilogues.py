@@ -1,0 +1,156 @@
+"""Elementwise consumers that reach a matmul through reshapes move onto its result
+(:mod:`stagegraph.stages.common.reshaped_epilogues`): the IR made, the layer the analysis
+then sees, and values and passes over memory of a convolution through the implicit GEMM
+with a bias add, a residual add and a ReLU after it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import stagegraph as sg
+from stagegraph.core.catalog import load_graph
+from stagegraph.mlir.bindings import ir, new_context
+from stagegraph.mlir.walk import collect
+from stagegraph.stages.analysis import analyze
+from stagegraph.stages.common.reshaped_epilogues import fuse_epilogues_through_reshapes
+
+_MAP3 = "affine_map<(d0, d1, d2) -> (d0, d1, d2)>"
+
+
+def _chain(bias_map: str, bias_type: str) -> str:
+    """matmul [8, 12] -> expand [1, 8, 3, 4] -> collapse [8, 3, 4] -> add (bias read by
+    ``bias_map``) -> ReLU, as the implicit GEMM leaves it for one image."""
+    return f"""
+func.func @main(%a: tensor<8x5xf32>, %b: tensor<5x12xf32>, %bias: {bias_type})
+    -> tensor<8x3x4xf32> {{
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<8x12xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<8x12xf32>) -> tensor<8x12xf32>
+  %m = linalg.matmul ins(%a, %b : tensor<8x5xf32>, tensor<5x12xf32>)
+    outs(%f : tensor<8x12xf32>) -> tensor<8x12xf32>
+  %x = tensor.expand_shape %m [[0, 1], [2, 3]] output_shape [1, 8, 3, 4]
+    : tensor<8x12xf32> into tensor<1x8x3x4xf32>
+  %c = tensor.collapse_shape %x [[0, 1], [2], [3]] : tensor<1x8x3x4xf32> into tensor<8x3x4xf32>
+  %o = tensor.empty() : tensor<8x3x4xf32>
+  %s = linalg.generic {{indexing_maps = [{_MAP3}, {bias_map}, {_MAP3}],
+      iterator_types = ["parallel", "parallel", "parallel"]}}
+      ins(%c, %bias : tensor<8x3x4xf32>, {bias_type}) outs(%o : tensor<8x3x4xf32>) {{
+    ^bb0(%i: f32, %j: f32, %out: f32):
+      %v = arith.addf %i, %j : f32
+      linalg.yield %v : f32
+  }} -> tensor<8x3x4xf32>
+  %r = linalg.generic {{indexing_maps = [{_MAP3}, {_MAP3}],
+      iterator_types = ["parallel", "parallel", "parallel"]}}
+      ins(%s : tensor<8x3x4xf32>) outs(%o : tensor<8x3x4xf32>) {{
+    ^bb0(%i: f32, %out: f32):
+      %v = arith.maximumf %i, %z : f32
+      linalg.yield %v : f32
+  }} -> tensor<8x3x4xf32>
+  return %r : tensor<8x3x4xf32>
+}}
+"""
+
+
+def _rewritten(text: str):
+    """(ops moved, the matmul's users, generics' loop counts, the layers) after the
+    rewrite."""
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        moved = fuse_epilogues_through_reshapes(module)
+        assert module.operation.verify()
+        [matmul] = collect(module.operation, lambda op: op.name == "linalg.matmul")
+        users = [use.owner.operation.name for use in matmul.results[0].uses]
+        generics = collect(module.operation, lambda op: op.name == "linalg.generic")
+        loops = [len(list(op.attributes["iterator_types"])) for op in generics]
+        return moved, users, loops, analyze(module).layers
+
+
+def test_a_per_channel_bias_and_relu_move_onto_the_matmul_and_join_its_layer():
+    moved, users, loops, layers = _rewritten(
+        _chain("affine_map<(d0, d1, d2) -> (d0)>", "tensor<8xf32>")
+    )
+    assert moved == 2
+    assert users == ["linalg.generic"]  # no reshape between the matmul and its epilogue
+    assert loops == [2, 2]  # both run over the matmul's [8, 12]
+    [layer] = layers
+    assert len(layer.epilogue) == 2 and "arith.addf" in layer.epilogue_ops
+
+
+def test_a_full_size_operand_is_collapsed_with_the_result():
+    moved, users, loops, layers = _rewritten(_chain(_MAP3, "tensor<8x3x4xf32>"))
+    assert (moved, users, loops) == (2, ["linalg.generic"], [2, 2])
+    assert len(layers[0].epilogue) == 2
+
+
+def test_an_operand_reading_part_of_a_collapsed_dim_keeps_the_op_where_it_is():
+    """The bias reads the rows (3) but not the columns (4) of the matmul's column dim
+    (12): no map over [8, 12] reads it, so nothing moves and the layer has no epilogue."""
+    moved, users, loops, layers = _rewritten(
+        _chain("affine_map<(d0, d1, d2) -> (d1)>", "tensor<3xf32>")
+    )
+    assert (moved, users, loops) == (0, ["tensor.expand_shape"], [3, 3])
+    assert layers[0].epilogue == ()
+
+
+_CONV = """
+func.func @main(%x: tensor<1x16x12x12xf32>, %w: tensor<32x16x3x3xf32>, %b: tensor<32xf32>,
+    %res: tensor<1x32x10x10xf32>) -> tensor<1x32x10x10xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x32x10x10xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x32x10x10xf32>) -> tensor<1x32x10x10xf32>
+  %c = linalg.conv_2d_nchw_fchw {dilations = dense<1> : vector<2xi64>,
+      strides = dense<1> : vector<2xi64>}
+    ins(%x, %w : tensor<1x16x12x12xf32>, tensor<32x16x3x3xf32>)
+    outs(%f : tensor<1x32x10x10xf32>) -> tensor<1x32x10x10xf32>
+  %r = linalg.generic {indexing_maps = [
+        affine_map<(n, f, h, w) -> (n, f, h, w)>, affine_map<(n, f, h, w) -> (f)>,
+        affine_map<(n, f, h, w) -> (n, f, h, w)>, affine_map<(n, f, h, w) -> (n, f, h, w)>],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
+      ins(%c, %b, %res : tensor<1x32x10x10xf32>, tensor<32xf32>, tensor<1x32x10x10xf32>)
+      outs(%e : tensor<1x32x10x10xf32>) {
+    ^bb0(%i: f32, %j: f32, %k: f32, %out: f32):
+      %s = arith.addf %i, %j : f32
+      %t = arith.addf %s, %k : f32
+      %v = arith.maximumf %t, %z : f32
+      linalg.yield %v : f32
+  } -> tensor<1x32x10x10xf32>
+  return %r : tensor<1x32x10x10xf32>
+}
+"""
+
+
+def test_gemm_convolution_bias_residual_relu_verify_in_one_pass(tmp_path, monkeypatch):
+    """The convolution takes the implicit GEMM; its bias + residual + ReLU run in the
+    matmul's tiles: one pass over memory fewer than with the epilogue left behind the
+    reshapes (its own loop reading the matmul's output back)."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 16, 12, 12), dtype=np.float32)
+    w = rng.standard_normal((32, 16, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(32, dtype=np.float32)
+    res = rng.standard_normal((1, 32, 10, 10), dtype=np.float32)
+    windows = np.lib.stride_tricks.sliding_window_view(x[0].astype(np.float64), (3, 3), (1, 2))
+    conv = np.einsum("chwij,fcij->fhw", windows, w.astype(np.float64))[None]
+    expected = np.maximum(conv + b[None, :, None, None] + res, 0).astype(np.float32)
+    path = tmp_path / "conv.mlir"
+    path.write_text(_CONV)
+    np.savez(tmp_path / "conv.npz", in0=x, in1=w, in2=b, in3=res, out0=expected)
+    dumped = tmp_path / "ir"
+    graph = load_graph("x86").with_config("normalize", path="gemm")
+    report = sg.run(graph, str(path), threads=1, target="x86-64-v3", dump_ir=str(dumped))
+    assert report.verified is True, report
+    [normalized] = [p for p in dumped.iterdir() if "normalize" in p.name]
+    with new_context():
+        module = ir.Module.parse(normalized.read_text())
+        [matmul] = collect(module.operation, lambda op: op.name == "linalg.matmul")
+        [user] = [use.owner.operation for use in matmul.results[0].uses]
+        assert user.name == "linalg.generic"
+        assert "arith.maximumf" in [op.name for op in collect(user)]
+        assert not collect(module.operation, lambda op: op.name.startswith("linalg.conv"))
+        layers = analyze(module).layers
+    assert [len(layer.epilogue) for layer in layers] == [1]
+    from stagegraph.app.memory_passes import payload_memory_passes
+    from stagegraph.stages.common import reshaped_epilogues
+
+    monkeypatch.setattr(reshaped_epilogues, "fuse_epilogues_through_reshapes", lambda m: 0)
+    apart = payload_memory_passes(str(path), graph, target="x86-64-v3").total
+    assert report.memory_passes == apart - 1
