@@ -6,6 +6,7 @@ with a bias add, a residual add and a ReLU after it."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import stagegraph as sg
 from stagegraph.core.catalog import load_graph
@@ -92,50 +93,62 @@ def test_an_operand_reading_part_of_a_collapsed_dim_keeps_the_op_where_it_is():
     assert layers[0].epilogue == ()
 
 
-_CONV = """
-func.func @main(%x: tensor<1x16x12x12xf32>, %w: tensor<32x16x3x3xf32>, %b: tensor<32xf32>,
-    %res: tensor<1x32x10x10xf32>) -> tensor<1x32x10x10xf32> {
+def _conv(n: int, c: int, f: int, size: int) -> str:
+    """@main(x, w, b, res): ReLU(conv(x, w) + b + res), the 3x3 convolution unpadded."""
+    o = size - 2
+    x, w, y = f"{n}x{c}x{size}x{size}", f"{f}x{c}x3x3", f"{n}x{f}x{o}x{o}"
+    ident = "affine_map<(n, f, h, w) -> (n, f, h, w)>"
+    return f"""
+func.func @main(%x: tensor<{x}xf32>, %w: tensor<{w}xf32>, %b: tensor<{f}xf32>,
+    %res: tensor<{y}xf32>) -> tensor<{y}xf32> {{
   %z = arith.constant 0.0 : f32
-  %e = tensor.empty() : tensor<1x32x10x10xf32>
-  %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x32x10x10xf32>) -> tensor<1x32x10x10xf32>
-  %c = linalg.conv_2d_nchw_fchw {dilations = dense<1> : vector<2xi64>,
-      strides = dense<1> : vector<2xi64>}
-    ins(%x, %w : tensor<1x16x12x12xf32>, tensor<32x16x3x3xf32>)
-    outs(%f : tensor<1x32x10x10xf32>) -> tensor<1x32x10x10xf32>
-  %r = linalg.generic {indexing_maps = [
-        affine_map<(n, f, h, w) -> (n, f, h, w)>, affine_map<(n, f, h, w) -> (f)>,
-        affine_map<(n, f, h, w) -> (n, f, h, w)>, affine_map<(n, f, h, w) -> (n, f, h, w)>],
-      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}
-      ins(%c, %b, %res : tensor<1x32x10x10xf32>, tensor<32xf32>, tensor<1x32x10x10xf32>)
-      outs(%e : tensor<1x32x10x10xf32>) {
+  %e = tensor.empty() : tensor<{y}xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<{y}xf32>) -> tensor<{y}xf32>
+  %c = linalg.conv_2d_nchw_fchw {{dilations = dense<1> : vector<2xi64>,
+      strides = dense<1> : vector<2xi64>}}
+    ins(%x, %w : tensor<{x}xf32>, tensor<{w}xf32>) outs(%f : tensor<{y}xf32>) -> tensor<{y}xf32>
+  %r = linalg.generic {{indexing_maps = [{ident}, affine_map<(n, f, h, w) -> (f)>, {ident},
+        {ident}], iterator_types = ["parallel", "parallel", "parallel", "parallel"]}}
+      ins(%c, %b, %res : tensor<{y}xf32>, tensor<{f}xf32>, tensor<{y}xf32>)
+      outs(%e : tensor<{y}xf32>) {{
     ^bb0(%i: f32, %j: f32, %k: f32, %out: f32):
       %s = arith.addf %i, %j : f32
       %t = arith.addf %s, %k : f32
       %v = arith.maximumf %t, %z : f32
       linalg.yield %v : f32
-  } -> tensor<1x32x10x10xf32>
-  return %r : tensor<1x32x10x10xf32>
-}
+  }} -> tensor<{y}xf32>
+  return %r : tensor<{y}xf32>
+}}
 """
 
 
-def test_gemm_convolution_bias_residual_relu_verify_in_one_pass(tmp_path, monkeypatch):
-    """The convolution takes the implicit GEMM; its bias + residual + ReLU run in the
-    matmul's tiles: one pass over memory fewer than with the epilogue left behind the
-    reshapes (its own loop reading the matmul's output back)."""
+# (images, channels, filters, image size, patch_block_l2_fraction): one GEMM for one image;
+# row blocks in one loop (2% of L2: blocks of 4 of the 16 rows) for two images.
+_GEMMS = {"whole": (1, 16, 32, 12, 0.0), "row_blocks": (2, 8, 32, 18, 0.02)}
+
+
+@pytest.mark.parametrize("case", sorted(_GEMMS))
+def test_gemm_convolution_bias_residual_relu_verify_in_one_pass(tmp_path, monkeypatch, case):
+    """The convolution takes the implicit GEMM (whole, or in row blocks); its bias +
+    residual + ReLU run in the matmul's tiles: one pass over memory fewer than with the
+    epilogue left after the reshapes or the loop (its own loop reading the output back)."""
+    n, c, f, size, fraction = _GEMMS[case]
+    o = size - 2
     rng = np.random.default_rng(5)
-    x = rng.standard_normal((1, 16, 12, 12), dtype=np.float32)
-    w = rng.standard_normal((32, 16, 3, 3), dtype=np.float32)
-    b = rng.standard_normal(32, dtype=np.float32)
-    res = rng.standard_normal((1, 32, 10, 10), dtype=np.float32)
-    windows = np.lib.stride_tricks.sliding_window_view(x[0].astype(np.float64), (3, 3), (1, 2))
-    conv = np.einsum("chwij,fcij->fhw", windows, w.astype(np.float64))[None]
+    x = rng.standard_normal((n, c, size, size), dtype=np.float32)
+    w = rng.standard_normal((f, c, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(f, dtype=np.float32)
+    res = rng.standard_normal((n, f, o, o), dtype=np.float32)
+    windows = np.lib.stride_tricks.sliding_window_view(x.astype(np.float64), (3, 3), (2, 3))
+    conv = np.einsum("nchwij,fcij->nfhw", windows, w.astype(np.float64))
     expected = np.maximum(conv + b[None, :, None, None] + res, 0).astype(np.float32)
     path = tmp_path / "conv.mlir"
-    path.write_text(_CONV)
+    path.write_text(_conv(n, c, f, size))
     np.savez(tmp_path / "conv.npz", in0=x, in1=w, in2=b, in3=res, out0=expected)
     dumped = tmp_path / "ir"
-    graph = load_graph("x86").with_config("normalize", path="gemm")
+    graph = load_graph("x86").with_config(
+        "normalize", path="gemm", patch_block_l2_fraction=fraction
+    )
     report = sg.run(graph, str(path), threads=1, target="x86-64-v3", dump_ir=str(dumped))
     assert report.verified is True, report
     [normalized] = [p for p in dumped.iterdir() if "normalize" in p.name]
@@ -145,12 +158,15 @@ def test_gemm_convolution_bias_residual_relu_verify_in_one_pass(tmp_path, monkey
         [user] = [use.owner.operation for use in matmul.results[0].uses]
         assert user.name == "linalg.generic"
         assert "arith.maximumf" in [op.name for op in collect(user)]
+        loops = collect(module.operation, lambda op: op.name == "scf.for")
+        assert len(loops) == (1 if fraction else 0)
         assert not collect(module.operation, lambda op: op.name.startswith("linalg.conv"))
         layers = analyze(module).layers
     assert [len(layer.epilogue) for layer in layers] == [1]
     from stagegraph.app.memory_passes import payload_memory_passes
-    from stagegraph.stages.common import reshaped_epilogues
+    from stagegraph.stages.common import block_epilogues, reshaped_epilogues
 
     monkeypatch.setattr(reshaped_epilogues, "fuse_epilogues_through_reshapes", lambda m: 0)
+    monkeypatch.setattr(block_epilogues, "sink_epilogues_into_blocks", lambda m: 0)
     apart = payload_memory_passes(str(path), graph, target="x86-64-v3").total
     assert report.memory_passes == apart - 1

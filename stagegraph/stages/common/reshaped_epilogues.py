@@ -67,7 +67,7 @@ def _follow(value: Any) -> int:
             reshapes.append(user.operation)
             current = user.results[0]
             continue
-        if not _elementwise(user.operation):
+        if not elementwise(user.operation):
             return moved
         if reshapes:
             shape = list(ir.RankedTensorType(value.type).shape)
@@ -80,7 +80,7 @@ def _follow(value: Any) -> int:
         reshapes = []
 
 
-def _elementwise(op: Any) -> bool:
+def elementwise(op: Any) -> bool:
     """A ``linalg.generic`` with all loops parallel, one output and an identity output
     map: what the matmul schedule fuses as an epilogue."""
     from stagegraph.mlir.bindings import ir
@@ -92,6 +92,16 @@ def _elementwise(op: Any) -> bool:
         return False
     maps = [ir.AffineMapAttr(m).value for m in op.attributes["indexing_maps"]]
     return maps[-1] == ir.AffineMap.get_identity(maps[-1].n_dims)
+
+
+def chain_end(value: Any) -> tuple[Any, Any | None]:
+    """The end of the single-use chain of reshapes from ``value``, and its only user (None
+    when it has several or none)."""
+    while True:
+        user = _only_user(value)
+        if user is None or user.operation.name not in _RESHAPES:
+            return value, None if user is None else user.operation
+        value = user.results[0]
 
 
 def _split(shape: list[int], rows: int) -> int | None:

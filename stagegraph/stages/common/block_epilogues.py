@@ -1,0 +1,196 @@
+"""Elementwise consumers of a loop that writes its result block by block move into the
+loop, onto each block, so a matmul computing the block fuses them.
+
+The implicit GEMM in row blocks (:mod:`stagegraph.stages.x86.conv.gemm_blocks`) is one
+``scf.for`` whose body computes a block of the output with a matmul and writes it with a
+``tensor.insert_slice`` into the tensor the loop carries. A bias, ReLU or residual add after
+the loop then reads the whole output back: a pass over memory of its own. Applied to each
+block before it is written (its other operands sliced to the block), the op becomes the
+block matmul's consumer through reshapes, which
+:mod:`stagegraph.stages.common.reshaped_epilogues` then moves onto the matmul.
+
+Only a loop whose body writes disjoint blocks covering its whole result moves an op in
+(else the elements no block writes would skip it): the loop counts from 0 by 1, its body
+yields one ``insert_slice`` into the carried tensor, and the trips times the block's
+elements equal the result's. The blocks of one loop are disjoint when a matmul computed
+them, stamped by the convolution path (``stagegraph.conv_path``) that built the loop so.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stagegraph.mlir.build import collapse_shape, expand_shape
+from stagegraph.mlir.walk import collect, top_level_ops
+from stagegraph.stages.common.reshaped_epilogues import chain_end, elementwise
+
+#: The stamp of an op the convolution-path choice made (``stages.x86.conv.choice``).
+_BLOCK_STAMP = "stagegraph.conv_path"
+
+
+def sink_epilogues_into_blocks(module: Any) -> int:
+    """Move the elementwise consumer of each block-writing loop of ``module``'s functions
+    (through reshapes of its result) into the loop; returns how many moved."""
+    moved = 0
+    for fn in top_level_ops(module.operation):
+        if fn.name != "func.func":
+            continue
+        for loop in collect(fn, lambda op: op.name == "scf.for"):
+            while _sink_one(loop):
+                moved += 1
+    return moved
+
+
+def _block_write(loop: Any) -> Any | None:
+    """The ``tensor.insert_slice`` that the body of ``loop`` yields into its carried tensor,
+    when the loop writes disjoint blocks covering its whole result, else None."""
+    from stagegraph.mlir.bindings import ir
+
+    if len(loop.results) != 1 or not isinstance(loop.results[0].type, ir.RankedTensorType):
+        return None
+    bounds = [_constant(loop.operands[i]) for i in range(3)]
+    if bounds[0] != 0 or bounds[2] != 1 or bounds[1] is None:
+        return None
+    body = loop.regions[0].blocks[0]
+    yielded = list(body.operations)[-1].operands[0]
+    write = yielded.owner
+    if not isinstance(write, ir.Operation | ir.OpView):
+        return None
+    write = write.operation
+    if write.name != "tensor.insert_slice" or write.operands[1] != body.arguments[1]:
+        return None
+    block = ir.RankedTensorType(write.operands[0].type)
+    whole = ir.RankedTensorType(loop.results[0].type)
+    if not block.has_static_shape or bounds[1] * math.prod(block.shape) != math.prod(whole.shape):
+        return None
+    if not collect(loop, _stamped):
+        return None
+    return write
+
+
+def _stamped(op: Any) -> bool:
+    return op.name == "linalg.matmul" and _BLOCK_STAMP in op.attributes
+
+
+def _constant(value: Any) -> int | None:
+    from stagegraph.mlir.bindings import ir
+
+    owner = value.owner
+    if not isinstance(owner, ir.Operation | ir.OpView) or owner.operation.name != "arith.constant":
+        return None
+    return ir.IntegerAttr(owner.operation.attributes["value"]).value
+
+
+def _sink_one(loop: Any) -> bool:
+    """Move the elementwise consumer of ``loop``'s result (through reshapes) into it."""
+    from stagegraph.mlir.bindings import ir
+
+    write = _block_write(loop)
+    if write is None:
+        return False
+    reshaped, op = chain_end(loop.results[0])
+    if op is None or not elementwise(op) or not _outside(op, loop, reshaped):
+        return False
+    whole = list(ir.RankedTensorType(loop.results[0].type).shape)
+    space = list(ir.RankedTensorType(op.results[0].type).shape)
+    spread = [d for d in range(len(space)) if space[d] != 1]
+    kept = [d for d in range(len(whole)) if whole[d] != 1]
+    if [space[d] for d in spread] != [whole[d] for d in kept]:
+        return False  # not the loop's result with unit dims added or dropped
+    to_whole = dict(zip(spread, kept, strict=True))
+    _rebuild_in_block(op, write, reshaped, to_whole)
+    return True
+
+
+def _outside(op: Any, loop: Any, reshaped: Any) -> bool:
+    """Whether ``op`` reads ``reshaped`` once by an identity map, writes an empty tensor,
+    and its other operands are defined before ``loop`` (so the body can read them)."""
+    from stagegraph.mlir.bindings import ir
+
+    maps = [ir.AffineMapAttr(m).value for m in op.attributes["indexing_maps"]]
+    operands = list(op.operands)
+    if operands.count(reshaped) != 1 or operands[-1] == reshaped:
+        return False
+    if maps[operands.index(reshaped)] != ir.AffineMap.get_identity(maps[-1].n_dims):
+        return False
+    init = operands[-1].owner
+    if not isinstance(init, ir.Operation | ir.OpView) or init.operation.name != "tensor.empty":
+        return False
+    for value in operands[:-1]:
+        if value == reshaped:
+            continue
+        owner = value.owner
+        if isinstance(owner, ir.Operation | ir.OpView):
+            owner = owner.operation
+            if owner.block != loop.block or not owner.is_before_in_block(loop):
+                return False
+        elif value.owner != loop.block:  # a block argument of another block
+            return False
+    return True
+
+
+def _rebuild_in_block(op: Any, write: Any, reshaped: Any, to_whole: dict[int, int]) -> None:
+    """A copy of ``op`` in the loop over the block ``write`` writes (its other operands
+    sliced to the block), its result written instead; ``op``'s users read ``reshaped``."""
+    from stagegraph.mlir.bindings import dialect, ir
+
+    tensor = dialect("tensor")
+    offsets = _offsets(write)
+    sizes = list(ir.DenseI64ArrayAttr(write.attributes["static_sizes"]))
+    space = list(ir.RankedTensorType(op.results[0].type).shape)
+    local = [sizes[to_whole[d]] if d in to_whole else 1 for d in range(len(space))]
+    element = ir.RankedTensorType(op.results[0].type).element_type
+    maps = [ir.AffineMapAttr(m).value for m in op.attributes["indexing_maps"]]
+    block_value = write.operands[0]
+    dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+    with ir.InsertionPoint(write), op.location:
+        inputs = []
+        for value, amap in zip(list(op.operands)[:-1], maps[:-1], strict=True):
+            if value == reshaped:
+                inputs.append(_reshaped(block_value, local))
+                continue
+            dims = [e.position for e in amap.results]
+            shape = [local[d] for d in dims]
+            picked = [offsets[to_whole[d]] if d in to_whole else 0 for d in dims]
+            static = [dynamic if isinstance(o, ir.Value) else o for o in picked]
+            values = [o for o in picked if isinstance(o, ir.Value)]
+            result_type = ir.RankedTensorType.get(shape, element)
+            inputs.append(tensor.ExtractSliceOp(
+                result_type, value, values, [], [], static, shape, [1] * len(shape)
+            ).result)  # fmt: skip
+        inputs.append(tensor.EmptyOp(local, element).result)
+        copy = op.clone()  # after its operands, before the write
+        for i, value in enumerate(inputs):
+            copy.operands[i] = value
+        copy.results[0].set_type(ir.RankedTensorType.get(local, element))
+        block_shape = list(ir.RankedTensorType(block_value.type).shape)
+        write.operands[0] = _reshaped(copy.results[0], block_shape)
+    old_init = op.operands[len(maps) - 1].owner.operation
+    op.results[0].replace_all_uses_with(reshaped)
+    op.erase()
+    if not list(old_init.results[0].uses):
+        old_init.erase()
+
+
+def _offsets(write: Any) -> list[Any]:
+    """The offsets of ``write`` (an insert_slice) per dim: ints, or the ``ir.Value`` given."""
+    from stagegraph.mlir.bindings import ir
+
+    dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+    values = iter(list(write.operands)[2:])
+    return [
+        next(values) if o == dynamic else o
+        for o in ir.DenseI64ArrayAttr(write.attributes["static_offsets"])
+    ]
+
+
+def _reshaped(value: Any, shape: list[int]) -> Any:
+    """``value`` reshaped to ``shape`` (the same elements): through one flat dim."""
+    from stagegraph.mlir.bindings import ir
+
+    source = list(ir.RankedTensorType(value.type).shape)
+    if source == shape:
+        return value
+    flat = collapse_shape(value, [list(range(len(source)))], [math.prod(source)])
+    return expand_shape(flat, [list(range(len(shape)))], shape)
