@@ -93,6 +93,32 @@ def test_an_operand_reading_part_of_a_collapsed_dim_keeps_the_op_where_it_is():
     assert layers[0].epilogue == ()
 
 
+def test_an_op_reading_two_matmuls_stays_between_them():
+    """A residual add of two matmuls (a downsampling block's two convolutions): either
+    layer could take it, and the analysis would give it to both; it stays where it is."""
+    text = (
+        _chain(_MAP3, "tensor<8x3x4xf32>")
+        .replace(
+            "%o = tensor.empty()",
+            "%m2 = linalg.matmul ins(%a, %b : tensor<8x5xf32>, tensor<5x12xf32>)\n"
+            "    outs(%f : tensor<8x12xf32>) -> tensor<8x12xf32>\n"
+            "  %bias2 = tensor.expand_shape %m2 [[0], [1, 2]] output_shape [8, 3, 4]\n"
+            "    : tensor<8x12xf32> into tensor<8x3x4xf32>\n"
+            "  %o = tensor.empty()",
+        )
+        .replace("ins(%c, %bias :", "ins(%c, %bias2 :")
+    )
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        assert fuse_epilogues_through_reshapes(module) == 0
+        assert module.operation.verify()
+        users = [
+            [use.owner.operation.name for use in op.results[0].uses]
+            for op in collect(module.operation, lambda op: op.name == "linalg.matmul")
+        ]
+    assert users == [["tensor.expand_shape"], ["tensor.expand_shape"]]
+
+
 def _conv(n: int, c: int, f: int, size: int) -> str:
     """@main(x, w, b, res): ReLU(conv(x, w) + b + res), the 3x3 convolution unpadded."""
     o = size - 2

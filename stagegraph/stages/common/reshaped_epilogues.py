@@ -104,6 +104,25 @@ def chain_end(value: Any) -> tuple[Any, Any | None]:
         value = user.results[0]
 
 
+def _from_matmul(value: Any, depth: int = 16) -> bool:
+    """Whether ``value`` is a matmul's result, through reshapes and elementwise ops: an
+    op reading it and another matmul's chain could be fused into either layer, and the
+    layer analysis would give it to both."""
+    from stagegraph.mlir.bindings import ir
+
+    owner = value.owner
+    if depth == 0 or not isinstance(owner, ir.Operation | ir.OpView):
+        return False
+    owner = owner.operation
+    if owner.name == "linalg.matmul":
+        return True
+    if owner.name in _RESHAPES:
+        return _from_matmul(owner.operands[0], depth - 1)
+    if not elementwise(owner):
+        return False
+    return any(_from_matmul(v, depth - 1) for v in list(owner.operands)[:-1])
+
+
 def _split(shape: list[int], rows: int) -> int | None:
     """The first index ``p`` (``0 < p < len(shape)``) whose prefix ``shape[:p]`` holds
     ``rows`` elements, else None."""
@@ -164,6 +183,8 @@ def _move(op: Any, reshaped: Any, source: Any, flat: list[int]) -> bool:
         dims = [e.position if isinstance(e, ir.AffineDimExpr) else -1 for e in amap.results]
         if -1 in dims or dims != sorted(set(dims)):
             return False
+        if _from_matmul(operand):
+            return False  # two matmuls' layers would both claim the op
         groups = _collapsed_operand(dims, space, split)
         if groups is None:
             return False
@@ -201,9 +222,10 @@ def _move(op: Any, reshaped: Any, source: Any, flat: list[int]) -> bool:
     op.attributes["iterator_types"] = iterator_types_attr(["parallel", "parallel"])
     result = op.results[0]
     result.set_type(ir.RankedTensorType.get(flat, out_type.element_type))
-    with ir.InsertionPoint.after(op), op.location:
-        back = expand_shape(result, outer, space)
-    result.replace_all_uses_except(back, back.owner.operation)
     if dead is not None:
         dead.erase()
+    if space != flat:
+        with ir.InsertionPoint.after(op), op.location:
+            back = expand_shape(result, outer, space)
+        result.replace_all_uses_except(back, back.owner.operation)
     return True
