@@ -105,13 +105,16 @@ def chain_end(value: Any) -> tuple[Any, Any | None]:
 
 
 def _from_matmul(value: Any, depth: int = 16) -> bool:
-    """Whether ``value`` is a matmul's result, through reshapes and elementwise ops: an
-    op reading it and another matmul's chain could be fused into either layer, and the
-    layer analysis would give it to both."""
+    """Whether ``value`` is a matmul's result through a single-use chain of reshapes and
+    elementwise ops: the op reading it could then join either matmul's layer, and the
+    layer analysis would give it to both. (A value read elsewhere too, such as a
+    residual block's input, ends any chain.)"""
     from stagegraph.mlir.bindings import ir
 
     owner = value.owner
     if depth == 0 or not isinstance(owner, ir.Operation | ir.OpView):
+        return False
+    if len(list(value.uses)) != 1:
         return False
     owner = owner.operation
     if owner.name == "linalg.matmul":
