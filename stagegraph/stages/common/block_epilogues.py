@@ -23,7 +23,7 @@ from typing import Any
 
 from stagegraph.mlir.build import collapse_shape, expand_shape
 from stagegraph.mlir.walk import collect, top_level_ops
-from stagegraph.stages.common.reshaped_epilogues import chain_end, elementwise
+from stagegraph.stages.common.reshaped_epilogues import RESHAPES, chain_end, elementwise
 
 #: The stamp of an op the convolution-path choice made (``stages.x86.conv.choice``).
 _BLOCK_STAMP = "stagegraph.conv_path"
@@ -117,17 +117,26 @@ def _outside(op: Any, loop: Any, reshaped: Any) -> bool:
     init = operands[-1].owner
     if not isinstance(init, ir.Operation | ir.OpView) or init.operation.name != "tensor.empty":
         return False
-    for value in operands[:-1]:
-        if value == reshaped:
-            continue
-        owner = value.owner
-        if isinstance(owner, ir.Operation | ir.OpView):
-            owner = owner.operation
-            if owner.block != loop.block or not owner.is_before_in_block(loop):
-                return False
-        elif value.owner != loop.block:  # a block argument of another block
-            return False
-    return True
+    return all(_available(value, loop) for value in operands[:-1] if value != reshaped)
+
+
+def _available(value: Any, loop: Any) -> bool:
+    """Whether the body of ``loop`` can read ``value``: defined before it, or a reshape
+    after it of such a value (moved before it: a reshape reads nothing)."""
+    from stagegraph.mlir.bindings import ir
+
+    owner = value.owner
+    if not isinstance(owner, ir.Operation | ir.OpView):
+        return owner == loop.block  # a block argument: of the loop's block only
+    owner = owner.operation
+    if owner.block != loop.block:
+        return False
+    if owner.is_before_in_block(loop):
+        return True
+    if owner.name in RESHAPES and _available(owner.operands[0], loop):
+        owner.move_before(loop)
+        return True
+    return False
 
 
 def _rebuild_in_block(op: Any, write: Any, reshaped: Any, to_whole: dict[int, int]) -> None:

@@ -30,7 +30,7 @@ from typing import Any
 from stagegraph.mlir.build import collapse_shape, expand_shape, iterator_types_attr
 from stagegraph.mlir.walk import collect, top_level_ops
 
-_RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
+RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
 
 
 def fuse_epilogues_through_reshapes(module: Any) -> int:
@@ -63,7 +63,7 @@ def _follow(value: Any) -> int:
         if user is None or len(user.results) != 1:
             return moved
         name = user.operation.name
-        if name in _RESHAPES:
+        if name in RESHAPES:
             reshapes.append(user.operation)
             current = user.results[0]
             continue
@@ -99,7 +99,7 @@ def chain_end(value: Any) -> tuple[Any, Any | None]:
     when it has several or none)."""
     while True:
         user = _only_user(value)
-        if user is None or user.operation.name not in _RESHAPES:
+        if user is None or user.operation.name not in RESHAPES:
             return value, None if user is None else user.operation
         value = user.results[0]
 
@@ -119,7 +119,7 @@ def _from_matmul(value: Any, depth: int = 16) -> bool:
     owner = owner.operation
     if owner.name == "linalg.matmul":
         return True
-    if owner.name in _RESHAPES:
+    if owner.name in RESHAPES:
         return _from_matmul(owner.operands[0], depth - 1)
     if not elementwise(owner):
         return False
