@@ -196,3 +196,49 @@ def test_gemm_convolution_bias_residual_relu_verify_in_one_pass(tmp_path, monkey
     monkeypatch.setattr(block_epilogues, "sink_epilogues_into_blocks", lambda m: 0)
     apart = payload_memory_passes(str(path), graph, target="x86-64-v3").total
     assert report.memory_passes == apart - 1
+
+
+_TORCH_BLOCK = """
+import torch
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(16, 32, 3, padding=1)
+
+    def forward(self, x, res):
+        return torch.relu(self.conv(x) * 0.5 + res)
+
+
+def get_inputs():
+    return [torch.rand(1, 16, 10, 10), torch.rand(1, 32, 10, 10)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_pytorch_conv_bias_scale_residual_relu_matches_eager_through_the_gemm(tmp_path):
+    """From a problem file (its outputs computed by eager PyTorch): the padded convolution
+    takes the GEMM; its bias (the init), scale (folded into the weights), residual add and
+    ReLU are the matmul's layer."""
+    pytest.importorskip("torch")
+    path = tmp_path / "block.py"
+    path.write_text(_TORCH_BLOCK)
+    graph = load_graph("x86").with_config("normalize", path="gemm")
+    dumped = tmp_path / "ir"
+    report = sg.run(graph, str(path), threads=1, target="x86-64-v3", dump_ir=str(dumped))
+    assert report.verified is True, report
+    [normalized] = [p for p in dumped.iterdir() if "normalize" in p.name]
+    with new_context():
+        module = ir.Module.parse(normalized.read_text())
+        [matmul] = collect(module.operation, lambda op: op.name == "linalg.matmul")
+        assert "stagegraph.conv_path" in matmul.attributes
+        users = [use.owner.operation.name for use in matmul.results[0].uses]
+        [layer] = analyze(module).layers
+    assert users == ["linalg.generic"]
+    # the scale folds into the weights (fold_batchnorm); add and ReLU are the epilogue
+    assert len(layer.epilogue) == 2
+    assert "arith.addf" in layer.epilogue_ops and "arith.select" in layer.epilogue_ops
