@@ -150,7 +150,11 @@ func.func @main(%x: tensor<{x}xf32>, %w: tensor<{w}xf32>, %b: tensor<{f}xf32>,
 
 # (images, channels, filters, image size, patch_block_l2_fraction): one GEMM for one image;
 # row blocks in one loop (2% of L2: blocks of 4 of the 16 rows) for two images.
-_GEMMS = {"whole": (1, 16, 32, 12, 0.0), "row_blocks": (2, 8, 32, 18, 0.02)}
+_GEMMS = {
+    "whole": (1, 16, 32, 12, 0.0),
+    "row_blocks": (2, 8, 32, 18, 0.02),
+    "row_blocks_one_image": (1, 8, 64, 18, 0.02),
+}
 
 
 @pytest.mark.parametrize("case", sorted(_GEMMS))
@@ -242,3 +246,59 @@ def test_a_pytorch_conv_bias_scale_residual_relu_matches_eager_through_the_gemm(
     # the scale folds into the weights (fold_batchnorm); add and ReLU are the epilogue
     assert len(layer.epilogue) == 2
     assert "arith.addf" in layer.epilogue_ops and "arith.select" in layer.epilogue_ops
+
+
+_LOOP = """
+func.func @main(%x: tensor<1x8x18x18xf32>, %w: tensor<16x8x3x3xf32>, %res: tensor<1x16x16x16xf32>)
+    -> tensor<16x16x16xf32> {
+  %z = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<1x16x16x16xf32>
+  %f = linalg.fill ins(%z : f32) outs(%e : tensor<1x16x16x16xf32>) -> tensor<1x16x16x16xf32>
+  %c = linalg.conv_2d_nchw_fchw {dilations = dense<1> : vector<2xi64>,
+      strides = dense<1> : vector<2xi64>}
+    ins(%x, %w : tensor<1x8x18x18xf32>, tensor<16x8x3x3xf32>)
+    outs(%f : tensor<1x16x16x16xf32>) -> tensor<1x16x16x16xf32>
+  %cc = tensor.collapse_shape %c [[0, 1], [2], [3]]
+    : tensor<1x16x16x16xf32> into tensor<16x16x16xf32>
+  %rc = tensor.collapse_shape %res [[0, 1], [2], [3]]
+    : tensor<1x16x16x16xf32> into tensor<16x16x16xf32>
+  %o = tensor.empty() : tensor<16x16x16xf32>
+  %s = linalg.generic {indexing_maps = [{MAP3}, {MAP3}, {MAP3}],
+      iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%cc, %rc : tensor<16x16x16xf32>, tensor<16x16x16xf32>)
+      outs(%o : tensor<16x16x16xf32>) {
+    ^bb0(%i: f32, %j: f32, %out: f32):
+      %v = arith.addf %i, %j : f32
+      linalg.yield %v : f32
+  } -> tensor<16x16x16xf32>
+  return %s : tensor<16x16x16xf32>
+}
+""".replace("{MAP3}", _MAP3)
+
+
+def test_a_row_block_loops_residual_add_moves_into_the_loop_onto_its_matmul():
+    """The residual's reshape (after the convolution, so after the loop) moves before the
+    loop; the add reads each block's slice of it, inside the loop, from the matmul."""
+    from stagegraph.stages.common.block_epilogues import sink_epilogues_into_blocks
+    from stagegraph.stages.target import resolve_target, target_from_override
+    from stagegraph.stages.x86.conv.config import ConvGemmConfig
+    from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
+
+    v4 = resolve_target("x86-64-v4")
+    target = target_from_override(**{**v4.model_dump(), "l2_bytes": 1 << 20})
+    config = ConvGemmConfig(path="gemm", patch_block_l2_fraction=0.02)
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.parse(_LOOP)
+        assert convolutions_to_gemm(module, config, target) == 1
+        assert sink_epilogues_into_blocks(module) == 1
+        assert fuse_epilogues_through_reshapes(module) == 1
+        assert module.operation.verify()
+        [loop] = collect(module.operation, lambda op: op.name == "scf.for")
+        [matmul] = collect(module.operation, lambda op: op.name == "linalg.matmul")
+        [user] = [use.owner.operation for use in matmul.results[0].uses]
+        assert user.name == "linalg.generic" and user.parent.name == "scf.for"
+        assert len(list(user.attributes["iterator_types"])) == 2  # over the block's [F, cols]
+        # nothing but reshapes of the loop's result is left after it
+        after = [op.name for op in collect(module.operation) if op.parent.name == "func.func"]
+        assert after[after.index("scf.for") + 1 :] == ["tensor.collapse_shape", "func.return"]
+        assert loop.results[0].type == ir.RankedTensorType.get([1, 16, 16, 16], ir.F32Type.get())
