@@ -22,7 +22,7 @@ import math
 from typing import Any
 
 from stagegraph.mlir.build import collapse_shape, expand_shape
-from stagegraph.mlir.walk import collect, top_level_ops
+from stagegraph.mlir.walk import DefUse, collect, top_level_ops
 from stagegraph.stages.common.reshaped_epilogues import RESHAPES, chain_end, elementwise
 
 #: The stamp of an op the convolution-path choice made (``stages.x86.conv.choice``).
@@ -37,29 +37,33 @@ def sink_epilogues_into_blocks(module: Any) -> int:
         if fn.name != "func.func":
             continue
         for loop in collect(fn, lambda op: op.name == "scf.for"):
-            while _sink_one(loop):
+            while _sink_one(fn, loop):
                 moved += 1
     return moved
 
 
-def _block_write(loop: Any) -> Any | None:
+def _block_write(links: DefUse, loop: Any) -> Any | None:
     """The ``tensor.insert_slice`` that the body of ``loop`` yields into its carried tensor,
     when the loop writes disjoint blocks covering its whole result, else None."""
     from stagegraph.mlir.bindings import ir
 
     if len(loop.results) != 1 or not isinstance(loop.results[0].type, ir.RankedTensorType):
         return None
-    bounds = [_constant(loop.operands[i]) for i in range(3)]
+    bounds = [_constant(links, loop.operands[i]) for i in range(3)]
     if bounds[0] != 0 or bounds[2] != 1 or bounds[1] is None:
         return None
     body = loop.regions[0].blocks[0]
-    yielded = list(body.operations)[-1].operands[0]
-    write = yielded.owner
-    if not isinstance(write, ir.Operation | ir.OpView):
+    writes = [
+        op
+        for op in links.users(body.arguments[1])
+        if op.name == "tensor.insert_slice"
+        and op.operands[1] == body.arguments[1]
+        and [u.name for u in links.users(op.results[0])] == ["scf.yield"]
+        and links.users(op.results[0])[0].parent == loop
+    ]
+    if len(writes) != 1:
         return None
-    write = write.operation
-    if write.name != "tensor.insert_slice" or write.operands[1] != body.arguments[1]:
-        return None
+    write = writes[0]
     block = ir.RankedTensorType(write.operands[0].type)
     whole = ir.RankedTensorType(loop.results[0].type)
     if not block.has_static_shape or bounds[1] * math.prod(block.shape) != math.prod(whole.shape):
@@ -73,24 +77,25 @@ def _stamped(op: Any) -> bool:
     return op.name == "linalg.matmul" and _BLOCK_STAMP in op.attributes
 
 
-def _constant(value: Any) -> int | None:
+def _constant(links: DefUse, value: Any) -> int | None:
     from stagegraph.mlir.bindings import ir
 
-    owner = value.owner
-    if not isinstance(owner, ir.Operation | ir.OpView) or owner.operation.name != "arith.constant":
+    owner = links.owner(value)
+    if owner is None or owner.name != "arith.constant":
         return None
-    return ir.IntegerAttr(owner.operation.attributes["value"]).value
+    return ir.IntegerAttr(owner.attributes["value"]).value
 
 
-def _sink_one(loop: Any) -> bool:
+def _sink_one(fn: Any, loop: Any) -> bool:
     """Move the elementwise consumer of ``loop``'s result (through reshapes) into it."""
     from stagegraph.mlir.bindings import ir
 
-    write = _block_write(loop)
+    links = DefUse(fn)
+    write = _block_write(links, loop)
     if write is None:
         return False
-    reshaped, op = chain_end(loop.results[0])
-    if op is None or not elementwise(op) or not _outside(op, loop, reshaped):
+    reshaped, op = chain_end(links, loop.results[0])
+    if op is None or not elementwise(op) or not _outside(links, op, loop, reshaped):
         return False
     whole = list(ir.RankedTensorType(loop.results[0].type).shape)
     space = list(ir.RankedTensorType(op.results[0].type).shape)
@@ -99,11 +104,11 @@ def _sink_one(loop: Any) -> bool:
     if [space[d] for d in spread] != [whole[d] for d in kept]:
         return False  # not the loop's result with unit dims added or dropped
     to_whole = dict(zip(spread, kept, strict=True))
-    _rebuild_in_block(op, write, reshaped, to_whole)
+    _rebuild_in_block(links, op, write, reshaped, to_whole)
     return True
 
 
-def _outside(op: Any, loop: Any, reshaped: Any) -> bool:
+def _outside(links: DefUse, op: Any, loop: Any, reshaped: Any) -> bool:
     """Whether ``op`` reads ``reshaped`` once by an identity map, writes an empty tensor,
     and its other operands are defined before ``loop`` (so the body can read them)."""
     from stagegraph.mlir.bindings import ir
@@ -114,32 +119,33 @@ def _outside(op: Any, loop: Any, reshaped: Any) -> bool:
         return False
     if maps[operands.index(reshaped)] != ir.AffineMap.get_identity(maps[-1].n_dims):
         return False
-    init = operands[-1].owner
-    if not isinstance(init, ir.Operation | ir.OpView) or init.operation.name != "tensor.empty":
+    init = links.owner(operands[-1])
+    if init is None or init.name != "tensor.empty":
         return False
-    return all(_available(value, loop) for value in operands[:-1] if value != reshaped)
+    return all(_available(links, v, loop) for v in operands[:-1] if v != reshaped)
 
 
-def _available(value: Any, loop: Any) -> bool:
+def _available(links: DefUse, value: Any, loop: Any) -> bool:
     """Whether the body of ``loop`` can read ``value``: defined before it, or a reshape
     after it of such a value (moved before it: a reshape reads nothing)."""
     from stagegraph.mlir.bindings import ir
 
-    owner = value.owner
-    if not isinstance(owner, ir.Operation | ir.OpView):
-        return owner == loop.block  # a block argument: of the loop's block only
-    owner = owner.operation
+    owner = links.owner(value)
+    if owner is None:  # a block argument: of the loop's block only
+        return isinstance(value, ir.BlockArgument) and value.owner == loop.block
     if owner.block != loop.block:
         return False
     if owner.is_before_in_block(loop):
         return True
-    if owner.name in RESHAPES and _available(owner.operands[0], loop):
+    if owner.name in RESHAPES and _available(links, owner.operands[0], loop):
         owner.move_before(loop)
         return True
     return False
 
 
-def _rebuild_in_block(op: Any, write: Any, reshaped: Any, to_whole: dict[int, int]) -> None:
+def _rebuild_in_block(
+    links: DefUse, op: Any, write: Any, reshaped: Any, to_whole: dict[int, int]
+) -> None:
     """A copy of ``op`` in the loop over the block ``write`` writes (its other operands
     sliced to the block), its result written instead; ``op``'s users read ``reshaped``."""
     from stagegraph.mlir.bindings import dialect, ir
@@ -169,17 +175,23 @@ def _rebuild_in_block(op: Any, write: Any, reshaped: Any, to_whole: dict[int, in
                 result_type, value, values, [], [], static, shape, [1] * len(shape)
             ).result)  # fmt: skip
         inputs.append(tensor.EmptyOp(local, element).result)
-        copy = op.clone()  # after its operands, before the write
-        for i, value in enumerate(inputs):
-            copy.operands[i] = value
-        copy.results[0].set_type(ir.RankedTensorType.get(local, element))
+        # after its operands, before the write; the body moves over
+        copy = ir.Operation.create(
+            "linalg.generic",
+            results=[ir.RankedTensorType.get(local, element)],
+            operands=inputs,
+            attributes={name: op.attributes[name] for name in op.attributes},
+            regions=1,
+        )
+        op.regions[0].blocks[0].append_to(copy.regions[0])
         block_shape = list(ir.RankedTensorType(block_value.type).shape)
         write.operands[0] = _reshaped(copy.results[0], block_shape)
-    old_init = op.operands[len(maps) - 1].owner.operation
+    old_init = op.operands[len(maps) - 1]
+    dead = links.owner(old_init) if len(links.users(old_init)) == 1 else None
     op.results[0].replace_all_uses_with(reshaped)
     op.erase()
-    if not list(old_init.results[0].uses):
-        old_init.erase()
+    if dead is not None:
+        dead.erase()
 
 
 def _offsets(write: Any) -> list[Any]:

@@ -28,7 +28,7 @@ import math
 from typing import Any
 
 from stagegraph.mlir.build import collapse_shape, expand_shape, iterator_types_attr
-from stagegraph.mlir.walk import collect, top_level_ops
+from stagegraph.mlir.walk import DefUse, collect, top_level_ops
 
 RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
 
@@ -42,24 +42,26 @@ def fuse_epilogues_through_reshapes(module: Any) -> int:
         if fn.name != "func.func":
             continue
         for matmul in collect(fn, lambda op: op.name == "linalg.matmul"):
-            moved += _follow(matmul.results[0])
+            moved += _follow(fn, matmul.results[0])
     return moved
 
 
-def _only_user(value: Any) -> Any | None:
-    uses = list(value.uses)
-    return uses[0].owner if len(uses) == 1 else None
+def _only_user(links: DefUse, value: Any) -> Any | None:
+    """(Through ``links``: a use's ``owner`` would import the owner's dialect module.)"""
+    users = links.users(value)
+    return users[0] if len(users) == 1 else None
 
 
-def _follow(value: Any) -> int:
+def _follow(fn: Any, value: Any) -> int:
     """Walk the single-use chain from ``value`` (a matmul's ``[M, N]`` result), moving each
     elementwise op met after reshapes onto the chain's ``[M, N]`` value."""
     from stagegraph.mlir.bindings import ir
 
     moved = 0
+    links = DefUse(fn)
     current, reshapes = value, []
     while True:
-        user = _only_user(current)
+        user = _only_user(links, current)
         if user is None or len(user.results) != 1:
             return moved
         name = user.operation.name
@@ -71,11 +73,12 @@ def _follow(value: Any) -> int:
             return moved
         if reshapes:
             shape = list(ir.RankedTensorType(value.type).shape)
-            if not _move(user.operation, current, value, shape):
+            if not _move(links, user.operation, current, value, shape):
                 return moved
             for reshape in reversed(reshapes):  # dead now: the op reads the 2-D value
                 reshape.erase()
             moved += 1
+            links = DefUse(fn)
         value = current = user.results[0]
         reshapes = []
 
@@ -94,36 +97,31 @@ def elementwise(op: Any) -> bool:
     return maps[-1] == ir.AffineMap.get_identity(maps[-1].n_dims)
 
 
-def chain_end(value: Any) -> tuple[Any, Any | None]:
+def chain_end(links: DefUse, value: Any) -> tuple[Any, Any | None]:
     """The end of the single-use chain of reshapes from ``value``, and its only user (None
     when it has several or none)."""
     while True:
-        user = _only_user(value)
+        user = _only_user(links, value)
         if user is None or user.operation.name not in RESHAPES:
             return value, None if user is None else user.operation
         value = user.results[0]
 
 
-def _from_matmul(value: Any, depth: int = 16) -> bool:
+def _from_matmul(links: DefUse, value: Any, depth: int = 16) -> bool:
     """Whether ``value`` is a matmul's result through a single-use chain of reshapes and
     elementwise ops: the op reading it could then join either matmul's layer, and the
     layer analysis would give it to both. (A value read elsewhere too, such as a
     residual block's input, ends any chain.)"""
-    from stagegraph.mlir.bindings import ir
-
-    owner = value.owner
-    if depth == 0 or not isinstance(owner, ir.Operation | ir.OpView):
+    owner = links.owner(value)
+    if depth == 0 or owner is None or len(links.users(value)) != 1:
         return False
-    if len(list(value.uses)) != 1:
-        return False
-    owner = owner.operation
     if owner.name == "linalg.matmul":
         return True
     if owner.name in RESHAPES:
-        return _from_matmul(owner.operands[0], depth - 1)
+        return _from_matmul(links, owner.operands[0], depth - 1)
     if not elementwise(owner):
         return False
-    return any(_from_matmul(v, depth - 1) for v in list(owner.operands)[:-1])
+    return any(_from_matmul(links, v, depth - 1) for v in list(owner.operands)[:-1])
 
 
 def _split(shape: list[int], rows: int) -> int | None:
@@ -162,7 +160,7 @@ def _collapsed_operand(
     return [(part, sorted(g)) for part, g in parts]
 
 
-def _move(op: Any, reshaped: Any, source: Any, flat: list[int]) -> bool:
+def _move(links: DefUse, op: Any, reshaped: Any, source: Any, flat: list[int]) -> bool:
     """Rewrite the elementwise ``op`` (one of whose inputs is ``reshaped``, a reshape of
     ``source``, whose shape is ``flat`` = ``[M, N]``) to run over ``flat``; False (nothing
     changed) when its operands do not allow it."""
@@ -186,7 +184,7 @@ def _move(op: Any, reshaped: Any, source: Any, flat: list[int]) -> bool:
         dims = [e.position if isinstance(e, ir.AffineDimExpr) else -1 for e in amap.results]
         if -1 in dims or dims != sorted(set(dims)):
             return False
-        if _from_matmul(operand):
+        if _from_matmul(links, operand):
             return False  # two matmuls' layers would both claim the op
         groups = _collapsed_operand(dims, space, split)
         if groups is None:
@@ -209,12 +207,10 @@ def _move(op: Any, reshaped: Any, source: Any, flat: list[int]) -> bool:
             new_operands.append(operand)
             new_maps.append(ir.AffineMap.get(2, 0, [d[p] for p in parts]))
         init = operands[-1]
-        init_owner = init.owner
-        if isinstance(init_owner, ir.Operation | ir.OpView) and (
-            init_owner.operation.name == "tensor.empty"
-        ):
+        init_owner = links.owner(init)
+        if init_owner is not None and init_owner.name == "tensor.empty":
             init = dialect("tensor").EmptyOp(flat, out_type.element_type).result
-            dead = init_owner.operation if len(list(operands[-1].uses)) == 1 else None
+            dead = init_owner if len(links.users(operands[-1])) == 1 else None
         else:
             dead, init = None, collapse_shape(init, outer, flat)
         new_operands.append(init)
