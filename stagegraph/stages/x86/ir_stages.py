@@ -67,16 +67,25 @@ def normalize(
     GEMM of their patches (:mod:`stagegraph.stages.x86.conv.gemm`) where the cost model
     of :mod:`stagegraph.stages.x86.conv.choice` finds it faster on ``target`` (default: the
     host) or ``config`` says;
+    elementwise consumers that reach a matmul through reshapes move onto its result, so
+    they fuse into its tiles (:mod:`stagegraph.stages.common.reshaped_epilogues`; those of
+    a row-block loop first onto each block, :mod:`stagegraph.stages.common.block_epilogues`);
     3-D poolings become 2-D then 1-D ones. Before those, gathers through constant
     positions that only reshape become reshapes
     (:mod:`stagegraph.stages.common.constant_gathers`), per-channel constant scales and
     shifts after a convolution or matmul (eval-mode BatchNorm) fold into its weights and
     bias (:mod:`stagegraph.stages.common.fold_batchnorm`), and unit dims leave the generic ops
-    (:mod:`stagegraph.stages.common.unit_dims`). Last, a matmul of one row reads its
-    transposed weight in place, and one of a few rows gets its constant weight transposed
-    at compile time (:mod:`stagegraph.stages.x86.matmul.weight_rows`)."""
+    (:mod:`stagegraph.stages.common.unit_dims`). Convolutions that became matmuls take
+    their elementwise consumers onto the matmul, through reshapes and row-block loops
+    (:mod:`stagegraph.stages.common.block_epilogues`,
+    :mod:`stagegraph.stages.common.reshaped_epilogues`), so the consumers ride on its
+    epilogue. Last, a matmul of one row reads its transposed weight in place, and one of a
+    few rows gets its constant weight transposed at compile time
+    (:mod:`stagegraph.stages.x86.matmul.weight_rows`)."""
+    from stagegraph.stages.common.block_epilogues import sink_epilogues_into_blocks
     from stagegraph.stages.common.constant_gathers import fold_reshaping_gathers
     from stagegraph.stages.common.fold_batchnorm import fold_channel_affine_chains
+    from stagegraph.stages.common.reshaped_epilogues import fuse_epilogues_through_reshapes
     from stagegraph.stages.common.unit_dims import fold_unit_dims
     from stagegraph.stages.x86.conv.col2im import stride1_transposed_to_col2im
     from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
@@ -94,6 +103,8 @@ def normalize(
         stride1_transposed_to_col2im(module.ir, config)
         pointwise_convolutions_to_matmuls(module.ir)
         convolutions_to_gemm(module.ir, config, target)
+        sink_epilogues_into_blocks(module.ir)  # a row-block loop's epilogue onto its blocks
+        fuse_epilogues_through_reshapes(module.ir)  # their epilogues onto the matmuls
         separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized
         prepare_weights(module.ir)  # few rows: no per-call transpose of W
     return module
