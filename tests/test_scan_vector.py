@@ -226,3 +226,17 @@ def test_last_dim_scan_of_a_3d_tensor_runs_as_rows(tmp_path, capsys, inclusive):
     np.savez(path.with_suffix(".npz"), in0=a, in1=init, out0=flat.reshape(2, 3, 37))
     assert main(["run", "x86", str(path)]) == 0, capsys.readouterr()
     assert "VERIFIED" in capsys.readouterr().out
+
+
+def test_vector_scan_compiles_for_the_gpu_graph(tmp_path):
+    """The vector scan's row forall has no GPU mapping: the GPU lowering leaves it to a
+    one-thread kernel (as the stepping form) instead of failing to map it ("scf.forall op
+    requires a mapping attribute"); the PTX assembles with one kernel."""
+    pytest.importorskip("llvmlite", reason="needs the gpu extra (llvmlite)")
+    payload = tmp_path / "scan.mlir"
+    payload.write_text(scan_text(37))
+    out = tmp_path / "art"
+    assert main(["run", "gpu", str(payload), "--target", "sm_80", "--emit", "object",
+                 "-o", str(out)]) == 0  # fmt: skip
+    (ptx,) = out.glob("*.ptx")
+    assert ptx.read_text().count(".entry") == 1

@@ -33,10 +33,16 @@ OUTLINE = "func.func(scf-forall-to-for),gpu-kernel-outlining,canonicalize,cse"
 
 
 def block_foralls(entry: Any) -> list[Any]:
-    """The entry's top-level ``scf.forall`` ops (the block foralls of the schedule)."""
+    """The entry's top-level ``scf.forall`` ops the schedule mapped to blocks. A forall
+    without a ``mapping`` (the rows of a vector scan, built when the payload was parsed)
+    stays host work, which :mod:`stagegraph.stages.gpu.host_kernels` runs serially in a
+    one-thread kernel, as it runs the stepping form of a scan."""
     from stagegraph.mlir.walk import top_level_ops
 
-    return [op for op in top_level_ops(entry) if op.name == "scf.forall"]
+    return [
+        op for op in top_level_ops(entry)
+        if op.name == "scf.forall" and "mapping" in op.attributes
+    ]  # fmt: skip
 
 
 def block_dims(forall: Any, params: GpuParams) -> list[int]:
