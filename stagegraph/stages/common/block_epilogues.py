@@ -1,7 +1,7 @@
 """Elementwise consumers of a loop that writes its result block by block move into the
 loop, onto each block, so a matmul computing the block fuses them.
 
-The implicit GEMM in row blocks (:mod:`stagegraph.stages.x86.conv.gemm_blocks`) is one
+A target's implicit GEMM in row blocks (the x86 graph's convolution rewrite) is one
 ``scf.for`` whose body computes a block of the output with a matmul and writes it with a
 ``tensor.insert_slice`` into the tensor the loop carries. A bias, ReLU or residual add after
 the loop then reads the whole output back: a pass over memory of its own. Applied to each
@@ -25,7 +25,7 @@ from stagegraph.mlir.build import collapse_shape, expand_shape
 from stagegraph.mlir.walk import DefUse, collect, top_level_ops
 from stagegraph.stages.common.reshaped_epilogues import RESHAPES, chain_end, elementwise
 
-#: The stamp of an op the convolution-path choice made (``stages.x86.conv.choice``).
+#: The stamp of an op the convolution-path choice made (the x86 graph's cost model).
 _BLOCK_STAMP = "stagegraph.conv_path"
 
 

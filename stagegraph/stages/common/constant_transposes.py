@@ -10,8 +10,7 @@ holds one copy. Constants above ``max_elements`` (all folded ones together) are 
 run time: the evaluation would hold several copies of them while compiling.
 
 The GPU graph folds every such transpose (:mod:`stagegraph.stages.gpu.constant_weights`);
-the x86 graph only those feeding a matmul of a few rows
-(:mod:`stagegraph.stages.x86.matmul.weight_rows`).
+the x86 graph only those feeding a matmul of a few rows (its ``matmul.weight_rows``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """Elementwise consumers of a matmul that reach it through pure reshapes move onto the
 matmul's own ``[M, N]`` result, so the matmul schedule fuses them into its register tiles.
 
-A convolution rewritten as a matmul (the implicit GEMM of
-:mod:`stagegraph.stages.x86.conv.gemm`, a pointwise one of
-:mod:`stagegraph.stages.x86.conv.pointwise`) hands its ``[F, N*O]`` result to its consumers
+A convolution rewritten as a matmul (the x86 graph's implicit GEMM, or a pointwise
+convolution as a matmul) hands its ``[F, N*O]`` result to its consumers
 through ``tensor.expand_shape``/``collapse_shape`` ops back to the convolution's layout. The
 layer analysis (``stagegraph.stages.analysis.ops.layers_of``) fuses only a consumer that
 uses the matmul directly, so bias, ReLU, residual adds and what eval-mode BatchNorm leaves
