@@ -132,3 +132,17 @@ def ir_location(payload: Any) -> Any:
     from stagegraph.mlir.bindings import ir
 
     return ir.Location.unknown(payload.context)
+
+
+def clone_mapped(op: Any, mapping: dict[Any, Any]) -> Any:
+    """A clone of ``op`` at the current insertion point whose operands found in
+    ``mapping`` are replaced by their values there; ``mapping`` then maps ``op``'s results to
+    the clone's, so cloning a body op by op rewires each op to the clones before it (a
+    region body moved into another loop, a generic's body rebuilt over new arguments)."""
+    copy = op.clone()
+    for k, operand in enumerate(copy.operands):
+        if operand in mapping:
+            copy.operands[k] = mapping[operand]
+    for old, new in zip(op.results, copy.results, strict=True):
+        mapping[old] = new
+    return copy

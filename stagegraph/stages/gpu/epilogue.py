@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from stagegraph.mlir.build import clone_mapped
 from stagegraph.stages.analysis import OpFacts, PayloadFacts
 
 #: Marks the warp's (or thread's) epilogue op left for the register rewrite.
@@ -275,12 +276,7 @@ def apply_in_registers(build: Any, consumer: Any, c: Any, value: Any, loops: lis
             mapped[inner.results[0]] = loops[ir.IntegerAttr(inner.attributes["dim"]).value]
             continue
         with build.point, build.location:
-            copy = inner.clone()
-        for k, operand in enumerate(copy.operands):
-            if operand in mapped:
-                copy.operands[k] = mapped[operand]
-        for old, new in zip(inner.results, copy.results, strict=True):
-            mapped[old] = new
+            clone_mapped(inner, mapped)
     target = outs[0]
     build.op("memref.store", [], [result, target, *_access(build, maps[len(ins)], loops)])
 

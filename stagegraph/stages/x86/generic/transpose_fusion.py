@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from stagegraph.mlir.bindings import arith, ir
-from stagegraph.mlir.build import collapse_shape, generic
+from stagegraph.mlir.build import clone_mapped, collapse_shape, generic
 from stagegraph.mlir.walk import children, top_level_ops
 from stagegraph.stages.common.constant_eval import ConstantValues, NotConstantError
 from stagegraph.stages.x86.generic.elementwise_fusion import _plain_elementwise
@@ -240,12 +240,7 @@ def _cloned_body(producer: Any) -> Any:
     def build(*arguments: Any) -> list[Any]:
         mapping = dict(zip(block.arguments, arguments, strict=True))
         for inner in ops[:-1]:
-            copy = inner.clone()
-            for k, operand in enumerate(inner.operands):
-                if operand in mapping:
-                    copy.operands[k] = mapping[operand]
-            for old, new in zip(inner.results, copy.results, strict=True):
-                mapping[old] = new
+            clone_mapped(inner, mapping)
         return [mapping.get(v, v) for v in ops[-1].operands]
 
     return build
