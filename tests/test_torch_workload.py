@@ -243,3 +243,25 @@ def test_dropout_is_verified_in_eval_mode_and_other_draws_are_refused(capsys, tm
     code, _, err = run_json(capsys, "x86", str(path))
     assert code == 2
     assert "noisy.py:Model: its forward draws random numbers (aten.randn.default)" in err
+
+
+def test_a_zero_size_layer_is_a_clean_payload_error(tmp_path, capsys):
+    """A Linear with no outputs imports to a module whose bytecode does not parse back:
+    exit 2 with a message naming the cause, not a traceback."""
+    pytest.importorskip("torch")
+    from stagegraph.cli.main import main
+
+    problem = tmp_path / "empty_linear.py"
+    problem.write_text(
+        "import torch\n"
+        "class Model(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.fc = torch.nn.Linear(8, 0)\n"
+        "    def forward(self, x):\n"
+        "        return self.fc(x)\n"
+        "def get_inputs():\n    return [torch.rand(1, 8)]\n"
+        "def get_init_inputs():\n    return []\n"
+    )
+    assert main(["run", "x86", str(problem)]) == 2
+    assert "dimension of 0" in capsys.readouterr().err

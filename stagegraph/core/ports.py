@@ -117,7 +117,16 @@ class Module:
         Round-trips through bytecode: ``Operation.clone`` would give a ``ModuleOp``, which
         the execution engine and other ``ir.Module`` APIs do not accept.
         """
-        copy = type(self.ir).parse(self.bytecode(), self.ir.context)
+        from stagegraph.errors import PayloadError
+
+        try:
+            copy = type(self.ir).parse(self.bytecode(), self.ir.context)
+        except Exception as error:  # the bindings' MLIRError: the module does not round-trip
+            raise PayloadError(
+                "the payload cannot be copied for a second stage (its bytecode does not parse "
+                f"back: {str(error).splitlines()[0]}); a tensor with a dimension of 0 is the "
+                "usual cause"
+            ) from None
         return type(self)(copy, self.level)
 
     def __repr__(self) -> str:
