@@ -27,11 +27,14 @@ import argparse
 import ast
 import importlib.util
 import json
+import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -65,13 +68,22 @@ def load_artifact(folder: Path) -> tuple[dict, dict, dict]:
 
 
 def check_one(folder: Path, repeats: int) -> dict:
-    """Verify one artifact and time it (and PyTorch eager, when its problem file is there)."""
+    """Verify one artifact and time it (and PyTorch eager, when its problem file is there).
+
+    A payload folder brings its inputs and reference outputs (``data.npz``); a problem-file
+    case (``problem.json``, sizes that fill the GPU) builds them here: the inputs and the
+    model from the problem file with the compile side's seed, the reference by the model in
+    float64 on the GPU."""
     from stagegraph.runtime.cuda import CudaProgram
 
     manifest, ptx, constants = load_artifact(folder)
-    data = np.load(folder / "data.npz")
-    inputs = [data[k] for k in sorted(data.files) if k.startswith("in")]
-    refs = [data[k] for k in sorted(data.files) if k.startswith("out")]
+    if (folder / "data.npz").exists():
+        data = np.load(folder / "data.npz")
+        inputs = [data[k] for k in sorted(data.files) if k.startswith("in")]
+        refs = [data[k] for k in sorted(data.files) if k.startswith("out")]
+        model = None
+    else:
+        model, inputs, refs = problem_case(folder)
     program = CudaProgram(manifest, ptx, constants)
     try:
         outputs = program.run(inputs)
@@ -81,20 +93,63 @@ def check_one(folder: Path, repeats: int) -> dict:
         ours = statistics.median(program.time_ms(repeats))
     finally:
         program.close()
+    moved = sum(np.asarray(x).nbytes for x in inputs) + sum(o.nbytes for o in outputs)
     row = {"payload": folder.name, "ok": ok, "error": max(errors, default=float("inf")),
-           "ms": ours, "torch_ms": None}  # fmt: skip
-    if (folder / "problem.py").exists():
-        try:
-            row["torch_ms"] = torch_eager_ms(folder, inputs, repeats)
-        except Exception as error:  # the baseline is best effort; the row says why
-            row["torch_error"] = f"{type(error).__name__}: {error}"[:120]
+           "ms": ours, "torch_ms": None, "bytes": int(moved),
+           "big": model is not None}  # fmt: skip
+    try:
+        if model is None and (folder / "problem.py").exists():
+            model = problem_model(folder)
+        if model is not None:
+            row["torch_ms"] = torch_eager_ms(model, inputs, repeats)
+    except Exception as error:  # the baseline is best effort; the row says why
+        row["torch_error"] = f"{type(error).__name__}: {error}"[:120]
     return row
 
 
-def torch_eager_ms(folder: Path, inputs: list[np.ndarray], repeats: int) -> float:
-    """Median milliseconds of the KernelBench model in PyTorch CUDA eager (same inputs)."""
+def problem_case(folder: Path) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
+    """The float32 model, its inputs and its float64-on-GPU reference outputs, from the
+    folder's problem file and ``problem.json`` (overrides as written, seed)."""
+    import copy
+
     import torch
 
+    source = torch_source()
+    spec = json.loads((folder / "problem.json").read_text())
+    overrides = {k: source.parse_value(v) for k, v in spec["overrides"].items()}
+    problem = source.load_problem_file(folder / "problem.py", overrides, int(spec["seed"]))
+    inputs = [t.numpy() if isinstance(t, torch.Tensor) else t for t in problem.inputs]
+
+    def wide(t: Any) -> Any:
+        if isinstance(t, torch.Tensor):
+            return (t.double() if t.is_floating_point() else t).cuda()
+        return t
+
+    reference = copy.deepcopy(problem.model).double().cuda().eval()
+    with torch.no_grad():
+        outs = reference(*[wide(t) for t in problem.inputs])
+    outs = outs if isinstance(outs, (tuple, list)) else [outs]
+    refs = [(o.float() if o.is_floating_point() else o).cpu().numpy() for o in outs]
+    del reference, outs
+    torch.cuda.empty_cache()
+    return problem.model, inputs, refs
+
+
+def torch_source() -> Any:
+    """``stagegraph.workload.torch_source`` loaded by its path: the ``stagegraph.workload``
+    package imports pydantic, which the GPU machine lacks; this one module needs only the
+    standard library (and torch when called)."""
+    name = "stagegraph_workload_torch_source"
+    if name not in sys.modules:
+        path = ROOT / "stagegraph" / "workload" / "torch_source.py"
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]
+
+
+def problem_model(folder: Path) -> Any:
+    """The KernelBench model of a payload folder (its scaled init inputs), for timing."""
     spec = importlib.util.spec_from_file_location(f"problem_{folder.name}", folder / "problem.py")
     problem = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(problem)
@@ -104,8 +159,16 @@ def torch_eager_ms(folder: Path, inputs: list[np.ndarray], repeats: int) -> floa
         if init_file.exists()
         else []
     )
-    model = problem.Model(*init).cuda().eval()
-    args = [torch.from_numpy(np.ascontiguousarray(x)).cuda() for x in inputs]
+    return problem.Model(*init)
+
+
+def torch_eager_ms(model: Any, inputs: list[np.ndarray], repeats: int) -> float:
+    """Median milliseconds of the model in PyTorch CUDA eager (same inputs)."""
+    import torch
+
+    model = model.cuda().eval()
+    args = [torch.from_numpy(np.ascontiguousarray(x)).cuda() if isinstance(x, np.ndarray)
+            else x for x in inputs]  # fmt: skip
     start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     with torch.no_grad():
@@ -119,7 +182,40 @@ def torch_eager_ms(folder: Path, inputs: list[np.ndarray], repeats: int) -> floa
     return statistics.median(times)
 
 
-def run(directory: Path, budget_s: float, repeats: int) -> int:
+def copy_bandwidth_gbps() -> float | None:
+    """Device-to-device copy bandwidth of this GPU (bytes read plus written), the ceiling
+    the memory-bound rows are set against; None without torch."""
+    try:
+        import torch
+    except ImportError:
+        return None
+    source = torch.empty(1 << 28, dtype=torch.float32, device="cuda")
+    target = torch.empty_like(source)
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for i in range(13):
+        start.record()
+        target.copy_(source)
+        stop.record()
+        torch.cuda.synchronize()
+        if i >= 3:
+            times.append(start.elapsed_time(stop))
+    del source, target
+    torch.cuda.empty_cache()
+    return 2 * (1 << 30) / statistics.median(times) / 1e6
+
+
+def run(
+    directory: Path, budget_s: float, repeats: int, save: Path | None = None, hang_s: float = 60.0
+) -> int:
+    """Check every artifact folder under ``directory`` until the budget is spent; each row
+    is printed (and appended to ``save``) as soon as it is measured.
+
+    With ``save``, rows already there are kept and their payloads skipped, so a run that
+    ended early is resumed by running the same command again. A payload that takes over
+    ``hang_s`` (a kernel that never finishes cannot be interrupted from the host) is saved
+    as a failed row and the process exits with status 3 at once: the rerun goes on after
+    it."""
     sys.path.insert(0, str(ROOT))
     from stagegraph.errors import GpuUnavailableError
     from stagegraph.runtime.cuda import device_properties
@@ -129,43 +225,91 @@ def run(directory: Path, budget_s: float, repeats: int) -> int:
     except GpuUnavailableError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    bandwidth = copy_bandwidth_gbps()
     print(f"GPU: {props['name']} (sm_{props['capability'][0]}{props['capability'][1]}, "
-          f"{props['sm_count']} SMs)", flush=True)  # fmt: skip
-    rows, started = [], time.perf_counter()
+          f"{props['sm_count']} SMs); device-to-device copy "
+          f"{bandwidth or float('nan'):.0f} GB/s (read + write)", flush=True)  # fmt: skip
+    rows = (
+        [json.loads(line) for line in save.read_text().splitlines()]
+        if save and save.exists()
+        else []
+    )
+    done = {r["payload"] for r in rows}
+    started = time.perf_counter()
     folders = sorted(p.parent for p in directory.rglob("manifest.json"))
-    for folder in folders:
+    for folder in [f for f in folders if f.name not in done]:
         if time.perf_counter() - started > budget_s:
             print(f"budget of {budget_s:.0f} s spent: {len(folders) - len(rows)} left unrun")
             break
+        watchdog = threading.Timer(hang_s, _hung, (folder.name, hang_s, save))
+        watchdog.start()
         try:
             row = check_one(folder, repeats)
         except Exception as error:
             failure = f"{type(error).__name__}: {error}"[:160]
             row = {"payload": folder.name, "ok": False, "error": float("inf"), "ms": None,
                    "torch_ms": None, "failure": failure}  # fmt: skip
+        finally:
+            watchdog.cancel()
         rows.append(row)
-        print(json.dumps(row), flush=True)
-    table(rows)
+        _save(row, save)
+    table(rows, bandwidth)
     return 0
 
 
-def table(rows: list[dict]) -> None:
-    """The verdicts and times, then the fraction verified and the geometric-mean speedup."""
-    print(f"\n{'payload':58} {'ok':>3} {'rel.err':>9} {'ours ms':>9} {'torch ms':>9} {'x':>6}")
-    speedups = []
+def _save(row: dict, save: Path | None) -> None:
+    print(json.dumps(row), flush=True)
+    if save:
+        with save.open("a") as stream:
+            stream.write(json.dumps(row) + "\n")
+
+
+def _hung(payload: str, hang_s: float, save: Path | None) -> None:
+    """The watchdog: save the payload as failed and end the process (status 3)."""
+    failure = f"no result after {hang_s:.0f} s (hung)"
+    _save({"payload": payload, "ok": False, "error": float("inf"), "ms": None,
+           "torch_ms": None, "failure": failure}, save)  # fmt: skip
+    sys.stdout.flush()
+    os._exit(3)
+
+
+def geomean(values: list[float]) -> float:
+    return float(np.exp(np.mean(np.log(values)))) if values else float("nan")
+
+
+def table(rows: list[dict], bandwidth: float | None = None, brief: bool = False) -> None:
+    """The verdicts, times and achieved bandwidth, then the fraction verified, the
+    geometric-mean speedup per level and the share of the copy bandwidth of the
+    problem-file (GPU-filling) rows (``brief``: the verified payload rows left out)."""
+    print(f"\n{'payload':52} {'ok':>3} {'rel.err':>9} {'ours ms':>9} {'torch ms':>9} "
+          f"{'x':>6} {'GB/s':>6} {'%copy':>5}")  # fmt: skip
+    speedups: dict[str, list[float]] = {}
+    shares = []
     for r in rows:
         ms, torch_ms = r.get("ms"), r.get("torch_ms")
         ratio = torch_ms / ms if ms and torch_ms else None
         if ratio and r["ok"]:
-            speedups.append(ratio)
-        print(f"{r['payload'][:58]:58} {'yes' if r['ok'] else 'NO':>3} {r['error']:9.2e} "
+            speedups.setdefault("big" if r.get("big") else r["payload"][:2], []).append(ratio)
+        gbps = r.get("bytes", 0) / ms / 1e6 if ms else float("nan")
+        share = 100 * gbps / bandwidth if bandwidth and ms else float("nan")
+        if r.get("big") and r["ok"] and ms:
+            shares.append(share)
+        if brief and r["ok"] and not r.get("big"):
+            continue
+        print(f"{r['payload'][:52]:52} {'yes' if r['ok'] else 'NO':>3} {r['error']:9.2e} "
               f"{ms or float('nan'):9.4f} {torch_ms or float('nan'):9.4f} "
-              f"{ratio or float('nan'):6.2f}")  # fmt: skip
+              f"{ratio or float('nan'):6.2f} {gbps:6.0f} {share:5.0f}")  # fmt: skip
+        for why in ("failure", "torch_error"):
+            if r.get(why):
+                print(f"    {why}: {r[why]}")
     ok = sum(r["ok"] for r in rows)
     print(f"\nverified {ok}/{len(rows)}")
-    if speedups:
-        geo = float(np.exp(np.mean(np.log(speedups))))
-        print(f"speedup over PyTorch CUDA eager (geomean of {len(speedups)}): {geo:.2f}x")
+    for group, values in sorted(speedups.items()):
+        print(f"speedup over PyTorch CUDA eager, {group} (geomean of {len(values)}): "
+              f"{geomean(values):.2f}x")  # fmt: skip
+    if shares:
+        print(f"problem-file rows: {min(shares):.0f}%..{max(shares):.0f}% of the copy "
+              f"bandwidth (geomean {geomean(shares):.0f}%)")  # fmt: skip
 
 
 def main() -> int:
@@ -175,17 +319,45 @@ def main() -> int:
     parser.add_argument("--target", default="sm_90a")
     parser.add_argument("--root", default=str(ROOT.parent / "shared" / "kernelbench"))
     parser.add_argument("--levels", default="level1,level2", help="for --build")
+    parser.add_argument("--problem", action="append", default=[], metavar="FILE.py[:k=v,..]",
+                        help="for --build: a problem file at sizes of your choice")  # fmt: skip
+    parser.add_argument(
+        "--table",
+        type=Path,
+        nargs="+",
+        metavar="ROWS.jsonl",
+        help="print the table of rows saved by --save (no GPU needed)",
+    )
+    parser.add_argument("--bandwidth", type=float, help="for --table: copy GB/s measured")
+    parser.add_argument(
+        "--brief",
+        action="store_true",
+        help="for --table: rows that failed and problem-file rows only",
+    )
     parser.add_argument("--budget", type=float, default=450.0)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument(
+        "--save",
+        type=Path,
+        help="append each row (JSON lines) here; "
+        "rows already there are kept and their payloads skipped",
+    )
+    parser.add_argument("--hang", type=float, default=60.0,
+                        help="seconds after which a payload counts as hung (exit 3)")  # fmt: skip
     args = parser.parse_args()
     if args.build:
         script = Path(__file__).with_name("gpu_compile.py")
         command = [sys.executable, str(script), args.root, "--targets", args.target,
                    "--levels", args.levels, "--build", str(args.build)]  # fmt: skip
+        command += [f"--problem={spec}" for spec in args.problem]
         return subprocess.run(command, check=False).returncode
+    if args.table:
+        rows = [json.loads(line) for path in args.table for line in path.read_text().splitlines()]
+        table(rows, args.bandwidth, args.brief)
+        return 0
     if args.run:
-        return run(args.run, args.budget, args.repeats)
-    parser.error("give --build DIR or --run DIR")
+        return run(args.run, args.budget, args.repeats, args.save, args.hang)
+    parser.error("give --build DIR, --run DIR or --table ROWS.jsonl")
     return 2
 
 

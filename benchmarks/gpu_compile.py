@@ -114,6 +114,26 @@ def copy_inputs(path: Path, root: Path, folder: Path) -> None:
         (folder / "init.json").write_text(json.dumps(entry.get("init_inputs", [])))
 
 
+def problem_folder_name(spec: str) -> str:
+    """``l1_019_ReLU.py:batch_size=8192,dim=16384`` -> ``l1_019_ReLU-batch_size8192-dim16384``
+    (letters, digits, ``.``, ``_`` and ``-`` only)."""
+    path, _, params = spec.partition(":")
+    tag = "-".join(p.replace("=", "") for p in params.split(",") if p)
+    name = Path(path).stem + (f"-{tag}" if tag else "")
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
+
+
+def copy_problem(spec: str, folder: Path) -> None:
+    """A problem-file case carries no ``.npz``: its problem file and overrides (as written)
+    go beside the artifact, and ``gpu_check --run`` builds the model, its inputs and the
+    reference on the GPU machine from them (the same seed, so the same weights)."""
+    path, _, params = spec.partition(":")
+    overrides = dict(item.split("=", 1) for item in params.split(",") if item)
+    seed = int(overrides.pop("seed", 0))
+    shutil.copy(path, folder / "problem.py")
+    (folder / "problem.json").write_text(json.dumps({"overrides": overrides, "seed": seed}))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("root", type=Path, nargs="?", default=Path("../shared/kernelbench"))
@@ -123,10 +143,13 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--only", default="", help="substring of the payload stems to keep")
     parser.add_argument("--json", type=Path, help="write every row here")
+    parser.add_argument("--problem", action="append", default=[], metavar="FILE.py[:k=v,..]",
+                        help="also compile this PyTorch problem file at these sizes (no .npz: "
+                        "gpu_check --run makes its inputs and reference on the GPU)")  # fmt: skip
     args = parser.parse_args()
     scratch = args.build or Path("/tmp/stagegraph-gpu-sweep")
     rows = []
-    for path in payloads(args.root, args.levels.split(",")):
+    for path in payloads(args.root, [lv for lv in args.levels.split(",") if lv]):
         if args.only and args.only not in path.stem:
             continue
         for target in args.targets.split(","):
@@ -138,6 +161,16 @@ def main() -> int:
                 copy_inputs(path, args.root, folder)
             elif not args.build:
                 shutil.rmtree(folder, ignore_errors=True)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    for spec in args.problem:
+        for target in args.targets.split(","):
+            folder = scratch / target / problem_folder_name(spec)
+            shutil.rmtree(folder, ignore_errors=True)
+            row = {"payload": folder.name, "target": target,
+                   **run_child(spec, target, folder, args.timeout)}  # fmt: skip
+            if row["ok"] and args.build:
+                copy_problem(spec, folder)
             rows.append(row)
             print(json.dumps(row), flush=True)
     report(rows)

@@ -60,6 +60,10 @@ class FakeDriver:
         ctypes.memmove(dst, bytes(self.memory[src][:nbytes]), nbytes)
         return (Result.CUDA_SUCCESS,)
 
+    def do_cuMemsetD8(self, dst, value, nbytes):
+        self.memory[dst][:nbytes] = bytes([value]) * nbytes
+        return (Result.CUDA_SUCCESS,)
+
     def do_cuEventElapsedTime(self, start, stop):
         return (Result.CUDA_SUCCESS, 0.25)
 
@@ -107,8 +111,8 @@ def test_runs_the_plan_in_order_with_marshalled_parameters(fake):
     names = [c[0] for c in fake.calls]
     assert names[:2] == ["cuModuleLoadData", "cuModuleGetFunction"]
     assert fake.calls[0][1].endswith(b"\0")  # PTX handed over NUL-terminated
-    assert names[2:] == ["cuMemAlloc", "cuMemcpyHtoD", "cuMemAlloc", "cuLaunchKernel",
-                         "cuCtxSynchronize", "cuMemcpyDtoH"]  # fmt: skip
+    assert names[2:] == ["cuMemAlloc", "cuMemcpyHtoD", "cuMemAlloc", "cuMemsetD8",
+                         "cuLaunchKernel", "cuCtxSynchronize", "cuMemcpyDtoH"]  # fmt: skip
     launch = next(c for c in fake.calls if c[0] == "cuLaunchKernel")
     assert launch[2:9] == (2, 1, 1, 64, 1, 1, 0)
     assert fake.launched == [0x1000, 0x1000, 4, 1, 4, 4, 1, 2.5]
@@ -116,6 +120,15 @@ def test_runs_the_plan_in_order_with_marshalled_parameters(fake):
     assert out.shape == (2, 4) and out.dtype == np.float32
     program.close()
     assert [c[0] for c in fake.calls[-3:]] == ["cuMemFree", "cuMemFree", "cuModuleUnload"]
+
+
+def test_results_no_kernel_writes_come_back_as_nan(fake):
+    """The fake launch writes nothing: verification must see NaN, not a stale zero."""
+    program = cuda.CudaProgram(MANIFEST, {"m": ""}, {})
+    (out,) = program.run([np.ones((2, 4), np.float32), np.float32(1.0)])
+    assert np.isnan(out).all()
+    memset = next(c for c in fake.calls if c[0] == "cuMemsetD8")
+    assert memset[2:] == (0xFF, 32)  # the result buffer only, never an input
 
 
 def test_a_failing_call_names_itself(monkeypatch):

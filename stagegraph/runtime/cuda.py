@@ -149,9 +149,13 @@ class CudaProgram:
 
     # -- the plan ------------------------------------------------------------------------
 
-    def upload(self, inputs: list[np.ndarray]) -> None:
+    def upload(self, inputs: list[np.ndarray], poison: bool = False) -> None:
         """Allocate every buffer and copy the inputs and constants (the plan's steps up to
-        the first launch, and every later alloc, are replayed by :meth:`launch_all`)."""
+        the first launch, and every later alloc, are replayed by :meth:`launch_all`).
+
+        ``poison`` fills each result buffer that no copy fills with 0xFF bytes (NaN for
+        floats, -1 for integers) first, so an element no kernel writes fails verification
+        instead of passing on whatever the allocator left there."""
         by_name = {}
         arguments = self.manifest["arguments"]
         if len(inputs) != len(arguments):
@@ -174,6 +178,16 @@ class CudaProgram:
                            data.nbytes)  # fmt: skip
             elif op == "tensor_map":
                 self._tensor_map(step)
+        if poison:
+            self._poison_results()
+
+    def _poison_results(self) -> None:
+        filled = {s.get("dst") or s.get("buffer") for s in self.manifest["plan"]
+                  if s["op"] in ("copy_h2d", "constant")}  # fmt: skip
+        for spec in self.manifest["results"]:
+            if spec["name"] in self.buffers and spec["name"] not in filled:
+                nbytes = int(np.prod(spec["shape"])) * _itemsize(spec["dtype"])
+                self._call("cuMemsetD8", self.buffers[spec["name"]], 0xFF, nbytes)
 
     def launch_all(self) -> None:
         """Every launch and device copy of the plan, in order, on the default stream."""
@@ -240,8 +254,9 @@ class CudaProgram:
         return outputs
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """Upload, launch everything, synchronize and return the results."""
-        self.upload(inputs)
+        """Upload (result buffers poisoned), launch everything, synchronize and return the
+        results."""
+        self.upload(inputs, poison=True)
         self.launch_all()
         self.synchronize()
         return self.download()
