@@ -43,6 +43,13 @@ ROOT = Path(__file__).resolve().parents[1]
 TOLERANCE = {"float32": 1e-4, "float64": 1e-9, "float16": 1e-2, "uint16": 1e-2}
 
 
+#: Driver errors after which the context is unusable: every later call fails too, so the
+#: process ends (status 3) and a rerun with ``--save`` goes on after the payload.
+STICKY_ERRORS = ("ILLEGAL_ADDRESS", "MISALIGNED_ADDRESS", "LAUNCH_FAILED",
+                 "ILLEGAL_INSTRUCTION", "HARDWARE_STACK_ERROR", "INVALID_PC", "ASSERT",
+                 "INVALID_ADDRESS_SPACE", "TMA_ERROR")  # fmt: skip
+
+
 def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     """``||out - ref|| / ||ref||`` in float64 (inf on NaN or a shape mismatch)."""
     if out.shape != ref.shape:
@@ -149,7 +156,15 @@ def torch_source() -> Any:
 
 
 def problem_model(folder: Path) -> Any:
-    """The KernelBench model of a payload folder (its scaled init inputs), for timing."""
+    """The KernelBench model of a payload folder at the payload's (scaled) sizes, for
+    timing: the problem file run with the manifest's scaled constants (``constants.json``)
+    when the folder has them, else built from its scaled init inputs (``init.json``)."""
+    constants = folder / "constants.json"
+    if constants.exists():
+        values = {name: tuple(v) if isinstance(v, list) else v  # "height=width": a chain
+                  for k, v in json.loads(constants.read_text()).items()
+                  for name in k.split("=")}  # fmt: skip
+        return torch_source().load_problem_file(folder / "problem.py", values, 0).model
     spec = importlib.util.spec_from_file_location(f"problem_{folder.name}", folder / "problem.py")
     problem = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(problem)
@@ -253,6 +268,10 @@ def run(
             watchdog.cancel()
         rows.append(row)
         _save(row, save)
+        if any(name in row.get("failure", "") for name in STICKY_ERRORS):
+            print("the CUDA context is lost (a sticky error): exit 3, rerun to go on")
+            sys.stdout.flush()
+            os._exit(3)
     table(rows, bandwidth)
     return 0
 

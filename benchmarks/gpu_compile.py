@@ -112,6 +112,7 @@ def copy_inputs(path: Path, root: Path, folder: Path) -> None:
     entry = next((m for m in manifest if m["stem"] == stem), None)
     if entry is not None:
         (folder / "init.json").write_text(json.dumps(entry.get("init_inputs", [])))
+        (folder / "constants.json").write_text(json.dumps(entry.get("scaled_constants", {})))
 
 
 def problem_folder_name(spec: str) -> str:

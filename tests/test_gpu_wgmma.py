@@ -349,6 +349,8 @@ def test_runtime_encodes_tensor_maps_and_opts_in_to_the_shared_memory(monkeypatc
         CUtensorMapL2promotion = _enum("CU_TENSOR_MAP_L2_PROMOTION_", "L2_256B")
         CUtensorMapFloatOOBfill = _enum("CU_TENSOR_MAP_FLOAT_OOB_FILL_", "NONE")
         CUfunction_attribute = _enum("CU_FUNC_ATTRIBUTE_", "MAX_DYNAMIC_SHARED_SIZE_BYTES")
+        cuuint64_t = type("cuuint64_t", (int,), {})
+        cuuint32_t = type("cuuint32_t", (int,), {})
 
         def do_cuTensorMapEncodeTiled(self, *args):
             return (Result.CUDA_SUCCESS, TensorMap())
@@ -371,6 +373,9 @@ def test_runtime_encodes_tensor_maps_and_opts_in_to_the_shared_memory(monkeypatc
                           "CU_TENSOR_MAP_SWIZZLE_128B", "CU_TENSOR_MAP_L2_PROMOTION_L2_256B",
                           "CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE")  # fmt: skip
     assert encodes[1][2:6] == (b_at, [128, 128], [256], [64, 64])  # dims, bytes, box
+    # the arrays go as the driver's integer types (cuda-bindings refuses plain ints)
+    assert [type(v).__name__ for v in (*encodes[0][3], *encodes[0][4])] == ["cuuint64_t"] * 3
+    assert [type(v).__name__ for v in (*encodes[0][5], *encodes[0][6])] == ["cuuint32_t"] * 4
     maps = [s["buffer"] for s in wgmma_binary.manifest["plan"] if s["op"] == "tensor_map"]
     assert bytes(driver.memory[program.buffers[maps[0]]]) == bytes(range(128))
     program.close()

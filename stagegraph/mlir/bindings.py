@@ -73,6 +73,7 @@ _LAZY = {
     "llvm_types": "_mlir_libs._mlirDialectsLLVM",  # ArrayType, StructType, ...: no op classes
 }
 _DIALECTS = {
+    "affine": "affine",
     "arith": "arith",
     "bufferization": "bufferization",
     "func": "func",
@@ -110,6 +111,7 @@ if TYPE_CHECKING:
     from torch_mlir.dialects import _linalg_enum_gen as linalg_enums  # noqa: F401
     from torch_mlir.dialects import _linalg_ops_gen as linalg_ops  # noqa: F401
     from torch_mlir.dialects import (  # noqa: F401  (for type checkers; loaded lazily)
+        affine,
         arith,
         bufferization,
         func,

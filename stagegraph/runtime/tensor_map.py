@@ -66,10 +66,16 @@ def encode(cu: Any, step: dict[str, Any], address: int, check: Any) -> Any:
         CudaError: :func:`encode_arguments` refused the view, or the driver did.
     """
     args = encode_arguments(step, address)
+    # The binding takes its arrays as the driver's integer types, not Python ints
+    # (cuda-bindings 13.3 refuses ints: "Cannot convert int to cuuint32_t").
+    u64 = [cu.cuuint64_t(v) for v in args["dims"]], [cu.cuuint64_t(v) for v in args["strides"]]
+    u32 = (
+        [cu.cuuint32_t(v) for v in args["box"]],
+        [cu.cuuint32_t(v) for v in args["element_strides"]],
+    )
     return check(cu, cu.cuTensorMapEncodeTiled(
         getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{args['data_type']}"),
-        args["rank"], args["address"], args["dims"], args["strides"], args["box"],
-        args["element_strides"],
+        args["rank"], args["address"], *u64, *u32,
         getattr(cu.CUtensorMapInterleave, f"CU_TENSOR_MAP_INTERLEAVE_{args['interleave']}"),
         getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{args['swizzle']}"),
         getattr(cu.CUtensorMapL2promotion, f"CU_TENSOR_MAP_L2_PROMOTION_{args['l2_promotion']}"),

@@ -112,3 +112,33 @@ def sink_constants(entry: Any) -> int:
                     sunk += 1
                 op.operands[i] = copies[owner].results[0]
     return sunk
+
+
+def unalign_one_thread_vectors(module: Any) -> int:
+    """In the one-thread kernels, claim only element alignment for vector loads and
+    stores; returns how many were changed.
+
+    The vector-to-LLVM conversion claims each vector's natural alignment
+    (``use-vector-alignment``: the schedule's thread-level vectors are laid out aligned),
+    but the host work wrapped here was vectorized for another layout: a scan over rows of
+    255 floats reads 16-float vectors at every row start, and the GPU refused the
+    misaligned 16-byte accesses (``CUDA_ERROR_MISALIGNED_ADDRESS``, found on an H200).
+    One thread runs these serially, so scalar accesses cost nothing that matters."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+
+    def one_thread(kernel: Any) -> bool:
+        sizes = [kernel.attributes[name] for name in ("gpu.known_block_size",
+                 "gpu.known_grid_size") if name in kernel.attributes]  # fmt: skip
+        return len(sizes) == 2 and all(list(ir.DenseI32ArrayAttr(s)) == [1, 1, 1] for s in sizes)
+
+    i64 = ir.IntegerType.get_signless(64)
+    changed = 0
+    for kernel in filter(one_thread, collect(module, "llvm.func")):
+        for access in collect(kernel, {"llvm.load", "llvm.store"}):
+            value = access.results[0] if access.name == "llvm.load" else access.operands[0]
+            if isinstance(value.type, ir.VectorType):
+                bits = value.type.element_type.width
+                access.attributes["alignment"] = ir.IntegerAttr.get(i64, max(1, bits // 8))
+                changed += 1
+    return changed

@@ -68,9 +68,10 @@ def map_to_gpu(module: Any, params: GpuParams) -> int:
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import payload_functions, select_entry
     from stagegraph.stages.common.transform import apply_schedule_module
+    from stagegraph.stages.gpu.block_grid import fold_block_foralls
 
     entry = select_entry(payload_functions(module))
-    foralls = block_foralls(entry)
+    foralls = fold_block_foralls(block_foralls(entry))
     i64 = ir.IntegerType.get_signless(64)
     steps = []
     for n, forall in enumerate(foralls):
@@ -146,7 +147,11 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     from stagegraph.mlir.functions import payload_functions, select_entry
     from stagegraph.stages.common.passes import run_pipeline
     from stagegraph.stages.gpu.epilogue import rewrite_simt_epilogues
-    from stagegraph.stages.gpu.host_kernels import sink_constants, wrap_host_work
+    from stagegraph.stages.gpu.host_kernels import (
+        sink_constants,
+        unalign_one_thread_vectors,
+        wrap_host_work,
+    )
     from stagegraph.stages.gpu.mma import rewrite_mma
     from stagegraph.stages.gpu.mma_bounds import static_warp_grids
     from stagegraph.stages.gpu.mma_staged import allocs_to_globals
@@ -172,4 +177,5 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     run_pipeline(module, config.kernel_pipeline)
     with module.ir.context:
         align_dynamic_shared(module.ir)
+        unalign_one_thread_vectors(module.ir)
     return module
