@@ -118,3 +118,14 @@ def test_one_thread_kernels_claim_only_element_alignment():
         assert alignments == [4, 4, 4]  # the vectors now, the scalar as it was
         (load,) = collect(many, "llvm.load")
         assert ir.IntegerAttr(load.attributes["alignment"]).value == 16  # threads: kept
+
+
+def test_a_grid_smaller_than_its_forall_is_a_compile_error(pool_file, monkeypatch):
+    """Without the fold, the mapping's fault is caught at compile time, not on the GPU."""
+    from stagegraph.stages.gpu import block_grid
+
+    monkeypatch.setattr(block_grid, "fold_block_foralls", lambda foralls: foralls)
+    with pytest.raises(sg.errors.StagegraphError,
+                       match=r"forall of \[4, 6, 1, 1\] iterations was mapped to a grid of "
+                             r"\[1, 1, 6\] blocks \(6 < 24\)"):  # fmt: skip
+        sg.run("gpu", str(pool_file), target="sm_90a", until="lower")

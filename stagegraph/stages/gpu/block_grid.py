@@ -75,3 +75,37 @@ def fold_block_forall(forall: Any) -> Any | None:
 def fold_block_foralls(foralls: list[Any]) -> list[Any]:
     """:func:`fold_block_forall` over ``foralls``; the list of block foralls after it."""
     return [fold_block_forall(f) or f for f in foralls]
+
+
+def check_grids(foralls: list[Any], launches: list[Any]) -> None:
+    """Each block forall's launch must have at least as many blocks as the forall had
+    iterations (static ones): fewer leaves outputs unwritten, silently, on the GPU.
+
+    Raises:
+        UnsupportedPayloadError: a launch with fewer blocks than its forall's iterations
+            (a mapping fault: the message names the counts).
+    """
+    from stagegraph.errors import UnsupportedPayloadError
+    from stagegraph.mlir.bindings import ir
+
+    for counts, launch in zip(foralls, launches, strict=False):
+        if counts is None:
+            continue
+        start = ir.DenseI32ArrayAttr(launch.attributes["operandSegmentSizes"])[0]
+        grid = []
+        for value in list(launch.operands)[start : start + 3]:
+            owner = value.owner
+            if isinstance(owner, ir.Block) or owner.name != "arith.constant":
+                break
+            grid.append(ir.IntegerAttr(owner.attributes["value"]).value)
+        if len(grid) == 3 and prod(grid) < prod(counts):
+            raise UnsupportedPayloadError(
+                f"stage gpu.lower: a block forall of {counts} iterations was mapped to a "
+                f"grid of {grid} blocks ({prod(grid)} < {prod(counts)}); its outputs would "
+                "stay partly unwritten"
+            )
+
+
+def static_counts(foralls: list[Any]) -> list[list[int] | None]:
+    """The trip counts of each forall (None where not static and normalized)."""
+    return [_static_counts(f) for f in foralls]

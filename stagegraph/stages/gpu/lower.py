@@ -68,7 +68,7 @@ def map_to_gpu(module: Any, params: GpuParams) -> int:
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.functions import payload_functions, select_entry
     from stagegraph.stages.common.transform import apply_schedule_module
-    from stagegraph.stages.gpu.block_grid import fold_block_foralls
+    from stagegraph.stages.gpu.block_grid import check_grids, fold_block_foralls, static_counts
 
     entry = select_entry(payload_functions(module))
     foralls = fold_block_foralls(block_foralls(entry))
@@ -94,7 +94,11 @@ def map_to_gpu(module: Any, params: GpuParams) -> int:
     )
     from stagegraph.mlir.diagnostics import parse_module
 
+    counts = static_counts(foralls)
     apply_schedule_module(module, parse_module(text, module.context, source="<gpu mapping>"))
+    from stagegraph.mlir.walk import top_level_ops
+
+    check_grids(counts, [op for op in top_level_ops(entry) if op.name == "gpu.launch"])
     return len(steps)
 
 
