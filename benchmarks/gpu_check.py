@@ -86,8 +86,10 @@ def check_one(folder: Path, repeats: int) -> dict:
     manifest, ptx, constants = load_artifact(folder)
     if (folder / "data.npz").exists():
         data = np.load(folder / "data.npz")
-        inputs = [data[k] for k in sorted(data.files) if k.startswith("in")]
-        refs = [data[k] for k in sorted(data.files) if k.startswith("out")]
+        inputs = [data[f"in{i}"] for i in range(len(data.files)) if f"in{i}" in data.files]
+        # A training-mode norm returns its updated statistics (mut0..) before its outputs.
+        refs = [data[f"{prefix}{i}"] for prefix in ("mut", "out")
+                for i in range(len(data.files)) if f"{prefix}{i}" in data.files]  # fmt: skip
         model = None
     else:
         model, inputs, refs = problem_case(folder)

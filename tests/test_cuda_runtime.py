@@ -155,3 +155,16 @@ def test_bench_samples_are_cuda_event_times(fake):
     assert names.count("cuLaunchKernel") == 5 and names.count("cuEventSynchronize") == 5
     assert names.count("cuMemcpyHtoD") == 1  # inputs uploaded once, not per sample
     assert names[-1] == "cuModuleUnload"
+
+
+def test_parameters_are_marshalled_once_per_upload(fake):
+    """Timed runs issue only driver calls: the same parameter block at every launch."""
+    program = cuda.CudaProgram(MANIFEST, {"m": ""}, {})
+    program.upload([np.ones((2, 4), np.float32), np.float32(3.0)])
+    program.time_ms(repeats=3, warmup=1)
+    launches = [c for c in fake.calls if c[0] == "cuLaunchKernel"]
+    assert len(launches) == 4 and len({c[-2] for c in launches}) == 1
+    assert len(program._holders) == 1 and fake.launched[-1] == 3.0
+    program.upload([np.ones((2, 4), np.float32), np.float32(5.0)])  # new buffers and scalars
+    program.launch_all()
+    assert fake.launched[-1] == 5.0 and len(program._holders) == 1
