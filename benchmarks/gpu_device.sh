@@ -7,6 +7,7 @@
 #   python benchmarks/gpu_compile.py --targets sm_90a --levels '' --build build/gpu-big \
 #       --problem 'SRC/l1_019_ReLU.py:batch_size=8192,dim=16384' ...   (sizes that fill the GPU)
 #   python benchmarks/gpu_matmul.py --build build/gpu-mm --target sm_90a --compare-mma-sync
+#   (every build/gpu-mm*/ folder with a cases.json is run)
 # Then, carrying `build` (under 64 MiB with the repository), on the GPU machine:
 #   bash benchmarks/gpu_device.sh [SECONDS_SCALE]
 # Each step has its own time cap (scaled by SECONDS_SCALE, default 1), writes its rows as
@@ -40,14 +41,26 @@ check() {
 [ -d build/gpu-l1 ] && check build/gpu-l1 l1 "$(cap 130)"
 [ -d build/gpu-l2 ] && check build/gpu-l2 l2 "$(cap 80)"
 [ -d build/gpu-big ] && check build/gpu-big big "$(cap 60)"
-if [ -d build/gpu-mm ]; then
-    timeout "$(cap 45)" python3 benchmarks/gpu_matmul.py --run build/gpu-mm --repeats 10 \
-        >"$OUT/mm.log" 2>&1
-fi
+# matmul DIR NAME SECONDS: gpu_matmul on DIR, resumed after a sticky CUDA error.
+matmul() {
+    local deadline=$((SECONDS + $3))
+    while [ $SECONDS -lt $deadline ]; do
+        timeout $((deadline - SECONDS)) python3 benchmarks/gpu_matmul.py --run "$1" \
+            --repeats 10 --save "$OUT/$2.jsonl" >>"$OUT/$2.log" 2>&1
+        [ $? -eq 3 ] || break
+    done
+}
+for dir in build/gpu-mm*/; do
+    [ -f "$dir/cases.json" ] && matmul "${dir%/}" "$(basename "$dir")" "$(cap 45)"
+done
 bandwidth=$(grep -ho 'copy [0-9]* GB/s' "$OUT"/*.log | head -1 | grep -o '[0-9]*')
 for rows in "$OUT"/l1.jsonl "$OUT"/l2.jsonl "$OUT"/big.jsonl; do
     [ -f "$rows" ] || continue
     echo "== $(basename "$rows" .jsonl)"
     python3 benchmarks/gpu_check.py --table "$rows" --brief ${bandwidth:+--bandwidth $bandwidth}
 done
-[ -f "$OUT/mm.log" ] && { echo "== matmul"; grep -A40 '^case' "$OUT/mm.log" | cut -c1-150; }
+for log in "$OUT"/gpu-mm*.log; do
+    [ -f "$log" ] || continue
+    echo "== $(basename "$log" .log)"
+    grep -A60 '^case' "$log" | tail -n +1 | cut -c1-160
+done

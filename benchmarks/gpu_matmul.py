@@ -37,6 +37,7 @@ import argparse
 import ast
 import fnmatch
 import json
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -243,13 +244,48 @@ def run_case(folder: Path, case: dict, repeats: int) -> dict:
     error = relative_error(out, ref)
     theirs = _events_ms(lambda: torch.matmul(a, b), repeats)
     flops = 2.0 * m * n * k
+    pattern = error_pattern(out, ref) if error > TOLERANCE else ""
     return {"case": case["name"], "ok": error <= TOLERANCE, "error": error, "ms": ours,
             "torch_ms": theirs, "ratio": theirs / ours, "tflops": flops / ours / 1e9,
             "torch_tflops": flops / theirs / 1e9, "tensor_cores": bool(case["mma"]),
-            "path": case.get("path", "")}  # fmt: skip
+            "path": case.get("path", ""), "pattern": pattern}  # fmt: skip
 
 
-def run(directory: Path, repeats: int) -> int:
+def error_pattern(out: np.ndarray, ref: np.ndarray, tile: int = 64) -> str:
+    """Where a wrong result is wrong, for a kernel that cannot be stepped through: the
+    share of unwritten (NaN: the runtime poisons results) and of wrong elements, the first
+    wrong (row, col), and one character per ``tile x tile`` block of C for up to 16 x 16
+    blocks ('.' right, 'N' any NaN, 'x' wrong)."""
+    bad = ~np.isclose(out, ref, rtol=TOLERANCE, atol=TOLERANCE * (np.abs(ref).max() or 1))
+    nan = np.isnan(out)
+    rows, cols = np.nonzero(bad | nan)
+    first = f"({rows[0]}, {cols[0]})" if len(rows) else "-"
+    lines = []
+    for i in range(min(16, -(-out.shape[0] // tile))):
+        line = ""
+        for j in range(min(16, -(-out.shape[1] // tile))):
+            block = np.s_[i * tile : (i + 1) * tile, j * tile : (j + 1) * tile]
+            line += "N" if nan[block].any() else "x" if bad[block].any() else "."
+        lines.append(line)
+    return f"nan {nan.mean():.3f} wrong {bad.mean():.3f} first {first} blocks " + "/".join(lines)
+
+
+#: Driver errors after which the CUDA context is unusable (see gpu_check.STICKY_ERRORS).
+STICKY = (
+    "ILLEGAL_ADDRESS",
+    "MISALIGNED_ADDRESS",
+    "LAUNCH_FAILED",
+    "ILLEGAL_INSTRUCTION",
+    "illegal memory access",
+    "misaligned address",
+    "unspecified launch failure",
+)
+
+
+def run(directory: Path, repeats: int, save: Path | None = None) -> int:
+    """Run every case; with ``save``, rows are appended there as measured and cases
+    already there skipped, and a sticky CUDA error (the context is lost) ends the process
+    with status 3 so that a rerun goes on after the case that caused it."""
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from stagegraph.errors import GpuUnavailableError
@@ -262,8 +298,9 @@ def run(directory: Path, repeats: int) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(f"GPU: {props['name']}; artifacts built for {meta['target']}", flush=True)
-    rows = []
-    for case in meta["cases"]:
+    rows = [json.loads(x) for x in save.read_text().splitlines()] if save and save.exists() else []
+    done = {r["case"] for r in rows}
+    for case in [c for c in meta["cases"] if c["name"] not in done]:
         try:
             runner = run_linear_case if case.get("linear") else run_case
             row = runner(directory / case["name"], case, repeats)
@@ -272,20 +309,34 @@ def run(directory: Path, repeats: int) -> int:
                    f"{error}"[:160]}  # fmt: skip
         rows.append(row)
         print(json.dumps(row), flush=True)
+        if save:
+            with save.open("a") as stream:
+                stream.write(json.dumps(row) + "\n")
+        if any(word in row.get("failure", "") for word in STICKY):
+            print("the CUDA context is lost (a sticky error): exit 3, rerun to go on")
+            sys.stdout.flush()
+            os._exit(3)
+    print_table(rows, meta)
+    return 0 if all(r.get("ok") for r in rows) else 1
+
+
+def print_table(rows: list[dict], meta: dict) -> None:
+    """Ratio, TFLOP/s and the share of the datasheet peak and of the best cuBLAS rate."""
     best = max((r.get("torch_tflops", 0.0) for r in rows), default=0.0) or 1.0
-    print(f"\n{'case':64} {'ok':3} {'ours ms':>9} {'cuBLAS ms':>9} {'ratio':>6} "
+    print(f"\n{'case':40} {'ok':3} {'ours ms':>9} {'cuBLAS ms':>9} {'ratio':>6} "
           f"{'TFLOP/s':>8} {'% peak':>7} {'% best cuBLAS':>13} path")  # fmt: skip
     for r in rows:
         if "ms" not in r:
-            print(f"{r['case']:64} no  {r['failure']}")
+            print(f"{r['case']:40} no  {r['failure']}")
             continue
         peak = meta["peak_tflops"]["bf16" if r["case"].startswith("linear") else
                                    r["case"].split("_")[0]]  # fmt: skip
-        print(f"{r['case']:64} {'yes' if r['ok'] else 'NO':3} {r['ms']:9.3f} "
+        print(f"{r['case']:40} {'yes' if r['ok'] else 'NO':3} {r['ms']:9.3f} "
               f"{r['torch_ms']:9.3f} {r['ratio']:6.2f} {r['tflops']:8.1f} "
               f"{100 * r['tflops'] / peak:6.1f}% {100 * r['tflops'] / best:12.1f}% "
               f"{r.get('path', '')}")  # fmt: skip
-    return 0 if all(r.get("ok") for r in rows) else 1
+        if r.get("pattern"):
+            print(f"    {r['pattern']}")
 
 
 def main() -> int:
@@ -309,13 +360,15 @@ def main() -> int:
     parser.add_argument("--only", nargs="*", help="glob patterns of the problems to build")
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--features", type=int, default=1024)
+    parser.add_argument("--save", type=Path, help="for --run: append rows here (JSON lines); "
+                        "cases already there are skipped")  # fmt: skip
     args = parser.parse_args()
     if args.build:
         shapes = ([tuple(int(x) for x in s.split("x")) for s in args.shapes]
                   if args.shapes is not None else list(SHAPES))  # fmt: skip
         return build(args.build, args.target, shapes, args.param, args.compare_mma_sync,
                      args.linear, args.batch, args.features, args.only)  # fmt: skip
-    return run(args.run, args.repeats)
+    return run(args.run, args.repeats, args.save)
 
 
 if __name__ == "__main__":
