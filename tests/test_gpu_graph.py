@@ -391,3 +391,22 @@ def test_gpu_check_relative_error():
     assert relative_error(np.array([3.0, 4.5], np.float32), ref) == pytest.approx(0.1)
     assert relative_error(np.array([np.nan, 4.0], np.float32), ref) == float("inf")
     assert relative_error(ref[:1], ref) == float("inf")
+
+
+def test_gpu_check_judges_by_the_projects_criterion():
+    """A result that cancels to rounding noise (a GroupNorm's mean, ~1e-8) passes when its
+    noise differs from the reference's, as the CPU verifier lets it; a wrong one fails."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from gpu_check import verdict
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(4, 256)).astype(np.float32)
+    ref = (rng.normal(size=4) * 1e-8).astype(np.float32)
+    manifest = {"arguments": [{"name": "in0", "position": 0, "dtype": "f32"}],
+                "results": [{"name": "out0", "position": 1, "dtype": "f32"}],
+                "reduction_length": 256}  # fmt: skip
+    noisy = ref + (rng.normal(size=4) * 1e-7).astype(np.float32)
+    assert verdict([noisy], [ref], [x], manifest) < 1.0  # relative error here: ~10
+    assert verdict([ref + 0.01], [ref], [x], manifest) > 100  # a real error
+    assert verdict([np.full(4, np.nan, np.float32)], [ref], [x], manifest) == float("inf")
+    assert verdict([ref[:2]], [ref], [x], manifest) == float("inf")
