@@ -72,7 +72,7 @@ def load_artifact(folder: Path) -> tuple[dict, dict, dict]:
     return loaded.manifest, loaded.ptx, loaded.constants
 
 
-def check_one(folder: Path, repeats: int) -> dict:
+def check_one(folder: Path, repeats: int, graph: bool = False) -> dict:
     """Verify one artifact and time it (and PyTorch eager, when its problem file is there).
 
     A payload folder brings its inputs and reference outputs (``data.npz``); a problem-file
@@ -98,11 +98,13 @@ def check_one(folder: Path, repeats: int) -> dict:
         errors = [relative_error(o, r) for o, r in zip(outputs, refs, strict=False)]
         ok = ratio <= 1.0
         ours = statistics.median(program.time_ms(repeats))
+        graph_ms = replay_ms(program, repeats) if graph else None
     finally:
         program.close()
     moved = sum(np.asarray(x).nbytes for x in inputs) + sum(o.nbytes for o in outputs)
     row = {"payload": folder.name, "ok": ok, "error": max(errors, default=float("inf")),
-           "ratio": ratio, "ms": ours, "torch_ms": None, "bytes": int(moved),
+           "ratio": ratio, "ms": ours, "graph_ms": graph_ms, "torch_ms": None,
+           "bytes": int(moved),
            "big": model is not None}  # fmt: skip
     try:
         if model is None and (folder / "problem.py").exists():
@@ -112,6 +114,17 @@ def check_one(folder: Path, repeats: int) -> dict:
     except Exception as error:  # the baseline is best effort; the row says why
         row["torch_error"] = f"{type(error).__name__}: {error}"[:120]
     return row
+
+
+def replay_ms(program: Any, repeats: int) -> float:
+    """Median milliseconds of the launches replayed as one CUDA graph."""
+    from stagegraph.runtime.cuda_graph import GraphReplay
+
+    replay = GraphReplay(program)
+    try:
+        return statistics.median(replay.time_ms(repeats))
+    finally:
+        replay.close()
 
 
 def problem_case(folder: Path) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
@@ -256,9 +269,8 @@ def copy_bandwidth_gbps() -> float | None:
     return 2 * (1 << 30) / statistics.median(times) / 1e6
 
 
-def run(
-    directory: Path, budget_s: float, repeats: int, save: Path | None = None, hang_s: float = 60.0
-) -> int:
+def run(directory: Path, budget_s: float, repeats: int, save: Path | None = None,
+        hang_s: float = 60.0, graph: bool = False) -> int:  # fmt: skip
     """Check every artifact folder under ``directory`` until the budget is spent; each row
     is printed (and appended to ``save``) as soon as it is measured.
 
@@ -295,7 +307,7 @@ def run(
         watchdog = threading.Timer(hang_s, _hung, (folder.name, hang_s, save))
         watchdog.start()
         try:
-            row = check_one(folder, repeats)
+            row = check_one(folder, repeats, graph)
         except Exception as error:
             failure = f"{type(error).__name__}: {error}"[:160]
             row = {"payload": folder.name, "ok": False, "error": float("inf"), "ms": None,
@@ -339,12 +351,16 @@ def table(rows: list[dict], bandwidth: float | None = None, brief: bool = False)
     print(f"\n{'payload':52} {'ok':>3} {'err/tol':>9} {'ours ms':>9} {'torch ms':>9} "
           f"{'x':>6} {'GB/s':>6} {'%copy':>5}")  # fmt: skip
     speedups: dict[str, list[float]] = {}
+    graphed: dict[str, list[float]] = {}
     shares = []
     for r in rows:
         ms, torch_ms = r.get("ms"), r.get("torch_ms")
         ratio = torch_ms / ms if ms and torch_ms else None
+        group = "big" if r.get("big") else r["payload"][:2]
         if ratio and r["ok"]:
-            speedups.setdefault("big" if r.get("big") else r["payload"][:2], []).append(ratio)
+            speedups.setdefault(group, []).append(ratio)
+        if r.get("graph_ms") and torch_ms and r["ok"]:
+            graphed.setdefault(group, []).append(torch_ms / r["graph_ms"])
         gbps = r.get("bytes", 0) / ms / 1e6 if ms else float("nan")
         share = 100 * gbps / bandwidth if bandwidth and ms else float("nan")
         if r.get("big") and r["ok"] and ms:
@@ -362,6 +378,9 @@ def table(rows: list[dict], bandwidth: float | None = None, brief: bool = False)
     print(f"\nverified {ok}/{len(rows)}")
     for group, values in sorted(speedups.items()):
         print(f"speedup over PyTorch CUDA eager, {group} (geomean of {len(values)}): "
+              f"{geomean(values):.2f}x")  # fmt: skip
+    for group, values in sorted(graphed.items()):
+        print(f"  same, our launches replayed as one CUDA graph, {group}: "
               f"{geomean(values):.2f}x")  # fmt: skip
     if shares:
         print(f"problem-file rows: {min(shares):.0f}%..{max(shares):.0f}% of the copy "
@@ -412,7 +431,7 @@ def main() -> int:
         table(rows, args.bandwidth, args.brief)
         return 0
     if args.run:
-        return run(args.run, args.budget, args.repeats, args.save, args.hang)
+        return run(args.run, args.budget, args.repeats, args.save, args.hang, args.graph)
     parser.error("give --build DIR, --run DIR or --table ROWS.jsonl")
     return 2
 

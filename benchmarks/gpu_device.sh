@@ -31,7 +31,7 @@ check() {
     local deadline=$((SECONDS + $3))
     while [ $SECONDS -lt $deadline ]; do
         timeout $((deadline - SECONDS)) python3 benchmarks/gpu_check.py --run "$1" \
-            --budget $((deadline - SECONDS - 5)) --repeats 10 --hang 20 \
+            --budget $((deadline - SECONDS - 5)) --repeats 10 --hang 20 --graph \
             --save "$OUT/$2.jsonl" >>"$OUT/$2.log" 2>&1
         [ $? -eq 3 ] || break
     done

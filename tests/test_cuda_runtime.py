@@ -168,3 +168,25 @@ def test_parameters_are_marshalled_once_per_upload(fake):
     program.upload([np.ones((2, 4), np.float32), np.float32(5.0)])  # new buffers and scalars
     program.launch_all()
     assert fake.launched[-1] == 5.0 and len(program._holders) == 1
+
+
+def test_graph_replay_captures_the_launches_once_on_its_own_stream(fake):
+    from stagegraph.runtime.cuda_graph import GraphReplay
+
+    class Mode:
+        CU_STREAM_CAPTURE_MODE_GLOBAL = "global"
+
+    fake.CUstreamCaptureMode = Mode
+    fake.do_cuStreamCreate = lambda flags: (Result.CUDA_SUCCESS, "stream")
+    program = cuda.CudaProgram(MANIFEST, {"m": ""}, {})
+    program.upload([np.ones((2, 4), np.float32), np.float32(1.0)])
+    replay = GraphReplay(program)
+    samples = replay.time_ms(repeats=4, warmup=1)
+    replay.close()
+    names = [c[0] for c in fake.calls]
+    begin, end = names.index("cuStreamBeginCapture"), names.index("cuStreamEndCapture")
+    captured = [c for c in fake.calls[begin:end] if c[0] == "cuLaunchKernel"]
+    assert len(captured) == 1 and captured[0][9] == "stream"  # hStream: the capture stream
+    assert names.count("cuLaunchKernel") == 1  # replays launch the graph, not the kernels
+    assert names.count("cuGraphLaunch") == 5 and samples == [0.25] * 4
+    assert names[-3:] == ["cuGraphExecDestroy", "cuGraphDestroy", "cuStreamDestroy"]

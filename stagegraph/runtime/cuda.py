@@ -192,8 +192,10 @@ class CudaProgram:
                 nbytes = int(np.prod(spec["shape"])) * _itemsize(spec["dtype"])
                 self._call("cuMemsetD8", self.buffers[spec["name"]], 0xFF, nbytes)
 
-    def launch_all(self) -> None:
-        """Every launch and device copy of the plan, in order, on the default stream.
+    def launch_all(self, stream: Any = None) -> None:
+        """Every launch and device copy of the plan, in order, on ``stream`` (the default
+        stream unless given: :mod:`stagegraph.runtime.cuda_graph` captures a graph on its
+        own).
 
         The kernel parameters are marshalled once, on the first call after
         :meth:`upload` (the buffers do not move between runs), so a timed run issues only
@@ -205,8 +207,10 @@ class CudaProgram:
         launch, success = self.cu.cuLaunchKernel, self.cu.CUresult.CUDA_SUCCESS
         for kind, call in self._prepared:
             if kind == "copy":
-                self._copy(*call)
+                self._copy(*call, stream=stream)
                 continue
+            if stream is not None:
+                call = (*call[:8], stream, *call[9:])  # hStream follows the shared bytes
             status = launch(*call)
             status = status[0] if isinstance(status, tuple) else status
             if status != success:
@@ -249,7 +253,7 @@ class CudaProgram:
         return (self.functions[step["kernel"]], *config["grid"], *config["block"],
                 config["shared_mem_bytes"], 0, pointers.ctypes.data, 0)  # fmt: skip
 
-    def _copy(self, src: dict[str, Any], dst: dict[str, Any]) -> None:
+    def _copy(self, src: dict[str, Any], dst: dict[str, Any], stream: Any = None) -> None:
         """A device copy between two dense row-major views of the same shape."""
         from math import prod
 
@@ -263,6 +267,10 @@ class CudaProgram:
         if not (dense(src) and dense(dst)) or list(src["sizes"]) != list(dst["sizes"]):
             raise CudaError(f"the plan copies between strided views {src} -> {dst}")
         nbytes = prod(src["sizes"]) * _itemsize(src["dtype"])
+        if stream is not None:  # capturable: the synchronous copy is not
+            self._call("cuMemcpyDtoDAsync", self._pointer(dst), self._pointer(src), nbytes,
+                       stream)  # fmt: skip
+            return
         self._call("cuMemcpyDtoD", self._pointer(dst), self._pointer(src), nbytes)
 
     def download(self) -> list[np.ndarray]:
