@@ -410,6 +410,8 @@ def main() -> int:
         help="for --table: rows that failed and problem-file rows only",
     )
     parser.add_argument("--budget", type=float, default=450.0)
+    parser.add_argument("--graph", action="store_true",
+                        help="also time the launches replayed as one CUDA graph")  # fmt: skip
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument(
         "--save",
