@@ -1,7 +1,9 @@
 """Tensor-core matmuls of the gpu graph against ``torch.matmul`` (cuBLAS), side by side.
 
 On the CPU machine (compiles; needs the MLIR bindings; for ``sm_90a`` the matmuls that
-split into 128-row blocks take the wgmma + TMA path, the others ``mma.sync``):
+split into 128-row blocks take the wgmma + TMA path, the others ``mma.sync``: the build
+passes ``wgmma=true``, which the cost model leaves off by default, unless ``--param``
+sets ``wgmma`` itself):
 
     python benchmarks/gpu_matmul.py --build build/gpu-mm [--target sm_90a] [--shapes 1000x1000x1000]
         [--linear ../shared/kernelbench/src/level2 [--only 'l2_0[0-5]*']] [--batch 1024]
@@ -84,9 +86,10 @@ def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
     from stagegraph.stages.gpu.target import resolve_gpu_target
 
     facts = resolve_gpu_target(target)
-    variants = [("", list(params or []))]
+    params = with_wgmma(params)
+    variants = [("", params)]
     if compare_mma_sync:
-        variants.append(("_mmasync", [*(params or []), "wgmma=false"]))
+        variants.append(("_mmasync", [*params, "wgmma=false"]))
     cases = []
     for m, n, k in shapes:
         for dtype in DTYPES:
@@ -106,6 +109,15 @@ def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
     meta = {"target": target, "cases": cases, "peak_tflops": peaks}
     (directory / "cases.json").write_text(json.dumps(meta, indent=1) + "\n")
     return 0
+
+
+def with_wgmma(params: list[str] | None) -> list[str]:
+    """``params`` with ``wgmma=true`` unless they set ``wgmma`` themselves: wgmma is opt-in
+    in the cost model (off by default), and these cases exist to run it."""
+    params = list(params or [])
+    if not any(p.split("=", 1)[0].strip() == "wgmma" for p in params):
+        params.append("wgmma=true")
+    return params
 
 
 def _build_case(folder: Path, source: Path, target: str, params: list[str]) -> dict:

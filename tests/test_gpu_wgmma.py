@@ -40,8 +40,12 @@ def payload(tmp_path: Path, m: int, n: int, k: int, dtype: str = "bf16",
     return str(path)
 
 
+#: wgmma is opt-in (``GpuParams.wgmma`` off: sm_90a matmuls take mma.sync by default).
+WGMMA = {"wgmma": True}
+
+
 def matmul_plan(path: str, target: str = "h100", **params):
-    return sg.run("gpu", path, target=target, until="select", param=params).value(
+    return sg.run("gpu", path, target=target, until="select", param={**WGMMA, **params}).value(
         "select").kernels[-1]  # fmt: skip
 
 
@@ -94,7 +98,7 @@ def test_the_wgmma_space_is_declared_with_shared_memory_and_register_rules(tmp_p
     from stagegraph.stages.gpu.target import resolve_gpu_target
 
     path = payload(tmp_path, 4096, 4096, 4096)
-    run = sg.run("gpu", path, target="h100", until="select")
+    run = sg.run("gpu", path, target="h100", until="select", param=WGMMA)
     params, facts = run.value("select"), run.value("analyze")
     space = build_space(params, facts, resolve_gpu_target("h100"))
     assert set(space.variables) == {"op1.tile_n", "op1.stages", "op1.warp_specialized"}
@@ -131,7 +135,7 @@ def test_rewrite_builds_the_tma_mbarrier_wgmma_pipeline(tmp_path):
     from stagegraph.stages.gpu.wgmma_rewrite import rewrite_wgmma
 
     path = payload(tmp_path, 1024, 1024, 256)  # tile 64, 5 stages: 4 K steps in flight
-    module = sg.run("gpu", path, target="h100", until="bufferized").module.ir
+    module = sg.run("gpu", path, target="h100", until="bufferized", param=WGMMA).module.ir
     (marked,) = collect(module, lambda op: WGMMA_ATTR in op.attributes)
     assert ir.IntegerAttr(marked.attributes[WGMMA_ATTR]).value == 5
     with module.context:
@@ -141,13 +145,14 @@ def test_rewrite_builds_the_tma_mbarrier_wgmma_pipeline(tmp_path):
     assert [ir.IntegerAttr(d.attributes[SWIZZLE_ATTR]).value for d in descriptors] == [128, 128]
     assert len(collect(module, "nvgpu.mbarrier.init")) == 5
     (loop,) = [op for op in collect(module, "scf.for") if collect(op, "nvgpu.warpgroup.mma")]
-    (mma,) = collect(loop, "nvgpu.warpgroup.mma")
-    assert "transposeB" in mma.attributes and len(loop.results) == 2  # accumulator, phase
+    mmas = collect(loop, "nvgpu.warpgroup.mma")  # one m64 accumulator each: rows 0-63, 64-127
+    assert len(mmas) == 2 and all("transposeB" in mma.attributes for mma in mmas)
+    assert len(loop.results) == 3  # the two accumulators, the phase
     assert collect(loop, "nvgpu.mbarrier.try_wait.parity")
     loads = collect(module, "nvgpu.tma.async.load")
     assert len(loads) == 4 * 2 + 2  # the prologue's 4 steps (A, one B box), the refill
     assert len(collect(loop, "nvgpu.tma.async.load")) == 2
-    assert len(collect(module, "nvgpu.warpgroup.mma.store")) == 1
+    assert len(collect(module, "nvgpu.warpgroup.mma.store")) == 2  # one per accumulator
     assert not collect(module, "linalg.matmul")
 
 
@@ -159,13 +164,13 @@ def test_a_zero_filled_c_is_stored_and_any_other_c_is_added_to(tmp_path, special
     k = 512 if specialized else 256
     for init, fills, loads_of_c in ((0.0, 0, 0), (1.0, 1, 1)):
         path = payload(tmp_path, 1024, 1024, k, init=init)
-        module = sg.run("gpu", path, target="h100", until="bufferized").module.ir
+        module = sg.run("gpu", path, target="h100", until="bufferized", param=WGMMA).module.ir
         with module.context:
             rewrite_wgmma(module)
         foralls = [op for op in collect(module, "scf.forall") if op.parent.name == "func.func"]
         assert len(foralls) == 1 + fills  # the fill kernel is dropped when it writes zeros
         stores = collect(module, "nvgpu.warpgroup.mma.store")
-        assert len(stores) == 1
+        assert len(stores) == (1 if specialized else 2)  # one per m64 accumulator
         # Zeros: the accumulator goes to C itself; else to shared memory, then C += tile.
         on_c = global_memref(stores[0].operands[1])
         assert on_c == (init == 0.0)
@@ -186,7 +191,7 @@ def test_warp_specialized_blocks_split_producer_and_consumers(tmp_path):
 
     # 8 K steps: specialized; tile 64, 8 stages; C = 1 + A @ B: the epilogue adds to C.
     path = payload(tmp_path, 1024, 1024, 512, init=1.0)
-    module = sg.run("gpu", path, target="h100", until="bufferized").module.ir
+    module = sg.run("gpu", path, target="h100", until="bufferized", param=WGMMA).module.ir
     (marked,) = collect(module, lambda op: WGMMA_ATTR in op.attributes)
     assert WS_ATTR in marked.attributes
     with module.context:
@@ -216,7 +221,7 @@ def test_lowering_leaves_no_nvgpu_ops_and_aligns_the_dynamic_shared_memory(tmp_p
     from stagegraph.mlir.walk import collect
 
     module = sg.run("gpu", payload(tmp_path, 256, 256, 256), target="h100",
-                    until="lower").module.ir  # fmt: skip
+                    until="lower", param=WGMMA).module.ir  # fmt: skip
     assert not collect(module, lambda op: op.name.startswith("nvgpu.")
                        and op.name != "nvgpu.tma.create.descriptor")  # fmt: skip
     dynamic = [
@@ -249,7 +254,7 @@ def test_ptx_holds_wgmma_and_tma_and_assembles_without_spills(tmp_path, shape, d
 
     tile_n, stages, specialized = SHIPPED[(shape, dtype, init)]
     binary = sg.run("gpu", payload(tmp_path, *shape, dtype, init), target="h100",
-                    until="emit").value("emit")  # fmt: skip
+                    until="emit", param=WGMMA).value("emit")  # fmt: skip
     (name,) = [n for n, text in binary.ptx.items() if "wgmma" in text]
     text = binary.ptx[name]
     assert f"wgmma.mma_async.sync.aligned.m64n{tile_n}k16.f32.{dtype}.{dtype}" in text
@@ -286,7 +291,7 @@ def test_ptx_holds_wgmma_and_tma_and_assembles_without_spills(tmp_path, shape, d
 @pytest.fixture(scope="module")
 def wgmma_binary(tmp_path_factory):
     path = payload(tmp_path_factory.mktemp("wgmma"), 256, 128, 128, "f16")
-    return sg.run("gpu", path, target="h100", until="emit").value("emit")
+    return sg.run("gpu", path, target="h100", until="emit", param=WGMMA).value("emit")
 
 
 @needs_llvmlite
@@ -394,14 +399,16 @@ def test_encoding_refuses_views_tma_cannot_describe():
     assert (args["dims"], args["strides"], args["swizzle"]) == ([16, 8], [32], "NONE")
 
 
-def test_tune_explains_the_wgmma_space(capsys, tmp_path):
+def test_tune_searches_the_mma_sync_space_while_wgmma_is_opt_in(capsys, tmp_path):
+    # wgmma is off by default, so tune (which starts from the default params) searches
+    # the mma.sync block tiles; the wgmma space itself: test_the_wgmma_space_is_declared...
     from tests.test_cli_core import run_cli
 
     path = payload(tmp_path, 4096, 4096, 4096)
     code, out, _ = run_cli(capsys, "tune", "gpu", path, "--target", "h100", "--explain")
     assert code == 0, out
-    assert "ops wgmma_matmul" in out and "op1.warp_specialized {0,1}" in out
-    assert "op1.stages_fit_shared=232448B" in out and "size: 29" in out
+    assert "ops mma_matmul" in out and "op1.tile_m {16,32,64,128,256}" in out
+    assert "wgmma_matmul" not in out and "op1.stages_fit_shared" not in out
 
 
 @needs_llvmlite
@@ -445,9 +452,9 @@ def test_wgmma_tiling_keeps_the_matmul_meaning_on_the_cpu(tmp_path, k):
     b = rng.standard_normal((k, 256)).astype(np.float16)
     np.savez(path.with_suffix(".npz"), in0=a, in1=b,
              out0=a.astype(np.float32) @ b.astype(np.float32))  # fmt: skip
-    plan = sg.run("gpu_cpu", str(path), target="h100", until="select").value("select")
+    plan = sg.run("gpu_cpu", str(path), target="h100", until="select", param=WGMMA).value("select")
     assert plan.kernels[-1].stages and plan.kernels[-1].warp_specialized == (k == 512)
-    report = sg.run("gpu_cpu", str(path), target="h100")
+    report = sg.run("gpu_cpu", str(path), target="h100", param=WGMMA)
     assert report.verified is True, report.message
 
 
@@ -470,7 +477,7 @@ def test_wgmma_blocks_run_in_groups_of_tile_rows(tmp_path):
     path = payload(tmp_path, 4096, 4096, 4096)
     assert matmul_plan(path).group_m == 16 == group_rows(132, 128, 256, 32, 16)
     assert group_rows(132, 128, 64, 8, 16) == 0  # one wave: the plain order
-    module = sg.run("gpu", path, target="h100", until="bufferized").module.ir
+    module = sg.run("gpu", path, target="h100", until="bufferized", param=WGMMA).module.ir
     with module.context:
         rewrite_wgmma(module)
     (forall,) = [op for op in collect(module, "scf.forall") if op.parent.name == "func.func"]

@@ -15,7 +15,7 @@ import pytest
 import stagegraph as sg
 from tests.test_gpu_epilogue import linear
 from tests.test_gpu_graph import needs_llvmlite
-from tests.test_gpu_wgmma import global_memref, payload
+from tests.test_gpu_wgmma import WGMMA, global_memref, payload
 
 #: A bf16 Linear layer: x @ w (f32 accumulation) from a fill of ``init``, a bias along the
 #: columns (or rows), ReLU, a scaling by 0.5, rounded to bf16.
@@ -55,8 +55,9 @@ def cast_linear(tmp_path: Path, m: int, n: int, k: int, rows: bool = False,
     return str(path)
 
 
-def plans(path: str, **kwargs) -> tuple:
-    return sg.run("gpu", path, target="h100", until="select", **kwargs).value("select").kernels
+def plans(path: str, param: dict | None = None) -> tuple:
+    return sg.run("gpu", path, target="h100", until="select",
+                  param={**WGMMA, **(param or {})}).value("select").kernels  # fmt: skip
 
 
 # -- cost model -----------------------------------------------------------------------
@@ -87,7 +88,7 @@ def test_rewrite_applies_the_consumer_to_the_c_tile_after_the_k_loop(tmp_path, k
     from stagegraph.stages.gpu.wgmma_rewrite import rewrite_wgmma
 
     module = sg.run("gpu", cast_linear(tmp_path, 256, 256, k, init=init), target="h100",
-                    until="bufferized").module.ir  # fmt: skip
+                    until="bufferized", param=WGMMA).module.ir  # fmt: skip
     (marked,) = collect(module, lambda op: op.name == "linalg.matmul")
     assert (WS_ATTR in marked.attributes) == (k == 512)  # 8 K steps: warp-specialized
     with module.context:
@@ -96,8 +97,9 @@ def test_rewrite_applies_the_consumer_to_the_c_tile_after_the_k_loop(tmp_path, k
     assert not [a for a in collect(module, "memref.alloc") if global_memref(a.results[0])]
     foralls = [op for op in collect(module, "scf.forall") if op.parent.name == "func.func"]
     assert len(foralls) == 1  # the fill, the matmul and its consumer: one kernel
-    (store,) = collect(module, "nvgpu.warpgroup.mma.store")
-    assert not global_memref(store.operands[1])  # into the shared C tile
+    stores = collect(module, "nvgpu.warpgroup.mma.store")
+    assert len(stores) == (1 if k == 512 else 2)  # one per m64 accumulator of a warpgroup
+    assert not any(global_memref(store.operands[1]) for store in stores)  # the shared tile
     order = [op.name for op in collect(module)]
     last_mma = len(order) - 1 - order[::-1].index("nvgpu.warpgroup.mma")
     assert order.index("arith.maximumf") > order.index("nvgpu.warpgroup.mma.store") > last_mma
@@ -123,7 +125,7 @@ def test_bf16_linear_is_one_wgmma_kernel_with_its_epilogue_and_no_spills(tmp_pat
 
     path = cast_linear(tmp_path, 256, 256, k, rows=rows)
     plan = plans(path)[1]
-    binary = sg.run("gpu", path, target="h100", until="emit").value("emit")
+    binary = sg.run("gpu", path, target="h100", until="emit", param=WGMMA).value("emit")
     (text,) = binary.ptx.values()  # fill, matmul and epilogue: one kernel
     assert len(binary.manifest["kernels"]) == 1
     assert f"wgmma.mma_async.sync.aligned.m64n{plan.tile_n}k16.f32.bf16.bf16" in text
@@ -135,7 +137,7 @@ def test_bf16_linear_is_one_wgmma_kernel_with_its_epilogue_and_no_spills(tmp_pat
     assert ("setmaxnreg.inc.sync.aligned.u32 \t240" in text) == plan.warp_specialized
     (report,) = assemble(text, "sm_90a")
     assert report.spill_stores == report.spill_loads == report.stack_bytes == 0
-    unfused = sg.run("gpu", path, target="h100", param={"epilogues": False},
+    unfused = sg.run("gpu", path, target="h100", param={**WGMMA, "epilogues": False},
                      until="emit").value("emit")  # fmt: skip
     assert len(unfused.manifest["kernels"]) == 2  # the matmul (its zero fill dropped), the consumer
 
@@ -149,9 +151,9 @@ def test_fused_wgmma_schedule_verifies_on_the_cpu(tmp_path, k, rows):
     # scheduled module (the consumer's 128 x tile_n block loop with the matmul and its
     # fill fused in, before the wgmma rewrite) serially on the CPU.
     path = linear(tmp_path, m=256, n=128, k=k, dtype="f16", out="f32", rows=rows)
-    plan = sg.run("gpu_cpu", str(path), target="h100", until="select").value("select")
+    plan = sg.run("gpu_cpu", str(path), target="h100", until="select", param=WGMMA).value("select")
     matmul = plan.kernels[1]
     assert matmul.stages and matmul.fused == (2, 0)
     assert matmul.warp_specialized == (k == 512)
-    report = sg.run("gpu_cpu", str(path), target="h100")
+    report = sg.run("gpu_cpu", str(path), target="h100", param=WGMMA)
     assert report.verified is True, report.message

@@ -34,10 +34,6 @@ SCALAR_CTYPES: dict[str, Any] = {
 }  # fmt: skip
 
 
-#: Dynamic shared memory a launch gets without opting in (``cuFuncSetAttribute``).
-DEFAULT_SHARED_BYTES = 48 * 1024
-
-
 @cache
 def driver() -> Any:
     """``cuda.bindings.driver``, initialised, with device 0's primary context current.
@@ -136,8 +132,11 @@ class CudaProgram:
             )
         self.launches = {k["name"]: k["launch"] for k in manifest["kernels"]}
         attribute = "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES"
-        for kernel in manifest["kernels"]:  # dynamic shared memory past the default 48 KiB
-            if kernel["launch"]["shared_mem_bytes"] > DEFAULT_SHARED_BYTES:
+        # Any dynamic shared memory: without the opt-in a launch gets 48 KiB less the
+        # kernel's static shared memory (a wgmma block's 48 KiB of stages and its 1 KiB of
+        # mbarriers failed with CUDA_ERROR_INVALID_VALUE on an H200).
+        for kernel in manifest["kernels"]:
+            if kernel["launch"]["shared_mem_bytes"] > 0:
                 self._call("cuFuncSetAttribute", self.functions[kernel["name"]],
                            getattr(self.cu.CUfunction_attribute, attribute),
                            kernel["launch"]["shared_mem_bytes"])  # fmt: skip

@@ -40,6 +40,8 @@ WGMMA_ATTR = "stagegraph.gpu_wgmma"
 #: (64 halves: one 128-byte swizzled row).
 TILE_M = 128
 TILE_K = 64
+#: Rows of one wgmma (``m64``): a warpgroup's accumulator fragment.
+WGMMA_M = 64
 #: Columns of B per TMA box: 128 bytes of f16/bf16, the widest a 128-byte swizzle takes.
 BOX_N = 64
 WARPGROUP = 128

@@ -5,6 +5,18 @@ The shared memory is one dynamic buffer: ``stages`` A slots (``128 x 64``), then
 ``stages`` B slots (``64 x tile_n``, each ``tile_n / 64`` TMA boxes of ``64 x 64`` one after
 the other, which is the layout ``nvgpu.warpgroup.mma`` expects of a transposed B); the
 epilogue reuses it from byte 0 for the f32 C tile.
+
+Accumulators are ``m64`` fragments (``64 x tile_n``), one ``nvgpu.warpgroup.mma`` each per
+K step: a plain block's warpgroup holds two (rows 0-63 and 64-127). Two facts of the
+upstream ``nvgpu.warpgroup.mma.store`` lowering (NVGPUToNVVM.cpp) decide how they are
+stored, both found on an H200 where the first build wrote wrong rows and left others
+unwritten: (1) it places the rows of a fragment by the block's raw ``threadIdx.x``
+(warp ``w`` of the block writes rows ``16w + lane / 4`` and ``+ 8`` of the destination),
+so the warpgroup of threads ``128g..`` writes rows ``64g..64g+63``; (2) an accumulator of
+several ``m64`` fragments stores fragment ``i`` at row ``i * tile_n / 2`` (its running
+offset counts registers, not rows), right only at ``tile_n = 128``. So every store here
+takes one fragment, into a destination whose row ``64g`` is where warpgroup ``g``'s
+fragment belongs (:meth:`_Block.store_fragments`).
 """
 
 from __future__ import annotations
@@ -22,6 +34,7 @@ from stagegraph.stages.gpu.wgmma import (
     TILE_M,
     WAIT_TICKS,
     WARPGROUP,
+    WGMMA_M,
     dynamic_shared_bytes,
 )
 
@@ -107,8 +120,10 @@ class _Block:
         self.descriptors, self.origin = descriptors, origin
         self.element, self.tile_n, self.k = shape
         self.stages = stages
-        #: Warpgroups doing wgmma, each on ``rows`` rows of the block's 128.
+        #: Warpgroups doing wgmma, each on ``rows`` rows of the block's 128, in ``parts``
+        #: ``m64`` accumulators (two in a plain block, one per consumer otherwise).
         self.consumers, self.rows = consumers, TILE_M // consumers
+        self.parts = self.rows // WGMMA_M
         #: Whether C holds zeros before the block (then it is stored, not added to).
         self.zero_init = False
         #: The fused consumer's :class:`~stagegraph.stages.gpu.epilogue.WarpEpilogue`, or
@@ -225,9 +240,19 @@ class _Block:
                 nvgpu.TmaAsyncLoadOp(b_view, self.barriers, b_desc, [n, k], slot, ip=build.point)
 
     def accumulator_type(self) -> Any:
+        """One ``m64`` fragment: ``64 x tile_n`` f32 (see the module's docstring)."""
         with self.build.location:
             return self.ir.Type.parse("!nvgpu.warpgroup.accumulator<fragmented = "
-                                      f"vector<{self.rows}x{self.tile_n}xf32>>")  # fmt: skip
+                                      f"vector<{WGMMA_M}x{self.tile_n}xf32>>")  # fmt: skip
+
+    def zero_accumulators(self) -> list[Any]:
+        """This warpgroup's ``parts`` accumulators, zeroed."""
+        from stagegraph.mlir.bindings import nvgpu
+
+        with self.build.location:
+            return [nvgpu.WarpgroupMmaInitAccumulatorOp(self.accumulator_type(),
+                                                        ip=self.build.point).result
+                    for _ in range(self.parts)]  # fmt: skip
 
     def flag(self, value: int) -> Any:
         return self.build.op("arith.constant", [self.i1], [],
@@ -251,27 +276,54 @@ class _Block:
         flipped = self.build.op("arith.xori", [self.i1], [phase, self.flag(1)])
         return self.build.op("arith.select", [self.i1], [last, flipped, phase])
 
-    def accumulate(self, acc: Any, slot: Any, consumer: Any = None) -> Any:
-        """One wgmma step on stage ``slot``: this consumer's ``rows`` of A (``consumer``:
-        its index, None for the only one) by the stage's B, into ``acc``."""
+    def describe(self, view: Any, descriptor: Any) -> Any:
         from stagegraph.mlir.bindings import nvgpu
 
-        build, ir = self.build, self.ir
+        with self.build.location:
+            kind = self.ir.Type.parse(f"!nvgpu.warpgroup.descriptor<tensor = {view.type}>")
+            return nvgpu.WarpgroupGenerateDescriptorOp(kind, view, descriptor,
+                                                       ip=self.build.point).result  # fmt: skip
+
+    def accumulate(self, accs: list[Any], slot: Any, consumer: Any = None) -> list[Any]:
+        """One wgmma step on stage ``slot``: each ``m64`` part of this consumer's ``rows``
+        of A (``consumer``: its index, None for the only one) by the stage's B, into its
+        accumulator. Each part is one wgmma group, whose lowering waits until at most
+        ``parts`` groups (this step's) are in flight: the previous step's are complete,
+        so its slot may be refilled or freed."""
+        from stagegraph.mlir.bindings import nvgpu
+
+        build = self.build
         a_at = self.scaled(slot, self.a_bytes)
         if consumer is not None:
             a_at = self.index("addi", a_at, self.scaled(consumer, self.rows * TILE_K * 2))
-        a_view = self.view(a_at, [self.rows, TILE_K])
         b_view = self.view(self.scaled(slot, self.b_bytes, self.stages * self.a_bytes),
                            [TILE_K, self.tile_n])  # fmt: skip
-        with build.location:
-            described = [
-                nvgpu.WarpgroupGenerateDescriptorOp(
-                    ir.Type.parse(f"!nvgpu.warpgroup.descriptor<tensor = {view.type}>"),
-                    view, descriptor, ip=build.point).result
-                for view, descriptor in zip((a_view, b_view), self.descriptors, strict=True)
-            ]  # fmt: skip
-            return nvgpu.WarpgroupMmaOp(self.accumulator_type(), *described, acc,
-                                        transposeB=True, ip=build.point).result  # fmt: skip
+        b_described = self.describe(b_view, self.descriptors[1])
+        out = []
+        for part, acc in enumerate(accs):
+            at = self.index("addi", a_at, build.const(part * WGMMA_M * TILE_K * 2))
+            a_described = self.describe(self.view(at, [WGMMA_M, TILE_K]), self.descriptors[0])
+            with build.location:
+                out.append(nvgpu.WarpgroupMmaOp(
+                    self.accumulator_type(), a_described, b_described, acc,
+                    waitGroup=self.parts, transposeB=True, ip=build.point).result)  # fmt: skip
+        return out
+
+    def store_fragments(self, accs: list[Any], target: Any) -> None:
+        """Store this warpgroup's accumulators into ``target`` (the block's ``128 x
+        tile_n`` C, global or shared): part ``p`` into the ``64`` rows from ``64p`` on. The
+        lowering adds ``64g`` rows for warpgroup ``g`` itself (module docstring): a
+        consumer's fragment goes to the first 64 rows' view and lands in its own rows
+        (consumer 1's past the view's 64, inside the block's 128); a plain block (``g =
+        0``) has two parts."""
+        from stagegraph.mlir.bindings import memref, nvgpu
+
+        build = self.build
+        for part, acc in enumerate(accs):
+            with build.location:
+                into = memref.subview(target, [part * WGMMA_M, 0], [WGMMA_M, self.tile_n],
+                                      [1, 1], ip=build.point)  # fmt: skip
+                nvgpu.WarpgroupMmaStoreOp(acc, into, ip=build.point)
 
     def loop(self, steps: int, carried: list[Any]) -> tuple[Any, Any]:
         """An ``scf.for`` over ``steps`` carrying ``carried``; the builder moves into its
@@ -286,29 +338,26 @@ class _Block:
         return made, outer
 
     def mainloop(self) -> Any:
-        """The prologue's loads, then the loop over K steps; returns the accumulator."""
-        from stagegraph.mlir.bindings import nvgpu, nvvm
+        """The prologue's loads, then the loop over K steps; returns the accumulators."""
+        from stagegraph.mlir.bindings import nvvm
 
         build = self.build
         steps = self.k // TILE_K
         with self.only_if(self.first):
             for step in range(min(self.stages - 1, steps)):
                 self.load(build.const(step), build.const(step))
-        with build.location:
-            acc = nvgpu.WarpgroupMmaInitAccumulatorOp(self.accumulator_type(),
-                                                      ip=build.point).result  # fmt: skip
-        loop, outer = self.loop(steps, [acc, self.flag(0)])
+        loop, outer = self.loop(steps, [*self.zero_accumulators(), self.flag(0)])
         step = loop.induction_variable
-        acc, phase = loop.inner_iter_args
+        *accs, phase = loop.inner_iter_args
         slot = self.index("remui", step, build.const(self.stages))
         self.wait(self.barriers, slot, phase)
-        acc = self.accumulate(acc, slot)
+        accs = self.accumulate(accs, slot)
         self.refill(step, steps)
-        build.op("scf.yield", [], [acc, self.next_phase(phase, slot)])
+        build.op("scf.yield", [], [*accs, self.next_phase(phase, slot)])
         build.point = outer
         with build.location:
             nvvm.WgmmaWaitGroupSyncOp(0, ip=build.point)
-        return loop.results[0]
+        return list(loop.results)[: self.parts]
 
     def refill(self, step: Any, steps: int) -> None:
         """Load K step ``step + stages - 1`` into its slot (the one the previous step read,
@@ -324,21 +373,10 @@ class _Block:
         f32 = self.ir.F32Type.get(self.build.location.context)
         self.tile = self.view(self.build.const(0), [TILE_M, self.tile_n], f32)
 
-    def store_tile(self, acc: Any, consumer: Any = None) -> Any:
-        """After a block barrier (every warp is done reading the stages): the accumulator
-        into the f32 C tile in shared memory (this consumer's rows); returns the tile."""
-        from stagegraph.mlir.bindings import nvgpu
-
-        build = self.build
-        f32 = self.ir.F32Type.get(build.location.context)
-        at = (
-            build.const(0)
-            if consumer is None
-            else self.scaled(consumer, self.rows * self.tile_n * 4)
-        )
-        mine = self.view(at, [self.rows, self.tile_n], f32)
-        with build.location:
-            nvgpu.WarpgroupMmaStoreOp(acc, mine, ip=build.point)
+    def store_tile(self, accs: list[Any]) -> Any:
+        """After a block barrier (every warp is done reading the stages): the accumulators
+        into the f32 C tile in shared memory (this warpgroup's rows); returns the tile."""
+        self.store_fragments(accs, self.tile)
         return self.tile
 
     def tile_out(self, c: Any, local: Any, workers: int) -> None:
@@ -367,31 +405,23 @@ class _Block:
         build.op("scf.yield", [], [])
         build.point = outer
 
-    def store_to_c(self, acc: Any, c: Any, consumer: Any = None) -> None:
-        """C held zeros (:mod:`stagegraph.stages.gpu.zero_fill`): the accumulator goes
-        straight to C (this consumer's rows), each warp's stores whole 32-byte sectors."""
-        from stagegraph.mlir.bindings import memref, nvgpu
+    def store_to_c(self, accs: list[Any], c: Any) -> None:
+        """C held zeros (:mod:`stagegraph.stages.gpu.zero_fill`): the accumulators go
+        straight to C (this warpgroup's rows), each warp's stores whole 32-byte sectors."""
+        self.store_fragments(accs, c)
 
-        build = self.build
-        if consumer is not None:
-            with build.location:
-                c = memref.subview(c, [self.scaled(consumer, self.rows), 0],
-                                   [self.rows, self.tile_n], [1, 1], ip=build.point)  # fmt: skip
-        with build.location:
-            nvgpu.WarpgroupMmaStoreOp(acc, c, ip=build.point)
-
-    def epilogue(self, acc: Any, c: Any) -> None:
+    def epilogue(self, accs: list[Any], c: Any) -> None:
         """Accumulator -> C: stored where C held zeros, else through shared memory and
         added to C (or put through the fused consumer) by the warpgroup."""
         from stagegraph.mlir.bindings import gpu
 
         if self.zero_init and self.fused is None:
-            self.store_to_c(acc, c)
+            self.store_to_c(accs, c)
             return
         with self.build.location:
             gpu.BarrierOp(ip=self.build.point)
         self.make_tile()
-        self.store_tile(acc)
+        self.store_tile(accs)
         with self.build.location:
             gpu.BarrierOp(ip=self.build.point)
         self.tile_out(c, self.tid, WARPGROUP)
