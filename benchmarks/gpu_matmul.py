@@ -112,8 +112,8 @@ def build(directory: Path, target: str, shapes: list[tuple[int, int, int]],
 
 
 def with_wgmma(params: list[str] | None) -> list[str]:
-    """``params`` with ``wgmma=true`` unless they set ``wgmma`` themselves: wgmma is opt-in
-    in the cost model (off by default), and these cases exist to run it."""
+    """``params`` with ``wgmma=true`` unless they set ``wgmma`` themselves (the cost model's
+    default, stated so that a case's path does not depend on the default)."""
     params = list(params or [])
     if not any(p.split("=", 1)[0].strip() == "wgmma" for p in params):
         params.append("wgmma=true")

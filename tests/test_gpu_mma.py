@@ -16,7 +16,7 @@ from tests.conftest import kernelbench_or_skip
 from tests.test_gpu_graph import needs_gpu, needs_llvmlite
 
 F16 = Path(__file__).parent / "data" / "gpu_matmul_f16.mlir"
-#: Keeps sm_90a matmuls on mma.sync (the default; wgmma is opt-in: tests/test_gpu_wgmma.py).
+#: Keeps sm_90a matmuls on mma.sync (the default there is wgmma: tests/test_gpu_wgmma.py).
 MMA_SYNC = {"wgmma": False}
 
 

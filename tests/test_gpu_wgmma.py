@@ -399,16 +399,14 @@ def test_encoding_refuses_views_tma_cannot_describe():
     assert (args["dims"], args["strides"], args["swizzle"]) == ([16, 8], [32], "NONE")
 
 
-def test_tune_searches_the_mma_sync_space_while_wgmma_is_opt_in(capsys, tmp_path):
-    # wgmma is off by default, so tune (which starts from the default params) searches
-    # the mma.sync block tiles; the wgmma space itself: test_the_wgmma_space_is_declared...
+def test_tune_explains_the_wgmma_space(capsys, tmp_path):
     from tests.test_cli_core import run_cli
 
     path = payload(tmp_path, 4096, 4096, 4096)
     code, out, _ = run_cli(capsys, "tune", "gpu", path, "--target", "h100", "--explain")
     assert code == 0, out
-    assert "ops mma_matmul" in out and "op1.tile_m {16,32,64,128,256}" in out
-    assert "wgmma_matmul" not in out and "op1.stages_fit_shared" not in out
+    assert "ops wgmma_matmul" in out and "op1.warp_specialized {0,1}" in out
+    assert "op1.stages_fit_shared=232448B" in out and "size: 29" in out
 
 
 @needs_llvmlite

@@ -39,7 +39,7 @@ class GpuParams(Params):
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
     tf32: bool = False
     tensor_cores: bool = True
-    wgmma: bool = False  # opt-in until the wgmma kernels verify on a GPU
+    wgmma: bool = True  # verified on an H200 (docs/measurements.md); false: mma.sync
     epilogues: bool = True  # a matmul's elementwise consumer and fill run in its kernel
     kernels: tuple[KernelPlan, ...] = ()
 
