@@ -51,6 +51,51 @@ def test_no_block_size_that_leaves_partial_panels():
     assert block_rows(shape, _with_l2(_V4, 2 << 20), ConvGemmConfig(), "f32") == 28
 
 
+def test_blocks_of_many_panels_may_end_in_a_partial_one():
+    """AlexNet's 11x11/4 first layer (KernelBench l1_050: 55 rows of 363 x 55 patches, a
+    4.4 MB matrix): no divisor of 55 makes whole panels of 32, but 11 rows (605 columns,
+    18 panels and 29 columns) fill half of a 2 MB L2 and hold at least
+    ``partial_block_min_panels`` panels; 128 channels at 28^2 would take 7 rows (196
+    columns, 6 panels): too few, the matrix stays whole; the knob raised, 55 too."""
+    config, l2 = ConvGemmConfig(), _with_l2(_V4, 2 << 20)
+    alexnet = ConvShape(2, 3, 96, (11, 11), (55, 55), (4, 4), (1, 1))
+    assert block_rows(alexnet, l2, config, "f32") == 11
+    assert block_rows(_layer(128, 28), l2, config, "f32") == 28
+    strict = ConvGemmConfig(partial_block_min_panels=10**6)
+    assert block_rows(alexnet, l2, strict, "f32") == 55
+
+
+def test_partial_panel_blocks_match_numpy(tmp_path):
+    """Blocks of 5 rows of 10 outputs (50 columns: one panel of 32 and 18 on AVX2's 16)
+    with the tail rule at one panel: the blocked GEMM with partial panels verifies."""
+    c, f, size = 3, 16, 12
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((1, c, size, size), dtype=np.float32)
+    w = rng.standard_normal((f, c, 3, 3), dtype=np.float32)
+    b = rng.standard_normal(f, dtype=np.float32)
+    out = np.broadcast_to(b.reshape(1, f, 1, 1).astype(np.float64), (1, f, 10, 10)).copy()
+    for i in range(3):
+        for j in range(3):
+            window = x[:, :, i : i + 10, j : j + 10].astype(np.float64)
+            out += np.einsum("nchw,fc->nfhw", window, w[:, :, i, j].astype(np.float64))
+    payload = tmp_path / "conv.mlir"
+    payload.write_text(_payload(c, f, size))
+    np.savez(tmp_path / "conv.npz", in0=x, in1=w, in2=b, out0=out.astype(np.float32))
+    # 2% of AVX2's L2 is too small for one row: the least rows, 10 / max_patch_blocks 2
+    graph = load_graph("x86").with_config(
+        "normalize", path="gemm", patch_block_l2_fraction=0.0001, max_patch_blocks=2,
+        partial_block_min_panels=1,
+    )  # fmt: skip
+    dumped = tmp_path / "ir"
+    report = sg.run(graph, str(payload), threads=1, target="x86-64-v3", dump_ir=str(dumped))
+    assert report.verified is True, report
+    [normalized] = [p for p in dumped.iterdir() if "normalize" in p.name]
+    with new_context():
+        module = ir.Module.parse(normalized.read_text())
+        [matmul] = collect(module.operation, lambda op: op.name == "linalg.matmul")
+        assert ir.RankedTensorType(matmul.operands[1].type).shape == [27, 50]
+
+
 def _payload(c: int, f: int, size: int) -> str:
     out = size - 2
     x, w, y = f"1x{c}x{size}x{size}", f"{f}x{c}x3x3", f"1x{f}x{out}x{out}"

@@ -1073,8 +1073,18 @@ func.func @main(%x: {t32}) -> {t64} {{
         (16, 22, 256, (8, 11)),
         (16, 17, 256, (8, 17)),
         (16, 24, 512, (16, 8)),
+        (16, 10, 256, (16, 5)),
+        (32, 10, 512, (32, 5)),
     ],
-    ids=["two-vectors", "one-vector-wider", "22-wide", "prime-width", "avx512-one-vector"],
+    ids=[
+        "two-vectors",
+        "one-vector-wider",
+        "22-wide",
+        "prime-width",
+        "avx512-one-vector",
+        "10-wide-above-cap",
+        "avx512-10-wide-above-cap",
+    ],
 )
 def test_channels_last_convolution_is_register_blocked(
     filters: int, width: int, vector_bits: int, expected: tuple[int, int]

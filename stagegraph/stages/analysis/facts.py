@@ -108,6 +108,10 @@ class OpFacts(Facts):
     flops: int = 0
     contraction: ContractionFacts | None = None
     convolution: ConvolutionFacts | None = None
+    #: An input read through a map that is no projected permutation (a strided or shifted
+    #: window, as in an implicit GEMM's patch copy): tiles must fold their unit dims to
+    #: vectorize (see :mod:`stagegraph.stages.x86.generic.schedule`).
+    window_reads: bool = False
 
     def signature(self) -> str:
         """What the op is, independent of the payload it sits in: kind, op name, loop

@@ -366,6 +366,7 @@ def op_facts(op: Any, index: int, where: str, def_use: DefUse | None = None) -> 
         flops=_flops(op_class, ranges if maps else None, body),
         contraction=contraction if op_class == "matmul" else None,
         convolution=conv,
+        window_reads=any(not m.is_projected_permutation for m in maps[: len(inputs)]),
     )
 
 

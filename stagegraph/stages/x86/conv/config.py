@@ -94,6 +94,9 @@ class ConvGemmConfig(Config):
     # of L2 (stagegraph.stages.x86.conv.gemm_blocks; 0: never), at most max_patch_blocks.
     patch_block_l2_fraction: float = Field(0.5, ge=0.0)
     max_patch_blocks: int = Field(16, ge=1)
+    # A block whose columns end in a partial register panel (two vectors) needs this many
+    # whole panels (its tail a small share); else blocks take whole panels only.
+    partial_block_min_panels: int = Field(16, ge=1)
     # Several images run one by one when each has this many register panels of outputs.
     per_image_min_panels: int = Field(4, ge=1)
     min_filters: int = Field(4, ge=1)

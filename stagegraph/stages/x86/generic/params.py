@@ -63,6 +63,9 @@ class GenericParams(Params):
     conv_nhwc_width_tile: int = Field(
         4, ge=1, description="output-width tile of channels-last convolutions at that tile"
     )
+    vector_registers: int = Field(
+        16, ge=8, le=64, description="architectural vector registers (bounds register tiles)"
+    )
     conv_grouped_width: bool = Field(
         True,
         description="depthwise/grouped NCHW convolutions as direct kernels along the width",
@@ -123,6 +126,7 @@ def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericPara
         conv_channel_tile=max(1, conv_lanes // 2),
         conv_reduction_tile=max(1, conv_lanes // 2),
         pool_batch_tile=POOL_BATCH_TILE,
+        vector_registers=target.vector_registers,
         **channels_last_conv_tiles(conv_lanes),
     )
 

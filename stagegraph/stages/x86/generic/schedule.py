@@ -213,9 +213,13 @@ class OpSequenceBuilder:
         tiled = structured.TileUsingForallOp(self.any, self.any, target, tile_sizes=tile)
         forall = tiled.results[1]
         computes = [tiled.results[0]]
-        if op.op_class == "matmul":
+        if op.op_class == "matmul" or (op.op_class == "elementwise" and op.window_reads):
             # A matvec tile reads its vector operand along a unit dim: fold the unit dims
             # so the read is contiguous (else it is unrolled into one load per element).
+            # A window read (an implicit GEMM's patch copy) does not vectorize at all
+            # until they are folded: a unit-stride window's tiles become row copies
+            # (ResNet-18's 64-channel 3x3 layer: 1.07x, docs/measurements.md, "Patch
+            # copies as row copies"); a strided one stays a loop.
             fuse = False
             self.apply_patterns(
                 forall,
