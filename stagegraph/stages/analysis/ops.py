@@ -363,6 +363,7 @@ def op_facts(op: Any, index: int, where: str, def_use: DefUse | None = None) -> 
         iterator_types=iterators,
         loop_ranges=ranges,
         body_ops=tuple(n for n in body if n != "linalg.yield"),
+        operand_dims=tuple(tuple(-1 if d is None else d for d in _dim_positions(m)) for m in maps),
         flops=_flops(op_class, ranges if maps else None, body),
         contraction=contraction if op_class == "matmul" else None,
         convolution=conv,

@@ -32,6 +32,8 @@ class KernelPlan(Params):
     warp_specialized: bool = False  # wgmma: a producer warpgroup and two consumer ones
     group_m: int = Field(0, ge=0, le=4096)  # wgmma: tile rows per group of blocks (0: plain)
     fused: tuple[int, ...] = ()  # ops run in this kernel: its consumer, its init fill
+    lanes: int = Field(0, ge=0, le=1024)  # threads sharing each reduction row (gpu.reduction)
+    merge: int = Field(0, ge=0, le=1024)  # ... of which combine the row's partials (0: one)
 
     @property
     def mapped(self) -> bool:

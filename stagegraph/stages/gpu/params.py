@@ -4,7 +4,8 @@ Every op becomes (at least) one kernel. Its parallel loops are split in two leve
 innermost one or two parallel loops (the output's contiguous dims, so neighbouring threads
 touch neighbouring elements) go to the threads of a block, up to ``threads_per_block``;
 every other parallel loop goes to the grid, one block per index. Reduction loops stay
-sequential inside each thread. Tiles divide their loop exactly (the largest divisor that
+sequential inside each thread, except in a reduction over contiguous rows: there a
+block of threads shares each row (:mod:`stagegraph.stages.gpu.reduction`). Tiles divide their loop exactly (the largest divisor that
 fits), so every block and thread forall has a static trip count the GPU mapping needs.
 An op without parallel loops (a full reduction) is left unmapped: the GPU lowering runs it
 in a kernel of one thread (:mod:`stagegraph.stages.gpu.host_kernels`).
@@ -150,7 +151,10 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     def wgmma_plan(op: OpFacts) -> KernelPlan | None:
         return plan_wgmma(op, target) if params.wgmma else None
 
+    from stagegraph.stages.gpu.reduction import plan_row_reduction
+
     kernels = [(params.tensor_cores and (wgmma_plan(op) or plan_mma(op, target, params.tf32)))
+               or plan_row_reduction(op, target.warp_size, params.threads_per_block)
                or plan_op(op, params.threads_per_block, vector_width(op))
                for op in facts.ops]  # fmt: skip
     if params.epilogues:

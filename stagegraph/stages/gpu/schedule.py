@@ -108,11 +108,16 @@ def kernel_script(plan: KernelPlan) -> str:
     return text
 
 
-def schedule_text(params: GpuParams) -> str:
-    """The whole transform module for ``params``: one kernel script per mapped op."""
+def schedule_text(params: GpuParams, rows: dict[int, tuple[int, int]] | None = None) -> str:
+    """The whole transform module for ``params``: one kernel script per mapped op
+    (``rows``: the shapes of the cooperative reductions, as their rewrite left them)."""
+    from stagegraph.stages.gpu.reduction import row_reduction_script
+
     body = ""
     for plan in params.kernels:
-        if plan.mapped:
+        if plan.lanes and rows and plan.op in rows:
+            body += row_reduction_script(plan, OP_ATTR, rows[plan.op])
+        elif plan.mapped:
             body += kernel_script(plan)
     return wrap_script(body)
 
@@ -137,7 +142,12 @@ def gpu_schedule(
     """Tile every op to a block forall and a thread forall, as the params say."""
     from stagegraph.stages.common.transform import apply_transform_module
 
-    with module.ir.context:
+    from stagegraph.mlir.build import ir_location
+    from stagegraph.stages.gpu.reduction import expand_reduction_loops
+
+    with module.ir.context, ir_location(module.ir):
         tag_ops(module.ir)
-    apply_transform_module(module, schedule_text(params), "__transform_main", "<gpu schedule>")
+        rows = expand_reduction_loops(module.ir, params.kernels, OP_ATTR)
+    text = schedule_text(params, rows)
+    apply_transform_module(module, text, "__transform_main", "<gpu schedule>")
     return module

@@ -1,0 +1,298 @@
+"""Cooperative row reductions: a block of threads shares each reduction row.
+
+Mapped one thread per output element (:func:`~stagegraph.stages.gpu.params.plan_op`), a
+reduction over a long contiguous row (softmax's max and sum over 16384 columns) keeps a
+few thousand threads busy, each reading its 64 KB row one element at a time, far below
+the memory bandwidth. Here each block takes one output element (one row) and its
+``lanes`` threads read the row together:
+
+1. The row's innermost reduction loop K is split into (J, L, V) loops
+   (:func:`expand_reduction_loops`, on the payload before the schedule): element
+   ``k = (j * L + l) * V + v``. Thread ``l`` reads the V contiguous elements at
+   ``(j * L + l) * V`` for every j: a warp's loads are whole consecutive 16-byte vectors,
+   coalesced, and each thread keeps its own accumulator in a register.
+2. ``tile_reduction_using_forall`` over L gives the thread forall and a partial result
+   per thread; a second one lets a warp's threads combine L/warp partials each; one
+   thread combines the warp's partials into the row's result. The partial buffers are
+   the block's shared memory (:func:`partials_to_shared`, after bufferization; the
+   thread foralls' barriers order them).
+
+The cost model (:func:`plan_row_reduction`) takes a reduction whose loops are parallel
+then reduction, whose innermost loop is the innermost dim of every operand it indexes
+(contiguous rows), whose body combines with one associative op (the partial results must
+combine in any order), and whose row splits into whole warps of threads.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from stagegraph.dtypes import byte_size
+from stagegraph.stages.analysis import OpFacts
+from stagegraph.stages.gpu.kernel_plan import KernelPlan
+
+#: Body ops that combine a partial result associatively (the upstream partial-reduction
+#: tiling finds the combiner and its neutral element among these).
+COMBINERS = frozenset(
+    f"arith.{n}"
+    for n in (
+        *("addf", "mulf", "maximumf", "minimumf", "maxnumf", "minnumf", "addi", "muli"),
+        *("maxsi", "minsi", "maxui", "minui", "andi", "ori", "xori"),
+    )
+)
+#: Bytes one thread loads at once along a row: a 16-byte vector.
+VECTOR_BYTES = 16
+#: Row steps each thread's loop is unrolled by (loads in flight per thread).
+UNROLL = 4
+_ANY = "!transform.any_op"
+
+
+def row_reducible(op: OpFacts) -> bool:
+    """Whether ``op`` is a reduction over contiguous rows that partial results of any
+    order can compute: parallel loops, then reduction loops; the innermost loop indexes
+    only the innermost dim of the operands that read it (never the output); one output;
+    a single associative combiner and no index-dependent body."""
+    kinds = op.iterator_types
+    if op.name != "linalg.generic" or len(op.outputs) != 1 or not kinds:
+        return False
+    if kinds[-1] != "reduction" or list(kinds) != sorted(kinds):  # "parallel" < "reduction"
+        return False
+    body = set(op.body_ops)
+    if "linalg.index" in body or "tensor.extract" in body or not body & COMBINERS:
+        return False
+    if len(op.operand_dims) != len(op.inputs) + 1:
+        return False
+    innermost = len(kinds) - 1
+    for dims in op.operand_dims:
+        if -1 in dims or (innermost in dims and dims.index(innermost) != len(dims) - 1):
+            return False
+    parallel = {d for d, kind in enumerate(kinds) if kind == "parallel"}
+    return set(op.operand_dims[-1]) == parallel  # the output indexes exactly the rows
+
+
+def _element_bytes(op: OpFacts) -> int:
+    """The widest element among the operands that read the row (they share its vector)."""
+    innermost = len(op.loop_ranges) - 1
+    rows = [v for v, dims in zip(op.inputs, op.operand_dims, strict=False) if innermost in dims]
+    return max((byte_size(v.dtype, default=4) for v in rows), default=4)
+
+
+def row_split(length: int, element_bytes: int, warp: int, limit: int) -> tuple[int, int] | None:
+    """(lanes, vector) for a row of ``length`` elements: the widest vector (up to 16 bytes)
+    whose row of vectors splits into the most whole warps up to ``limit`` threads; None
+    when no split gives whole warps."""
+    widest = max(1, VECTOR_BYTES // max(1, element_bytes))
+    for vector in (v for v in (widest, widest // 2, widest // 4, 1) if v >= 1):
+        if length % vector:
+            continue
+        chunks = length // vector
+        lanes = max((n for n in range(warp, limit + 1, warp) if chunks % n == 0), default=0)
+        if lanes:
+            return lanes, vector
+    return None
+
+
+def plan_row_reduction(op: OpFacts, warp: int, threads_per_block: int) -> KernelPlan | None:
+    """A cooperative plan for a row reduction (:func:`row_reducible`): one block per row
+    (every parallel loop tiled by 1), ``lanes`` threads per row reading ``vector``
+    elements at a time; None where it does not apply. The tiles name the loops of the
+    op after :func:`expand_reduction_loops` (the innermost one split in three)."""
+    if not row_reducible(op):
+        return None
+    ranges = op.loop_ranges
+    if math.prod(r for r, k in zip(ranges, op.iterator_types, strict=True) if k == "parallel") < 2:
+        return None  # a full reduction: no rows to give blocks
+    split = row_split(ranges[-1], _element_bytes(op), warp, threads_per_block)
+    if split is None:
+        return None
+    lanes, vector = split
+    block = [1 if k == "parallel" and r > 1 else 0
+             for r, k in zip(ranges, op.iterator_types, strict=True)]  # fmt: skip
+    return KernelPlan(op=op.index, name=op.name, block_tile=(*block[:-1], 0, 0, 0),
+                      threads=(lanes,), vector=vector, lanes=lanes,
+                      merge=warp if lanes > warp else 0)  # fmt: skip
+
+
+# -- the payload rewrite before the schedule -----------------------------------------------
+
+
+def expand_reduction_loops(module: Any, plans: Any, attr: str) -> dict[int, tuple[int, int]]:
+    """Split the innermost loop K of every op a cooperative plan names (``attr``: the
+    op-index attribute) into (K / (L*V), L, V) loops, expanding the operands that read it;
+    returns, per op changed, its output's rank and its J (row steps per thread), what its
+    script needs. The op keeps its body and its result."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.build import expand_shape, iterator_types_attr
+    from stagegraph.mlir.walk import collect
+
+    wanted = {plan.op: plan for plan in plans if plan.lanes}
+    ops = [op for op in collect(module, lambda o: attr in o.attributes)
+           if op.name == "linalg.generic"
+           and ir.IntegerAttr(op.attributes[attr]).value in wanted]  # fmt: skip
+    shapes = {}
+    for op in ops:
+        plan = wanted[ir.IntegerAttr(op.attributes[attr]).value]
+        maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+        loops = maps[0].n_dims
+        inner = loops - 1
+        rows = {e.position for e in maps[-1].results}  # the output's loops: the parallel ones
+        kinds = ["parallel" if d in rows else "reduction" for d in range(loops)]
+        length = _loop_extent(op, maps, inner)
+        parts = [length // (plan.lanes * plan.vector), plan.lanes, plan.vector]
+        shapes[plan.op] = (len(rows), parts[0])
+        new_maps = []
+        with ir.InsertionPoint(op), op.location:
+            for index, amap in enumerate(maps):
+                dims = [e.position for e in amap.results]
+                if inner not in dims:
+                    new_maps.append(ir.AffineMap.get(loops + 2, 0, list(amap.results)))
+                    continue
+                value = op.operands[index]
+                shape = list(ir.RankedTensorType(value.type).shape)
+                groups = [[d] for d in range(len(shape) - 1)] + [[len(shape) - 1 + g for g in
+                                                                   range(3)]]  # fmt: skip
+                op.operands[index] = expand_shape(value, groups, shape[:-1] + parts)
+                results = [*amap.results[:-1], *(ir.AffineDimExpr.get(inner + g) for g in range(3))]
+                new_maps.append(ir.AffineMap.get(loops + 2, 0, results))
+        op.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in new_maps])
+        op.attributes["iterator_types"] = iterator_types_attr([*kinds, "reduction", "reduction"])
+    return shapes
+
+
+def _loop_extent(op: Any, maps: list[Any], loop: int) -> int:
+    """The static extent of ``loop``: the size of an operand dim it indexes."""
+    from stagegraph.mlir.bindings import ir
+
+    for value, amap in zip(op.operands, maps, strict=True):
+        for dim, expr in enumerate(amap.results):
+            if isinstance(expr, ir.AffineDimExpr) and expr.position == loop:
+                return ir.RankedTensorType(value.type).shape[dim]
+    raise ValueError(f"{op.name}: loop {loop} indexes no operand")
+
+
+# -- the schedule --------------------------------------------------------------------------
+
+
+def _tiled(kind: str, target: str, spec: str, outs: int = 4) -> str:
+    types = ", ".join([_ANY] * outs)
+    return f"transform.structured.{kind} {target} {spec} : ({_ANY}) -> ({types})"
+
+
+def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, int]) -> str:
+    """The transform ops for a cooperative plan (op ``plan.op`` tagged by ``attr``;
+    ``shape``: its output's rank and row steps, from :func:`expand_reduction_loops`): rows to blocks, the row's L loop to the block's threads
+    (each thread's J loop stepped one vector at a time, its accumulator hoisted into a
+    register, unrolled), then the partial results combined by a warp's threads and last
+    by one thread."""
+    i, tiles = plan.op, plan.block_tile
+    out_rank, steps = shape
+    loops = len(tiles)
+    blocks = [t for t in tiles if t]
+    mapping = ", ".join(f"#gpu.block<linear_dim_{len(blocks) - 1 - k}>" for k in range(len(blocks)))
+    thread = "mapping = [#gpu.thread<x>]"
+    lanes = [0] * loops
+    lanes[-2] = plan.lanes
+    step = [0] * loops
+    step[-3] = 1
+    text = (
+        f"    %op{i} = transform.structured.match attributes{{{attr} = {i} : i64}} in %root "
+        f": ({_ANY}) -> {_ANY}\n"
+        f"    %rows{i}_op, %rows{i} = "
+        + _tiled("tile_using_forall", f"%op{i}", f"tile_sizes {list(tiles)} (mapping = [{mapping}])", 2)
+        + f"\n    %index{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
+        f'    transform.annotate %rows{i} "{attr}" = %index{i} : {_ANY}, !transform.param<i64>\n'
+        f"    %fill{i}, %part{i}, %comb{i}, %lanes{i} = "
+        + _tiled("tile_reduction_using_forall", f"%rows{i}_op",
+                 f"reduction_dims = [{loops - 2}] by num_threads = {lanes} tile_sizes = [] "
+                 f"{thread}")  # fmt: skip
+        + f"\n    %ffill{i}, %lanes{i}_f = transform.structured.fuse_into_containing_op "
+        f"%fill{i} into %lanes{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
+        f"    %step{i}, %loop{i} = "
+        + _tiled("tile_using_for", f"%part{i}", f"tile_sizes {step}", 2)
+        + f"\n    transform.structured.vectorize %step{i} : {_ANY}\n"
+        f"    transform.apply_patterns to %lanes{i}_f {{\n"
+        "      transform.apply_patterns.vector.cast_away_vector_leading_one_dim\n"
+        "      transform.apply_patterns.vector.multi_reduction_flattening "
+        "lowering_strategy = innerreduction\n"
+        "      transform.apply_patterns.vector.multi_reduction_unrolling "
+        "lowering_strategy = innerreduction\n"
+        "      transform.apply_patterns.canonicalization\n"
+        f"    }} : {_ANY}\n"
+        f"    %loops{i} = transform.structured.match ops{{[\"scf.for\"]}} in %lanes{i}_f "
+        f": ({_ANY}) -> {_ANY}\n"
+        f"    transform.loop.hoist_loop_invariant_subsets %loops{i} : {_ANY}\n"
+    )
+    unroll = max(d for d in range(1, UNROLL + 1) if steps % d == 0)
+    if unroll > 1:
+        text += (
+            f"    %steps{i} = transform.structured.match ops{{[\"scf.for\"]}} in %lanes{i}_f "
+            f": ({_ANY}) -> {_ANY}\n"
+            f"    transform.loop.unroll %steps{i} {{factor = {unroll}}} : {_ANY}\n"
+        )
+    text += _merge_script(i, plan.lanes, plan.merge, out_rank)
+    # The partial buffers' whole fills stay behind, unused, when fused into the thread
+    # foralls; bufferized, every thread would run them unsynchronized: drop them now.
+    text += (
+        f"    transform.apply_patterns to %rows{i} {{\n"
+        "      transform.apply_patterns.canonicalization\n"
+        f"    }} : {_ANY}\n"
+    )
+    return text
+
+
+def _merge_script(i: int, lanes: int, merge: int, out_rank: int) -> str:
+    """Combine a row's ``lanes`` partial results: ``merge`` threads (a warp) each combine
+    lanes/merge of them (when ``merge``), then one thread the rest."""
+    thread = "mapping = [#gpu.thread<x>]"
+    last = f"%comb{i}"
+    text = ""
+    if merge:
+        split = [0] * out_rank + [merge]
+        text += (
+            f"    %mfill{i}, %mpart{i}, %mcomb{i}, %merge{i} = "
+            + _tiled("tile_reduction_using_forall", f"%comb{i}",
+                     f"reduction_dims = [{out_rank}] by num_threads = {split} tile_sizes = [] "
+                     f"{thread}")  # fmt: skip
+            + f"\n    %mffill{i}, %merge{i}_f = transform.structured.fuse_into_containing_op "
+            f"%mfill{i} into %merge{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
+        )
+        last = f"%mcomb{i}"
+    text += (
+        f"    %final{i}_op, %final{i} = "
+        + _tiled("tile_using_forall", last, f"tile_sizes [1] ({thread})", 2)
+        + "\n"
+    )
+    return text
+
+
+# -- after bufferization -------------------------------------------------------------------
+
+
+def partials_to_shared(module: Any, plans: Any, attr: str) -> int:
+    """Put the partial-result buffers of every cooperative kernel (the allocations inside
+    the block forall of a plan with lanes) in the block's shared memory: its threads
+    write them and read each other's. Users keep the generic address space through a
+    ``memref.memory_space_cast``; returns how many buffers moved."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+
+    wanted = {plan.op for plan in plans if plan.lanes}
+    workgroup = ir.Attribute.parse("#gpu.address_space<workgroup>")
+    foralls = [op for op in collect(module, "scf.forall")
+               if attr in op.attributes and ir.IntegerAttr(op.attributes[attr]).value in wanted]
+    moved = 0
+    for forall in foralls:
+        for alloc in collect(forall, "memref.alloc"):
+            old = ir.MemRefType(alloc.results[0].type)
+            shared = ir.MemRefType.get(old.shape, old.element_type, old.layout, workgroup)
+            with ir.InsertionPoint(alloc), alloc.location:
+                new = ir.Operation.create("memref.alloc", results=[shared],
+                                          attributes=dict(alloc.attributes),
+                                          operands=[])  # fmt: skip
+                cast = ir.Operation.create("memref.memory_space_cast", results=[old],
+                                           operands=[new.results[0]])  # fmt: skip
+            alloc.results[0].replace_all_uses_with(cast.results[0])
+            alloc.erase()
+            moved += 1
+    return moved
