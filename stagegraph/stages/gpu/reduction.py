@@ -50,13 +50,13 @@ _ANY = "!transform.any_op"
 
 def row_reducible(op: OpFacts) -> bool:
     """Whether ``op`` is a reduction over contiguous rows that partial results of any
-    order can compute: parallel loops, then reduction loops; the innermost loop indexes
+    order can compute: the innermost loop is a reduction that indexes
     only the innermost dim of the operands that read it (never the output); one output;
     a single associative combiner and no index-dependent body."""
     kinds = op.iterator_types
     if op.name != "linalg.generic" or len(op.outputs) != 1 or not kinds:
         return False
-    if kinds[-1] != "reduction" or list(kinds) != sorted(kinds):  # "parallel" < "reduction"
+    if kinds[-1] != "reduction":
         return False
     body = set(op.body_ops)
     if "linalg.index" in body or "tensor.extract" in body or not body & COMBINERS:
@@ -181,55 +181,32 @@ def _tiled(kind: str, target: str, spec: str, outs: int = 4) -> str:
 
 def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, int]) -> str:
     """The transform ops for a cooperative plan (op ``plan.op`` tagged by ``attr``;
-    ``shape``: its output's rank and row steps, from :func:`expand_reduction_loops`): rows to blocks, the row's L loop to the block's threads
-    (each thread's J loop stepped one vector at a time, its accumulator hoisted into a
-    register, unrolled), then the partial results combined by a warp's threads and last
-    by one thread."""
+    ``shape``: its output's rank and row steps, from :func:`expand_reduction_loops`):
+    rows to blocks, the row's L loop to the block's threads, each thread's steps
+    (:func:`_thread_steps`), then the partial results combined (:func:`_merge_script`)."""
     i, tiles = plan.op, plan.block_tile
     out_rank, steps = shape
     loops = len(tiles)
     blocks = [t for t in tiles if t]
     mapping = ", ".join(f"#gpu.block<linear_dim_{len(blocks) - 1 - k}>" for k in range(len(blocks)))
-    thread = "mapping = [#gpu.thread<x>]"
     lanes = [0] * loops
     lanes[-2] = plan.lanes
-    step = [0] * loops
-    step[-3] = 1
     text = (
         f"    %op{i} = transform.structured.match attributes{{{attr} = {i} : i64}} in %root "
         f": ({_ANY}) -> {_ANY}\n"
         f"    %rows{i}_op, %rows{i} = "
-        + _tiled("tile_using_forall", f"%op{i}", f"tile_sizes {list(tiles)} (mapping = [{mapping}])", 2)
+        + _tiled("tile_using_forall", f"%op{i}",
+                 f"tile_sizes {list(tiles)} (mapping = [{mapping}])", 2)  # fmt: skip
         + f"\n    %index{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
         f'    transform.annotate %rows{i} "{attr}" = %index{i} : {_ANY}, !transform.param<i64>\n'
         f"    %fill{i}, %part{i}, %comb{i}, %lanes{i} = "
         + _tiled("tile_reduction_using_forall", f"%rows{i}_op",
                  f"reduction_dims = [{loops - 2}] by num_threads = {lanes} tile_sizes = [] "
-                 f"{thread}")  # fmt: skip
+                 "mapping = [#gpu.thread<x>]")  # fmt: skip
         + f"\n    %ffill{i}, %lanes{i}_f = transform.structured.fuse_into_containing_op "
         f"%fill{i} into %lanes{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
-        f"    %step{i}, %loop{i} = "
-        + _tiled("tile_using_for", f"%part{i}", f"tile_sizes {step}", 2)
-        + f"\n    transform.structured.vectorize %step{i} : {_ANY}\n"
-        f"    transform.apply_patterns to %lanes{i}_f {{\n"
-        "      transform.apply_patterns.vector.cast_away_vector_leading_one_dim\n"
-        "      transform.apply_patterns.vector.multi_reduction_flattening "
-        "lowering_strategy = innerreduction\n"
-        "      transform.apply_patterns.vector.multi_reduction_unrolling "
-        "lowering_strategy = innerreduction\n"
-        "      transform.apply_patterns.canonicalization\n"
-        f"    }} : {_ANY}\n"
-        f"    %loops{i} = transform.structured.match ops{{[\"scf.for\"]}} in %lanes{i}_f "
-        f": ({_ANY}) -> {_ANY}\n"
-        f"    transform.loop.hoist_loop_invariant_subsets %loops{i} : {_ANY}\n"
     )
-    unroll = max(d for d in range(1, UNROLL + 1) if steps % d == 0)
-    if unroll > 1:
-        text += (
-            f"    %steps{i} = transform.structured.match ops{{[\"scf.for\"]}} in %lanes{i}_f "
-            f": ({_ANY}) -> {_ANY}\n"
-            f"    transform.loop.unroll %steps{i} {{factor = {unroll}}} : {_ANY}\n"
-        )
+    text += _thread_steps(i, tiles, steps)
     text += _merge_script(i, plan.lanes, plan.merge, out_rank)
     # The partial buffers' whole fills stay behind, unused, when fused into the thread
     # foralls; bufferized, every thread would run them unsynchronized: drop them now.
@@ -238,6 +215,50 @@ def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, int]) ->
         "      transform.apply_patterns.canonicalization\n"
         f"    }} : {_ANY}\n"
     )
+    return text
+
+
+def _thread_steps(i: int, tiles: tuple[int, ...], steps: int) -> str:
+    """One thread's share of a row: a loop over every other reduction loop (outermost
+    first), inside them the J loop, each step one vector (``vector.reduction`` into the
+    accumulator), the accumulator hoisted out of the loops into a register (innermost
+    loop first: one hoisting round per loop) and the J loop unrolled (loads in flight)."""
+    loops = len(tiles)
+    outer = [1 if d < loops - 3 and not tiles[d] else 0 for d in range(loops)]
+    inner = [1 if d == loops - 3 else 0 for d in range(loops)]
+    text = ""
+    part = f"%part{i}"
+    if any(outer):
+        count = sum(outer)
+        handles = ", ".join(f"%outer{i}_{k}" for k in range(count))
+        text += (f"    %opart{i}, {handles} = "
+                 + _tiled("tile_using_for", part, f"tile_sizes {outer}", count + 1) + "\n")
+        part = f"%opart{i}"
+    text += (
+        f"    %step{i}, %loop{i} = "
+        + _tiled("tile_using_for", part, f"tile_sizes {inner}", 2)
+        + f"\n    transform.structured.vectorize %step{i} : {_ANY}\n"
+        f"    transform.apply_patterns to %lanes{i}_f {{\n"
+        "      transform.apply_patterns.vector.cast_away_vector_leading_one_dim\n"
+        "      transform.apply_patterns.vector.reorder_multi_reduction_dims "
+        "lowering_strategy = innerreduction\n"
+        "      transform.apply_patterns.vector.multi_reduction_flattening "
+        "lowering_strategy = innerreduction\n"
+        "      transform.apply_patterns.vector.multi_reduction_unrolling "
+        "lowering_strategy = innerreduction\n"
+        "      transform.apply_patterns.canonicalization\n"
+        f"    }} : {_ANY}\n"
+    )
+    for k in range(sum(outer) + 1):
+        text += (
+            f"    %loops{i}_{k} = transform.structured.match ops{{[\"scf.for\"]}} in %lanes{i}_f "
+            f": ({_ANY}) -> {_ANY}\n"
+            f"    transform.apply_licm to %loops{i}_{k} : {_ANY}\n"
+            f"    transform.loop.hoist_loop_invariant_subsets %loops{i}_{k} : {_ANY}\n"
+        )
+    unroll = max(d for d in range(1, UNROLL + 1) if steps % d == 0)
+    if unroll > 1:
+        text += f"    transform.loop.unroll %loop{i} {{factor = {unroll}}} : {_ANY}\n"
     return text
 
 
