@@ -48,25 +48,42 @@ UNROLL = 4
 _ANY = "!transform.any_op"
 
 
+def row_loops(kinds: tuple[str, ...], operand_dims: tuple[tuple[int, ...], ...]) -> int | None:
+    """The first loop of the row: the trailing reduction loops that every operand reading
+    them reads as its innermost dims, in loop order (contiguous in memory, one loop once
+    collapsed); None when the innermost loop is not such a reduction."""
+    loops = len(kinds)
+
+    def tail(first: int) -> bool:
+        group = list(range(first, loops))
+        for dims in operand_dims:
+            used = [d for d in dims if d in group]
+            if used and list(dims[len(dims) - len(group):]) != group or len(used) > len(group):
+                return False
+        return True
+
+    if not loops or kinds[-1] != "reduction" or not tail(loops - 1):
+        return None
+    first = loops - 1
+    while first > 0 and kinds[first - 1] == "reduction" and tail(first - 1):
+        first -= 1
+    return first
+
+
 def row_reducible(op: OpFacts) -> bool:
-    """Whether ``op`` is a reduction over contiguous rows that partial results of any
-    order can compute: the innermost loop is a reduction that indexes
-    only the innermost dim of the operands that read it (never the output); one output;
-    a single associative combiner and no index-dependent body."""
+    """Whether ``op`` is a reduction over contiguous rows (:func:`row_loops`) that partial
+    results of any order can compute: one output indexed by exactly the parallel loops,
+    a single associative combiner, no index-dependent body, bare loop indices only."""
     kinds = op.iterator_types
     if op.name != "linalg.generic" or len(op.outputs) != 1 or not kinds:
-        return False
-    if kinds[-1] != "reduction":
         return False
     body = set(op.body_ops)
     if "linalg.index" in body or "tensor.extract" in body or not body & COMBINERS:
         return False
-    if len(op.operand_dims) != len(op.inputs) + 1:
+    if len(op.operand_dims) != len(op.inputs) + 1 or any(-1 in d for d in op.operand_dims):
         return False
-    innermost = len(kinds) - 1
-    for dims in op.operand_dims:
-        if -1 in dims or (innermost in dims and dims.index(innermost) != len(dims) - 1):
-            return False
+    if row_loops(kinds, op.operand_dims) is None:
+        return False
     parallel = {d for d, kind in enumerate(kinds) if kind == "parallel"}
     return set(op.operand_dims[-1]) == parallel  # the output indexes exactly the rows
 
@@ -95,21 +112,30 @@ def row_split(length: int, element_bytes: int, warp: int, limit: int) -> tuple[i
 
 def plan_row_reduction(op: OpFacts, warp: int, threads_per_block: int) -> KernelPlan | None:
     """A cooperative plan for a row reduction (:func:`row_reducible`): one block per row
-    (every parallel loop tiled by 1), ``lanes`` threads per row reading ``vector``
-    elements at a time; None where it does not apply. The tiles name the loops of the
-    op after :func:`expand_reduction_loops` (the innermost one split in three)."""
+    (every parallel loop tiled by 1), ``lanes`` threads per row. A row that splits into
+    whole warps of ``vector``-element steps is read cyclically (:func:`row_split`); any
+    other row in one contiguous piece per thread (``vector`` 1), each thread given at
+    least :data:`UNROLL` elements. None where it does not apply. The tiles name the
+    loops of the op after :func:`expand_reduction_loops` (the row one loop, split in
+    three when cyclic)."""
     if not row_reducible(op):
         return None
-    ranges = op.loop_ranges
-    if math.prod(r for r, k in zip(ranges, op.iterator_types, strict=True) if k == "parallel") < 2:
+    ranges, kinds = op.loop_ranges, op.iterator_types
+    if math.prod(r for r, k in zip(ranges, kinds, strict=True) if k == "parallel") < 2:
         return None  # a full reduction: no rows to give blocks
-    split = row_split(ranges[-1], _element_bytes(op), warp, threads_per_block)
+    first = row_loops(kinds, op.operand_dims)
+    length = math.prod(ranges[first:])
+    split = row_split(length, _element_bytes(op), warp, threads_per_block)
     if split is None:
-        return None
+        warps = -(-length // (warp * UNROLL))
+        split = (max(warp, min(warps * warp, threads_per_block // warp * warp)), 1)
+        row = (0,)
+    else:
+        row = (0, 0, 0)
     lanes, vector = split
     block = [1 if k == "parallel" and r > 1 else 0
-             for r, k in zip(ranges, op.iterator_types, strict=True)]  # fmt: skip
-    return KernelPlan(op=op.index, name=op.name, block_tile=(*block[:-1], 0, 0, 0),
+             for r, k in zip(ranges[:first], kinds[:first], strict=True)]  # fmt: skip
+    return KernelPlan(op=op.index, name=op.name, block_tile=(*block, *row),
                       threads=(lanes,), vector=vector, lanes=lanes,
                       merge=warp if lanes > warp else 0)  # fmt: skip
 
@@ -117,47 +143,72 @@ def plan_row_reduction(op: OpFacts, warp: int, threads_per_block: int) -> Kernel
 # -- the payload rewrite before the schedule -----------------------------------------------
 
 
-def expand_reduction_loops(module: Any, plans: Any, attr: str) -> dict[int, tuple[int, int]]:
-    """Split the innermost loop K of every op a cooperative plan names (``attr``: the
-    op-index attribute) into (K / (L*V), L, V) loops, expanding the operands that read it;
-    returns, per op changed, its output's rank and its J (row steps per thread), what its
-    script needs. The op keeps its body and its result."""
+def expand_reduction_loops(module: Any, plans: Any, attr: str) -> dict[int, tuple[int, ...]]:
+    """Reshape the row loops (:func:`row_loops`) of every op a cooperative plan names
+    (``attr``: the op-index attribute) into one loop K, split into (K / (L*V), L, V)
+    loops where the plan reads the row cyclically; the operands that read the row are
+    reshaped alike. Returns, per op changed, its output's rank, its J (row steps per
+    thread, 0 when not cyclic) and whether it is cyclic: what its script needs. The op
+    keeps its body and its result."""
     from stagegraph.mlir.bindings import ir
-    from stagegraph.mlir.build import expand_shape, iterator_types_attr
-    from stagegraph.mlir.walk import collect
+    from stagegraph.mlir.build import iterator_types_attr
 
     wanted = {plan.op: plan for plan in plans if plan.lanes}
-    ops = [op for op in collect(module, lambda o: attr in o.attributes)
-           if op.name == "linalg.generic"
+    ops = [op for op in collect_tagged(module, attr) if op.name == "linalg.generic"
            and ir.IntegerAttr(op.attributes[attr]).value in wanted]  # fmt: skip
     shapes = {}
     for op in ops:
         plan = wanted[ir.IntegerAttr(op.attributes[attr]).value]
         maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
         loops = maps[0].n_dims
-        inner = loops - 1
         rows = {e.position for e in maps[-1].results}  # the output's loops: the parallel ones
-        kinds = ["parallel" if d in rows else "reduction" for d in range(loops)]
-        length = _loop_extent(op, maps, inner)
+        kinds = tuple("parallel" if d in rows else "reduction" for d in range(loops))
+        first = row_loops(kinds, tuple(tuple(e.position for e in m.results) for m in maps))
+        cyclic = len(plan.block_tile) == first + 3
+        length = math.prod(_loop_extent(op, maps, d) for d in range(first, loops))
         parts = [length // (plan.lanes * plan.vector), plan.lanes, plan.vector]
-        shapes[plan.op] = (len(rows), parts[0])
+        parts = parts if cyclic else [length]
+        shapes[plan.op] = (len(rows), parts[0] if cyclic else 0, int(cyclic))
         new_maps = []
         with ir.InsertionPoint(op), op.location:
             for index, amap in enumerate(maps):
-                dims = [e.position for e in amap.results]
-                if inner not in dims:
-                    new_maps.append(ir.AffineMap.get(loops + 2, 0, list(amap.results)))
-                    continue
-                value = op.operands[index]
-                shape = list(ir.RankedTensorType(value.type).shape)
-                groups = [[d] for d in range(len(shape) - 1)] + [[len(shape) - 1 + g for g in
-                                                                   range(3)]]  # fmt: skip
-                op.operands[index] = expand_shape(value, groups, shape[:-1] + parts)
-                results = [*amap.results[:-1], *(ir.AffineDimExpr.get(inner + g) for g in range(3))]
-                new_maps.append(ir.AffineMap.get(loops + 2, 0, results))
+                keep = len([e for e in amap.results if e.position < first])
+                if keep < len(amap.results):
+                    op.operands[index] = _reshape_row(op.operands[index], keep, parts)
+                results = [*amap.results[:keep],
+                           *(ir.AffineDimExpr.get(first + k) for k in range(len(parts)))]
+                new_maps.append(ir.AffineMap.get(first + len(parts), 0,
+                                                 results if keep < len(amap.results)
+                                                 else list(amap.results)))  # fmt: skip
         op.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in new_maps])
-        op.attributes["iterator_types"] = iterator_types_attr([*kinds, "reduction", "reduction"])
+        op.attributes["iterator_types"] = iterator_types_attr(
+            [*kinds[:first], *["reduction"] * len(parts)]
+        )
     return shapes
+
+
+def collect_tagged(module: Any, attr: str) -> list[Any]:
+    """The ops of ``module`` that carry ``attr``."""
+    from stagegraph.mlir.walk import collect
+
+    return collect(module, lambda o: attr in o.attributes)
+
+
+def _reshape_row(value: Any, keep: int, parts: list[int]) -> Any:
+    """``value`` with its dims after the first ``keep`` (the row) collapsed into one and
+    expanded into ``parts``."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.build import collapse_shape, expand_shape
+
+    shape = list(ir.RankedTensorType(value.type).shape)
+    outer = [[d] for d in range(keep)]
+    if len(shape) - keep > 1:
+        value = collapse_shape(value, [*outer, list(range(keep, len(shape)))],
+                               [*shape[:keep], math.prod(shape[keep:])])  # fmt: skip
+    if len(parts) > 1:
+        value = expand_shape(value, [*outer, [keep + k for k in range(len(parts))]],
+                             [*shape[:keep], *parts])  # fmt: skip
+    return value
 
 
 def _loop_extent(op: Any, maps: list[Any], loop: int) -> int:
@@ -179,18 +230,18 @@ def _tiled(kind: str, target: str, spec: str, outs: int = 4) -> str:
     return f"transform.structured.{kind} {target} {spec} : ({_ANY}) -> ({types})"
 
 
-def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, int]) -> str:
+def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, ...]) -> str:
     """The transform ops for a cooperative plan (op ``plan.op`` tagged by ``attr``;
     ``shape``: its output's rank and row steps, from :func:`expand_reduction_loops`):
     rows to blocks, the row's L loop to the block's threads, each thread's steps
     (:func:`_thread_steps`), then the partial results combined (:func:`_merge_script`)."""
     i, tiles = plan.op, plan.block_tile
-    out_rank, steps = shape
+    out_rank, steps, cyclic = shape
     loops = len(tiles)
     blocks = [t for t in tiles if t]
     mapping = ", ".join(f"#gpu.block<linear_dim_{len(blocks) - 1 - k}>" for k in range(len(blocks)))
-    lanes = [0] * loops
-    lanes[-2] = plan.lanes
+    lane_dim = loops - 2 if cyclic else loops - 1
+    lanes = [plan.lanes if d == lane_dim else 0 for d in range(loops)]
     text = (
         f"    %op{i} = transform.structured.match attributes{{{attr} = {i} : i64}} in %root "
         f": ({_ANY}) -> {_ANY}\n"
@@ -201,12 +252,12 @@ def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, int]) ->
         f'    transform.annotate %rows{i} "{attr}" = %index{i} : {_ANY}, !transform.param<i64>\n'
         f"    %fill{i}, %part{i}, %comb{i}, %lanes{i} = "
         + _tiled("tile_reduction_using_forall", f"%rows{i}_op",
-                 f"reduction_dims = [{loops - 2}] by num_threads = {lanes} tile_sizes = [] "
+                 f"reduction_dims = [{lane_dim}] by num_threads = {lanes} tile_sizes = [] "
                  "mapping = [#gpu.thread<x>]")  # fmt: skip
         + f"\n    %ffill{i}, %lanes{i}_f = transform.structured.fuse_into_containing_op "
         f"%fill{i} into %lanes{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
     )
-    text += _thread_steps(i, tiles, steps)
+    text += _thread_steps(i, tiles, steps, loops - 3 if cyclic else loops - 1)
     text += _merge_script(i, plan.lanes, plan.merge, out_rank)
     # The partial buffers' whole fills stay behind, unused, when fused into the thread
     # foralls; bufferized, every thread would run them unsynchronized: drop them now.
@@ -218,14 +269,15 @@ def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, int]) ->
     return text
 
 
-def _thread_steps(i: int, tiles: tuple[int, ...], steps: int) -> str:
+def _thread_steps(i: int, tiles: tuple[int, ...], steps: int, row: int) -> str:
     """One thread's share of a row: a loop over every other reduction loop (outermost
-    first), inside them the J loop, each step one vector (``vector.reduction`` into the
-    accumulator), the accumulator hoisted out of the loops into a register (innermost
-    loop first: one hoisting round per loop) and the J loop unrolled (loads in flight)."""
+    first), inside them the ``row`` loop (J, or the thread's piece of an uneven row),
+    each step one vector (``vector.reduction`` into the accumulator), the accumulator
+    hoisted out of the loops into a register (innermost loop first: one hoisting round
+    per loop) and the J loop unrolled (loads in flight)."""
     loops = len(tiles)
-    outer = [1 if d < loops - 3 and not tiles[d] else 0 for d in range(loops)]
-    inner = [1 if d == loops - 3 else 0 for d in range(loops)]
+    outer = [1 if d < row and not tiles[d] else 0 for d in range(loops)]
+    inner = [1 if d == row else 0 for d in range(loops)]
     text = ""
     part = f"%part{i}"
     if any(outer):
@@ -256,7 +308,7 @@ def _thread_steps(i: int, tiles: tuple[int, ...], steps: int) -> str:
             f"    transform.apply_licm to %loops{i}_{k} : {_ANY}\n"
             f"    transform.loop.hoist_loop_invariant_subsets %loops{i}_{k} : {_ANY}\n"
         )
-    unroll = max(d for d in range(1, UNROLL + 1) if steps % d == 0)
+    unroll = max(d for d in range(1, UNROLL + 1) if steps % d == 0) if steps else 1
     if unroll > 1:
         text += f"    transform.loop.unroll %loop{i} {{factor = {unroll}}} : {_ANY}\n"
     return text

@@ -108,7 +108,7 @@ def kernel_script(plan: KernelPlan) -> str:
     return text
 
 
-def schedule_text(params: GpuParams, rows: dict[int, tuple[int, int]] | None = None) -> str:
+def schedule_text(params: GpuParams, rows: dict[int, tuple[int, ...]] | None = None) -> str:
     """The whole transform module for ``params``: one kernel script per mapped op
     (``rows``: the shapes of the cooperative reductions, as their rewrite left them)."""
     from stagegraph.stages.gpu.reduction import row_reduction_script
