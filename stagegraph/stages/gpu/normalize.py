@@ -1,8 +1,8 @@
 """The GPU graph's normalization: the payload rewrites every graph wants (gathers that only
 reshape become reshapes, unit dims leave the generic ops), then elementwise producers fuse
 into their consumers (``linalg-fuse-elementwise-ops``): a chain of pointwise ops, or a
-pointwise op feeding a reduction, becomes one op, hence one kernel; a cheap producer with several consumers is recomputed
-in each (:mod:`.recompute`). Transposes of constant
+pointwise op feeding a reduction, becomes one op, hence one kernel; a cheap producer with
+several consumers is recomputed in each (:mod:`.recompute`). Transposes of constant
 weights are done at compile time (:mod:`.constant_weights`), and matmuls read the half
 inputs that widening copies were made of (:func:`~.epilogue.fold_input_widening`)."""
 

@@ -5,8 +5,9 @@ innermost one or two parallel loops (the output's contiguous dims, so neighbouri
 touch neighbouring elements) go to the threads of a block, up to ``threads_per_block``;
 every other parallel loop goes to the grid, one block per index. Reduction loops stay
 sequential inside each thread, except in a reduction over contiguous rows: there a
-block of threads shares each row (:mod:`stagegraph.stages.gpu.reduction`). Tiles divide their loop exactly (the largest divisor that
-fits), so every block and thread forall has a static trip count the GPU mapping needs.
+block of threads shares each row (:mod:`stagegraph.stages.gpu.reduction`). Tiles divide
+their loop exactly (the largest divisor that fits), so every block and thread forall has
+a static trip count the GPU mapping needs.
 An op without parallel loops (a full reduction) is left unmapped: the GPU lowering runs it
 in a kernel of one thread (:mod:`stagegraph.stages.gpu.host_kernels`).
 

@@ -58,7 +58,8 @@ def row_loops(kinds: tuple[str, ...], operand_dims: tuple[tuple[int, ...], ...])
         group = list(range(first, loops))
         for dims in operand_dims:
             used = [d for d in dims if d in group]
-            if used and list(dims[len(dims) - len(group):]) != group or len(used) > len(group):
+            tail_dims = list(dims[len(dims) - len(group) :])
+            if used and (tail_dims != group or len(used) != len(group)):
                 return False
         return True
 
@@ -175,12 +176,16 @@ def expand_reduction_loops(module: Any, plans: Any, attr: str) -> dict[int, tupl
                 keep = len([e for e in amap.results if e.position < first])
                 if keep < len(amap.results):
                     op.operands[index] = _reshape_row(op.operands[index], keep, parts)
-                results = [*amap.results[:keep],
-                           *(ir.AffineDimExpr.get(first + k) for k in range(len(parts)))]
+                results = [
+                    *amap.results[:keep],
+                    *(ir.AffineDimExpr.get(first + k) for k in range(len(parts))),
+                ]
                 new_maps.append(ir.AffineMap.get(first + len(parts), 0,
                                                  results if keep < len(amap.results)
                                                  else list(amap.results)))  # fmt: skip
-        op.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in new_maps])
+        op.attributes["indexing_maps"] = ir.ArrayAttr.get(
+            [ir.AffineMapAttr.get(m) for m in new_maps]
+        )
         op.attributes["iterator_types"] = iterator_types_attr(
             [*kinds[:first], *["reduction"] * len(parts)]
         )
@@ -246,14 +251,18 @@ def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, ...]) ->
         f"    %op{i} = transform.structured.match attributes{{{attr} = {i} : i64}} in %root "
         f": ({_ANY}) -> {_ANY}\n"
         f"    %rows{i}_op, %rows{i} = "
-        + _tiled("tile_using_forall", f"%op{i}",
-                 f"tile_sizes {list(tiles)} (mapping = [{mapping}])", 2)  # fmt: skip
+        + _tiled(
+            "tile_using_forall", f"%op{i}", f"tile_sizes {list(tiles)} (mapping = [{mapping}])", 2
+        )
         + f"\n    %index{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
         f'    transform.annotate %rows{i} "{attr}" = %index{i} : {_ANY}, !transform.param<i64>\n'
         f"    %fill{i}, %part{i}, %comb{i}, %lanes{i} = "
-        + _tiled("tile_reduction_using_forall", f"%rows{i}_op",
-                 f"reduction_dims = [{lane_dim}] by num_threads = {lanes} tile_sizes = [] "
-                 "mapping = [#gpu.thread<x>]")  # fmt: skip
+        + _tiled(
+            "tile_reduction_using_forall",
+            f"%rows{i}_op",
+            f"reduction_dims = [{lane_dim}] by num_threads = {lanes} tile_sizes = [] "
+            "mapping = [#gpu.thread<x>]",
+        )
         + f"\n    %ffill{i}, %lanes{i}_f = transform.structured.fuse_into_containing_op "
         f"%fill{i} into %lanes{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
     )
@@ -283,8 +292,11 @@ def _thread_steps(i: int, tiles: tuple[int, ...], steps: int, row: int) -> str:
     if any(outer):
         count = sum(outer)
         handles = ", ".join(f"%outer{i}_{k}" for k in range(count))
-        text += (f"    %opart{i}, {handles} = "
-                 + _tiled("tile_using_for", part, f"tile_sizes {outer}", count + 1) + "\n")
+        text += (
+            f"    %opart{i}, {handles} = "
+            + _tiled("tile_using_for", part, f"tile_sizes {outer}", count + 1)
+            + "\n"
+        )
         part = f"%opart{i}"
     text += (
         f"    %step{i}, %loop{i} = "
@@ -303,7 +315,7 @@ def _thread_steps(i: int, tiles: tuple[int, ...], steps: int, row: int) -> str:
     )
     for k in range(sum(outer) + 1):
         text += (
-            f"    %loops{i}_{k} = transform.structured.match ops{{[\"scf.for\"]}} in %lanes{i}_f "
+            f'    %loops{i}_{k} = transform.structured.match ops{{["scf.for"]}} in %lanes{i}_f '
             f": ({_ANY}) -> {_ANY}\n"
             f"    transform.apply_licm to %loops{i}_{k} : {_ANY}\n"
             f"    transform.loop.hoist_loop_invariant_subsets %loops{i}_{k} : {_ANY}\n"
@@ -324,9 +336,11 @@ def _merge_script(i: int, lanes: int, merge: int, out_rank: int) -> str:
         split = [0] * out_rank + [merge]
         text += (
             f"    %mfill{i}, %mpart{i}, %mcomb{i}, %merge{i} = "
-            + _tiled("tile_reduction_using_forall", f"%comb{i}",
-                     f"reduction_dims = [{out_rank}] by num_threads = {split} tile_sizes = [] "
-                     f"{thread}")  # fmt: skip
+            + _tiled(
+                "tile_reduction_using_forall",
+                f"%comb{i}",
+                f"reduction_dims = [{out_rank}] by num_threads = {split} tile_sizes = [] {thread}",
+            )
             + f"\n    %mffill{i}, %merge{i}_f = transform.structured.fuse_into_containing_op "
             f"%mfill{i} into %merge{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
         )
@@ -352,8 +366,11 @@ def partials_to_shared(module: Any, plans: Any, attr: str) -> int:
 
     wanted = {plan.op for plan in plans if plan.lanes}
     workgroup = ir.Attribute.parse("#gpu.address_space<workgroup>")
-    foralls = [op for op in collect(module, "scf.forall")
-               if attr in op.attributes and ir.IntegerAttr(op.attributes[attr]).value in wanted]
+    foralls = [
+        op
+        for op in collect(module, "scf.forall")
+        if attr in op.attributes and ir.IntegerAttr(op.attributes[attr]).value in wanted
+    ]
     moved = 0
     for forall in foralls:
         for alloc in collect(forall, "memref.alloc"):

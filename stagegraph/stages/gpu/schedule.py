@@ -140,9 +140,8 @@ def gpu_schedule(
     module: TensorModule, params: GpuParams, config: GpuScheduleConfig
 ) -> TensorModule:
     """Tile every op to a block forall and a thread forall, as the params say."""
-    from stagegraph.stages.common.transform import apply_transform_module
-
     from stagegraph.mlir.build import ir_location
+    from stagegraph.stages.common.transform import apply_transform_module
     from stagegraph.stages.gpu.reduction import expand_reduction_loops
 
     with module.ir.context, ir_location(module.ir):
