@@ -152,11 +152,14 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     def wgmma_plan(op: OpFacts) -> KernelPlan | None:
         return plan_wgmma(op, target) if params.wgmma else None
 
+    from stagegraph.stages.gpu.column_reduction import plan_column_reduction
     from stagegraph.stages.gpu.reduction import plan_row_reduction
 
+    tpb = params.threads_per_block
     kernels = [(params.tensor_cores and (wgmma_plan(op) or plan_mma(op, target, params.tf32)))
-               or plan_row_reduction(op, target.warp_size, params.threads_per_block)
-               or plan_op(op, params.threads_per_block, vector_width(op))
+               or plan_row_reduction(op, target.warp_size, tpb)
+               or plan_column_reduction(op, target.sm_count, target.max_threads_per_sm, tpb)
+               or plan_op(op, tpb, vector_width(op))
                for op in facts.ops]  # fmt: skip
     if params.epilogues:
         from stagegraph.stages.gpu.epilogue import fuse_epilogues

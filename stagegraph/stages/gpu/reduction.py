@@ -71,22 +71,26 @@ def row_loops(kinds: tuple[str, ...], operand_dims: tuple[tuple[int, ...], ...])
     return first
 
 
-def row_reducible(op: OpFacts) -> bool:
-    """Whether ``op`` is a reduction over contiguous rows (:func:`row_loops`) that partial
-    results of any order can compute: one output indexed by exactly the parallel loops,
-    a single associative combiner, no index-dependent body, bare loop indices only."""
+def partial_reducible(op: OpFacts) -> bool:
+    """Whether partial results of ``op`` combine in any order into its result: a
+    ``linalg.generic`` with one output indexed by exactly its parallel loops, a single
+    associative combiner, no index-dependent body and bare loop indices only."""
     kinds = op.iterator_types
-    if op.name != "linalg.generic" or len(op.outputs) != 1 or not kinds:
+    if op.name != "linalg.generic" or len(op.outputs) != 1 or "reduction" not in kinds:
         return False
     body = set(op.body_ops)
     if "linalg.index" in body or "tensor.extract" in body or not body & COMBINERS:
         return False
     if len(op.operand_dims) != len(op.inputs) + 1 or any(-1 in d for d in op.operand_dims):
         return False
-    if row_loops(kinds, op.operand_dims) is None:
-        return False
     parallel = {d for d, kind in enumerate(kinds) if kind == "parallel"}
     return set(op.operand_dims[-1]) == parallel  # the output indexes exactly the rows
+
+
+def row_reducible(op: OpFacts) -> bool:
+    """Whether ``op`` is a reduction over contiguous rows (:func:`row_loops`) whose
+    partial results combine in any order (:func:`partial_reducible`)."""
+    return partial_reducible(op) and row_loops(op.iterator_types, op.operand_dims) is not None
 
 
 def _element_bytes(op: OpFacts) -> int:
@@ -239,7 +243,7 @@ def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, ...]) ->
     """The transform ops for a cooperative plan (op ``plan.op`` tagged by ``attr``;
     ``shape``: its output's rank and row steps, from :func:`expand_reduction_loops`):
     rows to blocks, the row's L loop to the block's threads, each thread's steps
-    (:func:`_thread_steps`), then the partial results combined (:func:`_merge_script`)."""
+    (:func:`thread_steps`), then the partial results combined (:func:`_merge_script`)."""
     i, tiles = plan.op, plan.block_tile
     out_rank, steps, cyclic = shape
     loops = len(tiles)
@@ -266,7 +270,8 @@ def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, ...]) ->
         + f"\n    %ffill{i}, %lanes{i}_f = transform.structured.fuse_into_containing_op "
         f"%fill{i} into %lanes{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
     )
-    text += _thread_steps(i, tiles, steps, loops - 3 if cyclic else loops - 1)
+    row = loops - 3 if cyclic else loops - 1
+    text += thread_steps(str(i), f"%part{i}", f"%lanes{i}_f", tiles, steps, row)
     text += _merge_script(i, plan.lanes, plan.merge, out_rank)
     # The partial buffers' whole fills stay behind, unused, when fused into the thread
     # foralls; bufferized, every thread would run them unsynchronized: drop them now.
@@ -278,17 +283,20 @@ def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, ...]) ->
     return text
 
 
-def _thread_steps(i: int, tiles: tuple[int, ...], steps: int, row: int) -> str:
-    """One thread's share of a row: a loop over every other reduction loop (outermost
-    first), inside them the ``row`` loop (J, or the thread's piece of an uneven row),
-    each step one vector (``vector.reduction`` into the accumulator), the accumulator
-    hoisted out of the loops into a register (innermost loop first: one hoisting round
-    per loop) and the J loop unrolled (loads in flight)."""
+def thread_steps(
+    i: str, part: str, scope: str, tiles: tuple[int, ...], steps: int, row: int
+) -> str:
+    """One thread's share of a reduction (the op ``part`` inside the thread forall
+    ``scope``; ``i`` names the handles): a loop over every other untiled loop before
+    ``row`` (outermost first), inside them the ``row`` loop (J, or the thread's piece of
+    an uneven row), each step one vector (``vector.reduction`` into the accumulator),
+    the accumulator hoisted out of the loops into a register (innermost loop first: one
+    hoisting round per loop) and the ``row`` loop unrolled by up to :data:`UNROLL` when
+    it has ``steps`` (loads in flight)."""
     loops = len(tiles)
     outer = [1 if d < row and not tiles[d] else 0 for d in range(loops)]
     inner = [1 if d == row else 0 for d in range(loops)]
     text = ""
-    part = f"%part{i}"
     if any(outer):
         count = sum(outer)
         handles = ", ".join(f"%outer{i}_{k}" for k in range(count))
@@ -302,7 +310,7 @@ def _thread_steps(i: int, tiles: tuple[int, ...], steps: int, row: int) -> str:
         f"    %step{i}, %loop{i} = "
         + _tiled("tile_using_for", part, f"tile_sizes {inner}", 2)
         + f"\n    transform.structured.vectorize %step{i} : {_ANY}\n"
-        f"    transform.apply_patterns to %lanes{i}_f {{\n"
+        f"    transform.apply_patterns to {scope} {{\n"
         "      transform.apply_patterns.vector.cast_away_vector_leading_one_dim\n"
         "      transform.apply_patterns.vector.reorder_multi_reduction_dims "
         "lowering_strategy = innerreduction\n"
@@ -315,7 +323,7 @@ def _thread_steps(i: int, tiles: tuple[int, ...], steps: int, row: int) -> str:
     )
     for k in range(sum(outer) + 1):
         text += (
-            f'    %loops{i}_{k} = transform.structured.match ops{{["scf.for"]}} in %lanes{i}_f '
+            f'    %loops{i}_{k} = transform.structured.match ops{{["scf.for"]}} in {scope} '
             f": ({_ANY}) -> {_ANY}\n"
             f"    transform.apply_licm to %loops{i}_{k} : {_ANY}\n"
             f"    transform.loop.hoist_loop_invariant_subsets %loops{i}_{k} : {_ANY}\n"

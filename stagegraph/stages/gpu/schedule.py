@@ -117,6 +117,10 @@ def schedule_text(params: GpuParams, rows: dict[int, tuple[int, ...]] | None = N
     for plan in params.kernels:
         if plan.lanes and rows and plan.op in rows:
             body += row_reduction_script(plan, OP_ATTR, rows[plan.op])
+        elif plan.split:
+            from stagegraph.stages.gpu.column_reduction import column_script
+
+            body += column_script(plan, OP_ATTR)
         elif plan.mapped:
             body += kernel_script(plan)
     return wrap_script(body)
