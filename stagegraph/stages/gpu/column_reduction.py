@@ -98,17 +98,16 @@ def column_script(plan: KernelPlan, attr: str) -> str:
     kernels = (("pfill", *partial), ("psplit", blocks, threads), ("pcomb", *combine))
     for name, block, thread in kernels:
         handle = f"%{name}{i}"
+        block_map = ", ".join(block_mapping(tuple(block)))
+        thread_map = ", ".join(thread_mapping(tuple(thread)))
         text += (
             f"    {handle}_b, {handle}_blocks = "
-            + _tiled("tile_using_forall", handle,
-                     f"tile_sizes {block} (mapping = [{', '.join(block_mapping(tuple(block)))}])",
-                     2)
+            + _tiled("tile_using_forall", handle, f"tile_sizes {block} (mapping = [{block_map}])", 2)
             + f'\n    transform.annotate {handle}_blocks "{attr}" = %index{i} '
             f": {_ANY}, !transform.param<i64>\n"
             f"    {handle}_t, {handle}_threads = "
             + _tiled("tile_using_forall", f"{handle}_b",
-                     f"tile_sizes {thread} (mapping = [{', '.join(thread_mapping(tuple(thread)))}])",
-                     2)
+                     f"tile_sizes {thread} (mapping = [{thread_map}])", 2)
             + "\n"
         )  # fmt: skip
     return text + thread_steps(f"{i}c", f"%psplit{i}_t", f"%psplit{i}_threads",
