@@ -102,7 +102,8 @@ def column_script(plan: KernelPlan, attr: str) -> str:
         thread_map = ", ".join(thread_mapping(tuple(thread)))
         text += (
             f"    {handle}_b, {handle}_blocks = "
-            + _tiled("tile_using_forall", handle, f"tile_sizes {block} (mapping = [{block_map}])", 2)
+            + _tiled("tile_using_forall", handle,
+                     f"tile_sizes {block} (mapping = [{block_map}])", 2)
             + f'\n    transform.annotate {handle}_blocks "{attr}" = %index{i} '
             f": {_ANY}, !transform.param<i64>\n"
             f"    {handle}_t, {handle}_threads = "
