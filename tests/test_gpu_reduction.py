@@ -137,13 +137,22 @@ def test_row_loops_are_the_trailing_contiguous_reductions():
 
 
 def test_softmax_reductions_get_a_block_per_row(tmp_path):
-    kernels = plans(softmax(tmp_path, 64, 4096), target="sm_90a")
+    kernels = plans(softmax(tmp_path, 64, 4096), target="sm_90a", param={"row_kernels": False})
     rows = [k for k in kernels if k.lanes]
     assert [k.op for k in rows] == [1, 3]  # the max and the sum (exp fused into it)
     for plan in rows:
         assert (plan.lanes, plan.vector, plan.threads, plan.merge) == (256, 4, (256,), 32)
         assert plan.block_tile == (1, 0, 0, 0)  # the row, then its J, L, V loops
     assert len(kernels) == 5  # two fills, two reductions, one division: exp is recomputed
+
+
+def test_softmax_is_one_row_kernel(tmp_path):
+    kernels = plans(softmax(tmp_path, 64, 4096), target="sm_90a")
+    division = kernels[4]
+    # the division's rows to blocks, with both fills and both reductions inside
+    assert division.group == (0, 1, 2, 3) and division.lanes == 256 and division.vector == 4
+    assert division.block_tile == (1, 0, 0, 0)
+    assert not kernels[0].mapped and not kernels[2].mapped  # the fills: no launch of their own
 
 
 def test_channel_statistics_get_a_block_per_channel(tmp_path):
@@ -182,7 +191,8 @@ def test_row_steps_accumulate_in_registers_and_partials_in_shared_memory(tmp_pat
     from stagegraph.mlir.walk import collect
 
     path = softmax(tmp_path, 8, 16384)
-    module = sg.run("gpu", str(path), target="sm_90a", until="scheduled").module.ir
+    unfused = {"row_kernels": False}
+    module = sg.run("gpu", str(path), target="sm_90a", until="scheduled", param=unfused).module.ir
     stepping = [
         f
         for f in collect(module, "scf.forall")
@@ -195,7 +205,7 @@ def test_row_steps_accumulate_in_registers_and_partials_in_shared_memory(tmp_pat
         carried = [a.type for a in loop.regions[0].blocks[0].arguments[1:]]
         # the accumulator is a loop-carried vector (a register), not a tensor in memory
         assert [isinstance(t, ir.VectorType) for t in carried] == [True]
-    lowered = sg.run("gpu", str(path), target="sm_90a", until="lower").module.ir
+    lowered = sg.run("gpu", str(path), target="sm_90a", until="lower", param=unfused).module.ir
     spaces = [
         ir.IntegerAttr(op.attributes["addr_space"]).value
         for op in collect(lowered, "llvm.mlir.global")
@@ -210,7 +220,8 @@ def test_row_reduction_kernels_load_vectors_and_assemble_without_spills(tmp_path
     from stagegraph.stages.gpu.ptx import assemble
 
     path = softmax(tmp_path, 64, 4096)
-    binary = sg.run("gpu", str(path), target=arch, until="emit").value("emit")
+    unfused = {"row_kernels": False}
+    binary = sg.run("gpu", str(path), target=arch, until="emit", param=unfused).value("emit")
     launches = [k["launch"] for k in binary.manifest["kernels"]]
     rows = [launch for launch in launches if launch["grid"][0] * launch["grid"][1] == 64
             and launch["block"] == [256, 1, 1]]  # fmt: skip
@@ -224,3 +235,21 @@ def test_row_reduction_kernels_load_vectors_and_assemble_without_spills(tmp_path
         assert text.count("bar.sync") >= 2
         for report in assemble(text, arch):
             assert report.spill_stores == report.spill_loads == 0
+
+
+@needs_llvmlite
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_softmax_row_kernel_reads_rows_and_writes_once(tmp_path, arch):
+    from stagegraph.stages.gpu.ptx import assemble
+
+    binary = sg.run("gpu", str(softmax(tmp_path, 64, 4096)), target=arch,
+                    until="emit").value("emit")  # fmt: skip
+    (kernel,) = binary.manifest["kernels"]
+    assert kernel["launch"]["grid"] == [64, 1, 1] and kernel["launch"]["block"] == [256, 1, 1]
+    (text,) = binary.ptx.values()
+    # the row read three times (max, sum, division), 4 vectors per thread each; y written once
+    assert text.count("ld.global.v4") == 12 and text.count("st.global.v4") == 4
+    # max: lanes, warp, one thread; sum: the same; the division: a barrier after each
+    assert text.count("bar.sync") >= 6
+    (report,) = assemble(text, arch)
+    assert report.spill_stores == report.spill_loads == 0

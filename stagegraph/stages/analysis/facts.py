@@ -108,6 +108,7 @@ class OpFacts(Facts):
     loop_ranges: tuple[int, ...] = ()
     body_ops: tuple[str, ...] = ()
     operand_dims: tuple[tuple[int, ...], ...] = ()
+    producer_ops: tuple[int, ...] = ()  # per operand: the linalg op (index) defining it, or -1
     flops: int = 0
     contraction: ContractionFacts | None = None
     convolution: ConvolutionFacts | None = None

@@ -370,6 +370,22 @@ def op_facts(op: Any, index: int, where: str, def_use: DefUse | None = None) -> 
     )
 
 
+def producer_ops(op: Any, ops: list[Any]) -> tuple[int, ...]:
+    """Per operand of ``op`` (inputs, then outputs): the index in ``ops`` of the op whose
+    result it is, or -1 (an argument, a constant, a reshape, ...)."""
+    from stagegraph.mlir.bindings import ir
+
+    inputs, outputs = _operands(op)
+    found = []
+    for value in inputs + outputs:
+        if isinstance(value, ir.BlockArgument):
+            found.append(-1)
+            continue
+        owner = value.owner
+        found.append(next((i for i, other in enumerate(ops) if other == owner), -1))
+    return tuple(found)
+
+
 # --------------------------------------------------------------------------- layers
 
 

@@ -36,13 +36,16 @@ class GpuParams(Params):
     ``mma.sync`` (to compare the two Hopper paths); ``epilogues``: a matmul's elementwise
     consumer and zero fill run in its kernel (:mod:`stagegraph.stages.gpu.epilogue`; off
     gives each its own kernel, to compare; on wgmma blocks the epilogue runs as the block
-    copies its C tile out, :mod:`stagegraph.stages.gpu.wgmma_epilogue`)."""
+    copies its C tile out, :mod:`stagegraph.stages.gpu.wgmma_epilogue`); ``row_kernels``:
+    a pointwise op and the row reductions it reads run in one kernel per row
+    (:mod:`stagegraph.stages.gpu.row_fusion`; off: a kernel each, to compare)."""
 
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
     tf32: bool = False
     tensor_cores: bool = True
     wgmma: bool = True
     epilogues: bool = True  # a matmul's elementwise consumer and fill run in its kernel
+    row_kernels: bool = True  # a pointwise op and the row reductions it reads: one kernel
     kernels: tuple[KernelPlan, ...] = ()
 
     def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list:
@@ -165,6 +168,10 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
         from stagegraph.stages.gpu.epilogue import fuse_epilogues
 
         kernels = fuse_epilogues(kernels, facts)
+    if params.row_kernels:
+        from stagegraph.stages.gpu.row_fusion import fuse_rows
+
+        kernels = fuse_rows(kernels, facts)
     return params.model_copy(update={"kernels": tuple(kernels)})
 
 

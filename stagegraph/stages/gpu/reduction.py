@@ -168,7 +168,9 @@ def expand_reduction_loops(module: Any, plans: Any, attr: str) -> dict[int, tupl
         loops = maps[0].n_dims
         rows = {e.position for e in maps[-1].results}  # the output's loops: the parallel ones
         kinds = tuple("parallel" if d in rows else "reduction" for d in range(loops))
-        first = row_loops(kinds, tuple(tuple(e.position for e in m.results) for m in maps))
+        pointwise = len(rows) == loops  # a row kernel's pointwise op (gpu.row_fusion)
+        dims = tuple(tuple(e.position for e in m.results) for m in maps)
+        first = loops - 1 if pointwise else row_loops(kinds, dims)
         cyclic = len(plan.block_tile) == first + 3
         length = math.prod(_loop_extent(op, maps, d) for d in range(first, loops))
         parts = [length // (plan.lanes * plan.vector), plan.lanes, plan.vector]
@@ -190,10 +192,27 @@ def expand_reduction_loops(module: Any, plans: Any, attr: str) -> dict[int, tupl
         op.attributes["indexing_maps"] = ir.ArrayAttr.get(
             [ir.AffineMapAttr.get(m) for m in new_maps]
         )
+        kind = "parallel" if pointwise else "reduction"
         op.attributes["iterator_types"] = iterator_types_attr(
-            [*kinds[:first], *["reduction"] * len(parts)]
+            [*kinds[:first], *[kind] * len(parts)]
         )
+        if pointwise:
+            _reshape_result(op, len(maps[-1].results))
     return shapes
+
+
+def _reshape_result(op: Any, rank: int) -> None:
+    """The op's result typed as its (reshaped) init, reshaped back for its users."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.build import collapse_shape
+
+    result = op.results[0]
+    old = ir.RankedTensorType(result.type)
+    result.set_type(op.operands[len(op.operands) - 1].type)
+    groups = [[d] for d in range(rank - 1)] + [[rank - 1 + k for k in range(3)]]
+    with ir.InsertionPoint.after(op), op.location:
+        back = collapse_shape(result, groups, list(old.shape))
+    result.replace_all_uses_except(back, back.owner.operation)
 
 
 def collect_tagged(module: Any, attr: str) -> list[Any]:
@@ -241,16 +260,11 @@ def _tiled(kind: str, target: str, spec: str, outs: int = 4) -> str:
 
 def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, ...]) -> str:
     """The transform ops for a cooperative plan (op ``plan.op`` tagged by ``attr``;
-    ``shape``: its output's rank and row steps, from :func:`expand_reduction_loops`):
-    rows to blocks, the row's L loop to the block's threads, each thread's steps
-    (:func:`thread_steps`), then the partial results combined (:func:`_merge_script`)."""
+    ``shape``: its output's rank, row steps and whether cyclic, from
+    :func:`expand_reduction_loops`): rows to blocks, then :func:`reduction_body`."""
     i, tiles = plan.op, plan.block_tile
-    out_rank, steps, cyclic = shape
-    loops = len(tiles)
     blocks = [t for t in tiles if t]
     mapping = ", ".join(f"#gpu.block<linear_dim_{len(blocks) - 1 - k}>" for k in range(len(blocks)))
-    lane_dim = loops - 2 if cyclic else loops - 1
-    lanes = [plan.lanes if d == lane_dim else 0 for d in range(loops)]
     text = (
         f"    %op{i} = transform.structured.match attributes{{{attr} = {i} : i64}} in %root "
         f": ({_ANY}) -> {_ANY}\n"
@@ -260,19 +274,8 @@ def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, ...]) ->
         )
         + f"\n    %index{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
         f'    transform.annotate %rows{i} "{attr}" = %index{i} : {_ANY}, !transform.param<i64>\n'
-        f"    %fill{i}, %part{i}, %comb{i}, %lanes{i} = "
-        + _tiled(
-            "tile_reduction_using_forall",
-            f"%rows{i}_op",
-            f"reduction_dims = [{lane_dim}] by num_threads = {lanes} tile_sizes = [] "
-            "mapping = [#gpu.thread<x>]",
-        )
-        + f"\n    %ffill{i}, %lanes{i}_f = transform.structured.fuse_into_containing_op "
-        f"%fill{i} into %lanes{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
     )
-    row = loops - 3 if cyclic else loops - 1
-    text += thread_steps(str(i), f"%part{i}", f"%lanes{i}_f", tiles, steps, row)
-    text += _merge_script(i, plan.lanes, plan.merge, out_rank)
+    text += reduction_body(plan, f"%rows{i}_op", shape)
     # The partial buffers' whole fills stay behind, unused, when fused into the thread
     # foralls; bufferized, every thread would run them unsynchronized: drop them now.
     text += (
@@ -281,6 +284,31 @@ def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, ...]) ->
         f"    }} : {_ANY}\n"
     )
     return text
+
+
+def reduction_body(plan: KernelPlan, handle: str, shape: tuple[int, ...]) -> str:
+    """One block's row (the op ``handle``, already tiled to one row): the row's L loop to
+    the block's threads, each thread's steps (:func:`thread_steps`), then the partial
+    results combined (:func:`_merge_script`). The caller canonicalizes the block after."""
+    i, tiles = plan.op, plan.block_tile
+    out_rank, steps, cyclic = shape
+    loops = len(tiles)
+    lane_dim = loops - 2 if cyclic else loops - 1
+    lanes = [plan.lanes if d == lane_dim else 0 for d in range(loops)]
+    text = (
+        f"    %fill{i}, %part{i}, %comb{i}, %lanes{i} = "
+        + _tiled(
+            "tile_reduction_using_forall",
+            handle,
+            f"reduction_dims = [{lane_dim}] by num_threads = {lanes} tile_sizes = [] "
+            "mapping = [#gpu.thread<x>]",
+        )
+        + f"\n    %ffill{i}, %lanes{i}_f = transform.structured.fuse_into_containing_op "
+        f"%fill{i} into %lanes{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
+    )
+    row = loops - 3 if cyclic else loops - 1
+    text += thread_steps(str(i), f"%part{i}", f"%lanes{i}_f", tiles, steps, row)
+    return text + _merge_script(i, plan.lanes, plan.merge, out_rank)
 
 
 def thread_steps(

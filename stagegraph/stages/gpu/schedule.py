@@ -112,10 +112,17 @@ def schedule_text(params: GpuParams, rows: dict[int, tuple[int, ...]] | None = N
     """The whole transform module for ``params``: one kernel script per mapped op
     (``rows``: the shapes of the cooperative reductions, as their rewrite left them)."""
     from stagegraph.stages.gpu.reduction import row_reduction_script
+    from stagegraph.stages.gpu.row_fusion import grouped, row_kernel_script
 
+    inside = grouped(params.kernels)
+    plans = {plan.op: plan for plan in params.kernels}
     body = ""
     for plan in params.kernels:
-        if plan.lanes and rows and plan.op in rows:
+        if plan.op in inside:
+            continue  # scheduled inside its row kernel
+        if plan.group and rows:
+            body += row_kernel_script(plan, plans, OP_ATTR, rows)
+        elif plan.lanes and rows and plan.op in rows:
             body += row_reduction_script(plan, OP_ATTR, rows[plan.op])
         elif plan.split:
             from stagegraph.stages.gpu.column_reduction import column_script
