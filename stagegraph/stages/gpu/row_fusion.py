@@ -97,7 +97,7 @@ def fuse_rows(kernels: list[KernelPlan], facts: PayloadFacts) -> list[KernelPlan
         block = tuple(1 if r > 1 else 0 for r in op.loop_ranges[:-1])
         fused = KernelPlan(op=op.index, name=op.name, block_tile=(*block, 0, 0, 0),
                            threads=(lanes,), vector=vector, lanes=lanes,
-                           group=tuple(sorted([*group, *fills])))  # fmt: skip
+                           group=tuple(sorted({*group, *fills})))  # fmt: skip
         position = {p.op: n for n, p in enumerate(out)}
         out[position[op.index]] = fused
         for fill in fills:  # run by the block's threads: no launch, no block dims of their own
