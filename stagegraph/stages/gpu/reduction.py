@@ -130,7 +130,10 @@ def plan_row_reduction(op: OpFacts, warp: int, threads_per_block: int) -> Kernel
         return None  # a full reduction: no rows to give blocks
     first = row_loops(kinds, op.operand_dims)
     length = math.prod(ranges[first:])
-    split = row_split(length, _element_bytes(op), warp, threads_per_block)
+    # A slice may start anywhere: 16-byte vector loads need 16-byte aligned rows.
+    sliced = "tensor.extract_slice" in op.producers
+    split = row_split(length, VECTOR_BYTES if sliced else _element_bytes(op), warp,
+                      threads_per_block)  # fmt: skip
     if split is None:
         warps = -(-length // (warp * UNROLL))
         split = (max(warp, min(warps * warp, threads_per_block // warp * warp)), 1)

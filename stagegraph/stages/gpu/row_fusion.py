@@ -78,6 +78,8 @@ def fuse_rows(kernels: list[KernelPlan], facts: PayloadFacts) -> list[KernelPlan
     for op in facts.ops:
         if op.index not in plans or not _pointwise_rows(op):
             continue
+        if "tensor.extract_slice" in op.producers:
+            continue  # a slice may start anywhere: its rows' vectors may be misaligned
         group = _row_group(op, facts, plans)
         if not group or taken & set(group):
             continue
