@@ -17,7 +17,7 @@ import math
 
 from stagegraph.stages.analysis import OpFacts
 from stagegraph.stages.gpu.kernel_plan import KernelPlan
-from stagegraph.stages.gpu.reduction import _ANY, _tiled, partial_reducible, thread_steps
+from stagegraph.stages.gpu.reduction import ANY_OP, partial_reducible, thread_steps, transform_call
 
 #: The fewest rows each thread of a split walks (below that the split costs more than
 #: the partials' round trip through memory saves).
@@ -84,9 +84,9 @@ def column_script(plan: KernelPlan, attr: str) -> str:
     blocks, threads = list(plan.block_tile), list(plan.thread_tile)
     text = (
         f"    %op{i} = transform.structured.match attributes{{{attr} = {i} : i64}} in %root "
-        f": ({_ANY}) -> {_ANY}\n"
+        f": ({ANY_OP}) -> {ANY_OP}\n"
         f"    %init{i}, %pfill{i}, %psplit{i}, %pcomb{i} = "
-        + _tiled("split_reduction", f"%op{i}",
+        + transform_call("split_reduction", f"%op{i}",
                  f"{{split_factor = {plan.split}, insert_split_dimension = {insert}}}")
         + f"\n    %index{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
     )  # fmt: skip
@@ -102,12 +102,12 @@ def column_script(plan: KernelPlan, attr: str) -> str:
         thread_map = ", ".join(thread_mapping(tuple(thread)))
         text += (
             f"    {handle}_b, {handle}_blocks = "
-            + _tiled("tile_using_forall", handle,
+            + transform_call("tile_using_forall", handle,
                      f"tile_sizes {block} (mapping = [{block_map}])", 2)
             + f'\n    transform.annotate {handle}_blocks "{attr}" = %index{i} '
-            f": {_ANY}, !transform.param<i64>\n"
+            f": {ANY_OP}, !transform.param<i64>\n"
             f"    {handle}_t, {handle}_threads = "
-            + _tiled("tile_using_forall", f"{handle}_b",
+            + transform_call("tile_using_forall", f"{handle}_b",
                      f"tile_sizes {thread} (mapping = [{thread_map}])", 2)
             + "\n"
         )  # fmt: skip

@@ -45,7 +45,7 @@ COMBINERS = frozenset(
 VECTOR_BYTES = 16
 #: Row steps each thread's loop is unrolled by (loads in flight per thread).
 UNROLL = 4
-_ANY = "!transform.any_op"
+ANY_OP = "!transform.any_op"
 
 
 def row_loops(kinds: tuple[str, ...], operand_dims: tuple[tuple[int, ...], ...]) -> int | None:
@@ -256,9 +256,11 @@ def _loop_extent(op: Any, maps: list[Any], loop: int) -> int:
 # -- the schedule --------------------------------------------------------------------------
 
 
-def _tiled(kind: str, target: str, spec: str, outs: int = 4) -> str:
-    types = ", ".join([_ANY] * outs)
-    return f"transform.structured.{kind} {target} {spec} : ({_ANY}) -> ({types})"
+def transform_call(kind: str, target: str, spec: str, outs: int = 4) -> str:
+    """``transform.structured.<kind> <target> <spec>`` on an any-op handle, giving
+    ``outs`` any-op handles."""
+    types = ", ".join([ANY_OP] * outs)
+    return f"transform.structured.{kind} {target} {spec} : ({ANY_OP}) -> ({types})"
 
 
 def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, ...]) -> str:
@@ -270,13 +272,13 @@ def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, ...]) ->
     mapping = ", ".join(f"#gpu.block<linear_dim_{len(blocks) - 1 - k}>" for k in range(len(blocks)))
     text = (
         f"    %op{i} = transform.structured.match attributes{{{attr} = {i} : i64}} in %root "
-        f": ({_ANY}) -> {_ANY}\n"
+        f": ({ANY_OP}) -> {ANY_OP}\n"
         f"    %rows{i}_op, %rows{i} = "
-        + _tiled(
+        + transform_call(
             "tile_using_forall", f"%op{i}", f"tile_sizes {list(tiles)} (mapping = [{mapping}])", 2
         )
         + f"\n    %index{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
-        f'    transform.annotate %rows{i} "{attr}" = %index{i} : {_ANY}, !transform.param<i64>\n'
+        f'    transform.annotate %rows{i} "{attr}" = %index{i} : {ANY_OP}, !transform.param<i64>\n'
     )
     text += reduction_body(plan, f"%rows{i}_op", shape)
     # The partial buffers' whole fills stay behind, unused, when fused into the thread
@@ -284,7 +286,7 @@ def row_reduction_script(plan: KernelPlan, attr: str, shape: tuple[int, ...]) ->
     text += (
         f"    transform.apply_patterns to %rows{i} {{\n"
         "      transform.apply_patterns.canonicalization\n"
-        f"    }} : {_ANY}\n"
+        f"    }} : {ANY_OP}\n"
     )
     return text
 
@@ -300,14 +302,14 @@ def reduction_body(plan: KernelPlan, handle: str, shape: tuple[int, ...]) -> str
     lanes = [plan.lanes if d == lane_dim else 0 for d in range(loops)]
     text = (
         f"    %fill{i}, %part{i}, %comb{i}, %lanes{i} = "
-        + _tiled(
+        + transform_call(
             "tile_reduction_using_forall",
             handle,
             f"reduction_dims = [{lane_dim}] by num_threads = {lanes} tile_sizes = [] "
             "mapping = [#gpu.thread<x>]",
         )
         + f"\n    %ffill{i}, %lanes{i}_f = transform.structured.fuse_into_containing_op "
-        f"%fill{i} into %lanes{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
+        f"%fill{i} into %lanes{i} : ({ANY_OP}, {ANY_OP}) -> ({ANY_OP}, {ANY_OP})\n"
     )
     row = loops - 3 if cyclic else loops - 1
     text += thread_steps(str(i), f"%part{i}", f"%lanes{i}_f", tiles, steps, row)
@@ -333,14 +335,14 @@ def thread_steps(
         handles = ", ".join(f"%outer{i}_{k}" for k in range(count))
         text += (
             f"    %opart{i}, {handles} = "
-            + _tiled("tile_using_for", part, f"tile_sizes {outer}", count + 1)
+            + transform_call("tile_using_for", part, f"tile_sizes {outer}", count + 1)
             + "\n"
         )
         part = f"%opart{i}"
     text += (
         f"    %step{i}, %loop{i} = "
-        + _tiled("tile_using_for", part, f"tile_sizes {inner}", 2)
-        + f"\n    transform.structured.vectorize %step{i} : {_ANY}\n"
+        + transform_call("tile_using_for", part, f"tile_sizes {inner}", 2)
+        + f"\n    transform.structured.vectorize %step{i} : {ANY_OP}\n"
         f"    transform.apply_patterns to {scope} {{\n"
         "      transform.apply_patterns.vector.cast_away_vector_leading_one_dim\n"
         "      transform.apply_patterns.vector.reorder_multi_reduction_dims "
@@ -350,18 +352,18 @@ def thread_steps(
         "      transform.apply_patterns.vector.multi_reduction_unrolling "
         "lowering_strategy = innerreduction\n"
         "      transform.apply_patterns.canonicalization\n"
-        f"    }} : {_ANY}\n"
+        f"    }} : {ANY_OP}\n"
     )
     for k in range(sum(outer) + 1):
         text += (
             f'    %loops{i}_{k} = transform.structured.match ops{{["scf.for"]}} in {scope} '
-            f": ({_ANY}) -> {_ANY}\n"
-            f"    transform.apply_licm to %loops{i}_{k} : {_ANY}\n"
-            f"    transform.loop.hoist_loop_invariant_subsets %loops{i}_{k} : {_ANY}\n"
+            f": ({ANY_OP}) -> {ANY_OP}\n"
+            f"    transform.apply_licm to %loops{i}_{k} : {ANY_OP}\n"
+            f"    transform.loop.hoist_loop_invariant_subsets %loops{i}_{k} : {ANY_OP}\n"
         )
     unroll = max(d for d in range(1, UNROLL + 1) if steps % d == 0) if steps else 1
     if unroll > 1:
-        text += f"    transform.loop.unroll %loop{i} {{factor = {unroll}}} : {_ANY}\n"
+        text += f"    transform.loop.unroll %loop{i} {{factor = {unroll}}} : {ANY_OP}\n"
     return text
 
 
@@ -375,18 +377,18 @@ def _merge_script(i: int, lanes: int, merge: int, out_rank: int) -> str:
         split = [0] * out_rank + [merge]
         text += (
             f"    %mfill{i}, %mpart{i}, %mcomb{i}, %merge{i} = "
-            + _tiled(
+            + transform_call(
                 "tile_reduction_using_forall",
                 f"%comb{i}",
                 f"reduction_dims = [{out_rank}] by num_threads = {split} tile_sizes = [] {thread}",
             )
             + f"\n    %mffill{i}, %merge{i}_f = transform.structured.fuse_into_containing_op "
-            f"%mfill{i} into %merge{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
+            f"%mfill{i} into %merge{i} : ({ANY_OP}, {ANY_OP}) -> ({ANY_OP}, {ANY_OP})\n"
         )
         last = f"%mcomb{i}"
     text += (
         f"    %final{i}_op, %final{i} = "
-        + _tiled("tile_using_forall", last, f"tile_sizes [1] ({thread})", 2)
+        + transform_call("tile_using_forall", last, f"tile_sizes [1] ({thread})", 2)
         + "\n"
     )
     return text

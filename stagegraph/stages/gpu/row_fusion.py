@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from stagegraph.stages.analysis import OpFacts, PayloadFacts
 from stagegraph.stages.gpu.kernel_plan import KernelPlan
-from stagegraph.stages.gpu.reduction import _ANY, _tiled, reduction_body, thread_steps
+from stagegraph.stages.gpu.reduction import ANY_OP, reduction_body, thread_steps, transform_call
 
 
 def _pointwise_rows(op: OpFacts) -> bool:
@@ -125,20 +125,20 @@ def row_kernel_script(plan: KernelPlan, plans: dict[int, KernelPlan], attr: str,
     mapping = ", ".join(f"#gpu.block<linear_dim_{len(blocks) - 1 - k}>" for k in range(len(blocks)))
     text = (
         f"    %op{i} = transform.structured.match attributes{{{attr} = {i} : i64}} in %root "
-        f": ({_ANY}) -> {_ANY}\n"
+        f": ({ANY_OP}) -> {ANY_OP}\n"
         f"    %pw{i}, %rows{i} = "
-        + _tiled("tile_using_forall", f"%op{i}",
+        + transform_call("tile_using_forall", f"%op{i}",
                  f"tile_sizes {list(plan.block_tile)} (mapping = [{mapping}])", 2)
         + f"\n    %index{i} = transform.param.constant {i} : i64 -> !transform.param<i64>\n"
-        f'    transform.annotate %rows{i} "{attr}" = %index{i} : {_ANY}, !transform.param<i64>\n'
+        f'    transform.annotate %rows{i} "{attr}" = %index{i} : {ANY_OP}, !transform.param<i64>\n'
     )  # fmt: skip
     for member in sorted(plan.group, reverse=True):
         text += (
-            f"    transform.apply_cse to %rows{i} : {_ANY}\n"
+            f"    transform.apply_cse to %rows{i} : {ANY_OP}\n"
             f"    %m{member} = transform.structured.match attributes{{{attr} = {member} : i64}} "
-            f"in %root : ({_ANY}) -> {_ANY}\n"
+            f"in %root : ({ANY_OP}) -> {ANY_OP}\n"
             f"    %fused{member}, %rows{i}_{member} = transform.structured.fuse_into_containing_op "
-            f"%m{member} into %rows{i} : ({_ANY}, {_ANY}) -> ({_ANY}, {_ANY})\n"
+            f"%m{member} into %rows{i} : ({ANY_OP}, {ANY_OP}) -> ({ANY_OP}, {ANY_OP})\n"
         )
     for member in sorted(plan.group):
         if plans[member].lanes:
@@ -147,7 +147,7 @@ def row_kernel_script(plan: KernelPlan, plans: dict[int, KernelPlan], attr: str,
     lanes = [1 if d == loops - 2 else 0 for d in range(loops)]
     text += (
         f"    %pwt{i}, %pwthreads{i} = "
-        + _tiled("tile_using_forall", f"%pw{i}",
+        + transform_call("tile_using_forall", f"%pw{i}",
                  f"tile_sizes {lanes} (mapping = [#gpu.thread<x>])", 2)
         + "\n"
     )  # fmt: skip
@@ -156,8 +156,8 @@ def row_kernel_script(plan: KernelPlan, plans: dict[int, KernelPlan], attr: str,
     return text + (
         f"    transform.apply_patterns to %rows{i} {{\n"
         "      transform.apply_patterns.canonicalization\n"
-        f"    }} : {_ANY}\n"
+        f"    }} : {ANY_OP}\n"
         f'    %func{i} = transform.structured.match ops{{["func.func"]}} in %root '
-        f": ({_ANY}) -> {_ANY}\n"
-        f"    transform.apply_dce to %func{i} : {_ANY}\n"
+        f": ({ANY_OP}) -> {ANY_OP}\n"
+        f"    transform.apply_dce to %func{i} : {ANY_OP}\n"
     )
