@@ -168,6 +168,12 @@ def test_uneven_rows_split_into_contiguous_pieces(tmp_path):
     assert (row.lanes, row.vector, row.block_tile) == (64, 1, (1, 0))
 
 
+def test_short_rows_stay_one_thread_per_row(tmp_path):
+    kernels = plans(softmax(tmp_path, 64, 40), target="sm_90a")
+    assert not any(k.lanes or k.group for k in kernels)  # 40 < two warps' worth
+    assert kernels[1].threads == (64,) and kernels[1].block_tile == (64, 0)
+
+
 # -- numbers through gpu_cpu (the schedule run serially on the CPU) ----------------------
 
 

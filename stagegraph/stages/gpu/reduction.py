@@ -130,6 +130,8 @@ def plan_row_reduction(op: OpFacts, warp: int, threads_per_block: int) -> Kernel
         return None  # a full reduction: no rows to give blocks
     first = row_loops(kinds, op.operand_dims)
     length = math.prod(ranges[first:])
+    if length < 2 * warp:
+        return None  # a short row: a block's barriers and merges would cost more than it
     # A slice may start anywhere: 16-byte vector loads need 16-byte aligned rows.
     sliced = "tensor.extract_slice" in op.producers
     split = row_split(length, VECTOR_BYTES if sliced else _element_bytes(op), warp,
