@@ -172,6 +172,22 @@ def test_short_rows_stay_one_thread_per_row(tmp_path):
     kernels = plans(softmax(tmp_path, 64, 40), target="sm_90a")
     assert not any(k.lanes or k.group for k in kernels)  # 40 < two warps' worth
     assert kernels[1].threads == (64,) and kernels[1].block_tile == (64, 0)
+    assert kernels[1].accumulate == (1, 40)  # each thread's 40 steps, in a register
+
+
+def test_one_thread_per_row_accumulates_in_a_register(tmp_path):
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+
+    path = softmax(tmp_path, 64, 40)
+    module = sg.run("gpu", str(path), target="sm_90a", until="scheduled").module.ir
+    loops = [loop for loop in collect(module, "scf.for") if loop.parent.name == "scf.forall"]
+    assert len(loops) == 2  # the max's and the sum's 40 steps (10 trips of 4)
+    for loop in loops:
+        carried = [a.type for a in loop.regions[0].blocks[0].arguments[1:]]
+        assert any(isinstance(t, ir.VectorType) for t in carried)
+    report = sg.run("gpu_cpu", str(path))
+    assert report.verified is True, report.message
 
 
 # -- numbers through gpu_cpu (the schedule run serially on the CPU) ----------------------

@@ -150,6 +150,22 @@ def plan_row_reduction(op: OpFacts, warp: int, threads_per_block: int) -> Kernel
                       merge=warp if lanes > warp else 0)  # fmt: skip
 
 
+def in_registers(op: OpFacts, plan: KernelPlan) -> KernelPlan:
+    """``plan`` (one thread per output element, :func:`~stagegraph.stages.gpu.params.plan_op`)
+    with each thread's reduction loops stepped and the accumulator in a register
+    (:func:`thread_steps`), where ``op``'s partial results combine in any order; without
+    it every step loads and stores the output element."""
+    kinds = op.iterator_types
+    if not partial_reducible(op) or not plan.mapped or plan.lanes or plan.split:
+        return plan
+    reductions = [d for d, kind in enumerate(kinds) if kind == "reduction"]
+    tiles = (plan.block_tile, plan.thread_tile)
+    if any(t[d] for t in tiles for d in reductions if d < len(t)):
+        return plan
+    row = reductions[-1]
+    return plan.model_copy(update={"accumulate": (row, op.loop_ranges[row])})
+
+
 # -- the payload rewrite before the schedule -----------------------------------------------
 
 

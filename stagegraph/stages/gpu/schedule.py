@@ -98,6 +98,12 @@ def kernel_script(plan: KernelPlan) -> str:
     text += _tile(
         f"%blocks{i}_op", plan.thread_tile, thread_mapping(plan.thread_tile), f"%threads{i}"
     )
+    if plan.accumulate:  # a reduction: each thread's steps accumulate in a register
+        from stagegraph.stages.gpu.reduction import thread_steps
+
+        row, steps = plan.accumulate
+        text += thread_steps(f"{i}r", f"%threads{i}_op", f"%threads{i}", plan.block_tile,
+                             steps, row)  # fmt: skip
     if plan.vector > 1:  # each thread's 1x..xV piece becomes vector transfers, where it can
         text += (
             f"    transform.sequence %threads{i}_op : {_ANY} failures(suppress) {{\n"
