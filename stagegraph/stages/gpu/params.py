@@ -156,11 +156,13 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
         return plan_wgmma(op, target) if params.wgmma else None
 
     from stagegraph.stages.gpu.column_reduction import plan_column_reduction
+    from stagegraph.stages.gpu.full_reduction import plan_full_reduction
     from stagegraph.stages.gpu.reduction import in_registers, plan_row_reduction
 
     tpb = params.threads_per_block
     kernels = [(params.tensor_cores and (wgmma_plan(op) or plan_mma(op, target, params.tf32)))
                or plan_row_reduction(op, target.warp_size, tpb)
+               or plan_full_reduction(op, target.warp_size, tpb, target.sm_count)
                or plan_column_reduction(op, target.sm_count, target.max_threads_per_sm, tpb)
                or in_registers(op, plan_op(op, tpb, vector_width(op)))
                for op in facts.ops]  # fmt: skip

@@ -197,6 +197,10 @@ def expand_reduction_loops(module: Any, plans: Any, attr: str) -> dict[int, tupl
         parts = [length // (plan.lanes * plan.vector), plan.lanes, plan.vector]
         parts = parts if cyclic else [length]
         shapes[plan.op] = (len(rows), parts[0] if cyclic else 0, int(cyclic))
+        if plan.split:  # a reduction to a scalar over blocks (gpu.full_reduction)
+            steps = length // (plan.split * plan.lanes * plan.vector)
+            parts = [plan.split, steps, plan.lanes, plan.vector]
+            shapes[plan.op] = (1, parts[1], 1)
         new_maps = []
         with ir.InsertionPoint(op), op.location:
             for index, amap in enumerate(maps):
@@ -219,7 +223,37 @@ def expand_reduction_loops(module: Any, plans: Any, attr: str) -> dict[int, tupl
         )
         if pointwise:
             _reshape_result(op, len(maps[-1].results))
+        if plan.split:
+            _unit_row(op)
     return shapes
+
+
+def _unit_row(op: Any) -> None:
+    """A reduction to a scalar given a leading parallel loop of one trip and a result of
+    one element (reshaped back to a scalar for its users): its per-block pieces then
+    have a row the cooperative script can give to one thread at the end."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.build import collapse_shape, expand_shape, iterator_types_attr
+
+    maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    loops = maps[0].n_dims
+    shifted = [
+        ir.AffineMap.get(loops + 1, 0, [ir.AffineDimExpr.get(e.position + 1) for e in m.results])
+        for m in maps[:-1]
+    ]
+    out = ir.AffineMap.get(loops + 1, 0, [ir.AffineDimExpr.get(0)])
+    op.attributes["indexing_maps"] = ir.ArrayAttr.get(
+        [ir.AffineMapAttr.get(m) for m in (*shifted, out)]
+    )
+    op.attributes["iterator_types"] = iterator_types_attr(["parallel"] + ["reduction"] * loops)
+    init = len(op.operands) - 1
+    with ir.InsertionPoint(op), op.location:
+        op.operands[init] = expand_shape(op.operands[init], [], [1])
+    result = op.results[0]
+    result.set_type(op.operands[init].type)
+    with ir.InsertionPoint.after(op), op.location:
+        back = collapse_shape(result, [], [])
+    result.replace_all_uses_except(back, back.owner.operation)
 
 
 def _reshape_result(op: Any, rank: int) -> None:

@@ -117,6 +117,7 @@ def kernel_script(plan: KernelPlan) -> str:
 def schedule_text(params: GpuParams, rows: dict[int, tuple[int, ...]] | None = None) -> str:
     """The whole transform module for ``params``: one kernel script per mapped op
     (``rows``: the shapes of the cooperative reductions, as their rewrite left them)."""
+    from stagegraph.stages.gpu.full_reduction import full_reduction_script, is_full
     from stagegraph.stages.gpu.reduction import row_reduction_script
     from stagegraph.stages.gpu.row_fusion import grouped, row_kernel_script
 
@@ -128,6 +129,8 @@ def schedule_text(params: GpuParams, rows: dict[int, tuple[int, ...]] | None = N
             continue  # scheduled inside its row kernel
         if plan.group and rows:
             body += row_kernel_script(plan, plans, OP_ATTR, rows)
+        elif is_full(plan) and rows and plan.op in rows:
+            body += full_reduction_script(plan, OP_ATTR, rows[plan.op])
         elif plan.lanes and rows and plan.op in rows:
             body += row_reduction_script(plan, OP_ATTR, rows[plan.op])
         elif plan.split:
