@@ -117,8 +117,10 @@ def test_params_map_inner_loops_to_threads_and_the_rest_to_blocks():
     assert (relu.vector, relu.threads) == (4, (128, 2))
     assert relu.block_tile == (2, 512) and relu.thread_tile == (1, 4)
     assert (fill.vector, fill.threads) == (4, (16,))
-    assert (total.vector, total.threads) == (1, (64,))
-    assert total.block_tile == (64, 0)  # the reduction loop stays in the thread
+    # The row sums: a block per row, 128 threads reading 4-float vectors of it together
+    # (gpu.reduction); the tiles name the row and its J, L, V loops.
+    assert (total.lanes, total.vector, total.threads) == (128, 4, (128,))
+    assert total.block_tile == (1, 0, 0, 0)
 
 
 def test_schedule_maps_block_foralls_to_blocks_and_nested_ones_to_threads():
@@ -135,14 +137,17 @@ def test_schedule_maps_block_foralls_to_blocks_and_nested_ones_to_threads():
         for forall in blocks:
             mapping = list(ir.ArrayAttr(forall.attributes["mapping"]))
             assert mapping[-1] == block
-            (inner,) = [op for op in collect(forall, "scf.forall") if op != forall]
-            assert list(ir.ArrayAttr(inner.attributes["mapping"]))[-1] == thread
+            inner = [op for op in collect(forall, "scf.forall") if op != forall]
+            # one thread forall; the row sums': lanes, a warp combining, one thread
+            assert len(inner) == (3 if forall == blocks[2] else 1)
+            for threads in inner:
+                assert list(ir.ArrayAttr(threads.attributes["mapping"]))[-1] == thread
         relu_threads = list(ir.ArrayAttr(collect(blocks[0], "scf.forall")[-1]
                                          .attributes["mapping"]))  # fmt: skip
         assert relu_threads == [ir.Attribute.parse("#gpu.thread<y>"), thread]
-    # The pointwise op's thread piece is vector transfers; the reduction's stays a loop nest.
+    # The pointwise op's thread piece is vector transfers; so are the row sums' steps.
     assert collect(blocks[0], "vector.transfer_read")
-    assert not collect(blocks[2], lambda op: op.name.startswith("vector."))
+    assert collect(blocks[2], "vector.reduction")
 
 
 def test_threads_per_block_is_a_param(capsys):
@@ -163,7 +168,7 @@ def test_lowering_outlines_one_kernel_per_op_with_block_and_thread_sizes():
     kernels = collect(module, lambda op: op.name == "llvm.func" and "nvvm.kernel" in op.attributes)
     assert len(kernels) == 3
     sizes = sorted(list(ir.DenseI32ArrayAttr(k.attributes["nvvm.maxntid"])) for k in kernels)
-    assert sizes == [[16, 1, 1], [64, 1, 1], [128, 2, 1]]
+    assert sizes == [[16, 1, 1], [128, 1, 1], [128, 2, 1]]
     assert not collect(module, lambda op: op.name.startswith("linalg."))
 
 
@@ -189,8 +194,9 @@ def test_manifest_plans_allocations_copies_and_launches(artifact):
     assert ops[:2] == ["alloc", "copy_h2d"] and ops.count("launch") == 3
     assert ops.index("copy_d2h") > max(i for i, op in enumerate(ops) if op == "launch")
     grids = sorted((k["launch"]["grid"], k["launch"]["block"]) for k in manifest["kernels"])
-    assert sorted(g[1] for g in grids) == [[16, 1, 1], [64, 1, 1], [128, 2, 1]]
-    assert sorted(int(np.prod(g[0])) for g in grids) == [1, 1, 32]  # 64 rows, 2 per block
+    assert sorted(g[1] for g in grids) == [[16, 1, 1], [128, 1, 1], [128, 2, 1]]
+    # the fill in one block; ReLU's 64 rows 2 per block; the sums one block per row
+    assert sorted(int(np.prod(g[0])) for g in grids) == [1, 32, 64]
     launch = next(s for s in manifest["plan"] if s["op"] == "launch")
     buffer = next(a for a in launch["args"] if "buffer" in a)
     assert buffer["sizes"] and buffer["strides"][-1] == 1
@@ -231,8 +237,8 @@ def test_ptx_has_one_entry_per_kernel_and_libdevice_linked(artifact):
         assert ".target sm_80" in text and text.count(".entry") == 1
         assert "__nv_expf" not in text  # linked from libdevice and inlined
     assert any("ex2.approx" in t for t in texts)  # exp reached the special-function unit
-    # The pointwise kernels move 16 bytes per thread and access; the reduction does not.
-    assert sum("ld.global.v4" in t for t in texts) == 1
+    # The pointwise kernels move 16 bytes per thread and access; the row sums read so too.
+    assert sum("ld.global.v4" in t for t in texts) == 2
     assert sum("st.global.v4" in t for t in texts) == 2
 
 

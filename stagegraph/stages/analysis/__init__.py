@@ -42,6 +42,7 @@ from stagegraph.stages.analysis.ops import (
     layers_of,
     linalg_ops,
     op_facts,
+    producer_ops,
     value_facts,
 )
 
@@ -93,7 +94,9 @@ def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
         fn_facts = tuple(function_facts(f, strict=f == fn) for f in functions)
         ops = linalg_ops(fn)
         def_use = DefUse(fn)
-        facts = [op_facts(op, i, f"payload function @{name}", def_use) for i, op in enumerate(ops)]
+        facts = [op_facts(op, i, f"payload function @{name}", def_use).model_copy(
+                     update={"producer_ops": producer_ops(op, ops)})
+                 for i, op in enumerate(ops)]  # fmt: skip
         layers = layers_of(ops, facts, def_use)
         decisions = stamped_decisions(fn)
     entry_facts = fn_facts[functions.index(fn)]

@@ -92,7 +92,9 @@ class OpFacts(Facts):
 
     ``producers`` names where each operand (inputs, then outputs) comes from: ``%argN`` for
     an entry argument, else the defining op (``linalg.transpose``, ``tensor.empty``, ...).
-    ``indexing_maps`` are printed for display only.
+    ``indexing_maps`` are printed for display only; ``operand_dims`` gives, per operand
+    (inputs, then outputs), the loop each of its dims is indexed by (-1: not a bare loop
+    index, e.g. a sum or a constant), which is what cost models decide access patterns by.
     """
 
     index: int
@@ -105,6 +107,8 @@ class OpFacts(Facts):
     iterator_types: tuple[IteratorType, ...] = ()
     loop_ranges: tuple[int, ...] = ()
     body_ops: tuple[str, ...] = ()
+    operand_dims: tuple[tuple[int, ...], ...] = ()
+    producer_ops: tuple[int, ...] = ()  # per operand: the linalg op (index) defining it, or -1
     flops: int = 0
     contraction: ContractionFacts | None = None
     convolution: ConvolutionFacts | None = None

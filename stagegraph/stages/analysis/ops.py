@@ -363,11 +363,28 @@ def op_facts(op: Any, index: int, where: str, def_use: DefUse | None = None) -> 
         iterator_types=iterators,
         loop_ranges=ranges,
         body_ops=tuple(n for n in body if n != "linalg.yield"),
+        operand_dims=tuple(tuple(-1 if d is None else d for d in _dim_positions(m)) for m in maps),
         flops=_flops(op_class, ranges if maps else None, body),
         contraction=contraction if op_class == "matmul" else None,
         convolution=conv,
         window_reads=any(not m.is_projected_permutation for m in maps[: len(inputs)]),
     )
+
+
+def producer_ops(op: Any, ops: list[Any]) -> tuple[int, ...]:
+    """Per operand of ``op`` (inputs, then outputs): the index in ``ops`` of the op whose
+    result it is, or -1 (an argument, a constant, a reshape, ...)."""
+    from stagegraph.mlir.bindings import ir
+
+    inputs, outputs = _operands(op)
+    found = []
+    for value in inputs + outputs:
+        if isinstance(value, ir.BlockArgument):
+            found.append(-1)
+            continue
+        owner = value.owner
+        found.append(next((i for i, other in enumerate(ops) if other == owner), -1))
+    return tuple(found)
 
 
 # --------------------------------------------------------------------------- layers

@@ -32,6 +32,12 @@ class KernelPlan(Params):
     warp_specialized: bool = False  # wgmma: a producer warpgroup and two consumer ones
     group_m: int = Field(0, ge=0, le=4096)  # wgmma: tile rows per group of blocks (0: plain)
     fused: tuple[int, ...] = ()  # ops run in this kernel: its consumer, its init fill
+    lanes: int = Field(0, ge=0, le=1024)  # threads sharing each reduction row (gpu.reduction)
+    merge: int = Field(0, ge=0, le=1024)  # ... of which combine the row's partials (0: one)
+    accumulate: tuple[int, ...] = ()  # (loop, extent) a thread walks, accumulating in a register
+    group: tuple[int, ...] = ()  # ops run inside this op's row kernel (gpu.row_fusion)
+    split: int = Field(0, ge=0)  # a column reduction's loop split S ways (gpu.column_reduction)
+    split_loops: tuple[int, ...] = ()  # ... the split op's S loop, K/S loop and K/S
 
     @property
     def mapped(self) -> bool:

@@ -159,6 +159,7 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     from stagegraph.stages.gpu.mma import rewrite_mma
     from stagegraph.stages.gpu.mma_bounds import static_warp_grids
     from stagegraph.stages.gpu.mma_staged import allocs_to_globals
+    from stagegraph.stages.gpu.reduction import partials_to_shared
     from stagegraph.stages.gpu.wgmma import align_dynamic_shared, give_dynamic_shared
     from stagegraph.stages.gpu.wgmma_rewrite import rewrite_wgmma
 
@@ -168,6 +169,7 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
         rewrite_mma(module.ir)
         rewrite_simt_epilogues(module.ir)
         params = schedule_leftovers(module.ir, params)
+        partials_to_shared(module.ir, params.kernels, OP_ATTR)
         map_to_gpu(module.ir, params)
     run_pipeline(module, LOOPS)
     with module.ir.context:

@@ -1,7 +1,8 @@
 """The GPU graph's normalization: the payload rewrites every graph wants (gathers that only
 reshape become reshapes, unit dims leave the generic ops), then elementwise producers fuse
 into their consumers (``linalg-fuse-elementwise-ops``): a chain of pointwise ops, or a
-pointwise op feeding a reduction, becomes one op, hence one kernel. Transposes of constant
+pointwise op feeding a reduction, becomes one op, hence one kernel; a cheap producer with
+several consumers is recomputed in each (:mod:`.recompute`). Transposes of constant
 weights are done at compile time (:mod:`.constant_weights`), and matmuls read the half
 inputs that widening copies were made of (:func:`~.epilogue.fold_input_widening`)."""
 
@@ -28,4 +29,9 @@ def gpu_normalize(module: TensorModule) -> TensorModule:
         fold_unit_dims(module.ir)
         fold_constant_transposes(module.ir)
         fold_input_widening(module.ir)
-    return run_pipeline(module, FUSE)
+    module = run_pipeline(module, FUSE)
+    from stagegraph.stages.gpu.recompute import duplicate_shared_producers
+
+    with module.ir.context, ir_location(module.ir):
+        cloned = duplicate_shared_producers(module.ir)
+    return run_pipeline(module, FUSE) if cloned else module

@@ -4,8 +4,10 @@ Every op becomes (at least) one kernel. Its parallel loops are split in two leve
 innermost one or two parallel loops (the output's contiguous dims, so neighbouring threads
 touch neighbouring elements) go to the threads of a block, up to ``threads_per_block``;
 every other parallel loop goes to the grid, one block per index. Reduction loops stay
-sequential inside each thread. Tiles divide their loop exactly (the largest divisor that
-fits), so every block and thread forall has a static trip count the GPU mapping needs.
+sequential inside each thread, except in a reduction over contiguous rows: there a
+block of threads shares each row (:mod:`stagegraph.stages.gpu.reduction`). Tiles divide
+their loop exactly (the largest divisor that fits), so every block and thread forall has
+a static trip count the GPU mapping needs.
 An op without parallel loops (a full reduction) is left unmapped: the GPU lowering runs it
 in a kernel of one thread (:mod:`stagegraph.stages.gpu.host_kernels`).
 
@@ -34,13 +36,16 @@ class GpuParams(Params):
     ``mma.sync`` (to compare the two Hopper paths); ``epilogues``: a matmul's elementwise
     consumer and zero fill run in its kernel (:mod:`stagegraph.stages.gpu.epilogue`; off
     gives each its own kernel, to compare; on wgmma blocks the epilogue runs as the block
-    copies its C tile out, :mod:`stagegraph.stages.gpu.wgmma_epilogue`)."""
+    copies its C tile out, :mod:`stagegraph.stages.gpu.wgmma_epilogue`); ``row_kernels``:
+    a pointwise op and the row reductions it reads run in one kernel per row
+    (:mod:`stagegraph.stages.gpu.row_fusion`; off: a kernel each, to compare)."""
 
     threads_per_block: int = Field(256, ge=32, le=1024, multiple_of=32)
     tf32: bool = False
     tensor_cores: bool = True
     wgmma: bool = True  # verified on an H200 (docs/measurements.md); false: mma.sync
     epilogues: bool = True  # a matmul's elementwise consumer and fill run in its kernel
+    row_kernels: bool = True  # a pointwise op and the row reductions it reads: one kernel
     kernels: tuple[KernelPlan, ...] = ()
 
     def tuning_sites(self, facts: PayloadFacts, per_op: bool = False) -> list:
@@ -150,13 +155,25 @@ def gpu_heuristic(facts: PayloadFacts, target: GpuTarget, config: CostModelConfi
     def wgmma_plan(op: OpFacts) -> KernelPlan | None:
         return plan_wgmma(op, target) if params.wgmma else None
 
+    from stagegraph.stages.gpu.column_reduction import plan_column_reduction
+    from stagegraph.stages.gpu.full_reduction import plan_full_reduction
+    from stagegraph.stages.gpu.reduction import in_registers, plan_row_reduction
+
+    tpb = params.threads_per_block
     kernels = [(params.tensor_cores and (wgmma_plan(op) or plan_mma(op, target, params.tf32)))
-               or plan_op(op, params.threads_per_block, vector_width(op))
+               or plan_row_reduction(op, target.warp_size, tpb)
+               or plan_full_reduction(op, target.warp_size, tpb, target.sm_count)
+               or plan_column_reduction(op, target.sm_count, target.max_threads_per_sm, tpb)
+               or in_registers(op, plan_op(op, tpb, vector_width(op)))
                for op in facts.ops]  # fmt: skip
     if params.epilogues:
         from stagegraph.stages.gpu.epilogue import fuse_epilogues
 
         kernels = fuse_epilogues(kernels, facts)
+    if params.row_kernels:
+        from stagegraph.stages.gpu.row_fusion import fuse_rows
+
+        kernels = fuse_rows(kernels, facts)
     return params.model_copy(update={"kernels": tuple(kernels)})
 
 

@@ -98,6 +98,12 @@ def kernel_script(plan: KernelPlan) -> str:
     text += _tile(
         f"%blocks{i}_op", plan.thread_tile, thread_mapping(plan.thread_tile), f"%threads{i}"
     )
+    if plan.accumulate:  # a reduction: each thread's steps accumulate in a register
+        from stagegraph.stages.gpu.reduction import thread_steps
+
+        row, steps = plan.accumulate
+        text += thread_steps(f"{i}r", f"%threads{i}_op", f"%threads{i}", plan.block_tile,
+                             steps, row)  # fmt: skip
     if plan.vector > 1:  # each thread's 1x..xV piece becomes vector transfers, where it can
         text += (
             f"    transform.sequence %threads{i}_op : {_ANY} failures(suppress) {{\n"
@@ -108,11 +114,30 @@ def kernel_script(plan: KernelPlan) -> str:
     return text
 
 
-def schedule_text(params: GpuParams) -> str:
-    """The whole transform module for ``params``: one kernel script per mapped op."""
+def schedule_text(params: GpuParams, rows: dict[int, tuple[int, ...]] | None = None) -> str:
+    """The whole transform module for ``params``: one kernel script per mapped op
+    (``rows``: the shapes of the cooperative reductions, as their rewrite left them)."""
+    from stagegraph.stages.gpu.full_reduction import full_reduction_script, is_full
+    from stagegraph.stages.gpu.reduction import row_reduction_script
+    from stagegraph.stages.gpu.row_fusion import grouped, row_kernel_script
+
+    inside = grouped(params.kernels)
+    plans = {plan.op: plan for plan in params.kernels}
     body = ""
     for plan in params.kernels:
-        if plan.mapped:
+        if plan.op in inside:
+            continue  # scheduled inside its row kernel
+        if plan.group and rows:
+            body += row_kernel_script(plan, plans, OP_ATTR, rows)
+        elif is_full(plan) and rows and plan.op in rows:
+            body += full_reduction_script(plan, OP_ATTR, rows[plan.op])
+        elif plan.lanes and rows and plan.op in rows:
+            body += row_reduction_script(plan, OP_ATTR, rows[plan.op])
+        elif plan.split:
+            from stagegraph.stages.gpu.column_reduction import column_script
+
+            body += column_script(plan, OP_ATTR)
+        elif plan.mapped:
             body += kernel_script(plan)
     return wrap_script(body)
 
@@ -135,9 +160,13 @@ def gpu_schedule(
     module: TensorModule, params: GpuParams, config: GpuScheduleConfig
 ) -> TensorModule:
     """Tile every op to a block forall and a thread forall, as the params say."""
+    from stagegraph.mlir.build import ir_location
     from stagegraph.stages.common.transform import apply_transform_module
+    from stagegraph.stages.gpu.reduction import expand_reduction_loops
 
-    with module.ir.context:
+    with module.ir.context, ir_location(module.ir):
         tag_ops(module.ir)
-    apply_transform_module(module, schedule_text(params), "__transform_main", "<gpu schedule>")
+        rows = expand_reduction_loops(module.ir, params.kernels, OP_ATTR)
+    text = schedule_text(params, rows)
+    apply_transform_module(module, text, "__transform_main", "<gpu schedule>")
     return module
