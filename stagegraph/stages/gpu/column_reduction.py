@@ -18,6 +18,7 @@ import math
 from stagegraph.stages.analysis import OpFacts
 from stagegraph.stages.gpu.kernel_plan import KernelPlan
 from stagegraph.stages.gpu.reduction import ANY_OP, partial_reducible, thread_steps, transform_call
+from stagegraph.stages.gpu.simt_plan import block_mapping, plan_op, thread_mapping
 
 #: The fewest rows each thread of a split walks (below that the split costs more than
 #: the partials' round trip through memory saves).
@@ -43,8 +44,6 @@ def plan_column_reduction(
     it reads, whose outputs are too few to fill the GPU; None where it does not apply.
     The tiles are those :func:`~stagegraph.stages.gpu.params.plan_op` gives the split op
     (the output's loops with S inserted before the innermost one, then K / S)."""
-    from stagegraph.stages.gpu.params import plan_op
-
     kinds, ranges = op.iterator_types, op.loop_ranges
     reductions = [d for d, kind in enumerate(kinds) if kind == "reduction"]
     if not partial_reducible(op) or len(reductions) != 1:
@@ -77,8 +76,6 @@ def column_script(plan: KernelPlan, attr: str) -> str:
     block and thread foralls (three kernels, each block forall tagged with the op's
     index for its launch's block dims); the split op's threads step their rows with the
     accumulator in a register."""
-    from stagegraph.stages.gpu.schedule import block_mapping, thread_mapping
-
     i = plan.op
     insert, rows, steps = plan.split_loops
     blocks, threads = list(plan.block_tile), list(plan.thread_tile)

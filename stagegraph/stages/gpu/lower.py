@@ -116,8 +116,8 @@ def schedule_leftovers(module: Any, params: GpuParams) -> GpuParams:
     from stagegraph.stages.analysis import is_linalg_op, op_facts
     from stagegraph.stages.common.rewrites import copies_to_linalg
     from stagegraph.stages.common.transform import apply_schedule_module
-    from stagegraph.stages.gpu.params import plan_op
     from stagegraph.stages.gpu.schedule import kernel_script, wrap_script
+    from stagegraph.stages.gpu.simt_plan import plan_op
 
     copies_to_linalg(module)
     entry = select_entry(payload_functions(module))

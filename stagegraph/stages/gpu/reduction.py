@@ -31,6 +31,7 @@ from typing import Any
 from stagegraph.dtypes import byte_size
 from stagegraph.stages.analysis import OpFacts
 from stagegraph.stages.gpu.kernel_plan import KernelPlan
+from stagegraph.stages.gpu.simt_plan import VECTOR_BYTES
 
 #: Body ops that combine a partial result associatively (the upstream partial-reduction
 #: tiling finds the combiner and its neutral element among these).
@@ -41,8 +42,6 @@ COMBINERS = frozenset(
         *("maxsi", "minsi", "maxui", "minui", "andi", "ori", "xori"),
     )
 )
-#: Bytes one thread loads at once along a row: a 16-byte vector.
-VECTOR_BYTES = 16
 #: Row steps each thread's loop is unrolled by (loads in flight per thread).
 UNROLL = 4
 ANY_OP = "!transform.any_op"

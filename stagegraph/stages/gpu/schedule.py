@@ -15,12 +15,12 @@ from typing import Any
 from stagegraph.core.ports import Config, TensorModule
 from stagegraph.core.stage import stage
 from stagegraph.stages.gpu.params import GpuParams, KernelPlan
+from stagegraph.stages.gpu.simt_plan import block_mapping, thread_mapping
 
 #: Marks each linalg op of the entry with its index in the analysis's order.
 OP_ATTR = "stagegraph.gpu_op"
 _ANY = "!transform.any_op"
 _TILED = f"({_ANY}) -> ({_ANY}, {_ANY})"
-_THREAD_DIMS = ("x", "y", "z")
 
 
 def tag_ops(module: Any) -> int:
@@ -42,18 +42,6 @@ def _match(handle: str, index: int) -> str:
         f"    {handle} = transform.structured.match attributes{{{OP_ATTR} = {index} : i64}} "
         f"in %root : ({_ANY}) -> {_ANY}\n"
     )
-
-
-def block_mapping(tiles: tuple[int, ...]) -> list[str]:
-    """``#gpu.block<linear_dim_N>`` per tiled loop, linear dim 0 on the innermost."""
-    tiled = [i for i, t in enumerate(tiles) if t]
-    return [f"#gpu.block<linear_dim_{len(tiled) - 1 - k}>" for k in range(len(tiled))]
-
-
-def thread_mapping(tiles: tuple[int, ...]) -> list[str]:
-    """``#gpu.thread<x>`` on the innermost tiled loop, ``y`` (then ``z``) outward."""
-    tiled = [i for i, t in enumerate(tiles) if t]
-    return [f"#gpu.thread<{_THREAD_DIMS[len(tiled) - 1 - k]}>" for k in range(len(tiled))]
 
 
 def _tile(target: str, tiles: tuple[int, ...], mapping: list[str], out: str) -> str:
