@@ -96,7 +96,7 @@ def check_one(folder: Path, repeats: int, graph: bool = False) -> dict:
         outputs = program.run(inputs)
         ratio = verdict(outputs, refs, inputs, manifest) if refs else float("inf")
         errors = [relative_error(o, r) for o, r in zip(outputs, refs, strict=False)]
-        ok = ratio <= 1.0
+        ratio, ok = float(ratio), bool(ratio <= 1.0)
         ours = statistics.median(program.time_ms(repeats))
         graph_ms = replay_ms(program, repeats) if graph else None
     finally:
