@@ -91,6 +91,7 @@ def normalize(
     from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
     from stagegraph.stages.x86.conv.pointwise import pointwise_convolutions_to_matmuls
     from stagegraph.stages.x86.conv.transposed import decompose_strided_transposed_convolutions
+    from stagegraph.stages.x86.generic.batch_stats import one_pass_statistics
     from stagegraph.stages.x86.matmul.weight_rows import prepare_weights
     from stagegraph.stages.x86.pool3d import separate_3d_poolings
 
@@ -99,6 +100,7 @@ def normalize(
         fold_reshaping_gathers(module.ir)
         fold_channel_affine_chains(module.ir)  # eval-mode BatchNorm into conv weights
         fold_unit_dims(module.ir)
+        one_pass_statistics(module.ir)  # a norm's sums: one reduction, not three
         decompose_strided_transposed_convolutions(module.ir)
         stride1_transposed_to_col2im(module.ir, config)
         pointwise_convolutions_to_matmuls(module.ir)

@@ -1,0 +1,352 @@
+"""A norm's batch statistics in one pass over its input, not three.
+
+Training-mode BatchNorm (statistics of the batch), InstanceNorm, GroupNorm and LayerNorm
+come from the importer as the two-pass variance, in f64: ``X = extf(x)``, ``S = sum(X)``,
+``M = S / N``, ``V = sum((X - M)^2)``, and beside those the f32 ``sum(x)`` whose mean the
+normalization subtracts. Those are three reductions over the same input, each a pass over
+memory, the second only after the first has finished (it needs ``M``). Algebra removes
+that dependence: for any per-group value ``K``,
+
+    sum((X - M)^2) = T2 - 2 (M - K) T1 + N (M - K)^2,   sum(X) = T1 + N K,
+    with T1 = sum(X - K) and T2 = sum((X - K)^2),
+
+so :func:`one_pass_statistics` replaces the three reductions by one multi-output
+reduction computing ``T1``, ``T2`` and the narrow sums together, and rebuilds ``S`` and
+``V`` from per-group values (no pass: a group's values are a few numbers).
+
+Why the shift ``K``: with ``K = 0`` this is the textbook ``E[X^2] - E[X]^2``, which cancels
+catastrophically when a group's mean is large against its spread (relative error of the
+order ``eps * N * M^2 / var``). ``K`` is each group's first element (the input at index 0
+of every reduced dim), so ``M - K`` is of the order of the spread and the f64 accumulators
+keep what the two-pass form keeps. The f32 sums stay f32 sums of ``x``, as the importer
+wrote them (the same additions, in the order the schedule's vectorized reduction takes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from stagegraph.mlir.bindings import arith, dialect, ir
+from stagegraph.mlir.build import generic
+from stagegraph.mlir.constants import is_zero_constant
+from stagegraph.mlir.walk import DefUse, children, top_level_ops
+from stagegraph.stages.analysis.ops import declared_iterator_types
+from stagegraph.stages.x86.generic.linalg_parts import input_count
+from stagegraph.stages.x86.generic.prepare import erase_unused_tensor_ops
+
+
+@dataclass
+class _Statistics:
+    """One norm's reductions: ``variance`` (``sum((X - M)^2)``, reading ``square`` of
+    ``deviation``), ``mean`` (``M``), ``source`` (``x``; ``X = extf(x)`` when ``widened``),
+    and the sums of the same groups to compute alongside: ``wide_sums`` of ``X``,
+    ``narrow_sums`` of ``x`` (when widened)."""
+
+    variance: Any
+    square: Any
+    deviation: Any
+    mean: Any
+    source: Any
+    widened: bool
+    wide_sums: list[Any] = field(default_factory=list)
+    narrow_sums: list[Any] = field(default_factory=list)
+
+
+def one_pass_statistics(module: Any) -> int:
+    """Compute every norm's sum and sum of squared deviations of ``module`` (on tensors) in
+    one reduction with the other sums of its input over the same groups (see the module
+    doc); returns how many norms were rewritten."""
+    rewritten = 0
+    for fn in top_level_ops(module.operation):
+        if fn.name != "func.func" or not fn.regions[0].blocks:
+            continue
+        while (found := _find(fn)) is not None:
+            _rewrite(found)
+            erase_unused_tensor_ops(fn)
+            rewritten += 1
+    return rewritten
+
+
+def _find(fn: Any) -> _Statistics | None:
+    uses = DefUse(fn)
+    for op in top_level_ops(fn):
+        if (found := _match(op, uses)) is not None:
+            return found
+    return None
+
+
+def _maps(op: Any) -> list[Any]:
+    return [ir.AffineMapAttr(a).value for a in op.attributes["indexing_maps"]]
+
+
+def _all_parallel(op: Any) -> bool:
+    return "reduction" not in declared_iterator_types(op)
+
+
+def _body(op: Any) -> list[Any]:
+    """The body ops of a linalg op, yield excluded."""
+    return children(op)[:-1]
+
+
+def _arguments(op: Any) -> list[Any]:
+    return list(op.regions[0].blocks[0].arguments)
+
+
+def _yields(op: Any, value: Any) -> bool:
+    return list(children(op)[-1].operands) == [value]
+
+
+def _binary(op: Any, name: str) -> tuple[Any, Any] | None:
+    """The operands of ``op``'s body when it is one ``name`` op yielded, else None."""
+    body = _body(op)
+    if len(body) != 1 or body[0].name != name or not _yields(op, body[0].results[0]):
+        return None
+    return body[0].operands[0], body[0].operands[1]
+
+
+def _zero_init(value: Any, uses: DefUse) -> bool:
+    """Whether ``value`` is a ``linalg.fill`` of constant 0 (a sum's starting value)."""
+    owner = uses.owner(value)
+    if owner is None or owner.name != "linalg.fill" or len(owner.operands) != 2:
+        return False
+    scalar = uses.owner(owner.operands[0])
+    return scalar is not None and is_zero_constant(scalar)
+
+
+def _is_sum(op: Any, uses: DefUse) -> bool:
+    """A ``linalg.generic`` adding its one input, read through the identity map, into a
+    zero-filled init over reduction loops, each parallel loop a dim of its output."""
+    if op.name != "linalg.generic" or len(op.results) != 1 or input_count(op) != 1:
+        return False
+    if _all_parallel(op) or not _zero_init(op.operands[1], uses):
+        return False
+    maps = _maps(op)
+    if not _identity(maps[0]) or not _projection(maps[1]):
+        return False
+    operands = _binary(op, "arith.addf")
+    if operands is None or set(operands) != set(_arguments(op)):
+        return False
+    kinds = declared_iterator_types(op)
+    parallel = {d for d, kind in enumerate(kinds) if kind == "parallel"}
+    return parallel == _output_dims(maps[1])
+
+
+def _identity(amap: Any) -> bool:
+    return amap == ir.AffineMap.get_identity(amap.n_dims)
+
+
+def _projection(amap: Any) -> bool:
+    """Each result a distinct loop dim or the constant 0 (a kept unit dim)."""
+    dims = []
+    for expr in amap.results:
+        if isinstance(expr, ir.AffineDimExpr):
+            dims.append(ir.AffineDimExpr(expr).position)
+        elif not (
+            isinstance(expr, ir.AffineConstantExpr) and ir.AffineConstantExpr(expr).value == 0
+        ):
+            return False
+    return len(dims) == len(set(dims))
+
+
+def _output_dims(amap: Any) -> set[int]:
+    return {ir.AffineDimExpr(e).position for e in amap.results if isinstance(e, ir.AffineDimExpr)}
+
+
+def _elementwise(op: Any, inputs: int) -> bool:
+    return (
+        op is not None and op.name == "linalg.generic" and len(op.results) == 1
+        and input_count(op) == inputs and _all_parallel(op)
+    )  # fmt: skip
+
+
+def _match(variance: Any, uses: DefUse) -> _Statistics | None:
+    """``variance`` as ``sum((X - M)^2)`` (see the module doc), with the sums beside it."""
+    if not _is_sum(variance, uses):
+        return None
+    square = uses.owner(variance.operands[0])
+    if not _elementwise(square, 2) or len(uses.users(square.results[0])) != 1:
+        return None
+    operands = _binary(square, "arith.mulf")
+    arguments = _arguments(square)[:2]
+    if operands is None or not set(operands) <= set(arguments):
+        return None
+    if square.operands[0] != square.operands[1]:
+        return None  # both factors read the deviation
+    if not all(_identity(m) for m in _maps(square)):
+        return None
+    deviation = uses.owner(square.operands[0])
+    if not _elementwise(deviation, 2) or len(uses.users(deviation.results[0])) != 2:
+        return None
+    maps, group_map = _maps(deviation), _maps(variance)[1]
+    if _binary(deviation, "arith.subf") != tuple(_arguments(deviation)[:2]):
+        return None
+    if not (_identity(maps[0]) and _identity(maps[2]) and maps[1] == group_map):
+        return None
+    wide, mean = deviation.operands[0], deviation.operands[1]
+    if mean.type != variance.results[0].type or not _static(wide) or not _static(mean):
+        return None
+    source, widened = _narrowed(wide, uses), True
+    if source is None:
+        source, widened = wide, False
+    found = _Statistics(variance, square, deviation, mean, source, widened)
+    found.wide_sums = _sums_beside(wide, variance, uses)
+    if widened:
+        found.narrow_sums = _sums_beside(source, variance, uses)
+    return found
+
+
+def _static(value: Any) -> bool:
+    return ir.RankedTensorType(value.type).has_static_shape
+
+
+def _narrowed(wide: Any, uses: DefUse) -> Any | None:
+    """``x`` when ``wide`` is ``extf(x)`` (an elementwise generic of identity maps)."""
+    owner = uses.owner(wide)
+    if not _elementwise(owner, 1) or not all(_identity(m) for m in _maps(owner)):
+        return None
+    body = _body(owner)
+    if len(body) != 1 or body[0].name != "arith.extf" or not _yields(owner, body[0].results[0]):
+        return None
+    return owner.operands[0] if body[0].operands[0] == _arguments(owner)[0] else None
+
+
+def _sums_beside(value: Any, variance: Any, uses: DefUse) -> list[Any]:
+    """The sums of ``value`` over the groups ``variance`` reduces over, in its block."""
+    keys = ("indexing_maps", "iterator_types")
+    found = []
+    for user in uses.users(value):
+        if user in found or user.parent != variance.parent or not _is_sum(user, uses):
+            continue
+        if all(user.attributes[k] == variance.attributes[k] for k in keys):
+            found.append(user)
+    return found
+
+
+def _rewrite(found: _Statistics) -> None:
+    """One reduction for all of ``found``'s sums, then ``S`` and ``V`` from its results."""
+    variance = found.variance
+    group_type = ir.RankedTensorType(variance.results[0].type)
+    group_map = _maps(variance)[1]
+    shape = ir.RankedTensorType(found.source.type).shape
+    reduced = [d for d in range(len(shape)) if d not in _output_dims(group_map)]
+    count = math.prod(shape[d] for d in reduced)
+    block_ops = top_level_ops(variance.parent)
+    sums = [*found.wide_sums, *found.narrow_sums]
+    first = min([variance, *sums], key=block_ops.index)
+    group_shift = _shift_on_groups(group_map, reduced, len(shape))
+    with ir.InsertionPoint(first), variance.location:
+        merged, shift = _merged_reduction(found, sums, reduced)
+        moments = merged.results[0], merged.results[1]
+        for wide_sum in found.wide_sums:  # sum(X) = T1 + N K
+            rebuilt = _per_group(
+                [moments[0], shift], group_shift, group_type,
+                lambda t1, k, _out: arith.addf(t1, _times(_widen(k, found), count)),
+            )  # fmt: skip
+            wide_sum.results[0].replace_all_uses_with(rebuilt)
+        narrow = merged.results[2 + len(found.wide_sums) :]
+        for narrow_sum, result in zip(found.narrow_sums, narrow, strict=True):
+            narrow_sum.results[0].replace_all_uses_with(result)
+    with ir.InsertionPoint(variance), variance.location:
+
+        def deviations(t1: Any, t2: Any, mean: Any, k: Any, _out: Any) -> Any:
+            offset = arith.subf(mean, _widen(k, found))  # M - K
+            cross = arith.mulf(offset, t1)
+            spread = _times(arith.mulf(offset, offset), count)
+            return arith.addf(arith.subf(t2, arith.addf(cross, cross)), spread)
+
+        rebuilt = _per_group([*moments, found.mean, shift], group_shift, group_type, deviations)
+    variance.results[0].replace_all_uses_with(rebuilt)
+    for dead in (variance, found.square, found.deviation, *sums):
+        dead.erase()
+
+
+def _merged_reduction(found: _Statistics, sums: list[Any], reduced: list[int]) -> Any:
+    """The one reduction (``T1``, ``T2``, then ``sums``' results) and the shift it reads
+    (the input at index 0 of the ``reduced`` dims), built at the insertion point."""
+    source, variance = found.source, found.variance
+    source_type = ir.RankedTensorType(source.type)
+    rank = source_type.rank
+    sizes = [1 if d in reduced else n for d, n in enumerate(source_type.shape)]
+    shift = dialect("tensor").ExtractSliceOp(
+        ir.RankedTensorType.get(sizes, source_type.element_type), source, [], [], [],
+        [0] * rank, sizes, [1] * rank,
+    ).result  # fmt: skip
+    shift_map = ir.AffineMap.get(rank, 0, [
+        ir.AffineConstantExpr.get(0) if d in reduced else ir.AffineDimExpr.get(d)
+        for d in range(rank)
+    ])  # fmt: skip
+    group_type = ir.RankedTensorType(variance.results[0].type)
+    # Fresh inits: the sums' own may be defined after the insertion point.
+    inits = [_zeros(group_type), _zeros(group_type)]
+    inits += [_zeros(ir.RankedTensorType(s.results[0].type)) for s in sums]
+    maps = [ir.AffineMap.get_identity(rank), shift_map, *[_maps(variance)[1]] * len(inits)]
+    body = _moment_body(found.widened, len(found.wide_sums))
+    kinds = list(declared_iterator_types(variance))
+    return generic([source, shift], inits, maps, kinds, body), shift
+
+
+def _zeros(tensor_type: Any) -> Any:
+    """A fresh zero-filled tensor of ``tensor_type`` (a sum's init)."""
+    from stagegraph.mlir.build import named_structured_op
+
+    element = tensor_type.element_type
+    empty = dialect("tensor").EmptyOp(list(tensor_type.shape), element).result
+    zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
+    return named_structured_op("linalg.fill", [zero], [empty])
+
+
+def _moment_body(widened: bool, wide_sums: int) -> Any:
+    """The merged reduction's body: ``T1 += X - K``, ``T2 += (X - K)^2``, then the sums
+    (of ``X`` first, then of ``x``)."""
+
+    def body(x: Any, k: Any, t1: Any, t2: Any, *sums: Any) -> list[Any]:
+        value, shift = x, k
+        if widened:
+            value, shift = arith.extf(t1.type, x), arith.extf(t1.type, k)
+        centred = arith.subf(value, shift)
+        yielded = [arith.addf(centred, t1), arith.addf(arith.mulf(centred, centred), t2)]
+        for j, total in enumerate(sums):
+            yielded.append(arith.addf(value if j < wide_sums else x, total))
+        return yielded
+
+    return body
+
+
+def _shift_on_groups(group_map: Any, reduced: list[int], rank: int) -> Any:
+    """The map from a group's index (the dims of ``group_map``'s results) to the shift
+    tensor (the input's shape with the reduced dims 1)."""
+    position = {
+        ir.AffineDimExpr(e).position: j
+        for j, e in enumerate(group_map.results)
+        if isinstance(e, ir.AffineDimExpr)
+    }
+    groups = len(group_map.results)
+    return ir.AffineMap.get(groups, 0, [
+        ir.AffineConstantExpr.get(0) if d in reduced else ir.AffineDimExpr.get(position[d])
+        for d in range(rank)
+    ])  # fmt: skip
+
+
+def _per_group(inputs: list[Any], shift_map: Any, group_type: Any, body: Any) -> Any:
+    """An elementwise generic over the groups: ``inputs`` are group-shaped but for the last
+    (the shift), read through ``shift_map``."""
+    groups = group_type.rank
+    identity = ir.AffineMap.get_identity(groups)
+    empty = dialect("tensor").EmptyOp(list(group_type.shape), group_type.element_type).result
+    maps = [*[identity] * (len(inputs) - 1), shift_map, identity]
+    return generic(inputs, [empty], maps, ["parallel"] * groups, body)
+
+
+def _widen(value: Any, found: _Statistics) -> Any:
+    """A scalar of the input's type in the accumulators' (f64 when the norm widened)."""
+    if not found.widened:
+        return value
+    wide = ir.RankedTensorType(found.variance.results[0].type).element_type
+    return arith.extf(wide, value)
+
+
+def _times(value: Any, count: int) -> Any:
+    constant = arith.ConstantOp(value.type, ir.FloatAttr.get(value.type, float(count))).result
+    return arith.mulf(value, constant)
