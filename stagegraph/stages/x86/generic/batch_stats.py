@@ -7,12 +7,12 @@ normalization subtracts. Those are three reductions over the same input, each a 
 memory, the second only after the first has finished (it needs ``M``). Algebra removes
 that dependence: for any per-group value ``K``,
 
-    sum((X - M)^2) = T2 - 2 (M - K) T1 + N (M - K)^2,   sum(X) = T1 + N K,
+    sum((X - M)^2) = T2 - 2 (M - K) T1 + N (M - K)^2,
     with T1 = sum(X - K) and T2 = sum((X - K)^2),
 
 so :func:`one_pass_statistics` replaces the three reductions by one multi-output
-reduction computing ``T1``, ``T2`` and the narrow sums together, and rebuilds ``S`` and
-``V`` from per-group values (no pass: a group's values are a few numbers).
+reduction computing ``T1``, ``T2`` and the sums ``S`` (of ``X``) and of ``x`` together,
+and ``V`` from per-group values (no pass: a group's values are a few numbers).
 
 Why the shift ``K``: with ``K = 0`` this is the textbook ``E[X^2] - E[X]^2``, which cancels
 catastrophically when a group's mean is large against its spread (relative error of the
@@ -33,7 +33,7 @@ from stagegraph.mlir.build import generic
 from stagegraph.mlir.constants import is_zero_constant
 from stagegraph.mlir.walk import DefUse, children, top_level_ops
 from stagegraph.stages.analysis.ops import declared_iterator_types
-from stagegraph.stages.x86.generic.linalg_parts import input_count
+from stagegraph.stages.x86.generic.linalg_parts import input_count, result_owner
 from stagegraph.stages.x86.generic.prepare import erase_unused_tensor_ops
 
 
@@ -239,15 +239,8 @@ def _rewrite(found: _Statistics) -> None:
     with ir.InsertionPoint(first), variance.location:
         merged, shift = _merged_reduction(found, sums, reduced)
         moments = merged.results[0], merged.results[1]
-        for wide_sum in found.wide_sums:  # sum(X) = T1 + N K
-            rebuilt = _per_group(
-                [moments[0], shift], group_shift, group_type,
-                lambda t1, k, _out: arith.addf(t1, _times(_widen(k, found), count)),
-            )  # fmt: skip
-            wide_sum.results[0].replace_all_uses_with(rebuilt)
-        narrow = merged.results[2 + len(found.wide_sums) :]
-        for narrow_sum, result in zip(found.narrow_sums, narrow, strict=True):
-            narrow_sum.results[0].replace_all_uses_with(result)
+    for total, result in zip(sums, list(merged.results)[2:], strict=True):
+        total.results[0].replace_all_uses_with(result)
     with ir.InsertionPoint(variance), variance.location:
 
         def deviations(t1: Any, t2: Any, mean: Any, k: Any, _out: Any) -> Any:
@@ -269,10 +262,7 @@ def _merged_reduction(found: _Statistics, sums: list[Any], reduced: list[int]) -
     source_type = ir.RankedTensorType(source.type)
     rank = source_type.rank
     sizes = [1 if d in reduced else n for d, n in enumerate(source_type.shape)]
-    shift = dialect("tensor").ExtractSliceOp(
-        ir.RankedTensorType.get(sizes, source_type.element_type), source, [], [], [],
-        [0] * rank, sizes, [1] * rank,
-    ).result  # fmt: skip
+    shift = first_elements(source, sizes)
     shift_map = ir.AffineMap.get(rank, 0, [
         ir.AffineConstantExpr.get(0) if d in reduced else ir.AffineDimExpr.get(d)
         for d in range(rank)
@@ -285,6 +275,57 @@ def _merged_reduction(found: _Statistics, sums: list[Any], reduced: list[int]) -
     body = _moment_body(found.widened, len(found.wide_sums))
     kinds = list(declared_iterator_types(variance))
     return generic([source, shift], inits, maps, kinds, body), shift
+
+
+def first_elements(value: Any, sizes: list[int]) -> Any:
+    """The leading ``sizes`` block of tensor ``value`` (offsets 0), built at the insertion
+    point. Where ``value`` comes from elementwise generics, they are recomputed on the
+    blocks of their inputs: slicing their result instead would make the schedule compute
+    all of it into a buffer (a pass over memory) where it would otherwise only compute it
+    inside its readers' tiles."""
+    owner = result_owner(value)
+    if owner is not None and _sliceable(owner):
+        maps = _maps(owner)
+        inputs = []
+        for operand, amap in zip(list(owner.operands)[: input_count(owner)], maps, strict=False):
+            inner = [sizes[ir.AffineDimExpr(e).position] if isinstance(e, ir.AffineDimExpr)
+                     else 1 for e in amap.results]  # fmt: skip
+            inputs.append(first_elements(operand, inner))
+        element = ir.RankedTensorType(value.type).element_type
+        empty = dialect("tensor").EmptyOp(sizes, element).result
+        block = owner.clone()  # its body, moved into the op on the blocks
+        sliced = ir.Operation.create(
+            "linalg.generic",
+            results=[empty.type],
+            operands=[*inputs, empty],
+            attributes={name: owner.attributes[name] for name in owner.attributes},
+            regions=1,
+        )
+        block.regions[0].blocks[0].append_to(sliced.regions[0])
+        block.erase()
+        return sliced.results[0]
+    source_type = ir.RankedTensorType(value.type)
+    rank = source_type.rank
+    return dialect("tensor").ExtractSliceOp(
+        ir.RankedTensorType.get(sizes, source_type.element_type), value, [], [], [],
+        [0] * rank, sizes, [1] * rank,
+    ).result  # fmt: skip
+
+
+def _sliceable(op: Any) -> bool:
+    """An elementwise generic computing each element from the same elements (or
+    broadcast ones) of its inputs, so that its leading block needs only theirs."""
+    if op.name != "linalg.generic" or not _elementwise(op, input_count(op)):
+        return False
+    if not _identity(_maps(op)[-1]):
+        return False
+    if any(inner.name == "linalg.index" for inner in _body(op)):
+        return False
+    if list(_arguments(op)[input_count(op)].uses):
+        return False  # reads its init
+    return all(_projection(m) for m in _maps(op)[:-1]) and all(
+        isinstance(v.type, ir.RankedTensorType) for v in op.operands
+    )
 
 
 def _zeros(tensor_type: Any) -> Any:
