@@ -228,19 +228,30 @@ def _rewrite(found: _Statistics) -> None:
     """One reduction for all of ``found``'s sums, then ``S`` and ``V`` from its results."""
     variance = found.variance
     group_type = ir.RankedTensorType(variance.results[0].type)
-    group_map = _maps(variance)[1]
     shape = ir.RankedTensorType(found.source.type).shape
-    reduced = [d for d in range(len(shape)) if d not in _output_dims(group_map)]
+    reduced = [d for d in range(len(shape)) if d not in _output_dims(_maps(variance)[1])]
     count = math.prod(shape[d] for d in reduced)
     block_ops = top_level_ops(variance.parent)
     sums = [*found.wide_sums, *found.narrow_sums]
     first = min([variance, *sums], key=block_ops.index)
-    group_shift = _shift_on_groups(group_map, reduced, len(shape))
+    # The f32 sums of x are the f64 sums of the same values, rounded once (at least as
+    # accurate as f32 additions, one accumulator fewer), where there is an f64 sum.
+    rounded = found.narrow_sums if found.wide_sums else []
+    accumulated = [total for total in sums if total not in rounded]
     with ir.InsertionPoint(first), variance.location:
-        merged, shift = _merged_reduction(found, sums, reduced)
+        merged, shift, group_shift = _merged_reduction(found, accumulated, reduced)
         moments = merged.results[0], merged.results[1]
-    for total, result in zip(sums, list(merged.results)[2:], strict=True):
-        total.results[0].replace_all_uses_with(result)
+        for total, result in zip(accumulated, list(merged.results)[2:], strict=True):
+            total.results[0].replace_all_uses_with(result)
+        for total in rounded:
+            narrow = ir.RankedTensorType(total.results[0].type)
+            identity = ir.AffineMap.get_identity(narrow.rank)
+            empty = dialect("tensor").EmptyOp(list(narrow.shape), narrow.element_type).result
+            rounding = generic(
+                [merged.results[2]], [empty], [identity, identity], ["parallel"] * narrow.rank,
+                lambda wide, _out, element=narrow.element_type: arith.truncf(element, wide),
+            )  # fmt: skip
+            total.results[0].replace_all_uses_with(rounding)
     with ir.InsertionPoint(variance), variance.location:
 
         def deviations(t1: Any, t2: Any, mean: Any, k: Any, _out: Any) -> Any:
@@ -256,25 +267,45 @@ def _rewrite(found: _Statistics) -> None:
 
 
 def _merged_reduction(found: _Statistics, sums: list[Any], reduced: list[int]) -> Any:
-    """The one reduction (``T1``, ``T2``, then ``sums``' results) and the shift it reads
-    (the input at index 0 of the ``reduced`` dims), built at the insertion point."""
+    """The one reduction (``T1``, ``T2``, then ``sums``' results), the shift it reads (the
+    input at index 0 of the ``reduced`` dims) and the map the per-group ops read the shift
+    through; built at the insertion point."""
     source, variance = found.source, found.variance
     source_type = ir.RankedTensorType(source.type)
     rank = source_type.rank
+    group_map = _maps(variance)[1]
+    group_type = ir.RankedTensorType(variance.results[0].type)
     sizes = [1 if d in reduced else n for d, n in enumerate(source_type.shape)]
     shift = first_elements(source, sizes)
-    shift_map = ir.AffineMap.get(rank, 0, [
-        ir.AffineConstantExpr.get(0) if d in reduced else ir.AffineDimExpr.get(d)
-        for d in range(rank)
-    ])  # fmt: skip
-    group_type = ir.RankedTensorType(variance.results[0].type)
+    group_shift = _shift_on_groups(group_map, reduced, rank)
+    if _increasing(group_map):
+        # Copied to the accumulators' shape (a few elements): read like them, as the same
+        # vectors, where a broadcast read in another order would shuffle element by element.
+        identity = ir.AffineMap.get_identity(group_type.rank)
+        empty = dialect("tensor").EmptyOp(list(group_type.shape), source_type.element_type)
+        shift = generic(
+            [shift], [empty.result], [group_shift, identity], ["parallel"] * group_type.rank,
+            lambda value, _out: value,
+        )  # fmt: skip
+        shift_map, group_shift = group_map, identity
+    else:
+        shift_map = ir.AffineMap.get(rank, 0, [
+            ir.AffineConstantExpr.get(0) if d in reduced else ir.AffineDimExpr.get(d)
+            for d in range(rank)
+        ])  # fmt: skip
     # Fresh inits: the sums' own may be defined after the insertion point.
     inits = [_zeros(group_type), _zeros(group_type)]
     inits += [_zeros(ir.RankedTensorType(s.results[0].type)) for s in sums]
-    maps = [ir.AffineMap.get_identity(rank), shift_map, *[_maps(variance)[1]] * len(inits)]
+    maps = [ir.AffineMap.get_identity(rank), shift_map, *[group_map] * len(inits)]
     body = _moment_body(found.widened, len(found.wide_sums))
     kinds = list(declared_iterator_types(variance))
-    return generic([source, shift], inits, maps, kinds, body), shift
+    return generic([source, shift], inits, maps, kinds, body), shift, group_shift
+
+
+def _increasing(amap: Any) -> bool:
+    dims = sorted(_output_dims(amap))
+    order = [ir.AffineDimExpr(e).position for e in amap.results if isinstance(e, ir.AffineDimExpr)]
+    return order == dims
 
 
 def first_elements(value: Any, sizes: list[int]) -> Any:

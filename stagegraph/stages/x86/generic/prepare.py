@@ -63,6 +63,7 @@ from stagegraph.stages.x86.generic.transpose_fusion import (
     pads_as_filled_inserts,
     transposes_before_padding,
 )
+from stagegraph.stages.x86.generic.transpose_readers import merge_transposes_into_readers
 
 _BITWISE = frozenset({"arith.andi", "arith.ori", "arith.xori"})
 
@@ -422,6 +423,7 @@ def prepare(
     changed += pads_as_filled_inserts(fn)  # likewise for the other pads
     if fuse_elementwise:
         changed += merge_transposes_into_elementwise(fn)  # merged just below
+        changed += merge_transposes_into_readers(fn)  # read by a norm's statistics and more
         changed += duplicate_cheap_producers(fn)
         changed += fuse_elementwise_chains(fn)
     return bool(changed)
