@@ -212,11 +212,35 @@ def _narrowed(wide: Any, uses: DefUse) -> Any | None:
     return owner.operands[0] if body[0].operands[0] == _arguments(owner)[0] else None
 
 
+_RESHAPES = frozenset({"tensor.expand_shape", "tensor.collapse_shape"})
+
+
+def _same_views(value: Any, uses: DefUse) -> list[Any]:
+    """``value`` and the identical reshapes of the tensor it reshapes (the importer
+    reshapes a GroupNorm's input once per reader)."""
+    owner = uses.owner(value)
+    if owner is None or owner.name not in _RESHAPES:
+        return [value]
+    found = [value]
+    for other in uses.users(owner.operands[0]):
+        if other == owner or other.name != owner.name or other.parent != owner.parent:
+            continue
+        same = other.results[0].type == value.type and all(
+            name in other.attributes and other.attributes[name] == owner.attributes[name]
+            for name in owner.attributes
+        )
+        if same and list(other.operands) == list(owner.operands):
+            found.append(other.results[0])
+    return found
+
+
 def _sums_beside(value: Any, variance: Any, uses: DefUse) -> list[Any]:
-    """The sums of ``value`` over the groups ``variance`` reduces over, in its block."""
+    """The sums of ``value`` (or an identical reshape) over the groups ``variance``
+    reduces over, in its block."""
     keys = ("indexing_maps", "iterator_types")
     found = []
-    for user in uses.users(value):
+    readers = [user for view in _same_views(value, uses) for user in uses.users(view)]
+    for user in readers:
         if user in found or user.parent != variance.parent or not _is_sum(user, uses):
             continue
         if all(user.attributes[k] == variance.attributes[k] for k in keys):
@@ -235,11 +259,14 @@ def _rewrite(found: _Statistics) -> None:
     sums = [*found.wide_sums, *found.narrow_sums]
     first = min([variance, *sums], key=block_ops.index)
     # The f32 sums of x are the f64 sums of the same values, rounded once (at least as
-    # accurate as f32 additions, one accumulator fewer), where there is an f64 sum.
-    rounded = found.narrow_sums if found.wide_sums else []
+    # accurate as f32 additions, one accumulator fewer), where there is an f64 sum and
+    # rounding, an op over the groups, costs next to nothing (fewer groups than elements
+    # in each: not a GroupNorm of a few values per group, whose groups are a stream).
+    few_groups = math.prod(group_type.shape) <= count
+    rounded = found.narrow_sums if found.wide_sums and few_groups else []
     accumulated = [total for total in sums if total not in rounded]
     with ir.InsertionPoint(first), variance.location:
-        merged, shift, group_shift = _merged_reduction(found, accumulated, reduced)
+        merged, shift, group_shift = _merged_reduction(found, accumulated, reduced, few_groups)
         moments = merged.results[0], merged.results[1]
         for total, result in zip(accumulated, list(merged.results)[2:], strict=True):
             total.results[0].replace_all_uses_with(result)
@@ -266,10 +293,13 @@ def _rewrite(found: _Statistics) -> None:
         dead.erase()
 
 
-def _merged_reduction(found: _Statistics, sums: list[Any], reduced: list[int]) -> Any:
+def _merged_reduction(
+    found: _Statistics, sums: list[Any], reduced: list[int], few_groups: bool
+) -> Any:
     """The one reduction (``T1``, ``T2``, then ``sums``' results), the shift it reads (the
     input at index 0 of the ``reduced`` dims) and the map the per-group ops read the shift
-    through; built at the insertion point."""
+    through; built at the insertion point. With ``few_groups`` the shift is copied to the
+    accumulators' shape first."""
     source, variance = found.source, found.variance
     source_type = ir.RankedTensorType(source.type)
     rank = source_type.rank
@@ -278,7 +308,7 @@ def _merged_reduction(found: _Statistics, sums: list[Any], reduced: list[int]) -
     sizes = [1 if d in reduced else n for d, n in enumerate(source_type.shape)]
     shift = first_elements(source, sizes)
     group_shift = _shift_on_groups(group_map, reduced, rank)
-    if _increasing(group_map):
+    if few_groups and _increasing(group_map):
         # Copied to the accumulators' shape (a few elements): read like them, as the same
         # vectors, where a broadcast read in another order would shuffle element by element.
         identity = ir.AffineMap.get_identity(group_type.rank)
