@@ -98,17 +98,16 @@ def test_three_reductions_become_one_with_three_results() -> None:
         # T1, T2 (shifted) and the f64 sum of X; the f32 sum of x is that sum, rounded.
         kinds = [str(ir.RankedTensorType(r.type).element_type) for r in merged.results]
         assert kinds == ["f64", "f64", "f64"]
+        # (the f64 mean only centred the two-pass deviations: it is gone with them)
         bodies = [[op.name for op in collect(u.owner)] for u in merged.results[2].uses]
-        assert ["arith.truncf", "linalg.yield"] in bodies  # the f32 sum
-        assert ["arith.divf", "linalg.yield"] in bodies  # the f64 mean
+        assert bodies == [["arith.truncf", "linalg.yield"]]
         # It reads x itself (widened in its body) and each channel's first element.
         source, shift = list(merged.operands)[:2]
         assert isinstance(source, ir.BlockArgument)  # %x, the function's argument
-        # (the first elements, sliced, copied to the accumulators' shape: a few elements)
+        assert shift.owner.name == "tensor.extract_slice"
         assert ir.RankedTensorType(shift.type).shape == [1, C, 1, 1]
-        sliced = shift.owner.operands[0]
-        assert sliced.owner.name == "tensor.extract_slice"
-        assert ir.RankedTensorType(sliced.type).shape == [1, C, 1, 1]
+        # Only the reduction reads the shift: the variance is T2 - T1^2 / N per group.
+        assert [u.owner for u in shift.uses] == [merged]
         # No whole-tensor f64 op is left: the widening, deviation and square are gone.
         wide = [g for g in collect(module, "linalg.generic")
                 if ir.RankedTensorType(g.results[0].type).shape == [N, C, H, H]]  # fmt: skip
@@ -181,8 +180,14 @@ def _two_pass(monkeypatch) -> None:
     monkeypatch.setattr(batch_stats, "one_pass_statistics", lambda module: 0)
 
 
-@pytest.mark.parametrize("factory", ["conv_bn_relu", "linear_bn", "conv_groupnorm"])
-def test_training_norms_take_two_passes_fewer_and_match_eager(
+#: Passes saved per model. The linear layer's bias add is recomputed on its first row
+#: for the shift (16 values, not the whole output stored for a slice of it): the counter
+#: sees a read of the matmul's buffer there and counts it as a pass.
+SAVED = {"conv_bn_relu": 2, "linear_bn": 1, "conv_groupnorm": 2}
+
+
+@pytest.mark.parametrize("factory", sorted(SAVED))
+def test_training_norms_take_fewer_passes_and_match_eager(
     models: str, factory: str, monkeypatch
 ) -> None:
     """The statistics' three reductions were three passes over the norm's input; in one
@@ -198,4 +203,4 @@ def test_training_norms_take_two_passes_fewer_and_match_eager(
         _two_pass(patch)
         two_pass = payload_memory_passes(spec, resident_bytes=RESIDENT).total
         assert sg.run("x86", spec, threads=1).verified is True
-    assert one_pass == two_pass - 2, (one_pass, two_pass)
+    assert one_pass == two_pass - SAVED[factory], (one_pass, two_pass)

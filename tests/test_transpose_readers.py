@@ -16,6 +16,7 @@ NHWC, NCHW = f"tensor<{N}x{H}x{W}x{C}xf32>", f"tensor<{N}x{C}x{H}x{W}xf32>"
 SLICE_T, SUM_T = f"tensor<1x{C}x1x1xf32>", f"tensor<{C}xf32>"
 ID4 = "affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>"
 CHANNEL = "affine_map<(d0, d1, d2, d3) -> (d1)>"
+FIRST = "affine_map<(d0, d1, d2, d3) -> (0, d1, 0, 0)>"
 PAYLOAD = f"""
 func.func @main(%x: {NHWC}) -> ({SUM_T}, {NCHW}, {SLICE_T}) {{
   %zero = arith.constant 0.0 : f32
@@ -87,4 +88,46 @@ def test_the_merged_readers_compute_the_same_values(tmp_path) -> None:
     (tmp_path / "t.mlir").write_text(PAYLOAD)
     np.savez(tmp_path / "t.npz", in0=x, **outputs)
     result = sg.run("x86", str(tmp_path / "t.mlir"), threads=1)
+    assert result.verified is True, result.message
+
+
+CENTRED = PAYLOAD.replace(
+    f"  return %sum, %y, %first : {SUM_T}, {NCHW}, {SLICE_T}",
+    f"""  %c = linalg.generic {{indexing_maps = [{ID4}, {FIRST}, {ID4}],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}}
+      ins(%t, %first : {NCHW}, {SLICE_T}) outs(%e : {NCHW}) {{
+  ^bb0(%a: f32, %f: f32, %o: f32):
+    %r = arith.subf %a, %f : f32
+    linalg.yield %r : f32
+  }} -> {NCHW}
+  return %sum, %y, %c : {SUM_T}, {NCHW}, {NCHW}""",
+).replace(f"-> ({SUM_T}, {NCHW}, {SLICE_T})", f"-> ({SUM_T}, {NCHW}, {NCHW})")
+
+
+def test_a_slice_read_only_by_generics_is_read_in_place(tmp_path) -> None:
+    """The first elements (a norm's shift) read by a generic: it reads the channels-last
+    slice of %x through the composed map, no transpose of the slice left."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import top_level_ops
+    from stagegraph.stages.x86.generic.transpose_readers import merge_transposes_into_readers
+
+    module = parse_payload(CENTRED)
+    (fn,) = [op for op in top_level_ops(module.operation) if op.name == "func.func"]
+    with module.context, ir.Location.unknown():
+        assert merge_transposes_into_readers(fn) == 1
+        assert module.operation.verify()
+    assert len(collect(module, "linalg.generic")) == 3  # no generic moving the slice
+    (sliced,) = collect(module, "tensor.extract_slice")
+    assert ir.RankedTensorType(sliced.results[0].type).shape == [1, 1, 1, C]
+    (centred,) = [u.owner for u in sliced.results[0].uses]
+    read = ir.AffineMapAttr(centred.attributes["indexing_maps"][1]).value
+    assert str(read) == "(d0, d1, d2, d3) -> (0, 0, 0, d1)"
+    x = np.random.default_rng(6).standard_normal((N, H, W, C)).astype(np.float32)
+    t = x.transpose(0, 3, 1, 2)
+    sums = t.sum(axis=(0, 2, 3), dtype=np.float64)
+    (tmp_path / "c.mlir").write_text(CENTRED)
+    np.savez(tmp_path / "c.npz", in0=x, out0=sums.astype(np.float32),
+             out1=(t - sums[None, :, None, None]).astype(np.float32),
+             out2=t - t[:1, :, :1, :1])  # fmt: skip
+    result = sg.run("x86", str(tmp_path / "c.mlir"), threads=1)
     assert result.verified is True, result.message

@@ -11,9 +11,7 @@ functions it calls:
   data cache: a tile that size stays resident between the loops that share it). A buffer is
   traced through its views (``subview``, ``expand_shape``, ``cast``, ...) to the
   allocation, global or argument it views, so a loop over tiles of a large buffer counts
-  once, as the stream over that buffer it is; a static view made outside the op bounds
-  what the op can touch, so reading a few elements of a large buffer through one (a
-  norm's per-group first elements) is no pass;
+  once, as the stream over that buffer it is;
 * allocations, views, globals, constants, deallocations and returns move no data and never
   count;
 * a ``func.call`` counts as the passes of its callee, and an op whose nest holds calls (a
@@ -100,7 +98,7 @@ def _op_passes(op: Any, resident_bytes: int, callee_passes: Any) -> int:
         for value in user.operands:
             if _defined_inside(value, inner):
                 continue
-            if min(_buffer_bytes(value), _buffer_bytes(_root(value))) > resident_bytes:
+            if _buffer_bytes(_root(value)) > resident_bytes:
                 return 1
     return 0
 

@@ -42,7 +42,8 @@ class _Statistics:
     """One norm's reductions: ``variance`` (``sum((X - M)^2)``, reading ``square`` of
     ``deviation``), ``mean`` (``M``), ``source`` (``x``; ``X = extf(x)`` when ``widened``),
     and the sums of the same groups to compute alongside: ``wide_sums`` of ``X``,
-    ``narrow_sums`` of ``x`` (when widened)."""
+    ``narrow_sums`` of ``x`` (when widened); ``mean_is_average``: ``M`` is a wide sum
+    divided by the group's element count."""
 
     variance: Any
     square: Any
@@ -50,6 +51,7 @@ class _Statistics:
     mean: Any
     source: Any
     widened: bool
+    mean_is_average: bool = False
     wide_sums: list[Any] = field(default_factory=list)
     narrow_sums: list[Any] = field(default_factory=list)
 
@@ -192,9 +194,28 @@ def _match(variance: Any, uses: DefUse) -> _Statistics | None:
         source, widened = wide, False
     found = _Statistics(variance, square, deviation, mean, source, widened)
     found.wide_sums = _sums_beside(wide, variance, uses)
+    found.mean_is_average = _is_average(mean, found.wide_sums, uses)
     if widened:
         found.narrow_sums = _sums_beside(source, variance, uses)
     return found
+
+
+def _is_average(mean: Any, sums: list[Any], uses: DefUse) -> bool:
+    """Whether ``mean`` is one of ``sums`` divided by the number of elements it adds."""
+    owner = uses.owner(mean)
+    if not _elementwise(owner, 1) or uses.owner(owner.operands[0]) not in sums:
+        return False
+    operands = _binary(owner, "arith.divf")
+    if operands is None or operands[0] != _arguments(owner)[0]:
+        return False
+    divisor = uses.owner(operands[1])
+    if divisor is None or divisor.name != "arith.constant":
+        return False
+    total = ir.RankedTensorType(owner.operands[0].type)
+    source = ir.RankedTensorType(uses.owner(owner.operands[0]).operands[0].type)
+    count = math.prod(source.shape) // max(1, math.prod(total.shape))
+    value = divisor.attributes["value"]
+    return isinstance(value, ir.FloatAttr) and ir.FloatAttr(value).value == count
 
 
 def _static(value: Any) -> bool:
@@ -266,7 +287,7 @@ def _rewrite(found: _Statistics) -> None:
     rounded = found.narrow_sums if found.wide_sums and few_groups else []
     accumulated = [total for total in sums if total not in rounded]
     with ir.InsertionPoint(first), variance.location:
-        merged, shift, group_shift = _merged_reduction(found, accumulated, reduced, few_groups)
+        merged, shift, group_shift = _merged_reduction(found, accumulated, reduced)
         moments = merged.results[0], merged.results[1]
         for total, result in zip(accumulated, list(merged.results)[2:], strict=True):
             total.results[0].replace_all_uses_with(result)
@@ -280,26 +301,31 @@ def _rewrite(found: _Statistics) -> None:
             )  # fmt: skip
             total.results[0].replace_all_uses_with(rounding)
     with ir.InsertionPoint(variance), variance.location:
+        if found.mean_is_average:  # M - K = T1 / N: sum((X - M)^2) = T2 - T1^2 / N
 
-        def deviations(t1: Any, t2: Any, mean: Any, k: Any, _out: Any) -> Any:
-            offset = arith.subf(mean, _widen(k, found))  # M - K
-            cross = arith.mulf(offset, t1)
-            spread = _times(arith.mulf(offset, offset), count)
-            return arith.addf(arith.subf(t2, arith.addf(cross, cross)), spread)
+            def deviations(t1: Any, t2: Any, _out: Any) -> Any:
+                return arith.subf(t2, arith.divf(arith.mulf(t1, t1), _constant(t1, count)))
 
-        rebuilt = _per_group([*moments, found.mean, shift], group_shift, group_type, deviations)
+            rebuilt = _per_group(list(moments), [], group_type, deviations)
+        else:
+
+            def deviations(t1: Any, t2: Any, mean: Any, k: Any, _out: Any) -> Any:
+                offset = arith.subf(mean, _widen(k, found))  # M - K
+                cross = arith.mulf(offset, t1)
+                spread = _times(arith.mulf(offset, offset), count)
+                return arith.addf(arith.subf(t2, arith.addf(cross, cross)), spread)
+
+            inputs = [*moments, found.mean, shift]
+            rebuilt = _per_group(inputs, [group_shift], group_type, deviations)
     variance.results[0].replace_all_uses_with(rebuilt)
     for dead in (variance, found.square, found.deviation, *sums):
         dead.erase()
 
 
-def _merged_reduction(
-    found: _Statistics, sums: list[Any], reduced: list[int], few_groups: bool
-) -> Any:
+def _merged_reduction(found: _Statistics, sums: list[Any], reduced: list[int]) -> Any:
     """The one reduction (``T1``, ``T2``, then ``sums``' results), the shift it reads (the
     input at index 0 of the ``reduced`` dims) and the map the per-group ops read the shift
-    through; built at the insertion point. With ``few_groups`` the shift is copied to the
-    accumulators' shape first."""
+    through; built at the insertion point."""
     source, variance = found.source, found.variance
     source_type = ir.RankedTensorType(source.type)
     rank = source_type.rank
@@ -308,21 +334,10 @@ def _merged_reduction(
     sizes = [1 if d in reduced else n for d, n in enumerate(source_type.shape)]
     shift = first_elements(source, sizes)
     group_shift = _shift_on_groups(group_map, reduced, rank)
-    if few_groups and _increasing(group_map):
-        # Copied to the accumulators' shape (a few elements): read like them, as the same
-        # vectors, where a broadcast read in another order would shuffle element by element.
-        identity = ir.AffineMap.get_identity(group_type.rank)
-        empty = dialect("tensor").EmptyOp(list(group_type.shape), source_type.element_type)
-        shift = generic(
-            [shift], [empty.result], [group_shift, identity], ["parallel"] * group_type.rank,
-            lambda value, _out: value,
-        )  # fmt: skip
-        shift_map, group_shift = group_map, identity
-    else:
-        shift_map = ir.AffineMap.get(rank, 0, [
-            ir.AffineConstantExpr.get(0) if d in reduced else ir.AffineDimExpr.get(d)
-            for d in range(rank)
-        ])  # fmt: skip
+    shift_map = ir.AffineMap.get(rank, 0, [
+        ir.AffineConstantExpr.get(0) if d in reduced else ir.AffineDimExpr.get(d)
+        for d in range(rank)
+    ])  # fmt: skip
     # Fresh inits: the sums' own may be defined after the insertion point.
     inits = [_zeros(group_type), _zeros(group_type)]
     inits += [_zeros(ir.RankedTensorType(s.results[0].type)) for s in sums]
@@ -330,12 +345,6 @@ def _merged_reduction(
     body = _moment_body(found.widened, len(found.wide_sums))
     kinds = list(declared_iterator_types(variance))
     return generic([source, shift], inits, maps, kinds, body), shift, group_shift
-
-
-def _increasing(amap: Any) -> bool:
-    dims = sorted(_output_dims(amap))
-    order = [ir.AffineDimExpr(e).position for e in amap.results if isinstance(e, ir.AffineDimExpr)]
-    return order == dims
 
 
 def first_elements(value: Any, sizes: list[int]) -> Any:
@@ -431,13 +440,13 @@ def _shift_on_groups(group_map: Any, reduced: list[int], rank: int) -> Any:
     ])  # fmt: skip
 
 
-def _per_group(inputs: list[Any], shift_map: Any, group_type: Any, body: Any) -> Any:
-    """An elementwise generic over the groups: ``inputs`` are group-shaped but for the last
-    (the shift), read through ``shift_map``."""
+def _per_group(inputs: list[Any], tail_maps: list[Any], group_type: Any, body: Any) -> Any:
+    """An elementwise generic over the groups: ``inputs`` are group-shaped but for the
+    last ``len(tail_maps)`` (the shift), read through those maps."""
     groups = group_type.rank
     identity = ir.AffineMap.get_identity(groups)
     empty = dialect("tensor").EmptyOp(list(group_type.shape), group_type.element_type).result
-    maps = [*[identity] * (len(inputs) - 1), shift_map, identity]
+    maps = [*[identity] * (len(inputs) - len(tail_maps)), *tail_maps, identity]
     return generic(inputs, [empty], maps, ["parallel"] * groups, body)
 
 
@@ -449,6 +458,9 @@ def _widen(value: Any, found: _Statistics) -> Any:
     return arith.extf(wide, value)
 
 
+def _constant(like: Any, value: float) -> Any:
+    return arith.ConstantOp(like.type, ir.FloatAttr.get(like.type, float(value))).result
+
+
 def _times(value: Any, count: int) -> Any:
-    constant = arith.ConstantOp(value.type, ir.FloatAttr.get(value.type, float(count))).result
-    return arith.mulf(value, constant)
+    return arith.mulf(value, _constant(value, count))

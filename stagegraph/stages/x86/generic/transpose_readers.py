@@ -61,7 +61,9 @@ def _takes(reader: Any, transpose: Any) -> bool:
     if reader.name == "tensor.extract_slice":
         offsets = list(ir.DenseI64ArrayAttr(reader.attributes["static_offsets"]))
         strides = list(ir.DenseI64ArrayAttr(reader.attributes["static_strides"]))
-        return len(reader.operands) == 1 and not any(offsets) and set(strides) == {1}
+        sizes = list(ir.DenseI64ArrayAttr(reader.attributes["static_sizes"]))
+        kept_rank = ir.RankedTensorType(reader.results[0].type).rank == len(sizes)
+        return len(reader.operands) == 1 and not any(offsets) and set(strides) == {1} and kept_rank
     if reader.name != "linalg.generic" or is_contraction(reader):
         return False
     if any(inner.name == "linalg.index" for inner in children(reader)):
@@ -85,20 +87,63 @@ def _merge(transpose: Any, readers: list[Any]) -> None:
         inverse[k] = i
     for reader in readers:
         if reader.name == "tensor.extract_slice":
-            _slice_of_source(reader, source, transpose)
+            if not _slice_read_in_place(reader, source, transpose):
+                _slice_of_source(reader, source, transpose)
             continue
-        maps = _maps(reader)
-        for k, operand in enumerate(list(reader.operands)):
-            if operand == value:
-                results = maps[k].results
-                maps[k] = ir.AffineMap.get(maps[k].n_dims, 0, [results[i] for i in inverse])
-                reader.operands[k] = source
-        reader.attributes["indexing_maps"] = ir.ArrayAttr.get(
-            [ir.AffineMapAttr.get(m) for m in maps]
-        )
+        _read_through(reader, value, source, inverse)
         if "reduction" in declared_iterator_types(reader):
             _interchange_to(reader, source)
     transpose.erase()
+
+
+def _read_through(reader: Any, value: Any, source: Any, inverse: list[int]) -> None:
+    """``reader`` reads ``source`` where it read ``value``, its transpose (``inverse``:
+    the result dim of each source dim), through the composed maps."""
+    maps = _maps(reader)
+    for k, operand in enumerate(list(reader.operands)):
+        if operand == value:
+            results = maps[k].results
+            maps[k] = ir.AffineMap.get(maps[k].n_dims, 0, [results[i] for i in inverse])
+            reader.operands[k] = source
+    reader.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps])
+
+
+def _slice_read_in_place(reader: Any, source: Any, transpose: Any) -> bool:
+    """A leading slice read only by generics (a norm's first elements, read by its
+    statistics): they read the slice of ``source`` through composed maps instead, so the
+    reduction, interchanged to ``source``'s order, reads it as whole vectors."""
+    users = [use.owner.operation for use in reader.results[0].uses]
+    for user in users:
+        if user.name != "linalg.generic" or user.parent != reader.parent:
+            return False
+        for k, operand in enumerate(user.operands):
+            if operand == reader.results[0] and (
+                k >= input_count(user) or not _projection(_maps(user)[k])
+            ):
+                return False
+    permutation = _permutation(transpose)
+    sizes = list(ir.DenseI64ArrayAttr(reader.attributes["static_sizes"]))
+    source_sizes = [sizes[i] for i in _inv(permutation)]
+    rank = len(permutation)
+    element = ir.RankedTensorType(source.type).element_type
+    with ir.InsertionPoint(reader), reader.location:
+        block = dialect("tensor").ExtractSliceOp(
+            ir.RankedTensorType.get(source_sizes, element), source, [], [], [],
+            [0] * rank, source_sizes, [1] * rank,
+        ).result  # fmt: skip
+    for user in dict.fromkeys(users):
+        _read_through(user, reader.results[0], block, _inv(permutation))
+    reader.erase()
+    return True
+
+
+def _projection(amap: Any) -> bool:
+    """Each result a loop dim or the constant 0."""
+    return all(
+        isinstance(e, ir.AffineDimExpr)
+        or (isinstance(e, ir.AffineConstantExpr) and ir.AffineConstantExpr(e).value == 0)
+        for e in amap.results
+    )
 
 
 def _slice_of_source(reader: Any, source: Any, transpose: Any) -> None:
