@@ -11,15 +11,20 @@ that dependence: for any per-group value ``K``,
     with T1 = sum(X - K) and T2 = sum((X - K)^2),
 
 so :func:`one_pass_statistics` replaces the three reductions by one multi-output
-reduction computing ``T1``, ``T2`` and the sums ``S`` (of ``X``) and of ``x`` together,
-and ``V`` from per-group values (no pass: a group's values are a few numbers).
+reduction computing ``T1``, ``T2`` and the sums ``S`` (of ``X``) and of ``x`` together
+(the generic schedule vectorizes it like a single reduction), and ``V`` from per-group
+values (no pass: a group's values are a few numbers). Where ``M`` is ``S / N`` (the
+importer's mean), ``M - K = T1 / N`` and ``V = T2 - T1^2 / N``: the shift is then read
+by the one reduction only, where its input is read anyway.
 
 Why the shift ``K``: with ``K = 0`` this is the textbook ``E[X^2] - E[X]^2``, which cancels
 catastrophically when a group's mean is large against its spread (relative error of the
 order ``eps * N * M^2 / var``). ``K`` is each group's first element (the input at index 0
 of every reduced dim), so ``M - K`` is of the order of the spread and the f64 accumulators
-keep what the two-pass form keeps. The f32 sums stay f32 sums of ``x``, as the importer
-wrote them (the same additions, in the order the schedule's vectorized reduction takes).
+keep what the two-pass form keeps. Where an f64 sum is computed, the f32 sums of ``x`` are
+that sum rounded once (the same values, at least as accurate as f32 additions, one
+accumulator fewer); with more groups than elements per group (GroupNorm of a few values
+each: the groups are a stream themselves) they stay accumulators of the one reduction.
 """
 
 from __future__ import annotations

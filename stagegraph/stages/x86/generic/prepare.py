@@ -24,6 +24,9 @@ generic schedule; run by ``generic.schedule.apply_generic_schedule`` before labe
 * :func:`conv_to_channels_last`: likewise an NCHW (NCDHW) convolution whose output channels
   fill whole vectors (``GenericParams.conv_channels_last``): its NCW tiles gather and
   scatter their channel vectors element by element.
+* :func:`~stagegraph.stages.x86.generic.transpose_readers.merge_transposes_into_readers`:
+  a transpose read by several generics (a norm's statistics and normalization after a
+  channels-last convolution) and leading slices is read through by all of them.
 * :func:`~stagegraph.stages.x86.generic.elementwise_fusion.duplicate_cheap_producers` and
   :func:`~stagegraph.stages.x86.generic.elementwise_fusion.fuse_elementwise_chains`: elementwise
   chains become single generics (:mod:`.elementwise_fusion`).
