@@ -76,8 +76,9 @@ def normalize(
     shifts after a convolution or matmul (eval-mode BatchNorm) fold into its weights and
     bias (:mod:`stagegraph.stages.common.fold_batchnorm`), unit dims leave the generic ops
     (:mod:`stagegraph.stages.common.unit_dims`) and a training-mode norm's statistics
-    become one reduction (:mod:`stagegraph.stages.x86.generic.batch_stats`). Convolutions that became matmuls take
-    their elementwise consumers onto the matmul, through reshapes and row-block loops
+    become one reduction (:mod:`stagegraph.stages.x86.generic.batch_stats`). Convolutions
+    that became matmuls take their elementwise consumers onto the matmul, through reshapes
+    and row-block loops
     (:mod:`stagegraph.stages.common.block_epilogues`,
     :mod:`stagegraph.stages.common.reshaped_epilogues`), so the consumers ride on its
     epilogue. Last, a matmul of one row reads its transposed weight in place, and one of a
