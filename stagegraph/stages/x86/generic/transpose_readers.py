@@ -76,7 +76,25 @@ def _takes(reader: Any, transpose: Any) -> bool:
         dims = _dims(maps[k])
         if k >= inputs or dims is None or sorted(dims) != list(range(maps[k].n_dims)):
             return False  # an init, or a read that is not a permutation of the loops
+        if "reduction" in declared_iterator_types(reader):
+            # Interchanged to the source's order, its outputs must keep theirs (a per-
+            # channel sum: yes; a reduction over depth writing NCHW from NDHWC: no, its
+            # write would be a transpose of its own).
+            order = [dims[i] for i in _inv(_permutation(transpose))]
+            new_of_old = _inv(order)
+            for amap in maps[inputs:]:
+                kept = _dims(_without_zeros(amap))
+                if kept is None or [new_of_old[d] for d in kept] != sorted(
+                    new_of_old[d] for d in kept
+                ):
+                    return False
     return True
+
+
+def _without_zeros(amap: Any) -> Any:
+    """``amap`` without its constant-0 results (kept unit dims)."""
+    exprs = [e for e in amap.results if not isinstance(e, ir.AffineConstantExpr)]
+    return ir.AffineMap.get(amap.n_dims, 0, exprs)
 
 
 def _merge(transpose: Any, readers: list[Any]) -> None:
