@@ -131,3 +131,36 @@ def test_a_slice_read_only_by_generics_is_read_in_place(tmp_path) -> None:
              out2=t - t[:1, :, :1, :1])  # fmt: skip
     result = sg.run("x86", str(tmp_path / "c.mlir"), threads=1)
     assert result.verified is True, result.message
+
+
+def test_a_reduction_whose_writes_would_transpose_is_left_alone() -> None:
+    """A sum over the height writing (N, C, W): read in %x's order its output would be
+    written transposed (C after W), so the transpose stays."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import top_level_ops
+    from stagegraph.stages.x86.generic.transpose_readers import merge_transposes_into_readers
+
+    out = f"tensor<{N}x{C}x{W}xf32>"
+    text = f"""
+func.func @main(%x: {NHWC}) -> {out} {{
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : {NCHW}
+  %t = linalg.transpose ins(%x : {NHWC}) outs(%e : {NCHW}) permutation = [0, 3, 1, 2]
+  %o = tensor.empty() : {out}
+  %init = linalg.fill ins(%zero : f32) outs(%o : {out}) -> {out}
+  %sum = linalg.generic {{indexing_maps = [{ID4},
+      affine_map<(d0, d1, d2, d3) -> (d0, d1, d3)>],
+      iterator_types = ["parallel", "parallel", "reduction", "parallel"]}}
+      ins(%t : {NCHW}) outs(%init : {out}) {{
+  ^bb0(%a: f32, %acc: f32):
+    %r = arith.addf %a, %acc : f32
+    linalg.yield %r : f32
+  }} -> {out}
+  return %sum : {out}
+}}
+"""
+    module = parse_payload(text)
+    (fn,) = [op for op in top_level_ops(module.operation) if op.name == "func.func"]
+    with module.context, ir.Location.unknown():
+        assert merge_transposes_into_readers(fn) == 0
+    assert len(collect(module, "linalg.transpose")) == 1
