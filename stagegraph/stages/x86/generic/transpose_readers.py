@@ -100,9 +100,7 @@ def _without_zeros(amap: Any) -> Any:
 def _merge(transpose: Any, readers: list[Any]) -> None:
     source, value = transpose.operands[0], transpose.results[0]
     # transpose: result[i] = source[p[i]], so source dim k is result dim inverse[k].
-    inverse = [0] * len(_permutation(transpose))
-    for i, k in enumerate(_permutation(transpose)):
-        inverse[k] = i
+    inverse = _inv(_permutation(transpose))
     for reader in readers:
         if reader.name == "tensor.extract_slice":
             if not _slice_read_in_place(reader, source, transpose):
@@ -139,20 +137,25 @@ def _slice_read_in_place(reader: Any, source: Any, transpose: Any) -> bool:
                 k >= input_count(user) or not _projection(_maps(user)[k])
             ):
                 return False
-    permutation = _permutation(transpose)
-    sizes = list(ir.DenseI64ArrayAttr(reader.attributes["static_sizes"]))
-    source_sizes = [sizes[i] for i in _inv(permutation)]
-    rank = len(permutation)
-    element = ir.RankedTensorType(source.type).element_type
     with ir.InsertionPoint(reader), reader.location:
-        block = dialect("tensor").ExtractSliceOp(
-            ir.RankedTensorType.get(source_sizes, element), source, [], [], [],
-            [0] * rank, source_sizes, [1] * rank,
-        ).result  # fmt: skip
+        block = _source_slice(reader, source, transpose)
     for user in dict.fromkeys(users):
-        _read_through(user, reader.results[0], block, _inv(permutation))
+        _read_through(user, reader.results[0], block, _inv(_permutation(transpose)))
     reader.erase()
     return True
+
+
+def _source_slice(reader: Any, source: Any, transpose: Any) -> Any:
+    """The slice of ``source`` that the leading slice ``reader`` of its transpose holds,
+    in ``source``'s order, built at the insertion point."""
+    sizes = list(ir.DenseI64ArrayAttr(reader.attributes["static_sizes"]))
+    source_sizes = [sizes[i] for i in _inv(_permutation(transpose))]
+    rank = len(source_sizes)
+    element = ir.RankedTensorType(source.type).element_type
+    return dialect("tensor").ExtractSliceOp(
+        ir.RankedTensorType.get(source_sizes, element), source, [], [], [],
+        [0] * rank, source_sizes, [1] * rank,
+    ).result  # fmt: skip
 
 
 def _projection(amap: Any) -> bool:
@@ -168,16 +171,10 @@ def _slice_of_source(reader: Any, source: Any, transpose: Any) -> None:
     """``slice(transpose(s))`` -> ``transpose(slice(s))`` (the slice's few elements)."""
     permutation = _permutation(transpose)
     sizes = list(ir.DenseI64ArrayAttr(reader.attributes["static_sizes"]))
-    source_sizes = [0] * len(permutation)
-    for i, k in enumerate(permutation):
-        source_sizes[k] = sizes[i]
     rank = len(permutation)
     element = ir.RankedTensorType(source.type).element_type
     with ir.InsertionPoint(reader), reader.location:
-        block = dialect("tensor").ExtractSliceOp(
-            ir.RankedTensorType.get(source_sizes, element), source, [], [], [],
-            [0] * rank, source_sizes, [1] * rank,
-        ).result  # fmt: skip
+        block = _source_slice(reader, source, transpose)
         empty = dialect("tensor").EmptyOp(sizes, element).result
         # result[i] = block[k] where p[i] = k: block dim k is loop inverse[k]
         read = ir.AffineMap.get(rank, 0, [ir.AffineDimExpr.get(i) for i in _inv(permutation)])
