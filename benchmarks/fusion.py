@@ -15,7 +15,9 @@ host CPU and the thread count. Usage:
 ``--eval`` runs each problem file's model in eval mode (BatchNorm with its running
 statistics, as a model serves; KernelBench builds models in training mode), through a
 factory module written to a temporary directory. ``--no-fold`` measures the x86 graph
-without the BatchNorm fold (``stages.common.fold_batchnorm``), for a before/after pair.
+without the BatchNorm fold (``stages.common.fold_batchnorm``), ``--two-pass-stats``
+without a norm's statistics in one pass (``stages.x86.generic.batch_stats``), each for a
+before/after pair.
 """
 
 from __future__ import annotations
@@ -90,16 +92,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", action="store_true", help="problem files in eval mode")
     parser.add_argument("--no-fold", action="store_true", help="without the BatchNorm fold")
     parser.add_argument("--passes-only", action="store_true", help="count, do not time")
+    parser.add_argument("--two-pass-stats", action="store_true",
+                        help="norm statistics as imported (three reductions)")  # fmt: skip
     options = parser.parse_args(argv)
     if options.no_fold:
         from stagegraph.stages.common import fold_batchnorm
 
         fold_batchnorm.fold_channel_affine_chains = lambda module: 0
+    if options.two_pass_stats:
+        from stagegraph.stages.x86.generic import batch_stats
+
+        batch_stats.one_pass_statistics = lambda module: 0
     from stagegraph.app.host import host_info
 
     host = host_info()
     print(f"# host {host.cpu_model} ({host.target}); {options.threads} thread(s); x86 graph"
-          f"{' without the BatchNorm fold' if options.no_fold else ''} vs PyTorch eager"
+          f"{' without the BatchNorm fold' if options.no_fold else ''}"
+          f"{' with two-pass norm statistics' if options.two_pass_stats else ''} vs PyTorch eager"
           f"{' (models in eval mode)' if options.eval else ''}; measured side by side")  # fmt: skip
     print(f"{'payload':60} {'passes':>6} {'x86 ms':>9} {'torch ms':>9} {'torch/x86':>9}")
     with tempfile.TemporaryDirectory() as scratch:

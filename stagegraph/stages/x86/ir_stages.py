@@ -74,9 +74,11 @@ def normalize(
     positions that only reshape become reshapes
     (:mod:`stagegraph.stages.common.constant_gathers`), per-channel constant scales and
     shifts after a convolution or matmul (eval-mode BatchNorm) fold into its weights and
-    bias (:mod:`stagegraph.stages.common.fold_batchnorm`), and unit dims leave the generic ops
-    (:mod:`stagegraph.stages.common.unit_dims`). Convolutions that became matmuls take
-    their elementwise consumers onto the matmul, through reshapes and row-block loops
+    bias (:mod:`stagegraph.stages.common.fold_batchnorm`), unit dims leave the generic ops
+    (:mod:`stagegraph.stages.common.unit_dims`) and a training-mode norm's statistics
+    become one reduction (:mod:`stagegraph.stages.x86.generic.batch_stats`). Convolutions
+    that became matmuls take their elementwise consumers onto the matmul, through reshapes
+    and row-block loops
     (:mod:`stagegraph.stages.common.block_epilogues`,
     :mod:`stagegraph.stages.common.reshaped_epilogues`), so the consumers ride on its
     epilogue. Last, a matmul of one row reads its transposed weight in place, and one of a
@@ -91,6 +93,7 @@ def normalize(
     from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
     from stagegraph.stages.x86.conv.pointwise import pointwise_convolutions_to_matmuls
     from stagegraph.stages.x86.conv.transposed import decompose_strided_transposed_convolutions
+    from stagegraph.stages.x86.generic.batch_stats import one_pass_statistics
     from stagegraph.stages.x86.matmul.weight_rows import prepare_weights
     from stagegraph.stages.x86.pool3d import separate_3d_poolings
 
@@ -99,6 +102,7 @@ def normalize(
         fold_reshaping_gathers(module.ir)
         fold_channel_affine_chains(module.ir)  # eval-mode BatchNorm into conv weights
         fold_unit_dims(module.ir)
+        one_pass_statistics(module.ir)  # a norm's sums: one reduction, not three
         decompose_strided_transposed_convolutions(module.ir)
         stride1_transposed_to_col2im(module.ir, config)
         pointwise_convolutions_to_matmuls(module.ir)

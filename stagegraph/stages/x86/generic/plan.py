@@ -94,10 +94,11 @@ def reduction_like(op: OpFacts) -> bool:
 
 
 def vectorizable_reduction(op: OpFacts) -> bool:
-    """One output, no index/gather in the body and a recognisable combiner."""
+    """One output (or several of one shape: a norm's sums in one pass,
+    :mod:`.batch_stats`), no index/gather in the body and a recognisable combiner."""
     body = set(op.body_ops)
     return (
-        len(op.outputs) == 1
+        len({v.shape for v in op.outputs}) == 1
         and "linalg.index" not in body
         and "tensor.extract" not in body
         and bool(body & _COMBINERS)

@@ -24,6 +24,9 @@ generic schedule; run by ``generic.schedule.apply_generic_schedule`` before labe
 * :func:`conv_to_channels_last`: likewise an NCHW (NCDHW) convolution whose output channels
   fill whole vectors (``GenericParams.conv_channels_last``): its NCW tiles gather and
   scatter their channel vectors element by element.
+* :func:`~stagegraph.stages.x86.generic.transpose_readers.merge_transposes_into_readers`:
+  a transpose read by several generics (a norm's statistics and normalization after a
+  channels-last convolution) and leading slices is read through by all of them.
 * :func:`~stagegraph.stages.x86.generic.elementwise_fusion.duplicate_cheap_producers` and
   :func:`~stagegraph.stages.x86.generic.elementwise_fusion.fuse_elementwise_chains`: elementwise
   chains become single generics (:mod:`.elementwise_fusion`).
@@ -63,6 +66,7 @@ from stagegraph.stages.x86.generic.transpose_fusion import (
     pads_as_filled_inserts,
     transposes_before_padding,
 )
+from stagegraph.stages.x86.generic.transpose_readers import merge_transposes_into_readers
 
 _BITWISE = frozenset({"arith.andi", "arith.ori", "arith.xori"})
 
@@ -422,6 +426,7 @@ def prepare(
     changed += pads_as_filled_inserts(fn)  # likewise for the other pads
     if fuse_elementwise:
         changed += merge_transposes_into_elementwise(fn)  # merged just below
+        changed += merge_transposes_into_readers(fn)  # read by a norm's statistics and more
         changed += duplicate_cheap_producers(fn)
         changed += fuse_elementwise_chains(fn)
     return bool(changed)
