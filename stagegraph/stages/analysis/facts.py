@@ -113,8 +113,8 @@ class OpFacts(Facts):
     contraction: ContractionFacts | None = None
     convolution: ConvolutionFacts | None = None
     #: An input read through a map that is no projected permutation (a strided or shifted
-    #: window, as in an implicit GEMM's patch copy): tiles must fold their unit dims to
-    #: vectorize (see :mod:`stagegraph.stages.x86.generic.schedule`).
+    #: window, as in an implicit GEMM's patch copy): a target's schedule may have to fold
+    #: the tiles' unit dims to vectorize them (the x86 generic schedule does).
     window_reads: bool = False
 
     def signature(self) -> str:
