@@ -111,8 +111,10 @@ def splittable(op: Any) -> bool:
     for value, amap in zip(operands[:-1], maps[:-1], strict=True):
         if not isinstance(value.type, ir.RankedTensorType):
             return False
-        if len(amap.results) and (amap != ir.AffineMap.get_identity(len(kinds))
-                               or not ir.RankedTensorType(value.type).has_static_shape):
+        if len(amap.results) and (
+            amap != ir.AffineMap.get_identity(len(kinds))
+            or not ir.RankedTensorType(value.type).has_static_shape
+        ):
             return False  # fmt: skip
         whole += bool(len(amap.results))
     return whole > 0
