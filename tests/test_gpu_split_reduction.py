@@ -57,6 +57,29 @@ module {
 }
 """
 
+#: A hinge-like loss: each row scaled by a vector broadcast along the columns, then summed.
+BROADCAST = """
+#map = affine_map<(d0, d1) -> (d0, d1)>
+#col = affine_map<(d0, d1) -> (d1)>
+#scalar = affine_map<(d0, d1) -> ()>
+module {
+  func.func @main(%arg0: tensor<ROWSxCOLSxf32>, %arg1: tensor<COLSxf32>) -> tensor<f32> {
+    %zero = arith.constant 0.000000e+00 : f32
+    %e = tensor.empty() : tensor<f32>
+    %init = linalg.fill ins(%zero : f32) outs(%e : tensor<f32>) -> tensor<f32>
+    %sum = linalg.generic {indexing_maps = [#map, #col, #scalar],
+        iterator_types = ["reduction", "reduction"]}
+        ins(%arg0, %arg1 : tensor<ROWSxCOLSxf32>, tensor<COLSxf32>) outs(%init : tensor<f32>) {
+    ^bb0(%in: f32, %w: f32, %acc: f32):
+      %p = arith.mulf %in, %w : f32
+      %r = arith.addf %p, %acc : f32
+      linalg.yield %r : f32
+    } -> tensor<f32>
+    return %sum : tensor<f32>
+  }
+}
+"""
+
 
 def payload(tmp_path: Path, text: str, name: str, **sizes: int) -> Path:
     for key, value in sizes.items():
@@ -145,6 +168,15 @@ def test_a_remainder_continues_the_fold(tmp_path):
     assert neutral == float("-inf")  # each row starts from maximumf's neutral element
 
 
+def test_a_broadcast_operand_makes_the_leading_loop_the_rows(tmp_path):
+    path = payload(tmp_path, BROADCAST, "broadcast", ROWS=96, COLS=200)
+    module = sg.run("gpu", str(path), target="h200", until="split").module.ir
+    partial, *finals = generics(module)
+    assert kinds_of(partial) == ["parallel", "reduction"]  # the op's own loops, d0 parallel
+    assert shape_of(partial.operands[1]) == [200] and shape_of(partial.results[0]) == [96]
+    assert shape_of(finals[-1].results[0]) == []
+
+
 def test_other_reductions_are_left_alone(tmp_path):
     from tests.test_gpu_graph import PAYLOAD  # row sums: a parallel loop already
 
@@ -162,8 +194,12 @@ def test_other_reductions_are_left_alone(tmp_path):
 
 @pytest.mark.parametrize(
     ("text", "sizes"),
-    [(SUM_OF_SQUARES, {"ROWS": 8, "COLS": 1000}), (MAXIMUM, {"N": 8191})],
-    ids=["divisible", "remainder"],
+    [
+        (SUM_OF_SQUARES, {"ROWS": 8, "COLS": 1000}),
+        (MAXIMUM, {"N": 8191}),
+        (BROADCAST, {"ROWS": 96, "COLS": 200}),
+    ],
+    ids=["divisible", "remainder", "broadcast"],
 )
 def test_split_reductions_keep_their_values_on_the_cpu(tmp_path, text, sizes):
     path = payload(tmp_path, text, "values", **sizes)

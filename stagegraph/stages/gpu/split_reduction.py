@@ -92,9 +92,37 @@ def _combiner(op: Any) -> Any | None:
     return combine if out in list(combine.operands) else None
 
 
+def loop_ranges(op: Any) -> list[int] | None:
+    """The static range of each loop of ``op``, read from the inputs that index it (every
+    input map a projected permutation over static shapes); None otherwise."""
+    from stagegraph.mlir.bindings import ir
+
+    maps = _maps(op)
+    ranges: list[int | None] = [None] * maps[0].n_dims
+    for value, amap in zip(list(op.operands)[:-1], maps[:-1], strict=True):
+        if not isinstance(value.type, ir.RankedTensorType) or not amap.is_projected_permutation:
+            return None
+        shaped = ir.RankedTensorType(value.type)
+        if not shaped.has_static_shape:
+            return None
+        for expr, size in zip(amap.results, shaped.shape, strict=True):
+            ranges[ir.AffineDimExpr(expr).position] = size
+    return None if None in ranges else ranges  # type: ignore[return-value]
+
+
+def whole_reads(op: Any) -> bool:
+    """Whether every input of ``op`` is read whole in loop order (the identity map) or as a
+    scalar: the loops then flatten into one (:func:`split_op`)."""
+    from stagegraph.mlir.bindings import ir
+
+    maps = _maps(op)
+    identity = ir.AffineMap.get_identity(maps[0].n_dims)
+    return all(m == identity or not len(m.results) for m in maps[:-1])
+
+
 def splittable(op: Any) -> bool:
     """Whether ``op`` is a ``linalg.generic`` reduction of every loop into one scalar, over
-    static inputs read whole in loop order (identity maps) or as scalars, folded by one
+    static inputs read through projected permutations (:func:`loop_ranges`), folded by one
     combiner of :data:`NEUTRAL`."""
     from stagegraph.mlir.bindings import ir
 
@@ -104,20 +132,9 @@ def splittable(op: Any) -> bool:
     if not kinds or any("reduction" not in k for k in kinds):
         return False
     maps = _maps(op)
-    operands = list(op.operands)
-    if len(maps) != len(operands) or len(maps[-1].results) or _combiner(op) is None:
+    if len(maps) != len(list(op.operands)) or len(maps[-1].results):
         return False
-    whole = 0
-    for value, amap in zip(operands[:-1], maps[:-1], strict=True):
-        if not isinstance(value.type, ir.RankedTensorType):
-            return False
-        if len(amap.results) and (
-            amap != ir.AffineMap.get_identity(len(kinds))
-            or not ir.RankedTensorType(value.type).has_static_shape
-        ):
-            return False  # fmt: skip
-        whole += bool(len(amap.results))
-    return whole > 0
+    return _combiner(op) is not None and loop_ranges(op) is not None
 
 
 def _slice(value: Any, start: int, size: int) -> Any:
@@ -204,24 +221,61 @@ def _cloned_body(op: Any) -> Body:
 
 
 def split_op(op: Any, bound: Callable[[int], int]) -> bool:
-    """Replace ``op`` (:func:`splittable`) by its split form; False where no split helps."""
+    """Replace ``op`` (:func:`splittable`) by its split form; False where no split helps.
+    Inputs read whole (:func:`whole_reads`) flatten into one loop split in rows
+    (:func:`_fold`); otherwise (a broadcast operand) the leading loops become the rows
+    (:func:`_leading_rows`)."""
     from math import prod
 
     from stagegraph.mlir.bindings import ir
     from stagegraph.mlir.build import collapse_shape
 
     operands = list(op.operands)
-    loops = _maps(op)[0].n_dims
-    shapes = [ir.RankedTensorType(v.type).shape for v in operands[:-1]]
-    total = prod(next(shape for shape in shapes if len(shape) == loops))
+    ranges = loop_ranges(op)
+    total = prod(ranges)
+    kind = _combiner(op).name
+    if not whole_reads(op):
+        return _leading_rows(op, ranges, bound, kind)
     if row_split(total, bound(total))[0] == 1:
         return False
-    kind = _combiner(op).name
     with ir.InsertionPoint(op), op.location:
-        flat = [collapse_shape(v, [list(range(loops))], [total])
+        flat = [collapse_shape(v, [list(range(len(ranges)))], [total])
                 if ir.RankedTensorType(v.type).rank > 1 else v
                 for v in operands[:-1]]  # fmt: skip
         result = _fold(flat, total, _cloned_body(op), operands[-1], kind, bound)
+    op.results[0].replace_all_uses_with(result)
+    op.erase()
+    return True
+
+
+def _leading_rows(op: Any, ranges: list[int], bound: Callable[[int], int], kind: str) -> bool:
+    """Split ``op`` with its leading loops as the rows: as many as keep their product
+    within the bound (the first loop at least), the others reduced in each row; the rows'
+    partial results then fold like a flat reduction. False when that gives one row."""
+    from math import prod
+
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.build import collapse_shape, generic, named_structured_op
+
+    limit = max(2, bound(prod(ranges)))
+    lead = 1
+    while lead < len(ranges) - 1 and prod(ranges[: lead + 1]) <= limit:
+        lead += 1
+    rows = prod(ranges[:lead])
+    if rows < 2 or lead == len(ranges):
+        return False
+    operands = list(op.operands)
+    maps = _maps(op)
+    dims = [ir.AffineDimExpr.get(d) for d in range(lead)]
+    kinds = ["parallel"] * lead + ["reduction"] * (len(ranges) - lead)
+    with ir.InsertionPoint(op), op.location:
+        element = ir.RankedTensorType(operands[-1].type).element_type
+        init = named_structured_op("linalg.fill", [_neutral(kind, element)],
+                                   [_empty(ranges[:lead], element)])  # fmt: skip
+        out_map = ir.AffineMap.get(len(ranges), 0, dims)
+        partials = generic(operands[:-1], [init], [*maps[:-1], out_map], kinds, _cloned_body(op))
+        flat = collapse_shape(partials, [list(range(lead))], [rows]) if lead > 1 else partials
+        result = _fold([flat], rows, _combine_body(kind), operands[-1], kind, bound)
     op.results[0].replace_all_uses_with(result)
     op.erase()
     return True
