@@ -126,7 +126,7 @@ def _vector_access(op: Any) -> bool:
 
     vector = ir.VectorType(op.results[0].type if op.name == "vector.transfer_read"
                            else op.operands[0].type)  # fmt: skip
-    if vector.rank != 1 or ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"])[-1]:
+    if vector.rank != 1 or list(ir.DenseI32ArrayAttr(op.attributes["operandSegmentSizes"]))[-1]:
         return False  # a masked transfer
     if "in_bounds" not in op.attributes:
         return False
