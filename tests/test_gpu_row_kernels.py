@@ -142,3 +142,24 @@ def test_a_cumsum_runs_a_thread_per_row(tmp_path, cols, vectors):
     for kernel in sorted(out.glob("*.ptx")):
         reports = assemble(kernel.read_text(), "sm_90a")
         assert all(not r.spill_stores and not r.spill_loads for r in reports)
+
+
+def test_dynamic_strides_claim_only_element_alignment():
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import collect
+    from stagegraph.stages.gpu.row_kernels import access_alignment
+
+    text = """
+    func.func @f(%m: memref<8x64xf32, strided<[?, 1]>>, %i: index) -> vector<4xf32> {
+      %c16 = arith.constant 16 : index
+      %pad = arith.constant 0.0 : f32
+      %v = vector.transfer_read %m[%i, %c16], %pad {in_bounds = [true]}
+          : memref<8x64xf32, strided<[?, 1]>>, vector<4xf32>
+      return %v : vector<4xf32>
+    }
+    """
+    with ir.Context(), ir.Location.unknown():
+        module = ir.Module.parse(text)
+        (read,) = collect(module, "vector.transfer_read")
+        memref, row, column = list(read.operands)[:3]
+        assert access_alignment(memref, [row, column], 4) == 4  # rows of unknown stride

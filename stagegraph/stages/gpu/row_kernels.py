@@ -110,8 +110,11 @@ def _subview_offsets(subview: Any) -> list[Any]:
 def access_alignment(memref: Any, indices: list[Any], element_bytes: int) -> int:
     """The bytes (a power of two, at most :data:`VECTOR_BYTES`) the address of
     ``memref[indices]`` is always a multiple of, assuming 16-byte aligned buffers."""
+    from stagegraph.mlir.bindings import ir
+
     layout = _strides(memref)
-    if layout is None or layout[0][-1] != 1:
+    dynamic = ir.ShapedType.get_dynamic_stride_or_offset()
+    if layout is None or layout[0][-1] != 1 or dynamic in layout[0]:
         return element_bytes
     multiple = offset_multiple(memref)
     for index, stride in zip(indices, layout[0], strict=True):
