@@ -113,11 +113,11 @@ def kinds_of(op) -> list[str]:
 
 def test_rows_fill_the_sms_with_rows_of_two_warps_at_least():
     h200 = resolve_gpu_target("h200")
-    fill = h200.sm_count * h200.max_threads_per_sm // h200.max_threads_per_block
-    assert rows_bound(10**8, h200) == fill  # a long reduction: enough blocks for every SM
+    fill = h200.sm_count * h200.max_threads_per_sm // h200.warp_size
+    assert rows_bound(10**8, h200) == fill == 8448  # a long reduction: a row per warp held
     assert rows_bound(8000, h200) == 8000 // 64  # a short one: rows of two warps at least
     a100 = resolve_gpu_target("sm_80")
-    assert rows_bound(10**8, a100) == a100.sm_count * 2  # read from the target, not fixed
+    assert rows_bound(10**8, a100) == a100.sm_count * 64  # read from the target, not fixed
 
 
 def test_row_split_takes_a_divisor_or_leaves_a_remainder():
@@ -151,7 +151,7 @@ def test_partial_sums_fold_again_until_few_remain(tmp_path):
     path = payload(tmp_path, SUM_OF_SQUARES, "squares", ROWS=224, COLS=256)
     module = sg.run("gpu", str(path), target="h200", until="split").module.ir
     rows = [shape_of(op.results[0]) for op in generics(module)]
-    assert rows == [[256], [4], []]  # 57344 = 256 x 224; 256 partials = 4 x 64; then 4
+    assert rows == [[896], [14], []]  # 57344 = 896 x 64; 896 partials = 14 x 64; then 14
 
 
 def test_a_remainder_continues_the_fold(tmp_path):

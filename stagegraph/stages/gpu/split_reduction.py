@@ -15,10 +15,11 @@ elements (the loops flattened, row-major) are read as P rows of C = N // P eleme
 3. where P does not divide N, the last N - P * C elements continue the fold from that
    result (their own reduction, split alike when long).
 
-P is the largest divisor of N up to enough blocks to fill the GPU (its SMs times the
-blocks of the largest size each SM holds) with rows no shorter than two warps (what a
-block of threads shares, :data:`MIN_ROW_WARPS`); without a divisor at least half that,
-P is the bound itself and the remainder takes step 3. The partial results are combined
+P is the largest divisor of N up to a row per warp the GPU holds at once (its SMs times
+the warps each SM keeps: a cost model that gives a row a block of threads fills the SMs,
+one that gives a row one thread still has that many) with rows no shorter than two warps
+(what a block of threads shares, :data:`MIN_ROW_WARPS`); without a divisor at least half
+that, P is the bound itself and the remainder takes step 3. The partial results are combined
 in a different order than the serial loop did: the op's combiner must be associative
 and commutative (:data:`NEUTRAL`), as floating-point sums are taken to be.
 """
@@ -60,9 +61,9 @@ def row_split(total: int, rows_bound: int) -> tuple[int, int]:
 
 
 def rows_bound(total: int, target: GpuTarget) -> int:
-    """The most rows worth making of ``total`` elements on ``target``: enough blocks to fill
-    its SMs, each row at least :data:`MIN_ROW_WARPS` warps' worth of elements long."""
-    fill = target.sm_count * max(1, target.max_threads_per_sm // target.max_threads_per_block)
+    """The most rows worth making of ``total`` elements on ``target``: one per warp its SMs
+    hold at once, each row at least :data:`MIN_ROW_WARPS` warps' worth of elements long."""
+    fill = target.sm_count * max(1, target.max_threads_per_sm // target.warp_size)
     return min(fill, total // (MIN_ROW_WARPS * target.warp_size))
 
 
