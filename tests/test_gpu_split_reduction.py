@@ -81,6 +81,19 @@ module {
 """
 
 
+def contiguous_graph(name: str = "gpu_cpu"):
+    """``gpu_cpu`` (or ``gpu``) with the split stage's ``contiguous`` on: the reductions the
+    cost model would spread over blocks itself are split too."""
+    from stagegraph.core.graph import Graph
+    from stagegraph.graphs import gpu, gpu_cpu
+    from stagegraph.stages.gpu.split_reduction import gpu_split_reductions
+
+    graph = (gpu_cpu if name == "gpu_cpu" else gpu).build()
+    stages = [gpu_split_reductions("split", contiguous=True) if s.name == "split" else s
+              for s in graph.stages.values()]  # fmt: skip
+    return Graph(name, stages, graph.edges, graph.inputs.values(), default_splice="bufferized")
+
+
 def payload(tmp_path: Path, text: str, name: str, **sizes: int) -> Path:
     for key, value in sizes.items():
         text = text.replace(key, str(value))
@@ -130,13 +143,14 @@ def test_row_split_takes_a_divisor_or_leaves_a_remainder():
 
 
 def test_a_sum_to_a_scalar_becomes_parallel_rows_then_their_sum(tmp_path):
-    path = payload(tmp_path, SUM_OF_SQUARES, "squares", ROWS=8, COLS=1000)
+    path = payload(tmp_path, SUM_OF_SQUARES, "squares", ROWS=7, COLS=1000)
     module = sg.run("gpu", str(path), target="h200", until="split").module.ir
     partial, final = generics(module)
-    # 8000 elements: 125 rows of 64 (125 = 8000 // 64 divides 8000), then one thread adds
-    # the 125 partial sums into the payload's own initial value.
+    # 7000 elements (not whole warps): at most 7000 // 64 = 109 rows; 100 divides 7000, so
+    # 100 rows of 70, then one thread adds the 100 partial sums into the payload's own
+    # initial value.
     assert kinds_of(partial) == ["parallel", "reduction"]
-    assert shape_of(partial.operands[0]) == [125, 64] and shape_of(partial.results[0]) == [125]
+    assert shape_of(partial.operands[0]) == [100, 70] and shape_of(partial.results[0]) == [100]
     assert shape_of(partial.operands[1]) == []  # the broadcast scalar stays a scalar
     assert kinds_of(final) == ["reduction"] and shape_of(final.results[0]) == []
     assert final.operands[0] == partial.results[0]
@@ -147,9 +161,16 @@ def test_a_sum_to_a_scalar_becomes_parallel_rows_then_their_sum(tmp_path):
     assert any(p.mapped for p in params.kernels)  # the cost model maps the partial rows
 
 
-def test_partial_sums_fold_again_until_few_remain(tmp_path):
+def test_whole_warps_of_contiguous_input_are_left_to_the_cost_model(tmp_path):
     path = payload(tmp_path, SUM_OF_SQUARES, "squares", ROWS=224, COLS=256)
     module = sg.run("gpu", str(path), target="h200", until="split").module.ir
+    (op,) = generics(module)  # gpu.full_reduction spreads it over blocks in one kernel
+    assert kinds_of(op) == ["reduction", "reduction"]
+
+
+def test_partial_sums_fold_again_until_few_remain(tmp_path):
+    path = payload(tmp_path, SUM_OF_SQUARES, "squares", ROWS=224, COLS=256)
+    module = sg.run(contiguous_graph("gpu"), str(path), target="h200", until="split").module.ir
     rows = [shape_of(op.results[0]) for op in generics(module)]
     assert rows == [[896], [14], []]  # 57344 = 896 x 64; 896 partials = 14 x 64; then 14
 
@@ -195,21 +216,22 @@ def test_other_reductions_are_left_alone(tmp_path):
 @pytest.mark.parametrize(
     ("text", "sizes"),
     [
-        (SUM_OF_SQUARES, {"ROWS": 8, "COLS": 1000}),
+        (SUM_OF_SQUARES, {"ROWS": 7, "COLS": 1000}),
         (MAXIMUM, {"N": 8191}),
         (BROADCAST, {"ROWS": 96, "COLS": 200}),
+        (SUM_OF_SQUARES, {"ROWS": 224, "COLS": 256}),
     ],
-    ids=["divisible", "remainder", "broadcast"],
+    ids=["divisible", "remainder", "broadcast", "contiguous"],
 )
 def test_split_reductions_keep_their_values_on_the_cpu(tmp_path, text, sizes):
     path = payload(tmp_path, text, "values", **sizes)
-    report = sg.run("gpu_cpu", str(path))
+    report = sg.run(contiguous_graph(), str(path))
     assert report.verified, report.message
 
 
 def test_the_partial_rows_launch_more_than_one_thread(tmp_path):
     pytest.importorskip("llvmlite")
-    path = payload(tmp_path, SUM_OF_SQUARES, "squares", ROWS=224, COLS=256)
+    path = payload(tmp_path, BROADCAST, "broadcast", ROWS=256, COLS=200)
     out = tmp_path / "artifact"
     sg.run("gpu", str(path), target="h200", emit="object", output=str(out))
     manifest = json.loads((out / "manifest.json").read_text())

@@ -15,13 +15,16 @@ elements (the loops flattened, row-major) are read as P rows of C = N // P eleme
 3. where P does not divide N, the last N - P * C elements continue the fold from that
    result (their own reduction, split alike when long).
 
-P is the largest divisor of N up to a row per warp the GPU holds at once (its SMs times
-the warps each SM keeps: a cost model that gives a row a block of threads fills the SMs,
-one that gives a row one thread still has that many) with rows no shorter than two warps
-(what a block of threads shares, :data:`MIN_ROW_WARPS`); without a divisor at least half
-that, P is the bound itself and the remainder takes step 3. The partial results are combined
-in a different order than the serial loop did: the op's combiner must be associative
-and commutative (:data:`NEUTRAL`), as floating-point sums are taken to be.
+Reductions the cost model spreads over blocks itself (contiguous input a whole number of
+warps long, ``gpu.full_reduction``: one kernel, fewer launches) are left to it
+(:func:`left_to_blocks`; ``contiguous=true`` splits them too). P is the largest divisor of
+N up to a row per warp the GPU holds at once (its SMs times the warps each SM keeps: a
+cost model that gives a row a block of threads fills the SMs, one that gives a row one
+thread still has that many) with rows no shorter than two warps (what a block of threads
+shares, :data:`MIN_ROW_WARPS`); without a divisor at least half that, P is the bound
+itself and the remainder takes step 3. The partial results are combined in a different
+order than the serial loop did: the op's combiner must be associative and commutative
+(:data:`NEUTRAL`), as floating-point sums are taken to be.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from stagegraph.core.ports import TensorModule
+from stagegraph.core.ports import Config, TensorModule
 from stagegraph.core.stage import stage
 from stagegraph.stages.gpu.target import GpuTarget
 
@@ -282,22 +285,44 @@ def _leading_rows(op: Any, ranges: list[int], bound: Callable[[int], int], kind:
     return True
 
 
-def split_scalar_reductions(module: Any, target: GpuTarget) -> int:
-    """Split every reduction to a scalar (:func:`splittable`) of the entry; returns how many."""
+def left_to_blocks(op: Any, target: GpuTarget) -> bool:
+    """Whether the cost model's own reduction to a scalar over blocks takes ``op``
+    (``gpu.full_reduction``: every input read whole, the length a whole number of warps):
+    one kernel and one thread's combine, fewer launches than the levels of rows here."""
+    from math import prod
+
+    return whole_reads(op) and prod(loop_ranges(op) or [1]) % target.warp_size == 0
+
+
+def split_scalar_reductions(module: Any, target: GpuTarget, contiguous: bool = False) -> int:
+    """Split every reduction to a scalar (:func:`splittable`) of the entry, but those the
+    cost model takes over blocks itself (:func:`left_to_blocks`) unless ``contiguous``;
+    returns how many."""
     from stagegraph.mlir.functions import payload_functions, select_entry
     from stagegraph.mlir.walk import top_level_ops
 
     entry = select_entry(payload_functions(module))
-    ops = [op for op in top_level_ops(entry) if splittable(op)]
+    ops = [op for op in top_level_ops(entry) if splittable(op)
+           and (contiguous or not left_to_blocks(op, target))]  # fmt: skip
     return sum(split_op(op, lambda n: rows_bound(n, target)) for op in ops)
 
 
+class SplitReductionsConfig(Config):
+    """``contiguous``: also split the reductions to a scalar the cost model spreads over
+    blocks itself (contiguous input, a whole number of warps long; :func:`left_to_blocks`),
+    to compare the two."""
+
+    contiguous: bool = False
+
+
 @stage("passes", name="gpu.split_reductions")
-def gpu_split_reductions(module: TensorModule, target: GpuTarget) -> TensorModule:
+def gpu_split_reductions(
+    module: TensorModule, target: GpuTarget, config: SplitReductionsConfig
+) -> TensorModule:
     """Reductions to a scalar as partial reductions over rows (parallel), then their sum."""
     from stagegraph.mlir.build import ir_location
     from stagegraph.stages.common.passes import run_pipeline
 
     with module.ir.context, ir_location(module.ir):
-        split = split_scalar_reductions(module.ir, target)
+        split = split_scalar_reductions(module.ir, target, config.contiguous)
     return run_pipeline(module, "canonicalize,cse") if split else module
