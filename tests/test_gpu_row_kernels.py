@@ -163,3 +163,59 @@ def test_dynamic_strides_claim_only_element_alignment():
         (read,) = collect(module, "vector.transfer_read")
         memref, row, column = list(read.operands)[:3]
         assert access_alignment(memref, [row, column], 4) == 4  # rows of unknown stride
+
+
+def serial_launch(launch) -> None:
+    """Run ``launch``'s body in loops over its blocks and threads instead (the CPU's view
+    of the grid: every thread in turn), the block and thread ids the loops' indices."""
+    from stagegraph.mlir.bindings import arith, ir, scf
+
+    grid, block = launch.operands[0], launch.operands[3]
+    index = ir.IndexType.get()
+    with ir.InsertionPoint(launch), launch.location:
+        zero, one = (arith.ConstantOp(index, n).result for n in (0, 1))
+        blocks = scf.ForOp(zero, grid, one)
+        with ir.InsertionPoint(blocks.body):
+            threads = scf.ForOp(zero, block, one)
+            with ir.InsertionPoint(threads.body):
+                anchor = scf.YieldOp([])
+            scf.YieldOp([])
+    ids = {"gpu.block_id": blocks.induction_variable, "gpu.thread_id": threads.induction_variable}
+    body = launch.regions[0].blocks[0]
+    for op in list(body.operations)[:-1]:  # all but gpu.terminator
+        if op.name in ids:
+            op.results[0].replace_all_uses_with(ids[op.name])
+            op.erase()
+        else:
+            op.move_before(anchor)
+    launch.erase()
+
+
+@pytest.mark.parametrize("cols", [256, 255])
+def test_every_row_is_written_once_by_its_thread(cols):
+    """Through the JIT, the grid run serially: each of 40 rows (two blocks of 32 threads,
+    the last 24 guarded off) copies its first 224 elements, the rest stays untouched."""
+    import ctypes
+
+    import numpy as np
+
+    from stagegraph.mlir.bindings import execution_engine, ir, passmanager, runtime
+    from stagegraph.mlir.walk import top_level_ops
+    from stagegraph.stages.common import lowering
+
+    rows = 40
+    _context, module, (launch,) = launched(rows, cols)
+    with _context, ir.Location.unknown():
+        serial_launch(launch)
+        entry = next(op for op in top_level_ops(module) if op.name == "func.func")
+        entry.attributes["llvm.emit_c_interface"] = ir.UnitAttr.get()
+        module.operation.verify()
+        pm = passmanager.PassManager.parse(f"builtin.module({lowering.LOWER_TO_LLVM})")
+        pm.run(module.operation)
+        engine = execution_engine.ExecutionEngine(module, opt_level=2)
+        source = np.arange(rows * cols, dtype=np.float32).reshape(rows, cols)
+        result = np.full((rows, cols), np.nan, np.float32)
+        engine.invoke("main", *[ctypes.pointer(ctypes.pointer(
+            runtime.get_ranked_memref_descriptor(x))) for x in (source, result)])  # fmt: skip
+    np.testing.assert_array_equal(result[:, :224], source[:, :224])
+    assert np.isnan(result[:, 224:]).all()
