@@ -21,9 +21,10 @@ from stagegraph.stages.gpu.target import gpu_target
 
 def front_stages() -> list:
     """The stages the GPU graphs share, up to bufferizing: normalize, split reductions to a
-    scalar into parallel rows (:mod:`stagegraph.stages.gpu.split_reduction`), analyse, ask the GPU
-    cost model for the mapping, schedule to block and thread foralls (``gpu_cpu`` runs that
-    schedule on the CPU). New stages for each graph: stages are not shared between graphs."""
+    scalar into parallel rows (:mod:`stagegraph.stages.gpu.split_reduction`), analyse, ask
+    the GPU cost model for the mapping, schedule to block and thread foralls (``gpu_cpu``
+    runs that schedule on the CPU). New stages for each graph: stages are not shared
+    between graphs."""
     return [
         verify("load"),
         gpu_normalize("normalize"),
