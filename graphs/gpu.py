@@ -15,18 +15,22 @@ from stagegraph.stages.gpu.lower import gpu_lower
 from stagegraph.stages.gpu.normalize import gpu_normalize
 from stagegraph.stages.gpu.params import gpu_heuristic
 from stagegraph.stages.gpu.schedule import gpu_schedule
+from stagegraph.stages.gpu.split_reduction import gpu_split_reductions
 from stagegraph.stages.gpu.target import gpu_target
 
 
 def front_stages() -> list:
-    """The stages the GPU graphs share, up to bufferizing: normalize, analyse, ask the GPU
-    cost model for the mapping, schedule to block and thread foralls (``gpu_cpu`` runs that
-    schedule on the CPU). New stages for each graph: stages are not shared between graphs."""
+    """The stages the GPU graphs share, up to bufferizing: normalize, split reductions to a
+    scalar into parallel rows (:mod:`stagegraph.stages.gpu.split_reduction`), analyse, ask
+    the GPU cost model for the mapping, schedule to block and thread foralls (``gpu_cpu``
+    runs that schedule on the CPU). New stages for each graph: stages are not shared
+    between graphs."""
     return [
         verify("load"),
         gpu_normalize("normalize"),
-        analyze_stage("analyze"),
         gpu_target("target"),
+        gpu_split_reductions("split"),
+        analyze_stage("analyze"),
         gpu_heuristic("select"),
         gpu_schedule("schedule", tags={"scheduled"}),
         bufferize(tags={"bufferized"}),
@@ -37,10 +41,12 @@ def front_stages() -> list:
 FRONT_EDGES = [
     "payload -> load.module",
     "load.module -> normalize.module",
-    "normalize.module -> analyze.module",
+    "normalize.module -> split.module",
+    "target.facts -> split.target",
+    "split.module -> analyze.module",
     "analyze.facts -> select.facts",
     "target.facts -> select.target",
-    "normalize.module -> schedule.module",
+    "split.module -> schedule.module",
     "select.params -> schedule.params",
     "schedule.module -> bufferize.module",
 ]

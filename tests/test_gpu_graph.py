@@ -100,7 +100,7 @@ def test_the_gpu_graph_round_trips_through_a_graph_file(capsys, tmp_path):
     path = tmp_path / "gpu.yaml"
     assert run_cli(capsys, "export", "gpu", "-o", str(path))[0] == 0
     code, out, _ = run_cli(capsys, "validate", str(path))
-    assert code == 0 and "graph 'gpu' is valid: 9 stages" in out
+    assert code == 0 and "graph 'gpu' is valid: 10 stages" in out
 
 
 # -- cost model and IR ----------------------------------------------------------------

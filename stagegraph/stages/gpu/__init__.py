@@ -14,7 +14,7 @@ from stagegraph.core.stage import register_stage_module
 from stagegraph.errors import UnknownTargetError
 from stagegraph.stages.gpu.target_names import GPUS
 
-for _module in ("target", "normalize", "params", "schedule", "lower", "emit"):
+for _module in ("target", "normalize", "split_reduction", "params", "schedule", "lower", "emit"):
     register_stage_module(f"stagegraph.stages.gpu.{_module}")
 
 #: GPU target names, each to the lazy resolver of its facts (``cuda``: the first GPU present,

@@ -60,16 +60,21 @@ def _escapes(run: list[Any]) -> bool:
 
 
 def wrap_host_work(entry: Any) -> int:
-    """Move every run of host-side work into a one-thread ``gpu.launch``; returns how many.
+    """Move every run of host-side work into a one-thread ``gpu.launch`` (a lone row
+    forall into a launch of a thread per row, :mod:`.row_kernels`); returns how many.
 
     Raises:
         UnsupportedPayloadError: a run defines a value the host needs afterwards.
     """
     from stagegraph.errors import UnsupportedPayloadError
     from stagegraph.mlir.bindings import arith, gpu, ir
+    from stagegraph.stages.gpu.row_kernels import launch_rows
 
     wrapped = 0
     for run in host_runs(entry):
+        if launch_rows(run):
+            wrapped += 1
+            continue
         if _escapes(run):
             raise UnsupportedPayloadError(
                 f"host op {run[0].name} defines a value the host uses later; the GPU plan "
