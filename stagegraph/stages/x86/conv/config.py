@@ -44,6 +44,15 @@ class ConvGemmConfig(Config):
     streams through memory instead of cache; such convolutions keep the direct path."""
 
     conv_gemm: bool = True
+    #: The patch matrix as a gather fused into the packing of B (one pass over the input:
+    #: conv/patch_gather.py), else a window copy written out whole, then packed; the gather
+    #: only where the innermost spatial stride is at least ``gather_min_stride``: a
+    #: unit-stride window copies whole rows with vector moves, which the gather's
+    #: ``vpgatherdps`` do not beat (ResNet-18's 64-channel 3x3 layer at 56^2: 0.88x; the
+    #: strided copy is a scalar loop: l1_050, 11x11/4, 1.10x; docs/measurements.md,
+    #: session 20, "Patch matrices gathered into the packed panels").
+    gather_patches: bool = True
+    gather_min_stride: int = Field(2, ge=1)
     path: Literal["auto", "direct", "gemm"] = "auto"
     paths: dict[str, Path] = Field(default_factory=dict)
     #: Set by ``--cost-model tuned``: the best measured candidate's paths (its

@@ -119,29 +119,36 @@ def convolutions_to_gemm(
         rows = block_rows(shape, target, config, element)
         one_by_one = rows < shape.out[0] or per_image(shape, target, config, element)
         with ir.InsertionPoint(op), op.location:
-            result = _gemm(op, shape, choice, rows if one_by_one else 0)
+            gather = config.gather_patches and shape.strides[-1] >= config.gather_min_stride
+            result = _gemm(op, shape, choice, rows if one_by_one else 0, gather)
         op.results[0].replace_all_uses_with(result)
         op.erase()
     return len(found)
 
 
-def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int) -> Any:
+def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int, gather: bool) -> Any:
     """``out = W @ P`` for the convolution ``op``, in its output's layout; the matmul
     carries ``choice``. With ``rows`` (not 0) the images run one by one in blocks of
     ``rows`` output rows (:mod:`stagegraph.stages.x86.conv.gemm_blocks`), else one GEMM
-    takes every image's columns."""
+    takes every image's columns. ``gather``: ``P`` is the gather that B's packing absorbs
+    (:mod:`stagegraph.stages.x86.conv.patch_gather`), else the window copy."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, path_attribute
     from stagegraph.stages.x86.conv.gemm_blocks import blocked_gemm
+    from stagegraph.stages.x86.conv.patch_gather import contiguous, patch_matrix
 
     image, kernel, init = op.operands
     element = ir.RankedTensorType(init.type).element_type
     rank = len(shape.taps)
     weights = collapse_shape(kernel, [[0], list(range(1, rank + 2))], [shape.f, shape.depth])
     attributes = {PATH_ATTRIBUTE: path_attribute(choice)}
+    build_patches = patch_matrix if gather else _patches
+    if gather:
+        image = contiguous(image, element)
     if rows:
-        return blocked_gemm(image, weights, init, shape, rows, (element, _patches, attributes))
-    patches = _patches(image, shape, element)
+        build = (element, build_patches, attributes, gather)
+        return blocked_gemm(image, weights, init, shape, rows, build)
+    patches = build_patches(image, shape, element)
     acc = _accumulator(init, shape, element)
     made = named_structured_op("linalg.matmul", [weights, patches], [acc], attributes)
     # out'[F, (N, O...)] -> [N, F, O...]

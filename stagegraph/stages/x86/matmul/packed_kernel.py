@@ -91,7 +91,8 @@ def packed_kernel(
         apply_patterns(func, loop.ApplyForLoopCanonicalizationPatternsOp)
     structured.VectorizeOp(handles.kernel)
     for step, panel in steps:
-        structured.VectorizeOp(step, panel)
+        # (a patch gather reads its input with tensor.extract: patch_operands)
+        structured.VectorizeOp(step, panel, vectorize_nd_extract=True)
     _vectorize_packing(handles, partial_a, partial_b, params, plan.k_step)
     _vectorize_pass_over_c(handles.zero, unpacks, consumers, site, params)
     hoist_accumulators(func)
@@ -245,18 +246,26 @@ def _tile_packing(
     if pack_b is not None:  # (none for a B packed at compile time)
         # B[k, n] packs k-outer: each step reads kp rows of B along n (contiguous), instead
         # of walking one reg_n-wide column strip down all of K (a new page every row).
-        b_order = [0, 1] if site.transpose_b else [1, 0]
-        if widenings[1] is None:
+        # A patch gather runs panel-outer instead: each panel's column coordinates (the
+        # divisions of its output positions) are then computed once for all of K.
+        b_order = [0, 1] if site.transpose_b or site.patch_b else [1, 0]
+        gathers = [widenings[1]]
+        if site.patch_b:  # (the patch gather follows the split: one per piece)
+            pack_b, partial_b, gathers = _split_gathered_panel(pack_b, widenings[1], site, params)
+        elif widenings[1] is None:
             pack_b, partial_b = _split_partial_panel(pack_b, site.n, params.tile_n, params.reg_n)
         if plan.shared:  # the threads pack B's whole panels together (the partial one next)
             pack_b = structured.TileUsingForallOp(pack_b, num_threads=[params.threads, 0]).tiled_op
         tiled_b = structured.TileUsingForOp(pack_b, sizes=[1, kp], interchange=b_order)
         handles.pack_b = tiled_b.tiled_linalg_op
         if partial_b is not None:
-            partial_b = structured.TileUsingForOp(
-                partial_b, sizes=[1, kp], interchange=b_order
-            ).tiled_linalg_op
+            tiled_partial = structured.TileUsingForOp(partial_b, sizes=[1, kp], interchange=b_order)
+            partial_b = tiled_partial.tiled_linalg_op
     steps = []
+    if site.patch_b:  # the patch gather, into every step (each of static shape: patch_operands)
+        pieces = [tiled_b] if partial_b is None else [tiled_b, tiled_partial]
+        steps = _gather_in_steps(gathers, pieces, site, params, kp)
+        widenings = [widenings[0], None]
     for copy, tiled, panel in zip(
         widenings,
         (tiled_a, tiled_b),
@@ -441,6 +450,56 @@ def _direct_tiles(
     for consumer in consumers:
         transform.AnnotateOp(consumer, _DIRECT_CONSUMER_ATTR)
     return tiled
+
+
+def _split_gathered_panel(
+    pack: ir.Value, gather: ir.Value, site: MatmulSite, params: MatmulParams
+) -> tuple[ir.Value, ir.Value | None, list[ir.Value]]:
+    """:func:`_split_partial_panel` of B's packing when an implicit GEMM's patch gather
+    (``matmul.patch_operands``) makes B: the gather is fused into the split first, so each
+    piece (whole panels, partial one) holds its own. Returns the packs and the gathers."""
+    whole = site.n // params.reg_n
+    if params.tile_n < site.n or whole < 2 or site.n % params.reg_n == 0:
+        return pack, None, [gather]
+    # Static shapes first: in a K-block loop the gather's tile is K-block rows by loop
+    # bounds only, and fusion does not look past the tensor.dim a dynamic one is read by.
+    func = transform.GetParentOp(any_op(), pack, op_name="func.func").result
+    apply_patterns(
+        func, loop.ApplyForLoopCanonicalizationPatternsOp, transform.ApplyCanonicalizationPatternsOp
+    )
+    split = structured.TileUsingForOp(pack, sizes=[whole, 0])
+    structured.FuseIntoContainingOp(gather, split.loops[0])
+    peeled = loop.LoopPeelOp(any_op(), any_op(), split.loops[0])
+    pieces = (peeled.peeled_loop, peeled.remainder_loop)
+    return (
+        match_name(pieces[0], "linalg.pack"),
+        match_name(pieces[1], "linalg.pack"),
+        [match_name(piece, "linalg.generic") for piece in pieces],
+    )
+
+
+def _gather_in_steps(
+    gathers: list[ir.Value],
+    pieces: list[Any],
+    site: MatmulSite,
+    params: MatmulParams,
+    k_step: int,
+) -> list[tuple[ir.Value, list[int]]]:
+    """Fuse an implicit GEMM's patch gathers (``matmul.patch_operands``; one per piece of
+    B's packing, :func:`_split_gathered_panel`) into the tiled steps that pack B's whole
+    panels and its partial one (``pieces``): each step gathers its tile of patches from
+    the input and stores it in the panel (no patch matrix in memory). Returns the fused
+    gathers with their vector shapes (the partial panel's: its static width)."""
+    # Each step slices the slice of the gather that the split (or K block) took: one slice
+    # of the gather, for fusion to find.
+    func = transform.GetParentOp(any_op(), pieces[0].loops[0], op_name="func.func").result
+    apply_patterns(func, _ttensor.ApplyMergeConsecutiveInsertExtractSlicePatternsOp)
+    steps = []
+    for number, (gather, tiled) in enumerate(zip(gathers, pieces, strict=True)):
+        width = site.n % params.reg_n if number else params.reg_n
+        fused = structured.FuseIntoContainingOp(gather, tiled.loops[0]).fused_op
+        steps.append((fused, [width, k_step] if site.transpose_b else [k_step, width]))
+    return steps
 
 
 def _split_partial_panel(
