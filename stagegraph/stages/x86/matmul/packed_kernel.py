@@ -32,6 +32,7 @@ from stagegraph.stages.common.transform_build import (
 )
 from stagegraph.stages.x86.matmul.canonical import WIDEN_LANES, MatmulSite
 from stagegraph.stages.x86.matmul.first_k_block import K_BLOCKS_ATTR
+from stagegraph.stages.x86.matmul.gather_steps import gather_in_steps, split_gathered_panel
 from stagegraph.stages.x86.matmul.kernel_plan import KernelPlan, plan_kernel
 from stagegraph.stages.x86.matmul.params import MatmulParams, partial_tiles
 from stagegraph.stages.x86.matmul.prefetch_rows import PREFETCH_ROWS_ATTR
@@ -251,7 +252,7 @@ def _tile_packing(
         b_order = [0, 1] if site.transpose_b or site.patch_b else [1, 0]
         gathers = [widenings[1]]
         if site.patch_b:  # (the patch gather follows the split: one per piece)
-            pack_b, partial_b, gathers = _split_gathered_panel(pack_b, widenings[1], site, params)
+            pack_b, partial_b, gathers = split_gathered_panel(pack_b, widenings[1], site, params)
         elif widenings[1] is None:
             pack_b, partial_b = _split_partial_panel(pack_b, site.n, params.tile_n, params.reg_n)
         if plan.shared:  # the threads pack B's whole panels together (the partial one next)
@@ -264,7 +265,7 @@ def _tile_packing(
     steps = []
     if site.patch_b:  # the patch gather, into every step (each of static shape: patch_operands)
         pieces = [tiled_b] if partial_b is None else [tiled_b, tiled_partial]
-        steps = _gather_in_steps(gathers, pieces, site, params, kp)
+        steps = gather_in_steps(gathers, pieces, site, params, kp)
         widenings = [widenings[0], None]
     for copy, tiled, panel in zip(
         widenings,
@@ -450,56 +451,6 @@ def _direct_tiles(
     for consumer in consumers:
         transform.AnnotateOp(consumer, _DIRECT_CONSUMER_ATTR)
     return tiled
-
-
-def _split_gathered_panel(
-    pack: ir.Value, gather: ir.Value, site: MatmulSite, params: MatmulParams
-) -> tuple[ir.Value, ir.Value | None, list[ir.Value]]:
-    """:func:`_split_partial_panel` of B's packing when an implicit GEMM's patch gather
-    (``matmul.patch_operands``) makes B: the gather is fused into the split first, so each
-    piece (whole panels, partial one) holds its own. Returns the packs and the gathers."""
-    whole = site.n // params.reg_n
-    if params.tile_n < site.n or whole < 2 or site.n % params.reg_n == 0:
-        return pack, None, [gather]
-    # Static shapes first: in a K-block loop the gather's tile is K-block rows by loop
-    # bounds only, and fusion does not look past the tensor.dim a dynamic one is read by.
-    func = transform.GetParentOp(any_op(), pack, op_name="func.func").result
-    apply_patterns(
-        func, loop.ApplyForLoopCanonicalizationPatternsOp, transform.ApplyCanonicalizationPatternsOp
-    )
-    split = structured.TileUsingForOp(pack, sizes=[whole, 0])
-    structured.FuseIntoContainingOp(gather, split.loops[0])
-    peeled = loop.LoopPeelOp(any_op(), any_op(), split.loops[0])
-    pieces = (peeled.peeled_loop, peeled.remainder_loop)
-    return (
-        match_name(pieces[0], "linalg.pack"),
-        match_name(pieces[1], "linalg.pack"),
-        [match_name(piece, "linalg.generic") for piece in pieces],
-    )
-
-
-def _gather_in_steps(
-    gathers: list[ir.Value],
-    pieces: list[Any],
-    site: MatmulSite,
-    params: MatmulParams,
-    k_step: int,
-) -> list[tuple[ir.Value, list[int]]]:
-    """Fuse an implicit GEMM's patch gathers (``matmul.patch_operands``; one per piece of
-    B's packing, :func:`_split_gathered_panel`) into the tiled steps that pack B's whole
-    panels and its partial one (``pieces``): each step gathers its tile of patches from
-    the input and stores it in the panel (no patch matrix in memory). Returns the fused
-    gathers with their vector shapes (the partial panel's: its static width)."""
-    # Each step slices the slice of the gather that the split (or K block) took: one slice
-    # of the gather, for fusion to find.
-    func = transform.GetParentOp(any_op(), pieces[0].loops[0], op_name="func.func").result
-    apply_patterns(func, _ttensor.ApplyMergeConsecutiveInsertExtractSlicePatternsOp)
-    steps = []
-    for number, (gather, tiled) in enumerate(zip(gathers, pieces, strict=True)):
-        width = site.n % params.reg_n if number else params.reg_n
-        fused = structured.FuseIntoContainingOp(gather, tiled.loops[0]).fused_op
-        steps.append((fused, [width, k_step] if site.transpose_b else [k_step, width]))
-    return steps
 
 
 def _split_partial_panel(
