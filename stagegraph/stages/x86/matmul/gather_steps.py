@@ -65,4 +65,8 @@ def gather_in_steps(
         width = site.n % params.reg_n if number else params.reg_n
         fused = structured.FuseIntoContainingOp(gather, tiled.loops[0]).fused_op
         steps.append((fused, [width, k_step] if site.transpose_b else [k_step, width]))
+    # The partial panel's gather writes its steps into a slice of the patch matrix's empty
+    # tensor (the whole panels' write into the panels): a slice of an empty tensor is an
+    # empty tensor, so no buffer of the whole matrix is allocated for that strip.
+    apply_patterns(func, _ttensor.ApplyFoldTensorEmptyPatternsOp)
     return steps
