@@ -14,7 +14,10 @@ session 20). Prints per workload both medians, and the median of the per-round r
 Usage:
 
     python benchmarks/conv_patch_gather.py ../shared/kernelbench/level1/l1_050_*.mlir r18.l1 vgg.b3
-        [--rounds 10] [--calls 3] [--target x86-64-v4]
+        [--rounds 10] [--calls 3] [--target x86-64-v4] [--min-stride 1] [--conv path=gemm]
+
+The gather variant uses ``gather_min_stride=--min-stride`` (default 2, the config's): a
+unit-stride convolution compiles the same both ways unless ``--min-stride 1``.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ def measure(spec: str, args: argparse.Namespace) -> dict:
     session = Session(request)
     built = {}
     for gather in (True, False):
-        graph = session.graph.with_config("normalize", gather_patches=gather)
+        knobs = {**args.conv, "gather_patches": gather, "gather_min_stride": args.min_stride}
+        graph = session.graph.with_config("normalize", **knobs)
         built[gather] = prepare(session.engine, graph, session.workload, None)
         if not built[gather].verdict.ok:
             return {"error": f"gather_patches={gather}: {built[gather].verdict.message}"}
@@ -88,7 +92,16 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--calls", type=int, default=3)
     parser.add_argument("--target", help="x86-64 level to compile for (default: the host)")
+    parser.add_argument(
+        "--min-stride", type=int, default=2,
+        help="ConvGemmConfig.gather_min_stride of the gather variant (1: unit strides too)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--conv", action="append", default=[], metavar="KEY=VALUE",
+        help="a ConvGemmConfig field for both variants (path=gemm: the GEMM path forced)",
+    )  # fmt: skip
     args = parser.parse_args()
+    args.conv = dict(item.split("=", 1) for item in args.conv)
 
     from stagegraph.app.host import describe, host_info
 

@@ -20,7 +20,9 @@ from stagegraph.mlir.bindings import ir, new_context
 from stagegraph.mlir.walk import collect
 from stagegraph.stages.target import resolve_target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
+from stagegraph.stages.x86.conv.conv_shape import ConvShape
 from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
+from stagegraph.stages.x86.conv.patch_gather import gather_worth
 from stagegraph.stages.x86.matmul.canonical import PATCH_ATTR
 from stagegraph.stages.x86.matmul.params import MatmulParams
 from stagegraph.stages.x86.matmul.patch_operands import fusable
@@ -101,27 +103,27 @@ def test_a_strided_convolution_reads_one_gather_and_a_unit_stride_one_a_window_c
     ``linalg.generic`` marked as the patch gather (no window map, no reshape between);
     a unit-stride window keeps the window copy (rows of vector moves) and its reshape."""
     with new_context(), ir.Location.unknown():
-        module = ir.Module.parse(_payload(1, 8, 16, (17, 17), (3, 3), (2, 2), (1, 1)))
+        module = ir.Module.parse(_payload(1, 3, 16, (17, 17), (3, 3), (2, 2), (1, 1)))
         assert convolutions_to_gemm(module, ConvGemmConfig(path="gemm"), _V4) == 1
         assert module.operation.verify()
         [matmul] = collect(module.operation, lambda op: op.name == "linalg.matmul")
         gather = matmul.operands[1].owner.operation
         assert gather.name == "linalg.generic" and PATCH_ATTR in gather.attributes
-        assert ir.RankedTensorType(gather.results[0].type).shape == [8 * 9, 8 * 8]
+        assert ir.RankedTensorType(gather.results[0].type).shape == [3 * 9, 8 * 8]
         assert not list(gather.operands)[:-1]  # no inputs: the body reads the image
         assert not collect(module.operation, lambda op: op.name == "tensor.collapse_shape"
                            and op.results[0] == matmul.operands[1])  # fmt: skip
-        unit = ir.Module.parse(_payload(1, 8, 16, (17, 17), (3, 3), (1, 1), (1, 1)))
+        unit = ir.Module.parse(_payload(1, 3, 16, (17, 17), (3, 3), (1, 1), (1, 1)))
         assert convolutions_to_gemm(unit, ConvGemmConfig(path="gemm"), _V4) == 1
         [matmul] = collect(unit.operation, lambda op: op.name == "linalg.matmul")
         assert matmul.operands[1].owner.operation.name == "tensor.collapse_shape"
         assert not collect(unit.operation, lambda op: PATCH_ATTR in op.attributes)
         # the knobs: the gather off, or for unit strides too
-        off = ir.Module.parse(_payload(1, 8, 16, (17, 17), (3, 3), (2, 2), (1, 1)))
+        off = ir.Module.parse(_payload(1, 3, 16, (17, 17), (3, 3), (2, 2), (1, 1)))
         convolutions_to_gemm(off, ConvGemmConfig(path="gemm", gather_patches=False), _V4)
         assert not collect(off.operation, lambda op: PATCH_ATTR in op.attributes)
         every = ConvGemmConfig(path="gemm", gather_min_stride=1)
-        convolutions_to_gemm(unit := ir.Module.parse(_payload(1, 8, 16, (17, 17), (3, 3),
+        convolutions_to_gemm(unit := ir.Module.parse(_payload(1, 3, 16, (17, 17), (3, 3),
                              (1, 1), (1, 1))), every, _V4)  # fmt: skip
         assert len(collect(unit.operation, lambda op: PATCH_ATTR in op.attributes)) == 1
 
@@ -130,15 +132,15 @@ def test_a_sliced_image_is_copied_before_the_gather():
     """A vectorized gather reads its input as one contiguous buffer: an image that is a
     slice of another (a group's channels) is copied into a tensor of its own first."""
     text = (
-        _payload(1, 8, 16, (17, 17), (3, 3), (2, 2), (1, 1))
+        _payload(1, 3, 16, (17, 17), (3, 3), (2, 2), (1, 1))
         .replace(
-            "func.func @main(%x: tensor<1x8x17x17xf32>,",
+            "func.func @main(%x: tensor<1x3x17x17xf32>,",
             "func.func @main(%big: tensor<1x16x17x17xf32>,",
         )
         .replace(
             "  %zero = arith.constant 0.0 : f32\n",
             "  %zero = arith.constant 0.0 : f32\n  %x = tensor.extract_slice %big[0, 4, 0, 0]"
-            " [1, 8, 17, 17] [1, 1, 1, 1] : tensor<1x16x17x17xf32> to tensor<1x8x17x17xf32>\n",
+            " [1, 3, 17, 17] [1, 1, 1, 1] : tensor<1x16x17x17xf32> to tensor<1x3x17x17xf32>\n",
             1,
         )
     )
@@ -149,7 +151,24 @@ def test_a_sliced_image_is_copied_before_the_gather():
         assert copy.operands[0].owner.operation.name == "tensor.extract_slice"
         [flat] = collect(module.operation, lambda op: op.name == "tensor.collapse_shape"
                          and op.operands[0] == copy.results[0])  # fmt: skip
-        assert ir.RankedTensorType(flat.results[0].type).shape == [8 * 17 * 17]
+        assert ir.RankedTensorType(flat.results[0].type).shape == [3 * 17 * 17]
+
+
+def test_the_gather_where_it_measured_faster():
+    """Strided windows over few channels or many taps gather; 3x3/2 over many channels,
+    unit strides and the knob off keep the window copy (ConvGemmConfig's measurements)."""
+    config = ConvGemmConfig()
+
+    def shape(c, k, stride, rank=2):
+        return ConvShape(1, c, 64, (k,) * rank, (28,) * rank, (stride,) * rank, (1,) * rank)
+
+    assert gather_worth(ConvShape(2, 3, 96, (11, 11), (55, 55), (4, 4), (1, 1)), config)
+    assert gather_worth(shape(3, 7, 2), config) and gather_worth(shape(3, 3, 2), config)
+    assert gather_worth(shape(32, 5, 2), config) and gather_worth(shape(64, 7, 2), config)
+    assert not gather_worth(shape(64, 3, 2), config)
+    assert not gather_worth(ConvShape(32, 32, 64, (3,), (19,), (3,), (4,)), config)  # l1_076
+    assert not gather_worth(shape(3, 7, 1), config)  # unit stride: row copies
+    assert not gather_worth(shape(3, 7, 2), ConvGemmConfig(gather_patches=False))
 
 
 def test_the_gather_is_fused_only_into_static_packing_steps():
@@ -171,8 +190,9 @@ _CASES = {
                           {"patch_block_l2_fraction": 0.0005, "max_patch_blocks": 4,
                            "partial_block_min_panels": 1}),
     # 64 channels x 3x3: K = 576 in K blocks; 10x10 outputs: 3 panels and a partial one
-    "2d-3x3/2-kblocks": (1, 64, 32, (20, 20), (3, 3), (2, 2), (1, 1), 1, {}),
-    "1d-dilated": (4, 32, 32, (50,), (3,), (3,), (2,), 0, {}),
+    # (these two the measured rule leaves on the window copy: gathered by the knob)
+    "2d-3x3/2-kblocks": (1, 64, 32, (20, 20), (3, 3), (2, 2), (1, 1), 1, {"gather_min_taps": 1}),
+    "1d-dilated": (4, 32, 32, (50,), (3,), (3,), (2,), 0, {"gather_min_taps": 1}),
     "3d-strided": (1, 16, 32, (9, 9, 9), (3, 3, 3), (2, 2, 2), (1, 1, 1), 0, {}),
 }  # fmt: skip
 

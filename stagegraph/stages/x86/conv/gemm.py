@@ -97,6 +97,7 @@ def convolutions_to_gemm(
     from stagegraph.stages.target import detect_target
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, choose_path, path_attribute
     from stagegraph.stages.x86.conv.gemm_blocks import block_rows, per_image
+    from stagegraph.stages.x86.conv.patch_gather import gather_worth
 
     config = config or ConvGemmConfig()
     target = target or detect_target()
@@ -119,7 +120,7 @@ def convolutions_to_gemm(
         rows = block_rows(shape, target, config, element)
         one_by_one = rows < shape.out[0] or per_image(shape, target, config, element)
         with ir.InsertionPoint(op), op.location:
-            gather = config.gather_patches and shape.strides[-1] >= config.gather_min_stride
+            gather = gather_worth(shape, config)
             result = _gemm(op, shape, choice, rows if one_by_one else 0, gather)
         op.results[0].replace_all_uses_with(result)
         op.erase()

@@ -19,8 +19,19 @@ from collections.abc import Sequence
 from typing import Any
 
 from stagegraph.mlir.build import collapse_shape, generic
+from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.conv_shape import ConvShape
 from stagegraph.stages.x86.matmul.patch_operands import PATCH_ATTR
+
+
+def gather_worth(shape: ConvShape, config: ConvGemmConfig) -> bool:
+    """Whether the implicit GEMM of ``shape`` gathers its patch matrix into B's panels
+    (else the window copy): ``config.gather_patches``, an innermost stride of at least
+    ``gather_min_stride``, and few channels or a large window (the measurements behind
+    the knobs: :class:`~stagegraph.stages.x86.conv.config.ConvGemmConfig`)."""
+    if not config.gather_patches or shape.strides[-1] < config.gather_min_stride:
+        return False
+    return shape.c <= config.gather_max_channels or math.prod(shape.taps) >= config.gather_min_taps
 
 
 def patch_matrix(
