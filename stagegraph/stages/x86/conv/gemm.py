@@ -6,7 +6,11 @@ out as a matrix: ``P[(c, t), (n, o)] = X[n, c, o*s + t*d]``. Then ``out'[f, (n, 
 W[f, (c, t)] @ P`` reads the filter as it is stored (``FCHW`` collapses to ``[F, C*T]``
 with no copy), and ``out'`` is ``[F, N, O]``: the output (``[N, F, O]``) is one transpose
 of it, none for one image. The patch matrix is built by one copy, a ``linalg.generic``
-whose input map reads each tap's (strided, dilated) window.
+whose input map reads each tap's (strided, dilated) window, or, where
+:func:`~stagegraph.stages.x86.conv.patch_gather.gather_worth` says so (strided windows
+over few channels or many taps), by a gather that the matmul's packing of B absorbs: each
+packing step gathers its panel tile from the input (:mod:`.patch_gather`), and no patch
+matrix is written out and read back.
 
 Why this form: the filters are the matmul's rows (``m``), the images' output positions
 together its columns (``n``, long and contiguous: the vectors run along them), the
