@@ -224,3 +224,30 @@ def test_gathered_patches_match_numpy(tmp_path, case, target):
         allocs = collect(module.operation, lambda op: op.name == "memref.alloc")
         shapes = [list(ir.MemRefType(op.results[0].type).shape) for op in allocs]
     assert not [s for s in shapes if len(s) == 2 and s[0] == depth], shapes
+
+
+@pytest.mark.slow
+def test_the_benchmark_times_both_variants(tmp_path):
+    """benchmarks/conv_patch_gather.py: both variants verify and a row gives both medians
+    and their ratio."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "conv_patch_gather.py"
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((1, 3, 40, 40), dtype=np.float32)
+    w = rng.standard_normal((32, 3, 7, 7), dtype=np.float32)
+    payload = tmp_path / "conv.mlir"
+    payload.write_text(_payload(1, 3, 32, (40, 40), (7, 7), (2, 2), (1, 1)))
+    expected = _reference(x, w, (2, 2), (1, 1), 0).astype(np.float32)
+    np.savez(tmp_path / "conv.npz", in0=x, in1=w, out0=expected)
+    out = subprocess.run(
+        [sys.executable, str(script), str(payload), "--rounds", "2", "--calls", "1",
+         "--conv", "path=gemm", "--target", "x86-64-v3"],
+        capture_output=True, text=True, timeout=600, check=True,
+    )  # fmt: skip
+    [row] = [line for line in out.stdout.splitlines() if line.startswith("| conv |")]
+    gather, copy, ratio = (float(cell.split()[0]) for cell in row.split("|")[2:5])
+    assert gather > 0 and copy > 0
+    assert ratio == pytest.approx(copy / gather, rel=0.5)
