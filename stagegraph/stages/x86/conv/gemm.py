@@ -124,7 +124,8 @@ def convolutions_to_gemm(
         rows = block_rows(shape, target, config, element)
         one_by_one = rows < shape.out[0] or per_image(shape, target, config, element)
         with ir.InsertionPoint(op), op.location:
-            gather = gather_worth(shape, config)
+            # (f32 only, the type measured: the others keep the window copy)
+            gather = gather_worth(shape, config) and element == "f32"
             result = _gemm(op, shape, choice, rows if one_by_one else 0, gather)
         op.results[0].replace_all_uses_with(result)
         op.erase()
