@@ -328,9 +328,16 @@ def _schedule_payload(
     from stagegraph.stages.x86.matmul.broadcast_reads import scalarize_broadcast_reads
     from stagegraph.stages.x86.matmul.constant_pack import prepack_constant_weights
     from stagegraph.stages.x86.matmul.operands import fold_transposed_operands
+    from stagegraph.stages.x86.matmul.patch_operands import mark_patch_operands
     from stagegraph.stages.x86.matmul.schedule import schedule_matmuls
 
     candidates = canonical.label_contractions(payload, facts)
+    # The patch gathers B's packing absorbs, by their matmul's params (matmul/patch_operands)
+    matmuls = matmul_ops(facts)
+    by_op = {}
+    if len(matmuls) == len(params.matmul):
+        by_op = {op.index: p for op, p in zip(matmuls, params.matmul, strict=True)}
+    mark_patch_operands(payload, by_op)
     generic = build_generic_schedule(
         facts, params.generic, per_op=params.op_params, propagate_failures=propagate_failures
     )

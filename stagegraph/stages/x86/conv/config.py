@@ -44,6 +44,20 @@ class ConvGemmConfig(Config):
     streams through memory instead of cache; such convolutions keep the direct path."""
 
     conv_gemm: bool = True
+    #: The patch matrix as a gather fused into the packing of B (one pass over the input:
+    #: conv/patch_gather.py, ``gather_worth``), else a window copy written out whole, then
+    #: packed. The gather where the innermost spatial stride is at least
+    #: ``gather_min_stride`` (a unit-stride window copies whole rows with vector moves:
+    #: ResNet-18's 64-channel 3x3 layer at 56^2 ran 0.88x gathered) and the input has at
+    #: most ``gather_max_channels`` channels or the window at least ``gather_min_taps``
+    #: taps. Measured (thread CPU time, under load, docs/measurements.md, session 20,
+    #: "Patch matrices gathered into the packed panels"): 3 channels at 3x3/2, 7x7/2 and
+    #: 11x11/4 1.12-1.18x, 32 at 5x5/2 1.02x, 64 at 7x7/2 1.04x; 64 and 128 channels at
+    #: 3x3/2 0.97x and 0.92x, KernelBench's l1_076 (32 channels, 3 taps) 0.92x.
+    gather_patches: bool = True
+    gather_min_stride: int = Field(2, ge=1)
+    gather_max_channels: int = Field(4, ge=0)
+    gather_min_taps: int = Field(25, ge=1)
     path: Literal["auto", "direct", "gemm"] = "auto"
     paths: dict[str, Path] = Field(default_factory=dict)
     #: Set by ``--cost-model tuned``: the best measured candidate's paths (its

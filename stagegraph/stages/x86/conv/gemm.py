@@ -6,7 +6,11 @@ out as a matrix: ``P[(c, t), (n, o)] = X[n, c, o*s + t*d]``. Then ``out'[f, (n, 
 W[f, (c, t)] @ P`` reads the filter as it is stored (``FCHW`` collapses to ``[F, C*T]``
 with no copy), and ``out'`` is ``[F, N, O]``: the output (``[N, F, O]``) is one transpose
 of it, none for one image. The patch matrix is built by one copy, a ``linalg.generic``
-whose input map reads each tap's (strided, dilated) window.
+whose input map reads each tap's (strided, dilated) window, or, where
+:func:`~stagegraph.stages.x86.conv.patch_gather.gather_worth` says so (strided windows
+over few channels or many taps), by a gather that the matmul's packing of B absorbs: each
+packing step gathers its panel tile from the input (:mod:`.patch_gather`), and no patch
+matrix is written out and read back.
 
 Why this form: the filters are the matmul's rows (``m``), the images' output positions
 together its columns (``n``, long and contiguous: the vectors run along them), the
@@ -97,6 +101,7 @@ def convolutions_to_gemm(
     from stagegraph.stages.target import detect_target
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, choose_path, path_attribute
     from stagegraph.stages.x86.conv.gemm_blocks import block_rows, per_image
+    from stagegraph.stages.x86.conv.patch_gather import gather_worth
 
     config = config or ConvGemmConfig()
     target = target or detect_target()
@@ -119,29 +124,37 @@ def convolutions_to_gemm(
         rows = block_rows(shape, target, config, element)
         one_by_one = rows < shape.out[0] or per_image(shape, target, config, element)
         with ir.InsertionPoint(op), op.location:
-            result = _gemm(op, shape, choice, rows if one_by_one else 0)
+            # (f32 only, the type measured: the others keep the window copy)
+            gather = gather_worth(shape, config) and element == "f32"
+            result = _gemm(op, shape, choice, rows if one_by_one else 0, gather)
         op.results[0].replace_all_uses_with(result)
         op.erase()
     return len(found)
 
 
-def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int) -> Any:
+def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int, gather: bool) -> Any:
     """``out = W @ P`` for the convolution ``op``, in its output's layout; the matmul
     carries ``choice``. With ``rows`` (not 0) the images run one by one in blocks of
     ``rows`` output rows (:mod:`stagegraph.stages.x86.conv.gemm_blocks`), else one GEMM
-    takes every image's columns."""
+    takes every image's columns. ``gather``: ``P`` is the gather that B's packing absorbs
+    (:mod:`stagegraph.stages.x86.conv.patch_gather`), else the window copy."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, path_attribute
     from stagegraph.stages.x86.conv.gemm_blocks import blocked_gemm
+    from stagegraph.stages.x86.conv.patch_gather import contiguous, patch_matrix
 
     image, kernel, init = op.operands
     element = ir.RankedTensorType(init.type).element_type
     rank = len(shape.taps)
     weights = collapse_shape(kernel, [[0], list(range(1, rank + 2))], [shape.f, shape.depth])
     attributes = {PATH_ATTRIBUTE: path_attribute(choice)}
+    build_patches = patch_matrix if gather else _patches
+    if gather:
+        image = contiguous(image, element)
     if rows:
-        return blocked_gemm(image, weights, init, shape, rows, (element, _patches, attributes))
-    patches = _patches(image, shape, element)
+        build = (element, build_patches, attributes, gather)
+        return blocked_gemm(image, weights, init, shape, rows, build)
+    patches = build_patches(image, shape, element)
     acc = _accumulator(init, shape, element)
     made = named_structured_op("linalg.matmul", [weights, patches], [acc], attributes)
     # out'[F, (N, O...)] -> [N, F, O...]

@@ -79,14 +79,15 @@ def blocked_gemm(
     init: Any,
     shape: ConvShape,
     rows: int,
-    build: tuple[Any, Any, dict[str, Any]],
+    build: tuple[Any, Any, dict[str, Any], bool],
 ) -> Any:
     """``W @ P`` image by image, each in ``shape.out[0] // rows`` blocks of output rows,
     accumulating into ``init`` (the convolution's ``[N, F, O...]`` init) where each block's
     result lies: no transpose of the init or the output. ``build`` is (the element type,
     ``patches(image, shape, element)`` that builds one block's patch matrix, the matmul's
-    attributes)."""
-    element, patches, attributes = build
+    attributes, whether ``patches`` takes the whole image and the block's origin, as
+    ``conv.patch_gather.patch_matrix`` does, instead of the block's input rows)."""
+    element, patches, attributes, whole_image = build
     from stagegraph.mlir.bindings import arith, ir, scf, tensor
 
     rank = len(shape.taps)
@@ -124,7 +125,11 @@ def blocked_gemm(
         columns = rows * math.prod(shape.out[1:])
         groups = [[0, 1], list(range(2, rank + 2))]
         flat = collapse_shape(rows_acc, groups, [shape.f, columns])
-        operands = [weights, patches(source, block, element)]
+        if whole_image:  # (the gather reads the image whole, from the block's origin)
+            patch_block = patches(image, block, element, (number, first_input))
+        else:
+            patch_block = patches(source, block, element)
+        operands = [weights, patch_block]
         made = named_structured_op("linalg.matmul", operands, [flat], attributes)
         back = expand_shape(made, groups, out_block)
         written = tensor.InsertSliceOp(

@@ -16,6 +16,7 @@ from typing import Any
 from stagegraph.mlir.functions import entry_function
 from stagegraph.stages.analysis import OpFacts, PayloadFacts, linalg_ops
 from stagegraph.stages.x86.generic.plan import has_bool_operands, schedulable
+from stagegraph.stages.x86.matmul.patch_operands import PATCH_ATTR
 
 OP_ATTR = "stagegraph.generic_op"
 FUSE_ATTR = "stagegraph.fuse_into"
@@ -88,8 +89,9 @@ def annotate_generic_ops(module: Any, facts: PayloadFacts) -> dict[int, int]:
         # A matmul's zero fill and a transposed operand are the matmul schedule's: it fuses
         # the fill into its tiles and reads a 2-D transpose through its maps. Any other
         # producer runs here (left alone, it would become scalar loops).
+        # So is an implicit GEMM's patch gather: fused into the packing of B.
         feeds_matmul = any(position.get(u) in matmuls for u in _users(op))
-        if feeds_matmul and _absorbed_by_matmuls(fact):
+        if feeds_matmul and (_absorbed_by_matmuls(fact) or PATCH_ATTR in op.attributes):
             continue
         if schedulable(fact, facts):
             mine.add(i)

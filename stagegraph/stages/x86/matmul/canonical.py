@@ -38,6 +38,8 @@ SITE_ATTR = "stagegraph.matmul_site"
 SOURCE_ATTR = "stagegraph.matmul_source"
 # Set by widen_inputs on each widening copy: 2 * (the matmul's SOURCE_ATTR) + operand.
 WIDEN_ATTR = "stagegraph.widen"
+#: Marks an implicit GEMM's patch gather (conv/patch_gather.py, matmul/patch_operands.py).
+PATCH_ATTR = "stagegraph.conv_patches"
 WIDEN_LANES = 64  # elements per vector step of a widening copy the packing does not absorb
 _LABEL_ATTR = "stagegraph.matmul_like"  # ops to canonicalize, during canonicalize_contractions
 
@@ -61,6 +63,9 @@ class MatmulSite(Facts):
     transpose_b: bool = False
     source: int | None = None
     widened: tuple[bool, bool] = (False, False)  # A / B come from widen_inputs' copies
+    # B's "widening" is an implicit GEMM's patch gather (patch_operands): fused into every
+    # packing step, whole panels split from the partial one
+    patch_b: bool = False
     # B is the unpack of a constant packed at compile time (constant_pack): no B packing runs
     prepacked_b: bool = False
 
@@ -102,6 +107,7 @@ def find_matmuls(payload: ir.Module) -> list[MatmulSite]:
                     transpose_b=transpose_b,
                     source=source,
                     widened=(_widening_copy(op.operands[0]), _widening_copy(op.operands[1])),
+                    patch_b=PATCH_ATTR in defining_op(op.operands[1]).attributes,
                 )
             )
     return sites

@@ -32,6 +32,7 @@ from stagegraph.stages.common.transform_build import (
 )
 from stagegraph.stages.x86.matmul.canonical import WIDEN_LANES, MatmulSite
 from stagegraph.stages.x86.matmul.first_k_block import K_BLOCKS_ATTR
+from stagegraph.stages.x86.matmul.gather_steps import gather_in_steps, split_gathered_panel
 from stagegraph.stages.x86.matmul.kernel_plan import KernelPlan, plan_kernel
 from stagegraph.stages.x86.matmul.params import MatmulParams, partial_tiles
 from stagegraph.stages.x86.matmul.prefetch_rows import PREFETCH_ROWS_ATTR
@@ -91,7 +92,8 @@ def packed_kernel(
         apply_patterns(func, loop.ApplyForLoopCanonicalizationPatternsOp)
     structured.VectorizeOp(handles.kernel)
     for step, panel in steps:
-        structured.VectorizeOp(step, panel)
+        # (a patch gather reads its input with tensor.extract: patch_operands)
+        structured.VectorizeOp(step, panel, vectorize_nd_extract=True)
     _vectorize_packing(handles, partial_a, partial_b, params, plan.k_step)
     _vectorize_pass_over_c(handles.zero, unpacks, consumers, site, params)
     hoist_accumulators(func)
@@ -245,18 +247,26 @@ def _tile_packing(
     if pack_b is not None:  # (none for a B packed at compile time)
         # B[k, n] packs k-outer: each step reads kp rows of B along n (contiguous), instead
         # of walking one reg_n-wide column strip down all of K (a new page every row).
-        b_order = [0, 1] if site.transpose_b else [1, 0]
-        if widenings[1] is None:
+        # A patch gather runs panel-outer instead: each panel's column coordinates (the
+        # divisions of its output positions) are then computed once for all of K.
+        b_order = [0, 1] if site.transpose_b or site.patch_b else [1, 0]
+        gathers = [widenings[1]]
+        if site.patch_b:  # (the patch gather follows the split: one per piece)
+            pack_b, partial_b, gathers = split_gathered_panel(pack_b, widenings[1], site, params)
+        elif widenings[1] is None:
             pack_b, partial_b = _split_partial_panel(pack_b, site.n, params.tile_n, params.reg_n)
         if plan.shared:  # the threads pack B's whole panels together (the partial one next)
             pack_b = structured.TileUsingForallOp(pack_b, num_threads=[params.threads, 0]).tiled_op
         tiled_b = structured.TileUsingForOp(pack_b, sizes=[1, kp], interchange=b_order)
         handles.pack_b = tiled_b.tiled_linalg_op
         if partial_b is not None:
-            partial_b = structured.TileUsingForOp(
-                partial_b, sizes=[1, kp], interchange=b_order
-            ).tiled_linalg_op
+            tiled_partial = structured.TileUsingForOp(partial_b, sizes=[1, kp], interchange=b_order)
+            partial_b = tiled_partial.tiled_linalg_op
     steps = []
+    if site.patch_b:  # the patch gather, into every step (each of static shape: patch_operands)
+        pieces = [tiled_b] if partial_b is None else [tiled_b, tiled_partial]
+        steps = gather_in_steps(gathers, pieces, site, params, kp)
+        widenings = [widenings[0], None]
     for copy, tiled, panel in zip(
         widenings,
         (tiled_a, tiled_b),

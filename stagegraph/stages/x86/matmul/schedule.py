@@ -80,7 +80,10 @@ def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, params: Matmu
             continue
         i64 = ir.IntegerType.get_signless(64)
         mark = {WIDEN_ATTR: ir.IntegerAttr.get(i64, 2 * (site.source or 0) + operand)}
-        copy = structured.MatchOp(any_op(), func, ops=["linalg.copy"], op_attrs=mark).result
+        # (a widening linalg.copy, or an implicit GEMM's patch gather: patch_operands)
+        copy = structured.MatchOp(
+            any_op(), func, ops=["linalg.copy", "linalg.generic"], op_attrs=mark
+        ).result
         fused = structured.FuseIntoContainingOp(copy, forall)
         forall = fused.new_containing_op
         widenings.append(fused.fused_op)
@@ -90,7 +93,9 @@ def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, params: Matmu
         for copy in widenings:
             if copy is not None:
                 tiled = structured.TileUsingForOp(copy, sizes=[1, WIDEN_LANES])
-                structured.VectorizeOp(tiled.tiled_linalg_op, [1, WIDEN_LANES])
+                structured.VectorizeOp(
+                    tiled.tiled_linalg_op, [1, WIDEN_LANES], vectorize_nd_extract=True
+                )
         unpacked_kernel(func, block_mm, block_fill, site, params)
 
 
