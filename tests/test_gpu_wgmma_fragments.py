@@ -160,6 +160,7 @@ def test_ptx_stores_of_a_plain_block_cover_its_128_rows(tmp_path):
     assert store_offsets(text) == expected  # (the first build: 32 and 40, never 64)
 
 
+@needs_llvmlite
 def test_blocks_with_48_kib_of_dynamic_shared_memory_opt_in(monkeypatch, tmp_path):
     from stagegraph.runtime import cuda
     from tests.test_cuda_runtime import FakeDriver
