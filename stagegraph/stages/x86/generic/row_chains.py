@@ -28,7 +28,7 @@ from typing import Any
 from stagegraph.mlir.bindings import arith, ir, scf, tensor, vector
 from stagegraph.mlir.walk import children, top_level_ops
 from stagegraph.stages.analysis.ops import declared_iterator_types
-from stagegraph.stages.x86.conv.depthwise import _erase_unused, _fill_value
+from stagegraph.stages.x86.conv.depthwise import erase_unused_init, fill_value
 from stagegraph.stages.x86.generic.linalg_parts import body_block, input_count, result_owner
 from stagegraph.stages.x86.generic.params import largest_divisor_at_most
 
@@ -95,7 +95,7 @@ def _single_use(value: Any, user: Any) -> bool:
 
 def _row_reduction(value: Any, rank: int) -> Any | None:
     op = _generic(value)
-    if op is None or input_count(op) != 1 or _fill_value(op.operands[1]) is None:
+    if op is None or input_count(op) != 1 or fill_value(op.operands[1]) is None:
         return None
     maps = _maps(op)
     kinds = ["parallel"] * (rank - 1) + ["reduction"]
@@ -164,8 +164,9 @@ def match_row_chain(final: Any) -> RowChain | None:
 
 
 def _clonable(op: Any) -> bool:
-    return all(o.name.split(".")[0] in ("arith", "math") or o.name == "linalg.yield"
-               for o in children(op))
+    return all(
+        o.name.split(".")[0] in ("arith", "math") or o.name == "linalg.yield" for o in children(op)
+    )
 
 
 def fuse_row_chains(fn: Any, lanes: int) -> int:
@@ -188,7 +189,7 @@ def fuse_row_chains(fn: Any, lanes: int) -> int:
             inits = [operand.owner for operand in dead.operands[input_count(dead) :]]
             dead.erase()
             for init in inits:
-                _erase_unused(init)
+                erase_unused_init(init)
         count += 1
     return count
 
@@ -268,7 +269,7 @@ class _RowKernel:
             value, written = made if tile is not None else (made, None)
             folded = self._combine(combiner, value, args[0])
             scf.YieldOp([folded] + ([written] if tile is not None else []))
-        fill = _fill_value(op.operands[1])
+        fill = fill_value(op.operands[1])
         kind_attr = getattr(vector.CombiningKind, kind)
         total = vector.ReductionOp(self.element, kind_attr, over.results[0], acc=fill).result
         return total if tile is None else (total, over.results[1])
