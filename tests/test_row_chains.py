@@ -127,3 +127,77 @@ def test_compiled_softmax_matches_numpy(tmp_path, length: int, keep_dims: bool) 
     np.savez(tmp_path / "softmax.npz", in0=x, out0=expected.astype(np.float32))
     result = sg.run("x86", str(path), threads=1)
     assert result.verified is True, result.message
+
+
+IMPORTED = """
+#whole = affine_map<(d0, d1) -> (d0, d1)>
+#rows = affine_map<(d0, d1) -> (d0)>
+func.func @main(%x: tensor<4x16xf32>) -> tensor<4x16xf32> {
+  %c0_i64 = arith.constant 0 : i64
+  %ninf = arith.constant 0xFF800000 : f32
+  %zero = arith.constant 0.0 : f32
+  %i0 = tensor.empty() : tensor<4xi64>
+  %i = linalg.fill ins(%c0_i64 : i64) outs(%i0 : tensor<4xi64>) -> tensor<4xi64>
+  %r0 = tensor.empty() : tensor<4xf32>
+  %m0 = linalg.fill ins(%ninf : f32) outs(%r0 : tensor<4xf32>) -> tensor<4xf32>
+  %m:2 = linalg.generic {indexing_maps = [#whole, #rows, #rows],
+      iterator_types = ["parallel", "reduction"]}
+      ins(%x : tensor<4x16xf32>) outs(%m0, %i : tensor<4xf32>, tensor<4xi64>) {
+  ^bb0(%a: f32, %o: f32, %oi: i64):
+    %k = linalg.index 1 : index
+    %ki = arith.index_cast %k : index to i64
+    %v = arith.maximumf %a, %o : f32
+    %gt = arith.cmpf ogt, %a, %o : f32
+    %w = arith.select %gt, %ki, %oi : i64
+    linalg.yield %v, %w : f32, i64
+  } -> (tensor<4xf32>, tensor<4xi64>)
+  %w0 = tensor.empty() : tensor<4x16xf32>
+  %d = linalg.generic {indexing_maps = [#whole, #rows, #whole],
+      iterator_types = ["parallel", "parallel"]}
+      ins(%x, %m#0 : tensor<4x16xf32>, tensor<4xf32>) outs(%w0 : tensor<4x16xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %v = arith.subf %a, %b : f32
+    linalg.yield %v : f32
+  } -> tensor<4x16xf32>
+  %e = linalg.generic {indexing_maps = [#whole, #whole], iterator_types = ["parallel", "parallel"]}
+      ins(%d : tensor<4x16xf32>) outs(%w0 : tensor<4x16xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %v = math.exp %a : f32
+    linalg.yield %v : f32
+  } -> tensor<4x16xf32>
+  %s0 = linalg.fill ins(%zero : f32) outs(%r0 : tensor<4xf32>) -> tensor<4xf32>
+  %s = linalg.generic {indexing_maps = [#whole, #rows], iterator_types = ["parallel", "reduction"]}
+      ins(%e : tensor<4x16xf32>) outs(%s0 : tensor<4xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %v = arith.addf %a, %o : f32
+    linalg.yield %v : f32
+  } -> tensor<4xf32>
+  %y = linalg.generic {indexing_maps = [#whole, #rows, #whole],
+      iterator_types = ["parallel", "parallel"]}
+      ins(%e, %s : tensor<4x16xf32>, tensor<4xf32>) outs(%w0 : tensor<4x16xf32>) {
+  ^bb0(%a: f32, %b: f32, %o: f32):
+    %v = arith.divf %a, %b : f32
+    linalg.yield %v : f32
+  } -> tensor<4x16xf32>
+  return %y : tensor<4x16xf32>
+}
+"""
+
+
+@pytest.mark.parametrize(("lanes", "fused"), [(8, True), (0, False)])
+def test_prepare_fuses_the_imported_softmax_after_merging_its_chains(lanes, fused) -> None:
+    """As the importer writes softmax (an argmax beside the max, ``x - max`` and ``exp``
+    as two ops): ``prepare`` drops the dead argmax and merges ``exp(x - max)`` first, then
+    the chain is one kernel; with no lanes given (the params' choice) it stays."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic.prepare import prepare
+
+    module = parse_payload(IMPORTED)
+    with module.context, ir.Location.unknown():
+        (fn,) = collect(module, "func.func")
+        assert prepare(module, fn, row_chain_lanes=lanes)
+        assert module.operation.verify()
+    generics = collect(module, "linalg.generic")
+    assert (generics == [], len(collect(module, "vector.reduction"))) == (
+        (True, 2) if fused else (False, 0)
+    )
