@@ -16,8 +16,9 @@ host CPU and the thread count. Usage:
 statistics, as a model serves; KernelBench builds models in training mode), through a
 factory module written to a temporary directory. ``--no-fold`` measures the x86 graph
 without the BatchNorm fold (``stages.common.fold_batchnorm``), ``--two-pass-stats``
-without a norm's statistics in one pass (``stages.x86.generic.batch_stats``), each for a
-before/after pair.
+without a norm's statistics in one pass (``stages.x86.generic.batch_stats``),
+``--unfused-rows`` without softmax-shaped row chains as one kernel per row
+(``stages.x86.generic.row_chains``), each for a before/after pair.
 """
 
 from __future__ import annotations
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes-only", action="store_true", help="count, do not time")
     parser.add_argument("--two-pass-stats", action="store_true",
                         help="norm statistics as imported (three reductions)")  # fmt: skip
+    parser.add_argument("--unfused-rows", action="store_true",
+                        help="softmax rows as imported (four ops, five passes)")  # fmt: skip
     options = parser.parse_args(argv)
     if options.no_fold:
         from stagegraph.stages.common import fold_batchnorm
@@ -103,12 +106,17 @@ def main(argv: list[str] | None = None) -> int:
         from stagegraph.stages.x86.generic import batch_stats
 
         batch_stats.one_pass_statistics = lambda module: 0
+    if options.unfused_rows:
+        from stagegraph.stages.x86.generic import row_chains
+
+        row_chains.fuse_row_chains = lambda fn, lanes: 0
     from stagegraph.app.host import host_info
 
     host = host_info()
     print(f"# host {host.cpu_model} ({host.target}); {options.threads} thread(s); x86 graph"
           f"{' without the BatchNorm fold' if options.no_fold else ''}"
-          f"{' with two-pass norm statistics' if options.two_pass_stats else ''} vs PyTorch eager"
+          f"{' with two-pass norm statistics' if options.two_pass_stats else ''}"
+          f"{' with unfused softmax rows' if options.unfused_rows else ''} vs PyTorch eager"
           f"{' (models in eval mode)' if options.eval else ''}; measured side by side")  # fmt: skip
     print(f"{'payload':60} {'passes':>6} {'x86 ms':>9} {'torch ms':>9} {'torch/x86':>9}")
     with tempfile.TemporaryDirectory() as scratch:

@@ -120,12 +120,12 @@ def grouped_to_width_kernels(fn: Any, lanes: int) -> int:
             result = _rewrite(op, lanes)
         op.results[0].replace_all_uses_with(result)
         op.erase()
-        _erase_unused(init)
+        erase_unused_init(init)
         count += 1
     return count
 
 
-def _erase_unused(op: Any) -> None:
+def erase_unused_init(op: Any) -> None:
     """Erase ``op`` (the replaced convolution's init: a fill, a reshape) and then its
     operands' producers while nothing uses them: the kernel starts from the fill's value."""
     if not isinstance(op, ir.Operation | ir.OpView):
@@ -138,14 +138,14 @@ def _erase_unused(op: Any) -> None:
     producers = [operand.owner for operand in op.operands]
     op.erase()
     for producer in producers:
-        _erase_unused(producer)
+        erase_unused_init(producer)
 
 
 def _rewrite(op: Any, lanes: int) -> Any:
     """The kernel's result in ``op``'s type (depthwise: through NGCHW views, free
     reshapes)."""
     image, kernel, init = op.operands
-    fill = _fill_value(init)
+    fill = fill_value(init)
     if op.name == _GROUPED:
         return _Kernel(op, image, kernel, init, lanes, fill).build()
     n, c, h, w = _static(image)
@@ -164,7 +164,7 @@ def _rewrite(op: Any, lanes: int) -> Any:
     return collapse_shape(made, groups, out)
 
 
-def _fill_value(init: Any) -> Any:
+def fill_value(init: Any) -> Any:
     """The scalar a ``linalg.fill`` init holds, else None."""
     owner = init.owner
     if isinstance(owner, ir.Operation | ir.OpView) and owner.operation.name == "linalg.fill":

@@ -400,6 +400,7 @@ def prepare(
     fuse_elementwise: bool = True,
     conv_channels_last: bool = True,
     width_kernel_lanes: int = 0,
+    row_chain_lanes: int = 0,
 ) -> bool:
     """All rewrites on the function ``fn`` of ``module``; whether anything changed.
 
@@ -408,6 +409,9 @@ def prepare(
     ``width_kernel_lanes``: when not 0, depthwise and grouped NCHW convolutions with few
     channels per group become direct kernels vectorized along the width with vectors of
     up to that many lanes (:mod:`stagegraph.stages.x86.conv.depthwise`).
+    ``row_chain_lanes``: when not 0, softmax-shaped chains of row reductions become one
+    kernel per row with vectors of that many lanes (:mod:`.row_chains`; after the chains
+    are merged, which makes ``exp(x - max)`` one op).
     """
     del module
     changed = drop_dead_results(fn)
@@ -429,4 +433,8 @@ def prepare(
         changed += merge_transposes_into_readers(fn)  # read by a norm's statistics and more
         changed += duplicate_cheap_producers(fn)
         changed += fuse_elementwise_chains(fn)
+    if row_chain_lanes:
+        from stagegraph.stages.x86.generic.row_chains import fuse_row_chains
+
+        changed += fuse_row_chains(fn, row_chain_lanes)
     return bool(changed)

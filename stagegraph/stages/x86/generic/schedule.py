@@ -412,6 +412,7 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
             params.fuse_elementwise,
             params.conv_channels_last,
             params.lanes if params.conv_grouped_width else 0,
+            params.lanes if params.fuse_elementwise else 0,
         ):
             facts = analyze(module, facts.entry)
         fused = annotate_generic_ops(module, facts)
