@@ -46,6 +46,7 @@ from stagegraph.stages.x86.generic.plan import (  # noqa: F401  (DECOMPOSABLE re
     schedulable,
     vectorize_enabled,
 )
+from stagegraph.stages.x86.generic.transpose_tiles import line_tiles
 
 PARAMS_ATTR = "stagegraph.generic_params"
 # Whether a failing sub-sequence raises (recorded on the schedule, so a rebuild keeps it).
@@ -158,7 +159,7 @@ class OpSequenceBuilder:
     # -- per class ---------------------------------------------------------------------
 
     def elementwise(self, root: Any, op: OpFacts, fuse: bool) -> None:
-        sizes = tile_sizes_for(op, self.params)
+        sizes = line_tiles(op, tile_sizes_for(op, self.params))
         self._parallel_root(root, op, sizes, [], fuse)
 
     def reduction(self, root: Any, op: OpFacts, fuse: bool) -> None:
