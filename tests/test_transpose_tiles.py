@@ -20,9 +20,7 @@ def _nhwc_to_nchw(channels: int, dtype: str = "f32", named: bool = False) -> str
     folded into its epilogue), or as a named ``linalg.transpose``."""
     src, dst = f"tensor<1x8x48x{channels}x{dtype}>", f"tensor<1x{channels}x8x48x{dtype}>"
     if named:
-        body = (
-            f"%r = linalg.transpose ins(%x : {src}) outs(%e : {dst}) permutation = [0, 3, 1, 2]"
-        )
+        body = f"%r = linalg.transpose ins(%x : {src}) outs(%e : {dst}) permutation = [0, 3, 1, 2]"
     else:
         body = f"""%r = linalg.generic {{indexing_maps = [affine_map<(n, c, h, w) -> (n, h, w, c)>,
         affine_map<(n, c, h, w) -> (n, c, h, w)>],
