@@ -10,7 +10,11 @@ from stagegraph.mlir.diagnostics import parse_payload
 from stagegraph.stages.analysis import analyze
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.generic.params import heuristic_generic_params, tile_sizes_for
-from stagegraph.stages.x86.generic.transpose_tiles import line_tiles, transposed_loops
+from stagegraph.stages.x86.generic.transpose_tiles import (
+    line_tiles,
+    square_tiles,
+    transposed_inputs,
+)
 
 AVX512 = Target(isa=frozenset({"avx512f"}), vector_bits=512, l1d_bytes=48 * 1024)
 
@@ -65,7 +69,7 @@ def test_ops_that_do_not_transpose_keep_their_tiles():
     facts = analyze(parse_payload(CHAIN))
     params = heuristic_generic_params(facts, AVX512)
     for op in facts.ops:
-        assert transposed_loops(op) == []
+        assert transposed_inputs(op) == []
         assert line_tiles(op, tile_sizes_for(op, params)) == tile_sizes_for(op, params)
 
 
@@ -111,3 +115,41 @@ def test_transposes_compute_the_same_values(channels, named):
     (out,) = JitBinary(module, opt_level=2).call("main", [x])
     expected = x.transpose(0, 3, 1, 2) + (0.0 if named else 1.0)
     np.testing.assert_array_equal(out, expected.astype(np.float32))
+
+
+def test_f32_line_transposes_on_avx512_become_16x16_shuffles():
+    facts = analyze(parse_payload(_nhwc_to_nchw(64)))
+    (op,) = [o for o in facts.ops if o.op_class == "elementwise"]
+    sizes = line_tiles(op, tile_sizes_for(op, heuristic_generic_params(facts, AVX512)))
+    assert square_tiles(op, sizes, lanes=16) == ([1, 16, 1, 16], True)
+    assert square_tiles(op, sizes, lanes=8) == (sizes, False)  # AVX2: element by element
+    f64 = analyze(parse_payload(_nhwc_to_nchw(64, "f64"))).ops[0]
+    f64_sizes = line_tiles(f64, tile_sizes_for(f64, heuristic_generic_params(facts, AVX512)))
+    assert square_tiles(f64, f64_sizes, lanes=16)[1] is False  # no f64 shuffle lowering
+
+
+def test_the_schedule_lowers_square_tiles_with_shuffles():
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic.schedule import (
+        apply_generic_schedule,
+        build_generic_schedule,
+    )
+
+    def shuffles(text: str) -> int:
+        module = parse_payload(text)
+        facts = analyze(module)
+        with module.context, ir.Location.unknown():
+            schedule = build_generic_schedule(facts, heuristic_generic_params(facts, AVX512))
+            apply_generic_schedule(module, schedule, facts)
+        count = 0
+
+        def visit(op):
+            nonlocal count
+            count += op.name == "vector.shuffle"
+            return ir.WalkResult.ADVANCE
+
+        module.operation.walk(visit)
+        return count
+
+    assert shuffles(_nhwc_to_nchw(64)) > 0
+    assert shuffles(_nhwc_to_nchw(20)) == 0  # 10-channel tiles: element by element
