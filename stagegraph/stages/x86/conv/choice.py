@@ -16,6 +16,8 @@ are :class:`~stagegraph.stages.x86.conv.config.ConvGemmConfig` fields, fitted by
   outgrows L1. A 1-D convolution has no channels-last direct form: it runs at
   ``direct_1d_fraction``. When the whole filter outgrows L2 it streams from L3 once per
   output row, at ``direct_weight_bytes_per_cycle``.
+  The input rows one output row's windows read, against L1, weigh
+  ``direct_rows_l1_weight`` (0 by default: what it measured was a transpose's cost).
 * **GEMM**: the matmul (``F`` rows, ``N*O`` columns, ``C*T`` deep) at
   ``gemm_peak_fraction * F / (F + gemm_rows_half)`` (few filters: short micro-kernel
   row blocks, and the packing of the patch matrix is shared by fewer rows), plus the

@@ -93,10 +93,16 @@ class ConvGemmConfig(Config):
     # ones with 3-128 channels) measured by benchmarks/conv_paths.py under load: all 21 on
     # the faster side (docs/measurements.md, "Convolutions: direct or GEMM"). Only ratios
     # are fitted, so gemm_peak_fraction is pinned at the matmul kernel's efficiency.
+    # direct_rows_l1_weight was 0.17: the direct times it was fitted to included the
+    # transpose of the result back to NCHW reading one element per cache line
+    # (stagegraph.stages.x86.generic.transpose_tiles). With whole lines read, the 64-128
+    # channel layers at 28^2-224^2 ran 1.04-1.29x faster direct than on the GEMM, which 0
+    # predicts and 0.17 did not (docs/measurements.md, "Transposes that read whole cache
+    # lines").
     direct_peak_fraction: float = Field(0.59, gt=0.0, le=1.0)
     direct_channels_half: float = Field(3.7, ge=0.0)
     direct_l1_weight: float = Field(0.001, ge=0.0)
-    direct_rows_l1_weight: float = Field(0.17, ge=0.0)
+    direct_rows_l1_weight: float = Field(0.0, ge=0.0)
     direct_weight_bytes_per_cycle: float = Field(2.0, gt=0.0)
     # 1-D: the GEMM measured 1.1-3.0x faster on every KernelBench level-1 one (see above).
     direct_1d_fraction: float = Field(0.2, gt=0.0, le=1.0)

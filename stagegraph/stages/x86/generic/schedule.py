@@ -46,6 +46,7 @@ from stagegraph.stages.x86.generic.plan import (  # noqa: F401  (DECOMPOSABLE re
     schedulable,
     vectorize_enabled,
 )
+from stagegraph.stages.x86.generic.transpose_tiles import line_tiles, square_tiles
 
 PARAMS_ATTR = "stagegraph.generic_params"
 # Whether a failing sub-sequence raises (recorded on the schedule, so a rebuild keeps it).
@@ -109,8 +110,12 @@ class OpSequenceBuilder:
         )
         return seq, seq.bodyTarget
 
-    def lower_vectors(self, target: Any, inner_reduction: bool = True) -> None:
-        """Lower the vector ops under ``target`` to 1-D transfers and arithmetic."""
+    def lower_vectors(
+        self, target: Any, inner_reduction: bool = True, shuffles: bool = False
+    ) -> None:
+        """Lower the vector ops under ``target`` to 1-D transfers and arithmetic;
+        ``shuffles``: 16x16 f32 transposes as shuffles (:func:`square_tiles`), others
+        element by element."""
         tv, transform = self.tv, self.transform
 
         def patterns(*makers: Any, canonicalize: bool = True) -> None:
@@ -138,7 +143,9 @@ class OpSequenceBuilder:
             lambda: tv.ApplyMultiReductionFlatteningPatternsOp(lowering_strategy=strategy),
             lambda: tv.ApplyMultiReductionUnrollingPatternsOp(lowering_strategy=strategy),
             lambda: tv.ApplyLowerTransposePatternsOp(
-                lowering_strategy=tv.VectorTransposeLowering.EltWise
+                lowering_strategy=tv.VectorTransposeLowering.Shuffle16x16
+                if shuffles
+                else tv.VectorTransposeLowering.EltWise
             ),
         )
         patterns(
@@ -158,8 +165,9 @@ class OpSequenceBuilder:
     # -- per class ---------------------------------------------------------------------
 
     def elementwise(self, root: Any, op: OpFacts, fuse: bool) -> None:
-        sizes = tile_sizes_for(op, self.params)
-        self._parallel_root(root, op, sizes, [], fuse)
+        sizes, shuffles = square_tiles(op, line_tiles(op, tile_sizes_for(op, self.params)),
+                                       self.params.lanes)  # fmt: skip
+        self._parallel_root(root, op, sizes, [], fuse, shuffles=shuffles)
 
     def reduction(self, root: Any, op: OpFacts, fuse: bool) -> None:
         outer, inner = reduction_tile_sizes(op, self.params)
@@ -167,7 +175,13 @@ class OpSequenceBuilder:
         self._parallel_root(root, op, outer, inner, fuse)
 
     def _parallel_root(
-        self, root: Any, op: OpFacts, outer: list[int], inner: list[int], fuse: bool
+        self,
+        root: Any,
+        op: OpFacts,
+        outer: list[int],
+        inner: list[int],
+        fuse: bool,
+        shuffles: bool = False,
     ) -> None:
         transform, ir = self.transform, self.ir
         if not vectorize_enabled(op, self.params):
@@ -186,7 +200,9 @@ class OpSequenceBuilder:
                 if "parallel" not in op.iterator_types:
                     self._full_reduction(target, op, inner)
                 else:
-                    self._tile_fuse_vectorize(body_root, target, op, outer, inner, fuse)
+                    self._tile_fuse_vectorize(
+                        body_root, target, op, outer, inner, fuse, shuffles=shuffles
+                    )
                 transform.YieldOp([])
             transform.YieldOp([])
 
@@ -198,6 +214,7 @@ class OpSequenceBuilder:
         outer: list[int],
         inner: list[int],
         fuse: bool,
+        shuffles: bool = False,
     ) -> None:
         structured, transform = self.structured, self.transform
         tile = [s if s != r else 0 for s, r in zip(outer, op.loop_ranges, strict=True)]
@@ -251,7 +268,7 @@ class OpSequenceBuilder:
         for handle in computes:
             structured.VectorizeOp(handle)
         innermost = op.iterator_types[-1] == "reduction"
-        self.lower_vectors(forall, inner_reduction=innermost)
+        self.lower_vectors(forall, inner_reduction=innermost, shuffles=shuffles)
 
     def _full_reduction(self, target: Any, op: OpFacts, inner: list[int]) -> None:
         """A reduction to a scalar: a serial loop over chunks (one trip if it fits)."""
