@@ -61,6 +61,7 @@ def build() -> Graph:
             *FRONT_EDGES,
             "bufferize.module -> lower.module",
             "select.params -> lower.params",
+            "target.facts -> lower.target",
             "lower.module -> emit.module",
             "target.facts -> emit.target",
             "analyze.facts -> emit.facts",

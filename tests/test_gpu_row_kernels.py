@@ -73,7 +73,7 @@ def launched(rows: int, cols: int):
         module = ir.Module.parse(fill(ROW_FORALL, rows, cols))
         entry = next(op for op in top_level_ops(module) if op.name == "func.func")
         (run,) = host_runs(entry)
-        assert launch_rows(run)
+        assert launch_rows(run, 32)  # a warp of rows per block
         module.operation.verify()
         return context, module, collect(module, "gpu.launch")
 

@@ -35,6 +35,7 @@ from stagegraph.stages.analysis.facts import (
 )
 from stagegraph.stages.analysis.ops import (
     CONTRACTION_OPS,
+    REDUCTION_COMBINERS,
     classify,
     declared_iterator_types,
     function_facts,
@@ -49,6 +50,7 @@ from stagegraph.stages.analysis.ops import (
 __all__ = [
     "CLASS_PRIORITY",
     "CONTRACTION_OPS",
+    "REDUCTION_COMBINERS",
     "SUPPORTED_DTYPES",
     "AnalyzeConfig",
     "ContractionFacts",

@@ -24,6 +24,17 @@ from stagegraph.stages.analysis.facts import (
     ValueFacts,
 )
 
+#: Body ops that combine a reduction's partial results associatively (a single combiner
+#: is what the vectorizer turns into ``vector.multi_reduction`` and what upstream's partial-
+#: reduction tiling finds a neutral element for): the one list every target's schedule uses.
+REDUCTION_COMBINERS = frozenset(
+    f"arith.{n}"
+    for n in (
+        *("addf", "mulf", "maximumf", "minimumf", "maxnumf", "minnumf", "addi", "muli"),
+        *("maxsi", "minsi", "maxui", "minui", "andi", "ori", "xori"),
+    )
+)
+
 #: The named linalg contractions (the one list: the x86 matmul schedule takes a subset).
 CONTRACTION_OPS = frozenset(
     f"linalg.{name}"

@@ -59,9 +59,10 @@ def _escapes(run: list[Any]) -> bool:
     )
 
 
-def wrap_host_work(entry: Any) -> int:
+def wrap_host_work(entry: Any, rows_per_block: int) -> int:
     """Move every run of host-side work into a one-thread ``gpu.launch`` (a lone row
-    forall into a launch of a thread per row, :mod:`.row_kernels`); returns how many.
+    forall into a launch of a thread per row, ``rows_per_block`` to a block,
+    :mod:`.row_kernels`); returns how many.
 
     Raises:
         UnsupportedPayloadError: a run defines a value the host needs afterwards.
@@ -72,7 +73,7 @@ def wrap_host_work(entry: Any) -> int:
 
     wrapped = 0
     for run in host_runs(entry):
-        if launch_rows(run):
+        if launch_rows(run, rows_per_block):
             wrapped += 1
             continue
         if _escapes(run):

@@ -15,6 +15,7 @@ from stagegraph.core.ports import AnyModule, BufferModule, Config
 from stagegraph.core.stage import stage
 from stagegraph.stages.gpu.params import GpuParams
 from stagegraph.stages.gpu.schedule import OP_ATTR
+from stagegraph.stages.gpu.target import GpuTarget
 
 LAUNCH_ATTR = "stagegraph.gpu_launch"
 
@@ -146,8 +147,11 @@ class GpuLowerConfig(Config):
 
 
 @stage("passes", name="gpu.lower")
-def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -> AnyModule:
-    """Foralls to launches, linalg to loops, kernels outlined and lowered to NVVM."""
+def gpu_lower(
+    module: BufferModule, params: GpuParams, target: GpuTarget, config: GpuLowerConfig
+) -> AnyModule:
+    """Foralls to launches, linalg to loops, kernels outlined and lowered to NVVM (the
+    target's warp size sizes the blocks of a scan's row launch)."""
     from stagegraph.mlir.functions import payload_functions, select_entry
     from stagegraph.stages.common.passes import run_pipeline
     from stagegraph.stages.gpu.epilogue import rewrite_simt_epilogues
@@ -174,7 +178,7 @@ def gpu_lower(module: BufferModule, params: GpuParams, config: GpuLowerConfig) -
     run_pipeline(module, LOOPS)
     with module.ir.context:
         entry = select_entry(payload_functions(module.ir))
-        wrap_host_work(entry)
+        wrap_host_work(entry, target.warp_size)
         sink_constants(entry)
     run_pipeline(module, OUTLINE)
     with module.ir.context:

@@ -29,19 +29,10 @@ import math
 from typing import Any
 
 from stagegraph.dtypes import byte_size
-from stagegraph.stages.analysis import OpFacts
+from stagegraph.stages.analysis import REDUCTION_COMBINERS, OpFacts
 from stagegraph.stages.gpu.kernel_plan import KernelPlan
 from stagegraph.stages.gpu.simt_plan import VECTOR_BYTES
 
-#: Body ops that combine a partial result associatively (the upstream partial-reduction
-#: tiling finds the combiner and its neutral element among these).
-COMBINERS = frozenset(
-    f"arith.{n}"
-    for n in (
-        *("addf", "mulf", "maximumf", "minimumf", "maxnumf", "minnumf", "addi", "muli"),
-        *("maxsi", "minsi", "maxui", "minui", "andi", "ori", "xori"),
-    )
-)
 #: Row steps each thread's loop is unrolled by (loads in flight per thread).
 UNROLL = 4
 ANY_OP = "!transform.any_op"
@@ -78,7 +69,7 @@ def partial_reducible(op: OpFacts) -> bool:
     if op.name != "linalg.generic" or len(op.outputs) != 1 or "reduction" not in kinds:
         return False
     body = set(op.body_ops)
-    if "linalg.index" in body or "tensor.extract" in body or not body & COMBINERS:
+    if "linalg.index" in body or "tensor.extract" in body or not body & REDUCTION_COMBINERS:
         return False
     if len(op.operand_dims) != len(op.inputs) + 1 or any(-1 in d for d in op.operand_dims):
         return False

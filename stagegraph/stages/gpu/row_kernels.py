@@ -5,9 +5,9 @@ is an ``scf.forall`` over the rows whose body walks its row serially, in vectors
 schedule leaves it unmapped, and :mod:`stagegraph.stages.gpu.host_kernels` ran such host
 work in a kernel of one thread: every row one after the other. The rows never touch each
 other (a forall's iterations are independent by definition), so here such a forall
-becomes a ``gpu.launch`` of one thread per row, :data:`ROWS_PER_BLOCK` rows to a block
-(a warp per block spreads few rows over the most SMs), the rows past the last one
-skipped. Each thread keeps its row's serial steps.
+becomes a ``gpu.launch`` of one thread per row, a warp of rows to a block (the target's
+warp size: a warp per block spreads few rows over the most SMs), the rows past the last
+one skipped. Each thread keeps its row's serial steps.
 
 A thread's vector accesses are rewritten to ``vector.load``/``vector.store`` with the
 alignment their addresses are known to have (:func:`known_multiple`, capped at 16 bytes):
@@ -21,10 +21,7 @@ from __future__ import annotations
 from math import gcd
 from typing import Any
 
-#: Rows (threads) per block: one warp (every NVIDIA GPU's warp is 32 threads).
-ROWS_PER_BLOCK = 32
-#: The widest access one thread makes at once (``ld.global.v4.f32``).
-VECTOR_BYTES = 16
+from stagegraph.stages.gpu.simt_plan import VECTOR_BYTES
 
 
 def _constant(value: Any) -> int | None:
@@ -190,10 +187,11 @@ def _rows(forall: Any) -> int | None:
     return upper[0] if len(list(forall.operands)) == 0 else None
 
 
-def launch_rows(run: list[Any]) -> bool:
+def launch_rows(run: list[Any], rows_per_block: int) -> bool:
     """Make ``run`` (host work: see :func:`~.host_kernels.host_runs`) a launch of one
-    thread per row when it is one unmapped row forall (:func:`_rows`) whose vector
-    accesses can carry their alignment; False (nothing changed) otherwise."""
+    thread per row, ``rows_per_block`` rows to a block, when it is one unmapped row forall
+    (:func:`_rows`) whose vector accesses can carry their alignment; False (nothing
+    changed) otherwise."""
     from stagegraph.mlir.bindings import arith, gpu, ir, scf
 
     if len(run) != 1 or (rows := _rows(run[0])) is None:
@@ -201,8 +199,8 @@ def launch_rows(run: list[Any]) -> bool:
     forall = run[0]
     if aligned_accesses(forall) is None:
         return False
-    blocks = -(-rows // ROWS_PER_BLOCK)
-    threads = min(rows, ROWS_PER_BLOCK)
+    blocks = -(-rows // rows_per_block)
+    threads = min(rows, rows_per_block)
     index = ir.IndexType.get()
     with ir.InsertionPoint(forall), forall.location:
         grid = arith.ConstantOp(index, blocks).result

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from stagegraph.stages.analysis import OpFacts, PayloadFacts
+from stagegraph.stages.analysis import REDUCTION_COMBINERS, OpFacts, PayloadFacts
 from stagegraph.stages.x86.generic.params import (
     GenericParams,
     largest_divisor_at_most,
@@ -48,14 +48,6 @@ CHANNELS_LAST = frozenset(f"linalg.{n}" for n in ("conv_2d_nhwc_hwcf", "conv_1d_
 # vectors of channels times a row of output width (:func:`depthwise_channels_last_tiles`).
 DEPTHWISE_CHANNELS_LAST = frozenset(
     f"linalg.{n}" for n in ("depthwise_conv_2d_nhwc_hwc", "depthwise_conv_1d_nwc_wc")
-)
-# Reduction bodies the vectorizer turns into vector.multi_reduction (a single combiner).
-_COMBINERS = frozenset(
-    f"arith.{n}"
-    for n in (
-        *("addf", "mulf", "maximumf", "minimumf", "maxnumf", "minnumf", "addi", "muli"),
-        *("maxsi", "minsi", "maxui", "minui", "andi", "ori", "xori"),
-    )
 )
 
 
@@ -101,7 +93,7 @@ def vectorizable_reduction(op: OpFacts) -> bool:
         len({v.shape for v in op.outputs}) == 1
         and "linalg.index" not in body
         and "tensor.extract" not in body
-        and bool(body & _COMBINERS)
+        and bool(body & REDUCTION_COMBINERS)
     )
 
 
