@@ -11,7 +11,8 @@ from stagegraph.core.catalog import load_graph
 
 def _smalltile() -> sg.Graph:
     x86 = load_graph("x86")
-    return x86.with_config("select", overrides={"tile_m": 16})
+    # 48: a multiple of the register-tile rows of every tier (6 on AVX2, 8 and 16 on AVX-512)
+    return x86.with_config("select", overrides={"tile_m": 48})
 
 
 sg.register_graph("x86-smalltile-names-test", _smalltile)
@@ -21,7 +22,7 @@ def test_registered_derived_graph_keeps_its_name():
     graph = load_graph("x86-smalltile-names-test")
     assert graph.name == "x86-smalltile-names-test"
     assert load_graph("x86").name == "x86"
-    assert graph.stages["select"].config.overrides == {"tile_m": 16}
+    assert graph.stages["select"].config.overrides == {"tile_m": 48}
 
 
 def test_run_report_names_the_registered_graph():
@@ -29,4 +30,4 @@ def test_run_report_names_the_registered_graph():
     with Session(request, cache=False) as session:
         report = run_report(session)
     assert report.graph == "x86-smalltile-names-test" and report.verified is True
-    assert report.params["matmul"][0]["tile_m"] == 16
+    assert report.params["matmul"][0]["tile_m"] == 48
