@@ -155,23 +155,13 @@ def problem_case(folder: Path) -> tuple[Any, list[np.ndarray], list[np.ndarray]]
     return problem.model, inputs, refs
 
 
-def by_path(module: str) -> Any:
-    """A plain module of the package (``workload/torch_source.py``,
-    ``workload/criterion.py``) loaded by its path: the ``stagegraph.workload`` package
-    imports pydantic, which the GPU machine lacks; these need only numpy, the standard
-    library and ``stagegraph.dtypes`` (torch_source: torch when called)."""
-    name = "stagegraph_gpu_check_" + module.replace("/", "_")
-    if name not in sys.modules:
-        path = ROOT / "stagegraph" / f"{module}.py"
-        spec = importlib.util.spec_from_file_location(name, path)
-        sys.modules[name] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules[name])
-    return sys.modules[name]
-
-
 def torch_source() -> Any:
-    """``stagegraph.workload.torch_source`` (see :func:`by_path`)."""
-    return by_path("workload/torch_source")
+    """``stagegraph.workload.torch_source``: numpy and the standard library only (torch
+    when called), so it imports on the GPU machine, which lacks pydantic (the
+    ``stagegraph.workload`` package imports its modules lazily)."""
+    from stagegraph.workload import torch_source as module
+
+    return module
 
 
 def verdict(outputs: list[np.ndarray], refs: list[np.ndarray], inputs: list[Any],
@@ -184,8 +174,8 @@ def verdict(outputs: list[np.ndarray], refs: list[np.ndarray], inputs: list[Any]
     fails correct code whose output cancels to rounding noise (the mean of a GroupNorm
     output is ~1e-8 in PyTorch's reference as in ours)."""
     from stagegraph.dtypes import decode, is_float
+    from stagegraph.workload import criterion
 
-    criterion = by_path("workload/criterion")
     results = sorted(manifest["results"], key=lambda v: v["position"])
     specs = sorted(manifest["arguments"], key=lambda v: v["position"])
     floats = [(a, v["dtype"]) for a, v in zip(inputs, specs, strict=False) if is_float(v["dtype"])]
