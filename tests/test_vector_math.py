@@ -206,8 +206,9 @@ def test_baseline_unchanged():
     assert _check(_sigmoid((64, 128)), None, _sig) == set()
 
 
-def test_unsupported_lanes_left_alone():
-    """vector<6xf32> cannot be covered by 4-lane calls: the op stays a math op."""
+def test_uneven_rows_end_in_a_padded_call():
+    """vector<6xf32> is no register multiple: one 8-lane call on the 6 lanes padded with
+    1.0, its first 6 lanes taken back (LLVM would call libm's expf once per lane)."""
     from stagegraph.mlir.bindings import ir, new_context
 
     text = """
@@ -220,10 +221,22 @@ func.func @f(%v: vector<6xf32>, %w: vector<4xf32>, %s: f32) -> (vector<6xf32>, v
 """
     with new_context(), ir.Location.unknown():
         module = ir.Module.parse(text)
-        assert call_vector_math(module, AVX512) == {"_ZGVbN4v_tanhf"}
+        assert call_vector_math(module, AVX512) == {"_ZGVdN8v_expf", "_ZGVbN4v_tanhf"}
         assert module.operation.verify()
         names = [name for name, _ in _ops(module)]
-        assert names.count("math.exp") == 2 and "math.tanh" not in names
+        assert names.count("math.exp") == 1 and "math.tanh" not in names  # the scalar stays
+        assert names.count("func.call") == 2
+        module = ir.Module.parse(text.replace("6xf32", "30xf32"))
+        assert call_vector_math(module, AVX512) == {"_ZGVeN16v_expf", "_ZGVbN4v_tanhf"}
+        calls = [callee for name, callee in _ops(module) if name == "func.call"]
+        assert calls.count("_ZGVeN16v_expf") == 2  # 16 lanes, then 14 in a padded 16
+
+
+def test_padded_rows_match_numpy():
+    """Softplus on rows 14 wide (a 14x14 conv output's): padded calls, numpy's values."""
+    isa = AVX512 if "avx512f" in HOST else AVX2 if "avx2" in HOST else SSE
+    symbols = _check(_softplus((6, 14)), isa, lambda x: np.log1p(np.exp(x)))
+    assert symbols and all(s.startswith("_ZGV") for s in symbols)
 
 
 def test_nd_rows_split():

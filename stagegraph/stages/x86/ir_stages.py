@@ -381,7 +381,8 @@ COPY_ROW_VECTORS = 8
 class LowerConfig(Config):
     """``vector_math``: call glibc's libmvec for vector math ops the target's ISA covers
     (else LLVM scalarizes them into one libm call per lane); ``approximate_math``: f32 tanh,
-    exp and erf as polynomials in arith first (:mod:`stagegraph.stages.common.math_approx`)."""
+    exp, erf, log and log1p as polynomials in arith first
+    (:mod:`stagegraph.stages.common.math_approx`)."""
 
     vector_math: bool = True
     approximate_math: bool = True
@@ -401,6 +402,7 @@ def lower(
     from stagegraph.stages.common.math_approx import (
         approximate_erf,
         approximate_exp,
+        approximate_log,
         approximate_tanh,
     )
     from stagegraph.stages.common.passes import run_lowering, run_pipeline
@@ -426,6 +428,7 @@ def lower(
         approximate_tanh(module.ir)
         approximate_exp(module.ir)
         approximate_erf(module.ir)
+        approximate_log(module.ir)
     if config.vector_math:
         call_vector_math(module.ir, target)
     run_pipeline(module, X86_FINISH)

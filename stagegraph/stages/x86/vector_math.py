@@ -114,9 +114,12 @@ def _isa_names(target: Target | Iterable[str]) -> frozenset[str]:
 
 def _chunks(
     n: int, bits: int, isa: frozenset[str], base: str, arity: int, f32: bool
-) -> list[tuple[int, int, str]] | None:
-    """(offset, lanes, symbol) slices covering ``n`` lanes, widest variants first; None when
-    the lanes cannot be covered with variants this ISA and libmvec have."""
+) -> list[tuple[int, int, int, str]] | None:
+    """(offset, count, lanes, symbol) slices covering ``n`` lanes: the widest variant while
+    it fits, then one call on the narrowest variant that holds the rest (a 14-wide row: one
+    16-lane call), its spare lanes padded (``count < lanes``): a call on a few unused lanes
+    costs about what a narrower call does, and far less than LLVM's one scalar libm call
+    per lane. None when this ISA and libmvec have no variant of the function."""
     usable = []
     for letter, reg_bits, feature in VARIANTS:
         if feature is not None and feature not in isa:
@@ -125,12 +128,15 @@ def _chunks(
         symbol = vector_symbol(base, letter, lanes, arity, f32)
         if has_symbol(symbol):
             usable.append((lanes, symbol))
-    out, offset = [], 0
-    for lanes, symbol in usable:
-        while n - offset >= lanes:
-            out.append((offset, lanes, symbol))
-            offset += lanes
-    return out if offset == n and out else None
+    if not usable or n < 1:
+        return None
+    widest, symbol = usable[0]
+    out = [(offset, widest, widest, symbol) for offset in range(0, n - widest + 1, widest)]
+    offset = len(out) * widest
+    if offset < n:  # one call on the narrowest register that holds the rest
+        lanes, symbol = min((v for v in usable if v[0] >= n - offset), key=lambda v: v[0])
+        out.append((offset, n - offset, lanes, symbol))
+    return out
 
 
 def _candidates(module: Any) -> list[Any]:
@@ -160,9 +166,9 @@ def call_vector_math(module: Any, target: Target | Iterable[str]) -> set[str]:
     512-bit variants, ``avx2`` the 256-bit ones; the 128-bit SSE variants are always
     usable); it must describe the machine that runs the code, since the vector ABI passes
     16 x f32 in one zmm register only when AVX-512 is enabled. Rows of an n-D vector are
-    handled one at a time (``vector.extract`` / ``vector.insert``). An op whose innermost
-    dimension cannot be covered by register-sized variants (e.g. ``vector<6xf32>``), a
-    scalable vector, or a host without libmvec is left alone.
+    handled one at a time (``vector.extract`` / ``vector.insert``); a row that is no register
+    multiple ends in a padded call (:func:`_chunks`). A scalable vector, a function libmvec
+    lacks, or a host without libmvec is left alone.
     """
     from stagegraph.mlir.bindings import ir
 
@@ -195,7 +201,7 @@ def call_vector_math(module: Any, target: Target | Iterable[str]) -> set[str]:
                 value = _rewrite(module, rtype, list(op.operands), chunks, arity, declared)
             op.results[0].replace_all_uses_with(value)
             op.erase()
-            used.update(symbol for _, _, symbol in chunks)
+            used.update(chunk[-1] for chunk in chunks)
     return used
 
 
@@ -203,7 +209,7 @@ def _rewrite(
     module: Any,
     vtype: Any,
     operands: list[Any],
-    chunks: list[tuple[int, int, str]],
+    chunks: list[tuple[int, int, int, str]],
     arity: int,
     declared: set[str],
 ) -> Any:
@@ -223,20 +229,35 @@ def _rewrite(
             out = _rewrite(module, row, rows, chunks, arity, declared)
             value = vector.insert(out, value, [], list(pos))
         return value
-    if len(chunks) == 1:
-        symbol = chunks[0][2]
+    if len(chunks) == 1 and chunks[0][1] == chunks[0][2]:
+        symbol = chunks[0][3]
         _declare(module, symbol, vtype, arity, declared)
         return func.CallOp([vtype], ir.FlatSymbolRefAttr.get(symbol), operands).results[0]
     value = zeros(vtype)
-    for offset, lanes, symbol in chunks:
+    for offset, count, lanes, symbol in chunks:
         ctype = ir.VectorType.get([lanes], elem)
         _declare(module, symbol, ctype, arity, declared)
-        parts = [
-            vector.ExtractStridedSliceOp(ctype, o, [offset], [lanes], [1]).result for o in operands
-        ]
-        call = func.CallOp([ctype], ir.FlatSymbolRefAttr.get(symbol), parts)
-        value = vector.InsertStridedSliceOp(call.results[0], value, [offset], [1]).result
+        parts = [_lanes(o, offset, count, ctype) for o in operands]
+        call = func.CallOp([ctype], ir.FlatSymbolRefAttr.get(symbol), parts).results[0]
+        if count < lanes:  # the padded remainder: its first ``count`` lanes are the result
+            slice_type = ir.VectorType.get([count], elem)
+            call = vector.ExtractStridedSliceOp(slice_type, call, [0], [count], [1]).result
+        value = vector.InsertStridedSliceOp(call, value, [offset], [1]).result
     return value
+
+
+def _lanes(row: Any, offset: int, count: int, ctype: Any) -> Any:
+    """Lanes ``offset .. offset + count`` of ``row`` as a ``ctype`` register; spare lanes
+    are 1.0, in the domain of every function libmvec offers (log, acosh, pow, ...)."""
+    from stagegraph.mlir.bindings import arith, ir, vector
+
+    elem = ctype.element_type
+    piece_type = ir.VectorType.get([count], elem)
+    piece = vector.ExtractStridedSliceOp(piece_type, row, [offset], [count], [1]).result
+    if count == ctype.shape[0]:
+        return piece
+    one = ir.DenseElementsAttr.get_splat(ctype, ir.FloatAttr.get(elem, 1.0))
+    return vector.InsertStridedSliceOp(piece, arith.ConstantOp(ctype, one).result, [0], [1]).result
 
 
 def declared_vector_functions(module: Any) -> set[str]:
