@@ -70,6 +70,16 @@ class GenericParams(Params):
         True,
         description="depthwise/grouped NCHW convolutions as direct kernels along the width",
     )
+    conv3d_direct: bool = Field(
+        True, description="3-D convolutions as one register-blocked channels-last kernel"
+    )
+    conv3d_accumulators: int = Field(
+        0, ge=0, description="accumulators of that kernel's block at most (0: the registers')"
+    )
+    vector_bytes: int = Field(32, ge=4, description="bytes of the widest vector register")
+    vector_fmas_per_cycle: int = Field(
+        2, ge=1, description="vector FMAs one core issues per cycle at that width"
+    )
 
 
 def _element_bytes(facts: PayloadFacts, classes: frozenset[str] | None = None) -> int:
@@ -127,6 +137,10 @@ def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericPara
         conv_reduction_tile=max(1, conv_lanes // 2),
         pool_batch_tile=POOL_BATCH_TILE,
         vector_registers=target.vector_registers,
+        vector_bytes=target.vector_bits // 8,
+        vector_fmas_per_cycle=max(
+            1, target.fma_lanes_per_cycle() // max(1, target.vector_bits // 32)
+        ),
         **channels_last_conv_tiles(conv_lanes),
     )
 
@@ -374,6 +388,8 @@ declare_space(
         "conv_drop_unit_dims": Choice((0, 1)),
         "conv_channels_last": Choice((0, 1)),
         "conv_grouped_width": Choice((0, 1)),
+        "conv3d_direct": Choice((0, 1)),
+        "conv3d_accumulators": Choice((0, 8, 12, 16, 24)),
         "conv_nhwc_channel_tile": _tiles_of("output_channel"),
         "conv_nhwc_width_tile": _tiles_of("output_image"),
     },
