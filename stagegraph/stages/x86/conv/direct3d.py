@@ -29,6 +29,7 @@ convolutions then), ``GenericParams.conv3d_accumulators`` caps the block.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from stagegraph.mlir.bindings import arith, ir, linalg, scf, tensor, vector
@@ -62,16 +63,18 @@ def _element_bytes(value: Any) -> int:
     return 8 if isinstance(element, ir.F64Type) else 0
 
 
-def padding(image: Any, uses: DefUse) -> list[tuple[int, int]] | None:
-    """(real size, low pad) per spatial dim of a channels-last ``image`` that is a zero
-    tensor with the real input inserted (directly, or before the transpose into
-    channels-last), else ``None``."""
-    owner, spatial = uses.owner(image), [1, 2, 3]
-    if owner is not None and owner.name == "linalg.transpose":
+def padding(
+    image: Any, uses: DefUse, spatial: tuple[int, ...] = (1, 2, 3)
+) -> list[tuple[int, int]] | None:
+    """(real size, low pad) per spatial dim (``spatial``: channels-last by default) of an
+    ``image`` that is a zero tensor with the real input inserted (directly, or before the
+    transpose into channels-last), else ``None``."""
+    owner = uses.owner(image)
+    if owner is not None and owner.name == "linalg.transpose" and spatial == (1, 2, 3):
         permutation = list(ir.DenseI64ArrayAttr(owner.attributes["permutation"]))
         if permutation != _NCDHW_TO_NDHWC:
             return None
-        owner, spatial = uses.owner(owner.operands[0]), [2, 3, 4]
+        owner, spatial = uses.owner(owner.operands[0]), (2, 3, 4)
     if owner is None or owner.name != "tensor.insert_slice" or len(owner.operands) != 2:
         return None
     if _zero_tensor(owner.operands[1], uses) is None:
@@ -105,6 +108,40 @@ def conv_shape(op: Any, uses: DefUse) -> Conv3dShape | None:
         Window(init[1 + d], kernel[d], strides[d], dilations[d], *pads[d]) for d in range(3)
     )
     return Conv3dShape(image[0], image[4], kernel[4], windows)  # type: ignore[arg-type]
+
+
+def _channels_first_shape(op: Any, uses: DefUse) -> Conv3dShape | None:
+    """A static float ``linalg.conv_3d_ncdhw_fcdhw`` as a :class:`Conv3dShape`."""
+    if op.name != "linalg.conv_3d_ncdhw_fcdhw" or len(op.operands) != 3:
+        return None
+    if not all(ir.RankedTensorType(v.type).has_static_shape for v in op.operands):
+        return None
+    if len({_element_bytes(v) for v in op.operands}) != 1 or not _element_bytes(op.operands[0]):
+        return None
+    image, kernel, init = (_static(v) for v in op.operands)
+    strides, dilations = window_attr(op, "strides"), window_attr(op, "dilations")
+    pads = padding(op.operands[0], uses, (2, 3, 4)) or [(image[2 + d], 0) for d in range(3)]
+    windows = tuple(
+        Window(init[2 + d], kernel[2 + d], strides[d], dilations[d], *pads[d]) for d in range(3)
+    )
+    return Conv3dShape(image[0], image[1], kernel[0], windows)  # type: ignore[arg-type]
+
+
+def takes_channels_first(fn: Any, target: Target3d) -> Callable[[Any], bool]:
+    """Whether the kernel takes a channels-first 3-D convolution of ``fn`` once it is
+    channels-last (for :func:`.rewrites.conv_to_channels_last`: filters that do not fill
+    whole vector groups go channels-last too, the kernel writes its last vector masked)."""
+    uses = DefUse(fn)
+
+    def takes(op: Any) -> bool:
+        shape = _channels_first_shape(op, uses)
+        if shape is None:
+            return False
+        lanes = max(1, target.vector_bytes // _element_bytes(op.operands[0]))
+        plan = plan_blocks(shape, lanes, target.registers, target.fma_units, target.accumulators)
+        return plan is not None
+
+    return takes
 
 
 def conv3d_to_direct_kernels(fn: Any, target: Target3d) -> int:
