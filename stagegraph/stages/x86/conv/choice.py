@@ -104,6 +104,7 @@ def direct3d_cycles(
     it does not take ``shape``; ``padding`` (real size, low pad per spatial dim) when the
     input is zero-padded (see the module)."""
     from stagegraph.stages.x86.conv.direct3d_plan import Conv3dShape, Window, plan_blocks
+
     bits = _ELEMENT_BITS.get(element, 32)
     if len(shape.taps) != 3 or bits not in (32, 64):
         return None
