@@ -6,9 +6,11 @@ per variant through the x86 graph (each must verify), PyTorch runs the problem's
 at the manifest's scaled constants (``benchmarks/conv_vs_torch.py``), then rounds alternate
 the order of all sides; per round each side runs ``--calls`` times and ``time.thread_time``
 measures each call (one thread: the compiled code and PyTorch's intra-op work run in this
-thread). Per payload and variant it prints the median thread time, torch / variant (the
-median of the per-round ratios, with their 10th-90th percentiles; above 1 the x86 code is
-faster), and each side's fraction of the FMA peak. A variant is ``NAME`` or
+thread). Per payload and variant it prints the median thread time, torch / variant and the
+first variant / this one (the medians of the per-round ratios, with their 10th-90th
+percentiles; above 1 this variant is faster), and each side's fraction of the FMA peak
+(measured by thread CPU time too). A problem PyTorch cannot run at the manifest's scaled
+constants is timed without it. A variant is ``NAME`` or
 ``NAME:key=value,key=value`` where a key is a generic param (``conv_reduction_tile``) or,
 prefixed ``conv.``, a ``ConvGemmConfig`` field of ``x86.normalize`` (``conv.path=gemm``).
 The path before the channels-last 3-D kernel (the 3-D convolutions as depth loops of 2-D
@@ -76,37 +78,76 @@ def build(path: Path, variant: tuple[str, dict, dict], target: str | None):
     return built
 
 
-def measure(entry: dict, folder: Path, variants: list, args: argparse.Namespace) -> dict:
-    """All variants and PyTorch of one payload, verified, then timed in rounds."""
+def _torch_side(entry: dict, folder: Path, workload):
+    """PyTorch eager on the problem file, or why not (a constant the manifest does not
+    scale, say: its shapes would not match the payload's)."""
     from conv_vs_torch import TorchMeasurement, problem_file
 
+    try:
+        problem = problem_file(folder, entry["stem"])
+        side = TorchMeasurement(problem, entry.get("scaled_constants") or {}, 1, workload)
+        side.measure(1, warmup=2)
+    except Exception as error:  # the x86 variants are still compared with each other
+        return f"{type(error).__name__}: {str(error)[:80]}"
+    return side
+
+
+def _spread(ratios: np.ndarray) -> dict:
+    return {
+        "ratio": float(np.median(ratios)),
+        "p10": float(np.percentile(ratios, 10)),
+        "p90": float(np.percentile(ratios, 90)),
+    }
+
+
+def measure(entry: dict, folder: Path, variants: list, args: argparse.Namespace) -> dict:
+    """All variants and PyTorch of one payload, verified, then timed in rounds."""
     sides = {}
     for variant in variants:
         built = build(folder / entry["mlir"], variant, args.target)
         if isinstance(built, str):
             return {"error": built}
+        built.measure(1, warmup=2)
         sides[variant[0]] = built
-    workload = next(iter(sides.values())).workload
-    problem = problem_file(folder, entry["stem"])
-    sides["torch"] = TorchMeasurement(problem, entry.get("scaled_constants") or {}, 1, workload)
-    for side in sides.values():
-        side.measure(1, warmup=2)
+    torch = _torch_side(entry, folder, next(iter(sides.values())).workload)
+    if not isinstance(torch, str):
+        sides["torch"] = torch
     rounds: dict[str, list[float]] = {name: [] for name in sides}
     names = list(sides)
     for number in range(args.rounds):
         order = names if number % 2 == 0 else names[::-1]
         for name in order:
             rounds[name].append(float(np.median(cpu_times(sides[name], args.calls))))
-    torch = np.array(rounds["torch"])
-    row = {"torch_s": float(np.median(torch)), "variants": {}}
-    for name in names[:-1]:
-        times = np.array(rounds[name])
-        ratios = torch / times
-        row["variants"][name] = {
-            "s": float(np.median(times)), "ratio": float(np.median(ratios)),
-            "p10": float(np.percentile(ratios, 10)), "p90": float(np.percentile(ratios, 90)),
-        }  # fmt: skip
+    times = {name: np.array(values) for name, values in rounds.items()}
+    first = times[variants[0][0]]
+    row: dict = {"torch_s": None, "torch_error": torch if isinstance(torch, str) else None}
+    if "torch" in times:
+        row["torch_s"] = float(np.median(times["torch"]))
+    row["variants"] = {
+        name: {
+            "s": float(np.median(times[name])),
+            "vs_first": _spread(first / times[name]),
+            "vs_torch": _spread(times["torch"] / times[name]) if "torch" in times else None,
+        }
+        for name, _, _ in variants
+    }
     return row
+
+
+def _cells(flops: float, peak: float, row: dict, name: str) -> str:
+    """One variant's markdown cells."""
+    v = row["variants"][name]
+
+    def spread(s: dict | None) -> str:
+        return "-" if s is None else f"{s['ratio']:.2f} [{s['p10']:.2f}, {s['p90']:.2f}]"
+
+    torch = row["torch_s"]
+    cells = [
+        name, f"{v['s'] * 1e3:.3f}", "-" if torch is None else f"{torch * 1e3:.3f}",
+        spread(v["vs_torch"]), spread(v["vs_first"]), f"{flops / v['s'] / 1e9 / peak:.0%}",
+        "-" if torch is None else f"{flops / torch / 1e9 / peak:.0%}",
+    ]  # fmt: skip
+    return " | ".join(cells)
 
 
 def thread_peak_gflops(target) -> float:
@@ -149,22 +190,22 @@ def main() -> None:
     print(f"{describe(host_info())}; PyTorch {torch.__version__} eager (oneDNN)  ")
     print(f"1 thread, timed by thread CPU time; FMA peak {peak:.1f} GFLOP/s (likewise); ", end="")
     print("shared machine: under load\n")
-    print("| payload | variant | ms | torch ms | torch/x86 [p10, p90] | x86 peak | torch peak |")
-    print("|---|---|---|---|---|---|---|")
+    first = variants[0][0]
+    print(
+        f"| payload | variant | ms | torch ms | torch/x86 [p10, p90] | {first}/x86 [p10, p90] "
+        "| x86 peak | torch peak |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
     for entry in conv_payloads(args.folder, args.match):
         row = measure(entry, args.folder, variants, args)
         if "error" in row:
             print(f"| {entry['stem']} | error: {row['error']} | | | | | |", flush=True)
             continue
         flops = entry.get("flops") or 0
-        torch_peak = flops / row["torch_s"] / 1e9 / peak
-        for name, v in row["variants"].items():
-            print(
-                f"| {entry['stem'][:40]} | {name} | {v['s'] * 1e3:.3f} | "
-                f"{row['torch_s'] * 1e3:.3f} | {v['ratio']:.2f} [{v['p10']:.2f}, "
-                f"{v['p90']:.2f}] | {flops / v['s'] / 1e9 / peak:.0%} | {torch_peak:.0%} |",
-                flush=True,
-            )
+        for name, _, _ in variants:
+            print(f"| {entry['stem'][:40]} | {_cells(flops, peak, row, name)} |", flush=True)
+        if row["torch_error"]:
+            print(f"| {entry['stem'][:40]} | torch: {row['torch_error']} | | | | | | |")
 
 
 if __name__ == "__main__":
