@@ -32,8 +32,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from stagegraph.mlir.bindings import arith, ir, linalg, scf, tensor, vector
-from stagegraph.mlir.build import collapse_shape
+from stagegraph.mlir.bindings import arith, ir, scf, tensor, vector
+from stagegraph.mlir.build import collapse_shape, named_structured_op
 from stagegraph.mlir.walk import DefUse, top_level_ops
 from stagegraph.stages.x86.conv.depthwise import erase_unused_init, fill_value
 from stagegraph.stages.x86.conv.direct3d_plan import (
@@ -198,7 +198,7 @@ class _Kernel:
         padded = [*shape[:-1], whole]
         zero = arith.ConstantOp(self.element, 0.0).result
         empty = tensor.EmptyOp(padded, self.element).result
-        zeros = linalg.fill(zero, outs=[empty])
+        zeros = named_structured_op("linalg.fill", [zero], [empty])  # (no OpDSL import)
         return tensor.InsertSliceOp(kernel, zeros, [], [], [], [0] * 4, shape, [1] * 4).result
 
     def index(self, value: int) -> Any:
