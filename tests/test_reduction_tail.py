@@ -35,7 +35,7 @@ def test_the_rule():
     assert not _masked_tail_within(1024, 512, 512)
 
 
-def _scheduled(capsys, tmp_path, n: int, target: str) -> tuple[dict, list[str]]:
+def _scheduled(capsys, tmp_path, n: int, target: str, *extra: str) -> tuple[dict, list[str]]:
     from stagegraph.cli.main import main
     from stagegraph.mlir.bindings import ir, new_context
     from stagegraph.mlir.walk import collect
@@ -44,7 +44,7 @@ def _scheduled(capsys, tmp_path, n: int, target: str) -> tuple[dict, list[str]]:
     path.write_text(_ROWS.format(n=n))
     dump = tmp_path / "dump"
     code = main(["run", "x86", str(path), "--threads", "1", "--target", target,
-                 "--dump-ir", str(dump), "--json"])  # fmt: skip
+                 "--dump-ir", str(dump), "--json", *extra])  # fmt: skip
     captured = capsys.readouterr()
     assert code == 0, captured.err[-2000:]
     report = json.loads(captured.out)
@@ -67,5 +67,15 @@ def test_a_row_within_twice_the_chunk_is_reduced_unmasked(capsys, tmp_path, targ
 
 def test_a_longer_prime_row_keeps_its_chunks(capsys, tmp_path):
     report, names = _scheduled(capsys, tmp_path, 2053, "x86-64-v4")
+    assert report["verified"] is True, report.get("message")
+    assert "vector.create_mask" in names
+
+
+def test_the_rule_is_a_tunable_choice(capsys, tmp_path):
+    """Off (``reduction_whole_tail=0``), AVX-512's 845-element rows run in chunks of 512
+    and a masked tail again, and still verify."""
+    report, names = _scheduled(
+        capsys, tmp_path, 845, "x86-64-v4", "--param", "reduction_whole_tail=0"
+    )
     assert report["verified"] is True, report.get("message")
     assert "vector.create_mask" in names

@@ -70,6 +70,9 @@ class GenericParams(Params):
         True,
         description="depthwise/grouped NCHW convolutions as direct kernels along the width",
     )
+    reduction_whole_tail: bool = Field(
+        True, description="a row whose chunks end in a masked tail, within 2 chunks: whole"
+    )
     conv3d_direct: bool = Field(
         True, description="3-D convolutions as one register-blocked channels-last kernel"
     )
@@ -257,9 +260,14 @@ def reduction_tile_sizes(op: OpFacts, params: GenericParams) -> tuple[list[int],
         outer[rows] = largest_divisor_at_most(ranges[rows], GEMV_ROWS)
         budget = max(1, params.reduction_chunk // outer[rows])
     chunk = _fill(ranges, reduction, budget)
-    if reduction and _masked_tail_within(ranges[reduction[0]], chunk[reduction[0]], budget):
+    innermost = reduction[0] if reduction else None
+    if (
+        innermost is not None
+        and params.reduction_whole_tail
+        and _masked_tail_within(ranges[innermost], chunk[innermost], budget)
+    ):
         chunk = [1] * len(ranges)
-        chunk[reduction[0]] = ranges[reduction[0]]
+        chunk[innermost] = ranges[innermost]
     inner = [0] * len(ranges)
     for d in reduction:
         inner[d] = (
@@ -384,6 +392,7 @@ declare_space(
     {
         "reduction_rows": _multiples_of_lanes(1, 2, 4, 8),
         "reduction_chunk": _multiples_of_lanes(*(2**i for i in range(10))),
+        "reduction_whole_tail": Choice((0, 1)),
         "fuse_elementwise": Choice((0, 1)),
     },
     _reduction_rules,
