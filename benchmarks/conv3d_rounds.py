@@ -13,13 +13,14 @@ percentiles; above 1 this variant is faster), and each side's fraction of the FM
 constants is timed without it. A variant is ``NAME`` or
 ``NAME:key=value,key=value`` where a key is a generic param (``conv_reduction_tile``) or,
 prefixed ``conv.``, a ``ConvGemmConfig`` field of ``x86.normalize`` (``conv.path=gemm``).
-The path before the channels-last 3-D kernel (the 3-D convolutions as depth loops of 2-D
-ones, the 2-D cost model for direct or GEMM and col2im) is
-``before:conv3d_direct=false,conv.direct3d=false``. Usage:
+The code before the channels-last 3-D kernel (the 3-D convolutions as depth loops of 2-D
+ones, the 2-D cost model for direct or GEMM and col2im, reductions chunked with a masked
+tail) is ``before:conv3d_direct=false,conv.direct3d=false,reduction_whole_tail=false``.
+Usage:
 
     python benchmarks/conv3d_rounds.py ../shared/kernelbench/level2 --match l2_077,l2_027
-        [--variant before:conv3d_direct=false,conv.direct3d=false --variant after]
-        [--rounds 12] [--calls 3] [--target x86-64-v3]
+        [--variant before:conv3d_direct=false,conv.direct3d=false,reduction_whole_tail=false
+         --variant after] [--rounds 12] [--calls 3] [--target x86-64-v3]
 """
 
 from __future__ import annotations
