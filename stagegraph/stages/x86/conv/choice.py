@@ -18,6 +18,12 @@ are :class:`~stagegraph.stages.x86.conv.config.ConvGemmConfig` fields, fitted by
   output row, at ``direct_weight_bytes_per_cycle``.
   The input rows one output row's windows read, against L1, weigh
   ``direct_rows_l1_weight`` (0 by default: what it measured was a transpose's cost).
+* **Direct, 3-D**: the channels-last 3-D kernel (:mod:`.direct3d`, on unless
+  ``GenericParams.conv3d_direct`` turns it off) estimates its own cycles from its register
+  blocking (:func:`~.direct3d_plan.plan_blocks`: FMAs, loads and the FMA latency per
+  reduction step, the taps that read only a zero-padded border skipped); the path runs
+  at ``direct3d_efficiency`` of that estimate. Shapes the kernel does not take (filters
+  ending in a partial vector past ``MAX_VECTORS`` vectors) keep the estimate above.
 * **GEMM**: the matmul (``F`` rows, ``N*O`` columns, ``C*T`` deep) at
   ``gemm_peak_fraction * F / (F + gemm_rows_half)`` (few filters: short micro-kernel
   row blocks, and the packing of the patch matrix is shared by fewer rows), plus the
@@ -36,6 +42,7 @@ GEMM's matmul) as :data:`PATH_ATTRIBUTE`, so ``--print-ir-after normalize`` show
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -86,11 +93,46 @@ def _peak(target: Target, element: str) -> float:
     return 2.0 * target.fma_lanes_per_cycle() * 32 / bits
 
 
+def direct3d_cycles(
+    shape: ConvShape,
+    target: Target,
+    config: ConvGemmConfig,
+    element: str = "f32",
+    padding: Sequence[tuple[int, int]] | None = None,
+) -> float | None:
+    """The 3-D kernel's estimated cycles over ``direct3d_efficiency``, or ``None`` when
+    it does not take ``shape``; ``padding`` (real size, low pad per spatial dim) when the
+    input is zero-padded (see the module)."""
+    from stagegraph.stages.x86.conv.direct3d_plan import Conv3dShape, Window, plan_blocks
+
+    bits = _ELEMENT_BITS.get(element, 32)
+    if len(shape.taps) != 3 or bits not in (32, 64):
+        return None
+    windows = []
+    for d in range(3):
+        reach = (shape.out[d] - 1) * shape.strides[d] + (shape.taps[d] - 1) * shape.dilations[d]
+        size, pad = padding[d] if padding else (reach + 1, 0)
+        windows.append(Window(shape.out[d], shape.taps[d], shape.strides[d],
+                              shape.dilations[d], size, pad))  # fmt: skip
+    lanes = max(1, target.vector_bits // bits)
+    fma_units = max(1, target.fma_lanes_per_cycle() // max(1, target.vector_bits // 32))
+    conv = Conv3dShape(shape.n, shape.c, shape.f, tuple(windows))  # type: ignore[arg-type]
+    plan = plan_blocks(conv, lanes, target.vector_registers, fma_units)
+    return None if plan is None else plan.cycles / config.direct3d_efficiency
+
+
 def direct_cycles(
-    shape: ConvShape, target: Target, config: ConvGemmConfig, element: str = "f32"
+    shape: ConvShape,
+    target: Target,
+    config: ConvGemmConfig,
+    element: str = "f32",
+    padding: Sequence[tuple[int, int]] | None = None,
 ) -> float:
     """The direct path's estimated cycles (see the module)."""
     bits = _ELEMENT_BITS.get(element, 32)
+    kernel = direct3d_cycles(shape, target, config, element, padding) if config.direct3d else None
+    if kernel is not None:
+        return kernel
     if len(shape.taps) == 1:
         fraction = config.direct_1d_fraction
     else:
@@ -140,12 +182,17 @@ def gemm_cycles(
 
 
 def choose_path(
-    shape: ConvShape, target: Target, config: ConvGemmConfig, element: str = "f32"
+    shape: ConvShape,
+    target: Target,
+    config: ConvGemmConfig,
+    element: str = "f32",
+    padding: Sequence[tuple[int, int]] | None = None,
 ) -> PathChoice:
     """The path of a convolution the GEMM may take: ``config.paths`` for its key, else
-    ``config.path`` when it forces one, else the cheaper estimate."""
+    ``config.path`` when it forces one, else the cheaper estimate (``padding``: of a
+    zero-padded input, see :func:`direct3d_cycles`)."""
     key = conv_key(shape)
-    direct = direct_cycles(shape, target, config, element)
+    direct = direct_cycles(shape, target, config, element, padding)
     gemm = gemm_cycles(shape, target, config, element)
     if key in config.paths:
         return PathChoice(key, config.paths[key], direct, gemm, "paths")

@@ -17,7 +17,10 @@ flops each.
 
 Taken when :func:`col2im_worth` estimates it faster than the direct path on the padded
 input (the model's constants are ``ConvGemmConfig`` fields) and the products fit
-``ConvGemmConfig.col2im_max_elements``. Runs in ``x86.normalize``
+``ConvGemmConfig.col2im_max_elements``. For a 3-D one, given the target, the direct path is
+the channels-last kernel, which skips the taps that read only the border: its own estimate
+(:func:`~stagegraph.stages.x86.conv.choice.direct3d_cycles`) against the GEMM and adds'
+(:func:`col2im_cycles`). Runs in ``x86.normalize``
 before the patch GEMM.
 """
 
@@ -72,9 +75,36 @@ def col2im_worth(channels: int, useful: float, config: ConvGemmConfig) -> bool:
     return col2im < 1 / (useful * config.direct_efficiency)
 
 
-def stride1_transposed_to_col2im(module: Any, config: ConvGemmConfig | None = None) -> int:
+def col2im_cycles(shape: Any, useful: float, target: Any, config: ConvGemmConfig) -> float:
+    """Cycles of the GEMM on the real input and the shifted adds: the useful flops at
+    ``gemm_efficiency`` of the target's FMA peak, each product's add at ``add_cost``."""
+    from stagegraph.stages.x86.conv.choice import _peak, flops
+
+    per_flop = 1 / config.gemm_efficiency + config.add_cost / (2 * shape.c)
+    return flops(shape) * useful / _peak(target, "f32") * per_flop
+
+
+def _worth(match: _Padded, shape: Any, useful: float, config: ConvGemmConfig, target: Any) -> bool:
+    """:func:`col2im_worth`, or for a 3-D convolution on a known target, the GEMM and adds
+    against the 3-D direct kernel's own estimate on the padded input."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.conv.choice import direct3d_cycles
+
+    if target is not None and config.direct3d and len(shape.taps) == 3:
+        element = str(ir.RankedTensorType(match.conv.operands[2].type).element_type)
+        padding = list(zip(match.inputs, match.pads, strict=True))
+        direct = direct3d_cycles(shape, target, config, element, padding)
+        if direct is not None:
+            return col2im_cycles(shape, useful, target, config) < direct
+    return col2im_worth(shape.c, useful, config)
+
+
+def stride1_transposed_to_col2im(
+    module: Any, config: ConvGemmConfig | None = None, target: Any = None
+) -> int:
     """Rewrite every channels-first convolution of a zero-padded input that
-    :func:`col2im_worth` takes (see the module); returns the count."""
+    :func:`col2im_worth` takes (see the module; ``target``: the direct 3-D kernel's
+    estimate decides for 3-D ones); returns the count."""
     config = config or ConvGemmConfig()
     if not config.conv_gemm or not config.col2im:
         return 0
@@ -83,14 +113,16 @@ def stride1_transposed_to_col2im(module: Any, config: ConvGemmConfig | None = No
         if fn.name != "func.func":
             continue
         uses = DefUse(fn)
-        found = [m for op in top_level_ops(fn) if (m := _match(op, uses, config)) is not None]
+        found = [
+            m for op in top_level_ops(fn) if (m := _match(op, uses, config, target)) is not None
+        ]
         for match in found:
             _rewrite(match)
         count += len(found)
     return count
 
 
-def _match(op: Any, uses: DefUse, config: ConvGemmConfig) -> _Padded | None:
+def _match(op: Any, uses: DefUse, config: ConvGemmConfig, target: Any = None) -> _Padded | None:
     from stagegraph.mlir.bindings import ir
 
     shape = conv_shape(op)
@@ -114,12 +146,11 @@ def _match(op: Any, uses: DefUse, config: ConvGemmConfig) -> _Padded | None:
         return None
     inputs, pads = tuple(source_shape[2:]), tuple(offsets[2:])
     fraction = useful_fraction(inputs, shape.out, shape.taps, pads, shape.dilations)
-    if not col2im_worth(shape.c, fraction, config):
-        return None
     products = shape.n * shape.f * math.prod(shape.taps) * math.prod(inputs)
     if products > config.col2im_max_elements:
         return None
-    return _Padded(op, source, inputs, pads)
+    match = _Padded(op, source, inputs, pads)
+    return match if _worth(match, shape, fraction, config, target) else None
 
 
 def _rewrite(match: _Padded) -> None:

@@ -107,6 +107,14 @@ class ConvGemmConfig(Config):
     # 1-D: the GEMM measured 1.1-3.0x faster on every KernelBench level-1 one (see above).
     direct_1d_fraction: float = Field(0.2, gt=0.0, le=1.0)
     gemm_peak_fraction: float = Field(0.9, gt=0.0, le=1.0)
+    # 3-D convolutions: the direct path is the channels-last kernel of
+    # stagegraph.stages.x86.conv.direct3d, estimated from its own blocking at this fraction
+    # of that estimate (direct3d false: the estimate above, for the 2-D depth loops).
+    # On an AVX-512 Xeon, one thread, thread CPU time under load (benchmarks/conv3d_rounds.py),
+    # KernelBench's l2_023 (3 -> 24 channels, 3^3) and l2_003's transposed phases (8 -> 64)
+    # ran 1.1x faster direct than on the GEMM the 2-D model chose.
+    direct3d: bool = True
+    direct3d_efficiency: float = Field(0.8, gt=0.0, le=1.0)
     gemm_rows_half: float = Field(11.0, ge=0.0)
     patch_cycles: float = Field(1.5, ge=0.0)
     patch_spill_cycles: float = Field(2.6, ge=0.0)

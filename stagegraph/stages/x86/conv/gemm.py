@@ -98,8 +98,10 @@ def convolutions_to_gemm(
     ``linalg.matmul``; returns the count. Each decided op (the matmul made, or the
     convolution kept) carries the decision as ``choice.PATH_ATTRIBUTE``."""
     from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.walk import DefUse
     from stagegraph.stages.target import detect_target
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, choose_path, path_attribute
+    from stagegraph.stages.x86.conv.direct3d import padding
     from stagegraph.stages.x86.conv.gemm_blocks import block_rows, per_image
     from stagegraph.stages.x86.conv.patch_gather import gather_worth
 
@@ -109,12 +111,15 @@ def convolutions_to_gemm(
     for fn in top_level_ops(module.operation):
         if fn.name != "func.func":
             continue
+        uses = DefUse(fn)
         for op in top_level_ops(fn):
             shape = conv_shape(op)
             if shape is None or not gemm_worth(shape, config):
                 continue
             element = str(ir.RankedTensorType(op.operands[2].type).element_type)
-            choice = choose_path(shape, target, config, element)
+            # a 3-D one's direct kernel skips the taps that read only a zero border
+            pads = padding(op.operands[0], uses, (2, 3, 4)) if len(shape.taps) == 3 else None
+            choice = choose_path(shape, target, config, element, pads)
             if choice.path == "direct":
                 op.attributes[PATH_ATTRIBUTE] = path_attribute(choice)
             else:

@@ -230,7 +230,7 @@ _CHANNELS_LAST = {
 }
 
 
-def conv_to_channels_last(fn: Any) -> int:
+def conv_to_channels_last(fn: Any, takes_any_filters: Any = None) -> int:
     """Rewrite each static NCHW (NCDHW) convolution whose output channels fill whole vectors
     as transposes around the NHWC (NDHWC) one; returns the count. Run it before
     :func:`conv3d_to_conv2d_loops`, which takes both 3-D layouts.
@@ -243,6 +243,8 @@ def conv_to_channels_last(fn: Any) -> int:
     A window one element wide (a ``(3, 3, 1)`` filter) gathers the same way in NCW, so it
     goes channels-last too (a 3-D one at 3 -> 16 channels: 5x faster, see
     docs/measurements.md, "Convolutions whose window is one element wide").
+    ``takes_any_filters(op)``: whether a convolution whose filters do not fill whole vector
+    groups goes channels-last anyway (the 3-D direct kernel, which masks its last vector).
     """
     count = 0
     for op in top_level_ops(fn):
@@ -254,7 +256,7 @@ def conv_to_channels_last(fn: Any) -> int:
         name, to_last, filter_to_last, to_first = plan
         kernel = op.operands[1]
         filters = ir.RankedTensorType(kernel.type).shape[0]
-        if filters % _CHANNEL_GROUP:
+        if filters % _CHANNEL_GROUP and not (takes_any_filters and takes_any_filters(op)):
             continue  # partial vectors along the channels
         _replace_by_transposed(op, name, to_last, filter_to_last, to_first)
         count += 1

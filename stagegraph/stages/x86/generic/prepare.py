@@ -401,6 +401,7 @@ def prepare(
     conv_channels_last: bool = True,
     width_kernel_lanes: int = 0,
     row_chain_lanes: int = 0,
+    direct3d: Any = None,
 ) -> bool:
     """All rewrites on the function ``fn`` of ``module``; whether anything changed.
 
@@ -412,6 +413,9 @@ def prepare(
     ``row_chain_lanes``: when not 0, softmax-shaped chains of row reductions become one
     kernel per row with vectors of that many lanes (:mod:`.row_chains`; after the chains
     are merged, which makes ``exp(x - max)`` one op).
+    ``direct3d``: when given (a :class:`~stagegraph.stages.x86.conv.direct3d_plan.Target3d`)
+    and ``conv_channels_last``, 3-D convolutions become one register-blocked kernel
+    (:mod:`stagegraph.stages.x86.conv.direct3d`) instead of depth loops of 2-D ones.
     """
     del module
     changed = drop_dead_results(fn)
@@ -419,7 +423,15 @@ def prepare(
     changed += widen_bool_tensors(fn)
     changed += squares_to_multiplies(fn)
     if conv_channels_last:  # before the 3-D loops, so a 3-D convolution is transposed once
-        changed += conv_to_channels_last(fn)
+        from stagegraph.stages.x86.conv.direct3d import (
+            conv3d_to_direct_kernels,
+            takes_channels_first,
+        )
+
+        takes = takes_channels_first(fn, direct3d) if direct3d is not None else None
+        changed += conv_to_channels_last(fn, takes)
+        if direct3d is not None:  # (the kernel takes the channels-last form only)
+            changed += conv3d_to_direct_kernels(fn, direct3d)
     changed += conv3d_to_conv2d_loops(fn)
     if width_kernel_lanes:  # depthwise/grouped NCHW: direct kernels along the width
         changed += grouped_to_width_kernels(fn, width_kernel_lanes)

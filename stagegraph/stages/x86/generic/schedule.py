@@ -24,6 +24,7 @@ from typing import Any
 from stagegraph.mlir.functions import entry_function
 from stagegraph.stages.analysis import OpFacts, PayloadFacts, analyze
 from stagegraph.stages.common import lowering
+from stagegraph.stages.x86.conv.direct3d_plan import direct3d_target
 from stagegraph.stages.x86.generic.labels import (
     FUSE_ATTR,
     OP_ATTR,
@@ -430,6 +431,7 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
             params.conv_channels_last,
             params.lanes if params.conv_grouped_width else 0,
             params.lanes if params.fuse_elementwise else 0,
+            direct3d_target(params),
         ):
             facts = analyze(module, facts.entry)
         fused = annotate_generic_ops(module, facts)
