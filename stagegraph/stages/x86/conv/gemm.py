@@ -136,9 +136,7 @@ def convolutions_to_gemm(
     return len(found)
 
 
-def _gemm(
-    op: Any, shape: ConvShape, choice: Any, rows: int, gather: bool, group: int
-) -> Any:
+def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int, gather: bool, group: int) -> Any:
     """``out = W @ P`` for the convolution ``op``, in its output's layout; the matmul
     carries ``choice``. With ``rows`` (not 0) the images run one by one in blocks of
     ``rows`` output rows (:mod:`stagegraph.stages.x86.conv.gemm_blocks`), else one GEMM
