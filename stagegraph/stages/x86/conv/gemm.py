@@ -103,6 +103,7 @@ def convolutions_to_gemm(
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, choose_path, path_attribute
     from stagegraph.stages.x86.conv.direct3d import padding
     from stagegraph.stages.x86.conv.gemm_blocks import block_rows, per_image
+    from stagegraph.stages.x86.conv.image_groups import images_per_group
     from stagegraph.stages.x86.conv.patch_gather import gather_worth
 
     config = config or ConvGemmConfig()
@@ -128,24 +129,29 @@ def convolutions_to_gemm(
         element = str(ir.RankedTensorType(op.operands[2].type).element_type)
         rows = block_rows(shape, target, config, element)
         one_by_one = rows < shape.out[0] or per_image(shape, target, config, element)
+        # (f32 only, the type measured: the others keep the window copy)
+        gather = gather_worth(shape, config) and element == "f32"
+        group = shape.n
+        if not one_by_one and not gather:
+            group = images_per_group(shape, target, config, element)
         with ir.InsertionPoint(op), op.location:
-            # (f32 only, the type measured: the others keep the window copy)
-            gather = gather_worth(shape, config) and element == "f32"
-            result = _gemm(op, shape, choice, rows if one_by_one else 0, gather)
+            result = _gemm(op, shape, choice, rows if one_by_one else 0, gather, group)
         op.results[0].replace_all_uses_with(result)
         op.erase()
     return len(found)
 
 
-def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int, gather: bool) -> Any:
+def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int, gather: bool, group: int) -> Any:
     """``out = W @ P`` for the convolution ``op``, in its output's layout; the matmul
     carries ``choice``. With ``rows`` (not 0) the images run one by one in blocks of
     ``rows`` output rows (:mod:`stagegraph.stages.x86.conv.gemm_blocks`), else one GEMM
-    takes every image's columns. ``gather``: ``P`` is the gather that B's packing absorbs
+    takes the columns of ``group`` images at a time (:mod:`.image_groups`; all of them when
+    ``group`` is the batch). ``gather``: ``P`` is the gather that B's packing absorbs
     (:mod:`stagegraph.stages.x86.conv.patch_gather`), else the window copy."""
     from stagegraph.mlir.bindings import ir
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, path_attribute
     from stagegraph.stages.x86.conv.gemm_blocks import blocked_gemm
+    from stagegraph.stages.x86.conv.image_groups import grouped_gemm
     from stagegraph.stages.x86.conv.patch_gather import contiguous, patch_matrix
 
     image, kernel, init = op.operands
@@ -159,6 +165,8 @@ def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int, gather: bool) -> An
     if rows:
         build = (element, build_patches, attributes, gather)
         return blocked_gemm(image, weights, init, shape, rows, build)
+    if group < shape.n:
+        return grouped_gemm(image, weights, init, shape, group, (element, _patches, attributes))
     patches = build_patches(image, shape, element)
     acc = _accumulator(init, shape, element)
     made = named_structured_op("linalg.matmul", [weights, patches], [acc], attributes)
