@@ -166,7 +166,9 @@ def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int, gather: bool, group
         build = (element, build_patches, attributes, gather)
         return blocked_gemm(image, weights, init, shape, rows, build)
     if group < shape.n:
-        return grouped_gemm(image, weights, init, shape, group, (element, _patches, attributes))
+        return grouped_gemm(
+            image, weights, init, shape, group, (element, _patches, attributes, swap_leading)
+        )
     patches = build_patches(image, shape, element)
     acc = _accumulator(init, shape, element)
     made = named_structured_op("linalg.matmul", [weights, patches], [acc], attributes)

@@ -58,12 +58,12 @@ def grouped_gemm(
     """``W @ P`` in ``shape.n // group`` groups of ``group`` images, each written into the
     convolution's ``[N, F, O...]`` result (``init``'s value first). ``build`` is (the
     element type, ``patches(images, shape, element)`` that builds a ``[C*T, G*O]`` patch
-    matrix of the images given, the matmul's attributes)."""
+    matrix of the images given, the matmul's attributes, ``swap_leading(value, element)``
+    that swaps a tensor's first two dims: the GEMM module's, passed in so this one stays
+    below it)."""
     from stagegraph.mlir.bindings import arith, ir, scf, tensor
 
-    element, patches, attributes = build
-    from stagegraph.stages.x86.conv.gemm import swap_leading
-
+    element, patches, attributes, swap_leading = build
     rank = len(shape.taps)
     part = replace(shape, n=group)
     image_shape = list(ir.RankedTensorType(image.type).shape)
