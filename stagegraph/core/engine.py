@@ -1,8 +1,9 @@
 """The engine: resolves a graph for one payload.
 
-It orders the stages, hands each mutating consumer of a shared module its own copy, serves
-unchanged stages from a content-keyed memo cache, captures MLIR diagnostics, and records a
-trace. Instrumentation (IR dumps, reproducers, verification) plugs in through :class:`Hook`.
+It orders the stages, hands a mutating consumer of a module that another stage reads or
+changes its own copy, serves unchanged stages from a content-keyed memo cache (bounded in
+bytes), captures MLIR diagnostics, and records a trace. Instrumentation (IR dumps,
+reproducers, verification) plugs in through :class:`Hook`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.memo import MEMO_BYTES, FrozenModule, Memo, freeze
 from stagegraph.core.ports import Binary, Facts, Module, Params, Schema
 from stagegraph.core.stage import Stage
 from stagegraph.errors import ConfigError, StageFailed, StagegraphError, StageOutputError
@@ -140,6 +142,8 @@ class Engine:
         context: the MLIR context (default: a new one on first use).
         cache_dir: also keep stage results in this folder, so another process (a second
             ``--cache DIR`` run) replays unchanged stages (see :mod:`stagegraph.core.cache`).
+        memo_bytes: the most bytes of frozen modules the memo keeps (see
+            :mod:`stagegraph.core.memo`: a real-size model's modules do not fit).
     """
 
     def __init__(
@@ -148,12 +152,13 @@ class Engine:
         cache: bool = True,
         context: Any = None,
         cache_dir: str | None = None,
+        memo_bytes: int = MEMO_BYTES,
     ):
         self.hooks = list(hooks)
         self.cache_enabled = cache
         self.cache_dir = cache_dir
         self._context = context
-        self._cache: dict[str, tuple[dict[str, Value], dict[str, str]]] = {}
+        self._cache = Memo(memo_bytes)
         self._disk: Any = None
 
     @property
@@ -248,10 +253,13 @@ class Engine:
             keep = graph.ancestors(last) | {last}
             order = [n for n in order if n in keep]
         executing = set(order)
-        consumers: dict[Key, list[str]] = {}
+        unread: dict[Key, int] = {}  # per value, the edges into stages still to run
+        mutators: dict[Key, int] = {}  # per value, the stages that change it in place
         for e in graph.edges:
             if e.dst in executing:
-                consumers.setdefault((e.src, e.src_port), []).append(e.dst)
+                unread[(e.src, e.src_port)] = unread.get((e.src, e.src_port), 0) + 1
+                if e.dst in graph.stages and graph.stages[e.dst].factory.mutates:
+                    mutators[(e.src, e.src_port)] = mutators.get((e.src, e.src_port), 0) + 1
         values: dict[Key, Value] = {}
         hashes: dict[Key, str] = {}
         counts: dict[Key, int | None] = {}  # ops of each module output, counted once
@@ -272,8 +280,15 @@ class Engine:
                 value = values[(e.src, e.src_port)]
                 if isinstance(value, Module) and ops_in is None:
                     ops_in = counts.get((e.src, e.src_port))
-                shared = len(consumers.get((e.src, e.src_port), [])) > 1
-                if isinstance(value, Module) and stage.factory.mutates and shared:
+                unread[(e.src, e.src_port)] -= 1
+                # A copy when another stage still reads the module, or another changes it
+                # too (each branch of a fan-out keeps its own); the only one that changes
+                # it, reading it after every other reader, takes it as it is (a model's
+                # weights are not copied for nothing).
+                still_read = unread[(e.src, e.src_port)] > 0
+                if isinstance(value, Module) and stage.factory.mutates and (
+                    still_read or mutators.get((e.src, e.src_port), 0) > 1
+                ):
                     value = value.clone()
                 inputs[e.dst_port] = value
                 input_hashes[e.dst_port] = hashes[(e.src, e.src_port)]
@@ -354,20 +369,22 @@ class Engine:
         if cacheable and key not in self._cache and disk is not None:
             found = disk.load(key, self.context, stage.name)
             if found is not None:
-                self._cache[key] = found
+                self._cache.put(key, *found)
         if cacheable and key in self._cache:
-            stored, out_hashes = self._cache[key]
+            stored, out_hashes = self._cache.get(key)
             return {p: _thaw(v) for p, v in stored.items()}, out_hashes, True
         outputs = self._call(graph, stage, event)
         if not self.cache_enabled:  # hashes only make memo keys: none without a memo
             return outputs, dict.fromkeys(outputs, ""), False
-        stored = {p: _freeze(v) for p, v in outputs.items()}
-        out_hashes = {
-            p: v.content_hash() if isinstance(v, _FrozenModule) else content_hash(v)
-            for p, v in stored.items()
-        }
+        stored, out_hashes = {}, {}
+        for port, value in outputs.items():
+            if isinstance(value, Module):  # frozen only within the memo's budget
+                stored[port], out_hashes[port] = freeze(value, self._cache.budget)
+            else:
+                stored[port], out_hashes[port] = value, content_hash(value)
         if cacheable:
-            self._cache[key] = (stored, out_hashes)
+            if all(v is not None for v in stored.values()):  # else the stage reruns
+                self._cache.put(key, stored, out_hashes)
             if disk is not None:
                 disk.store(key, stage.name, outputs, out_hashes)
         return outputs, out_hashes, False
@@ -402,39 +419,10 @@ class Engine:
             raise StageFailed(graph.name, stage.name, reason, found, reproducer) from exc
 
 
-class _FrozenModule:
-    """A module output as the memo keeps it: its bytecode, written once for both its
-    content hash and the copy a later run is served (the next stage mutates the module
-    itself). Parsing it back is left to a run that hits the memo: a one-shot compile
-    never pays for it."""
-
-    __slots__ = ("context", "data", "kind", "level")
-
-    def __init__(self, module: Module) -> None:
-        self.kind = type(module)
-        self.level = module.level
-        self.context = module.ir.context
-        self.data = module.bytecode()
-
-    def content_hash(self) -> str:
-        """The same hash as :meth:`Module.content_hash` of the module it was made from."""
-        return hashlib.sha256(self.data).hexdigest()
-
-    def thaw(self) -> Module:
-        """A fresh module, equal to the frozen one, in the context it came from."""
-        from stagegraph.mlir.bindings import ir
-
-        return self.kind(ir.Module.parse(self.data, self.context), self.level)
-
-
-def _freeze(value: Value) -> Value:
-    return _FrozenModule(value) if isinstance(value, Module) else value
-
-
 def _thaw(value: Value) -> Value:
     """A memo entry's value as a stage output: modules parsed (or, from the disk cache,
     cloned) afresh, so the stage that consumes it cannot change the entry."""
-    if isinstance(value, _FrozenModule):
+    if isinstance(value, FrozenModule):
         return value.thaw()
     return value.clone() if isinstance(value, Module) else value
 

@@ -59,9 +59,11 @@ class ReproducerHook(Hook):
 
     def before_stage(self, event: StageEvent) -> None:
         # Bytecode, not text: every stage pays for this snapshot, only a failing one needs
-        # the text (printing a large module before each stage cost seconds).
+        # the text (printing a large module before each stage cost seconds). A stage that
+        # does not change its module needs none: the module itself is its input.
+        mutates = event.stage.factory.mutates
         self._pending = {
-            port: _Snapshot(value.bytecode()) if isinstance(value, Module) else value
+            port: _Snapshot(value) if isinstance(value, Module) and mutates else value
             for port, value in event.inputs.items()
         }
 
@@ -70,7 +72,7 @@ class ReproducerHook(Hook):
         try:
             target = unique_folder(self.directory, f"{event.graph.name}-{stage.name}")
             inputs = {
-                port: value.text() if isinstance(value, _Snapshot) else value
+                port: value.text() if isinstance(value, _Snapshot | Module) else value
                 for port, value in self._pending.items()
             }
             write_reproducer(target, event.graph.name, stage, inputs, str(error))
@@ -81,10 +83,16 @@ class ReproducerHook(Hook):
 
 class _Snapshot:
     """A module as it was before a stage ran, kept as bytecode until a reproducer needs
-    its text."""
+    its text: in memory, or past :data:`SPILL_BYTES` in a temporary file (a model's
+    weights are not held once more in memory while each stage runs)."""
 
-    def __init__(self, bytecode: bytes) -> None:
-        self.bytecode = bytecode
+    def __init__(self, module: Module) -> None:
+        self._sink = _SpillingSink()
+        module.ir.operation.write_bytecode(self._sink)
+
+    @property
+    def bytecode(self) -> bytes:
+        return self._sink.read()
 
     def text(self) -> str:
         """The module as MLIR assembly (parsed back in a context of its own)."""
@@ -92,6 +100,38 @@ class _Snapshot:
 
         context = new_context()
         return str(ir.Module.parse(self.bytecode, context))
+
+
+#: Snapshots larger than this go to a temporary file instead of memory.
+SPILL_BYTES = 64 * 2**20
+
+
+class _SpillingSink:
+    """Keeps written chunks in memory until they pass :data:`SPILL_BYTES`, then writes
+    them, and everything after, to a temporary file (deleted with the sink)."""
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+        self.file: Any = None
+
+    def write(self, chunk: bytes) -> int:
+        self.size += len(chunk)
+        if self.file is not None:
+            return self.file.write(chunk)
+        self.chunks.append(bytes(chunk))
+        if self.size > SPILL_BYTES:
+            self.file = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the sink
+            self.file.writelines(self.chunks)
+            self.chunks = []
+        return len(chunk)
+
+    def read(self) -> bytes:
+        """Everything written."""
+        if self.file is None:
+            return b"".join(self.chunks)
+        self.file.seek(0)
+        return self.file.read()
 
 
 def _import_path(factory: StageFactory) -> str:

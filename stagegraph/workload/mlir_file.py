@@ -73,7 +73,6 @@ class MlirFileWorkload(Workload):
         super().__init__(**values)
         self.path = Path(path)
         self.name = self.path.stem
-        self.text = self.path.read_text()
         self._summary = _summarize(self.path, self.text, self.params.entry)
         self.entry = self._summary.entry
         self._npz_names = _check_npz(self.npz_path, self._summary)
@@ -88,6 +87,12 @@ class MlirFileWorkload(Workload):
     def __reduce__(self) -> tuple[Any, ...]:
         options = self.params.model_dump(exclude_defaults=True)
         return (functools.partial(MlirFileWorkload, self.path, **options), ())
+
+    @property
+    def text(self) -> str:
+        """The file's text, read when asked for, not kept: a model's weights print as hex,
+        twice their size (VGG-16: 1.1 GB held for the whole run)."""
+        return self.path.read_text()
 
     @property
     def npz_path(self) -> Path:
