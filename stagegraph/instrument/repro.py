@@ -76,7 +76,7 @@ class ReproducerHook(Hook):
                 for port, value in self._pending.items()
             }
             write_reproducer(target, event.graph.name, stage, inputs, str(error))
-        except OSError:
+        except Exception:  # a module that does not print back (an empty blob), a full disk
             return None  # never hide the stage's own error behind a reproducer problem
         return str(target)
 

@@ -18,7 +18,26 @@ from stagegraph.errors import PayloadError
 
 
 def import_program(program: Any, what: str) -> tuple[str, Any]:
-    """The linalg-on-tensors module (entry ``@main``) of an exported program, as text, and
+    """The linalg-on-tensors module of an exported program as text, and the decomposed
+    program's graph signature (see :func:`import_program_to`, which writes the text to a
+    file instead of holding it)."""
+    module, signature = _import(program, what)
+    return str(module), signature
+
+
+def import_program_to(program: Any, what: str, path: Any) -> Any:
+    """Write the linalg-on-tensors module of an exported program as text into ``path``,
+    printed straight into the file: a model's weights print as hex, twice their size
+    (VGG-16: a 1.1 GB string otherwise held while it is written). Returns the graph
+    signature of the decomposed program (see :func:`_import`)."""
+    module, signature = _import(program, what)
+    with open(path, "w") as file:
+        module.operation.print(file=file)
+    return signature
+
+
+def _import(program: Any, what: str) -> tuple[Any, Any]:
+    """The linalg-on-tensors module (entry ``@main``) of an exported program, and
     the graph signature of the decomposed program (its ``output_specs`` say which results
     are updated buffers: a training-mode export shows them only after decomposition).
 
@@ -55,7 +74,7 @@ def import_program(program: Any, what: str) -> tuple[str, Any]:
             raise PayloadError(
                 f"{what}: torch-mlir's FX importer cannot lower it to linalg on tensors: {reason}"
             ) from None
-    return str(module), program.graph_signature
+    return module, program.graph_signature
 
 
 def _no_state_in_lists(program: Any) -> None:

@@ -169,18 +169,18 @@ class TorchWorkload(Workload):
             PayloadError: ``torch.export`` or torch-mlir cannot take the model (the message
                 names the op), or the eager run fails.
         """
-        from stagegraph.mlir.torch_import import import_program
+        from stagegraph.mlir.torch_import import import_program_to
         from stagegraph.workload.mlir_file import MlirFileWorkload
 
         problem = self.problem
         program = export(problem)
-        text, signature = import_program(program, problem.what)
-        arrays, self._output_tree = eager_arrays(self.torch_model(), problem, signature)
-        self._mutations = updated_inputs(signature)
         folder = Path(tempfile.mkdtemp(prefix=f"stagegraph-torch-{self.name}-"))
         weakref.finalize(self, shutil.rmtree, folder, True)
         path = folder / f"{self.name}.mlir"
-        path.write_text(text)
+        signature = import_program_to(program, problem.what, path)
+        del program  # its decomposed copy of the weights: not needed for the eager run
+        arrays, self._output_tree = eager_arrays(self.torch_model(), problem, signature)
+        self._mutations = updated_inputs(signature)
         np.savez(path.with_suffix(".npz"), **arrays)
         try:
             return MlirFileWorkload(path)
