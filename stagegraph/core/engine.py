@@ -286,8 +286,10 @@ class Engine:
                 # it, reading it after every other reader, takes it as it is (a model's
                 # weights are not copied for nothing).
                 still_read = unread[(e.src, e.src_port)] > 0
-                if isinstance(value, Module) and stage.factory.mutates and (
-                    still_read or mutators.get((e.src, e.src_port), 0) > 1
+                if (
+                    isinstance(value, Module)
+                    and stage.factory.mutates
+                    and (still_read or mutators.get((e.src, e.src_port), 0) > 1)
                 ):
                     value = value.clone()
                 inputs[e.dst_port] = value
