@@ -54,6 +54,7 @@ def _import(program: Any, what: str) -> tuple[Any, Any]:
     from torch_mlir.extras.fx_importer import FxImporter
 
     from stagegraph.mlir.diagnostics import capture_diagnostics
+    from stagegraph.mlir.torch_literals import weights_as_arrays
 
     context = ir.Context()
     torch_dialect.register_dialect(context)
@@ -63,12 +64,13 @@ def _import(program: Any, what: str) -> tuple[Any, Any]:
                 warnings.simplefilter("ignore")
                 program = program.run_decompositions(get_decomposition_table())
                 _no_state_in_lists(program)
-                module = fx.export_and_import(
-                    program,
-                    output_type="linalg-on-tensors",
-                    decomposition_table={},
-                    fx_importer=FxImporter(context=context),
-                )
+                with weights_as_arrays():  # not through Python lists (time and memory)
+                    module = fx.export_and_import(
+                        program,
+                        output_type="linalg-on-tensors",
+                        decomposition_table={},
+                        fx_importer=FxImporter(context=context),
+                    )
         except Exception as exc:  # torch-mlir raises plain Python errors of many kinds
             reason = "; ".join(diagnostics[:3]) if diagnostics else _reason(exc)
             raise PayloadError(

@@ -1,0 +1,53 @@
+"""The FX importer's weights read as arrays: the same imported text, without Python lists."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+
+def _program():
+    torch = pytest.importorskip("torch")
+
+    class Model(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.conv = torch.nn.Conv2d(3, 8, 3)
+            self.norm = torch.nn.BatchNorm2d(8)
+            self.fc = torch.nn.Linear(8 * 6 * 6, 16)
+            self.register_buffer("offsets", torch.arange(16, dtype=torch.int64))
+            self.register_buffer("scale", torch.full((1,), 0.5))  # one element: a splat
+
+        def forward(self, x):
+            y = self.norm(self.conv(x)).relu().flatten(1)
+            return self.fc(y) * self.scale + self.offsets
+
+    torch.manual_seed(0)
+    model = Model().eval()
+    return torch.export.export(model, (torch.rand(2, 3, 8, 8),), strict=False)
+
+
+def test_weights_read_as_arrays_import_the_same_text(monkeypatch):
+    import torch
+
+    from stagegraph.mlir import torch_literals
+    from stagegraph.mlir.torch_import import import_program
+
+    program = _program()
+    tolist = torch.Tensor.tolist
+    listed: list[int] = []
+
+    def counting(self):
+        listed.append(self.numel())
+        return tolist(self)
+
+    monkeypatch.setattr(torch.Tensor, "tolist", counting)
+    fast, _ = import_program(program, "test:Model")
+    assert all(n <= 1 for n in listed)  # no weight went through a Python list
+    monkeypatch.setattr(torch_literals, "weights_as_arrays", contextlib.nullcontext)
+    listed.clear()
+    plain, _ = import_program(program, "test:Model")
+    assert any(n > 1 for n in listed)  # the importer's own path
+    assert fast == plain
+    assert "dense_resource" in fast
