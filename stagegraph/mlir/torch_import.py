@@ -54,7 +54,7 @@ def _import(program: Any, what: str) -> tuple[Any, Any]:
     from torch_mlir.extras.fx_importer import FxImporter
 
     from stagegraph.mlir.diagnostics import capture_diagnostics
-    from stagegraph.mlir.torch_literals import weights_as_arrays
+    from stagegraph.mlir.torch_import_memory import lean_import
 
     context = ir.Context()
     torch_dialect.register_dialect(context)
@@ -64,7 +64,7 @@ def _import(program: Any, what: str) -> tuple[Any, Any]:
                 warnings.simplefilter("ignore")
                 program = program.run_decompositions(get_decomposition_table())
                 _no_state_in_lists(program)
-                with weights_as_arrays():  # not through Python lists (time and memory)
+                with lean_import():  # without torch-mlir's copies of the weights
                     module = fx.export_and_import(
                         program,
                         output_type="linalg-on-tensors",

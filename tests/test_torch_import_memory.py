@@ -1,4 +1,4 @@
-"""The FX importer's weights read as arrays: the same imported text, without Python lists."""
+"""torch-mlir's FX importer without its copies of the weights: the same imported text."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def _program():
 def test_weights_read_as_arrays_import_the_same_text(monkeypatch):
     import torch
 
-    from stagegraph.mlir import torch_literals
+    from stagegraph.mlir import torch_import_memory
     from stagegraph.mlir.torch_import import import_program
 
     program = _program()
@@ -45,9 +45,23 @@ def test_weights_read_as_arrays_import_the_same_text(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "tolist", counting)
     fast, _ = import_program(program, "test:Model")
     assert all(n <= 1 for n in listed)  # no weight went through a Python list
-    monkeypatch.setattr(torch_literals, "weights_as_arrays", contextlib.nullcontext)
+    monkeypatch.setattr(torch_import_memory, "lean_import", contextlib.nullcontext)
     listed.clear()
     plain, _ = import_program(program, "test:Model")
     assert any(n > 1 for n in listed)  # the importer's own path
     assert fast == plain
     assert "dense_resource" in fast
+
+
+def test_torch_mlir_is_as_it_was_after_the_import():
+    from torch_mlir import compiler_utils, fx
+    from torch_mlir.extras import fx_importer
+
+    from stagegraph.mlir.torch_import import import_program
+
+    before = (fx_importer._make_vtensor_literal_op, fx.run_pipeline_with_repro_report,
+              compiler_utils.run_pipeline_with_repro_report)  # fmt: skip
+    import_program(_program(), "test:Model")
+    after = (fx_importer._make_vtensor_literal_op, fx.run_pipeline_with_repro_report,
+             compiler_utils.run_pipeline_with_repro_report)  # fmt: skip
+    assert after == before
