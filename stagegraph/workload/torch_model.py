@@ -176,7 +176,7 @@ class TorchWorkload(Workload):
         program = export(problem)
         folder = Path(tempfile.mkdtemp(prefix=f"stagegraph-torch-{self.name}-"))
         weakref.finalize(self, shutil.rmtree, folder, True)
-        path = folder / f"{self.name}.mlir"
+        path = folder / f"{self.name}.{_payload_suffix()}"
         signature = import_program_to(program, problem.what, path)
         del program  # its decomposed copy of the weights: not needed for the eager run
         arrays, self._output_tree = eager_arrays(self.torch_model(), problem, signature)
@@ -219,10 +219,14 @@ class TorchWorkload(Workload):
         """Write ``<name>.mlir`` and ``<name>.npz`` to ``directory`` (runs without PyTorch)."""
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
-        written = []
-        for source in (self.imported.path, self.imported.npz_path):
-            written.append(Path(shutil.copyfile(source, folder / source.name)))
-        return written
+        text = folder / f"{self.name}.mlir"
+        if self.imported.path.suffix == ".mlir":
+            shutil.copyfile(self.imported.path, text)
+        else:  # imported as bytecode: saved as text, for any MLIR tool to read
+            with open(text, "w") as file:
+                self.imported.payload().operation.print(file=file)
+        npz = self.imported.npz_path
+        return [text, Path(shutil.copyfile(npz, folder / npz.name))]
 
     # -- the Workload interface, served by the imported file
     def payload(self, context: ir.Context | None = None) -> ir.Module:
@@ -250,6 +254,15 @@ class TorchWorkload(Workload):
 
 
 # ---------------------------------------------------------------- specs
+
+
+def _payload_suffix() -> str:
+    """The imported payload's file type: bytecode where stagegraph reads it with the
+    importer's own MLIR (torch-mlir's bindings), else text (another MLIR may not read
+    the importer's bytecode)."""
+    from stagegraph.mlir.bindings import ROOT
+
+    return "mlirbc" if ROOT == "torch_mlir" else "mlir"
 
 
 def parse_problem_spec(text: str) -> TorchWorkload:
