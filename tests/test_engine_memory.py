@@ -78,17 +78,17 @@ def _module(text: str) -> Module:
 
 def test_freeze_hashes_every_module_and_keeps_only_those_within_the_limit():
     module = _module(MATMUL_MLIR)
-    frozen, digest = freeze(module, 1 << 20)
+    frozen, digest, size = freeze(module, 1 << 20)
     assert digest == module.content_hash() == frozen.content_hash()
+    assert size == len(frozen.data) == len(module.bytecode())
     assert frozen.thaw().text() == module.text()
-    too_big, same = freeze(module, len(frozen.data) - 1)
+    too_big, same, _ = freeze(module, len(frozen.data) - 1)
     assert too_big is None and same == digest
 
 
 def test_the_memo_evicts_the_least_recently_used_entries_past_its_budget():
     module = _module(MATMUL_MLIR)
-    frozen, digest = freeze(module, 1 << 20)
-    size = len(frozen.data)
+    frozen, digest, size = freeze(module, 1 << 20)
     memo = Memo(budget=2 * size)
     for key in ("a", "b"):
         memo.put(key, {"module": frozen}, {"module": digest})
@@ -112,24 +112,61 @@ def test_ir_dumps_still_hold_every_stage_while_the_memo_keeps_no_module(tmp_path
     assert "scf.for" in (tmp_path / "01-tile.mlir").read_text()
 
 
-@pytest.mark.parametrize("spill", [False, True])
-def test_a_snapshot_of_a_mutating_stage_input_in_memory_or_spilled(tmp_path, monkeypatch, spill):
-    from stagegraph.instrument import repro
-    from stagegraph.instrument.repro import ReproducerHook
+def _tile_event(module: Module, module_bytes: int | None) -> object:
+    graph = linear_graph()
+    return type("Event", (), {"graph": graph, "stage": graph.stages["tile"],
+                              "inputs": {"module": module},
+                              "module_bytes": module_bytes})()  # fmt: skip
 
-    if spill:
-        monkeypatch.setattr(repro, "SPILL_BYTES", 16)
+
+def test_a_mutating_stage_input_is_snapshotted_below_the_limit(tmp_path):
+    from stagegraph.instrument.repro import AS_LEFT_NOTE, ReproducerHook
+
     module = _module(MATMUL_MLIR)
     original = module.text()
-    graph = linear_graph()
-    event = type("Event", (), {"graph": graph, "stage": graph.stages["tile"],
-                               "inputs": {"module": module}})()  # fmt: skip
+    event = _tile_event(module, 1000)
     hook = ReproducerHook(tmp_path)
     hook.before_stage(event)
-    assert (hook._pending["module"]._sink.file is not None) == spill
     module.ir.body.operations[0].erase()  # the stage changes its input, then fails
     folder = hook.on_failure(event, RuntimeError("boom"))
-    assert (tmp_path / folder / "input.mlir").read_text() == original
+    text = (tmp_path / folder / "input.mlir").read_text()
+    assert text == original and AS_LEFT_NOTE not in text
+
+
+def test_a_module_past_the_snapshot_limit_is_reproduced_as_the_stage_left_it(tmp_path, monkeypatch):
+    from stagegraph.instrument import repro
+    from stagegraph.instrument.repro import AS_LEFT_NOTE, ReproducerHook
+
+    bytecode = Module.bytecode
+    monkeypatch.setattr(Module, "bytecode", lambda self: pytest.fail("snapshotted"))
+    module = _module(MATMUL_MLIR)
+    event = _tile_event(module, repro.SNAPSHOT_BYTES + 1)
+    hook = ReproducerHook(tmp_path)
+    hook.before_stage(event)
+    monkeypatch.setattr(Module, "bytecode", bytecode)
+    module.ir.body.operations[0].erase()
+    folder = hook.on_failure(event, RuntimeError("boom"))
+    text = (tmp_path / folder / "input.mlir").read_text()
+    assert text == AS_LEFT_NOTE + module.text()
+
+
+def test_a_run_past_the_memo_budget_writes_no_bytecode_for_its_modules(monkeypatch):
+    """The payload's size is measured once; its stages' modules are neither frozen nor
+    hashed, and a second run serves none of them."""
+    from stagegraph.core import memo
+
+    frozen: list[int] = []
+    freeze_ = memo.freeze
+
+    def counting(module, limit):
+        frozen.append(limit)
+        return freeze_(module, limit)
+
+    monkeypatch.setattr("stagegraph.core.engine.freeze", counting)
+    engine = Engine(memo_bytes=16)  # the matmul payload is larger
+    first = engine.run(linear_graph(), MATMUL_MLIR)
+    assert frozen == [0]  # the payload input, measured
+    assert engine.run(linear_graph(), MATMUL_MLIR).trace.executed() == first.trace.executed()
 
 
 def test_a_stage_that_does_not_change_its_module_gets_no_snapshot(tmp_path):
@@ -139,7 +176,7 @@ def test_a_stage_that_does_not_change_its_module_gets_no_snapshot(tmp_path):
     graph = Graph("peek", [verify("load"), analyze("peek")],
                   ["payload -> load.module", "load.module -> peek.module"], [PAYLOAD])  # fmt: skip
     event = type("Event", (), {"graph": graph, "stage": graph.stages["peek"],
-                               "inputs": {"module": module}})()  # fmt: skip
+                               "inputs": {"module": module}, "module_bytes": 10})()  # fmt: skip
     hook = ReproducerHook(tmp_path)
     hook.before_stage(event)
     assert hook._pending["module"] is module

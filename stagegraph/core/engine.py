@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagegraph.core.graph import Graph, GraphInput
-from stagegraph.core.memo import MEMO_BYTES, FrozenModule, Memo, freeze
+from stagegraph.core.memo import MEMO_BYTES, FrozenModule, Memo, freeze, unmemoized_hash
 from stagegraph.core.ports import Binary, Facts, Module, Params, Schema
 from stagegraph.core.stage import Stage
 from stagegraph.errors import ConfigError, StageFailed, StagegraphError, StageOutputError
@@ -63,6 +63,9 @@ class StageEvent:
     inputs: dict[str, Value]
     outputs: dict[str, Value] = field(default_factory=dict)
     record: StageRecord | None = None
+    #: Bytecode bytes of the run's payload module (every stage's module carries its
+    #: weights): hooks that copy modules decide by it (None: not measured).
+    module_bytes: int | None = None
 
 
 class Hook:
@@ -159,6 +162,7 @@ class Engine:
         self.cache_dir = cache_dir
         self._context = context
         self._cache = Memo(memo_bytes)
+        self._module_bytes: int | None = None  # of the current run's payload module
         self._disk: Any = None
 
     @property
@@ -246,6 +250,7 @@ class Engine:
             StageFailed: a stage raised; the error names the stage and carries diagnostics.
         """
         provided = self.payload_inputs(graph, source)
+        self._module_bytes = None
         order = graph.order()
         last = order[-1]
         if until is not None:
@@ -271,7 +276,7 @@ class Engine:
                     raise StagegraphError(f"graph {graph.name!r}: no value for input {node!r}")
                 value = self._bind_input(graph, spec, provided[node])
                 values[(node, "value")] = value
-                hashes[(node, "value")] = content_hash(value) if self.cache_enabled else ""
+                hashes[(node, "value")] = self._input_hash(value)
                 continue
             stage = graph.stages[node]
             inputs, input_hashes = {}, {}
@@ -305,6 +310,15 @@ class Engine:
                     counts[(node, port)] = record.ops_out
         return RunResult(graph, values, Trace(graph=graph.name, records=tuple(records)), last)
 
+    def _input_hash(self, value: Value) -> str:
+        """The hash of a graph input; a module's bytecode size is noted on the way (see
+        :attr:`StageEvent.module_bytes`)."""
+        if not isinstance(value, Module):
+            return content_hash(value) if self.cache_enabled else ""
+        _, digest, size = freeze(value, 0)
+        self._module_bytes = max(self._module_bytes or 0, size)
+        return digest if self.cache_enabled else ""
+
     def _run_stage(
         self,
         graph: Graph,
@@ -316,7 +330,7 @@ class Engine:
         """Run (or replay from the memo) one stage, between the hooks. ``ops_in``: the op
         count of its module input when the stage that made it counted it already (counting
         walks every op: for a large LLVM-dialect module, a good part of a second)."""
-        event = StageEvent(graph, stage, inputs)
+        event = StageEvent(graph, stage, inputs, module_bytes=self._module_bytes)
         for hook in self.hooks:
             hook.before_stage(event)
         key = self._memo_key(stage, input_hashes)
@@ -379,9 +393,12 @@ class Engine:
         if not self.cache_enabled:  # hashes only make memo keys: none without a memo
             return outputs, dict.fromkeys(outputs, ""), False
         stored, out_hashes = {}, {}
+        past_budget = (self._module_bytes or 0) > self._cache.budget and disk is None
         for port, value in outputs.items():
-            if isinstance(value, Module):  # frozen only within the memo's budget
-                stored[port], out_hashes[port] = freeze(value, self._cache.budget)
+            if isinstance(value, Module) and past_budget:  # see stagegraph.core.memo
+                stored[port], out_hashes[port] = None, unmemoized_hash()
+            elif isinstance(value, Module):  # frozen only within the memo's budget
+                stored[port], out_hashes[port], _ = freeze(value, self._cache.budget)
             else:
                 stored[port], out_hashes[port] = value, content_hash(value)
         if cacheable:

@@ -6,8 +6,11 @@ every stage, VGG-16's 552 MB of weights were held once per stage (gigabytes for 
 that never asks for them again). So the memo keeps frozen modules within a byte budget
 (:data:`MEMO_BYTES`), evicting the least recently used entries first; a module larger
 than the whole budget is not kept at all, and its stage simply runs again when asked.
-Hashes (the keys of the stages downstream) are computed either way, as the bytecode is
-written, without holding it.
+Hashes (the keys of the stages downstream) are computed as the bytecode is written,
+without holding it; in a run whose payload module is past the budget (its stages' modules
+carry the same weights) module outputs are neither frozen nor hashed: writing and
+hashing VGG-16's bytecode after every stage cost more CPU than most stages
+(:func:`unmemoized_hash`), unless a persistent cache (``--cache DIR``) needs real keys.
 """
 
 from __future__ import annotations
@@ -67,15 +70,24 @@ class FrozenModule:
         return self.kind(ir.Module.parse(self.data, self.context), self.level)
 
 
-def freeze(module: Module, limit: int) -> tuple[FrozenModule | None, str]:
-    """The module's bytecode hash, and its frozen copy when the bytecode has at most
-    ``limit`` bytes (else None: only the hash is made, nothing is held)."""
+def freeze(module: Module, limit: int) -> tuple[FrozenModule | None, str, int]:
+    """The module's bytecode hash and size, and its frozen copy when the bytecode has at
+    most ``limit`` bytes (else None: only the hash is made, nothing is held)."""
     sink = _BoundedSink(limit)
     module.ir.operation.write_bytecode(sink)
     digest = sink.digest.hexdigest()
     if sink.chunks is None:
-        return None, digest
-    return FrozenModule(module, b"".join(sink.chunks), digest), digest
+        return None, digest, sink.size
+    return FrozenModule(module, b"".join(sink.chunks), digest), digest, sink.size
+
+
+def unmemoized_hash() -> str:
+    """A hash no other value has: for a module the memo will not keep (a run whose
+    payload is past the budget), so that no bytecode is written only to hash it, and no
+    later stage is served on it."""
+    import uuid
+
+    return f"unmemoized-{uuid.uuid4().hex}"
 
 
 def _entry_bytes(stored: dict[str, Any]) -> int:
@@ -120,4 +132,4 @@ class Memo:
         self.used = 0
 
 
-__all__ = ["MEMO_BYTES", "FrozenModule", "Memo", "freeze"]
+__all__ = ["MEMO_BYTES", "FrozenModule", "Memo", "freeze", "unmemoized_hash"]

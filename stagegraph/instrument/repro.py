@@ -56,23 +56,29 @@ class ReproducerHook(Hook):
     def __init__(self, directory: str | Path | None = None) -> None:
         self.directory = Path(directory) if directory else default_directory()
         self._pending: dict[str, Any] = {}
+        self._as_left = False
 
     def before_stage(self, event: StageEvent) -> None:
         # Bytecode, not text: every stage pays for this snapshot, only a failing one needs
         # the text (printing a large module before each stage cost seconds). A stage that
         # does not change its module needs none: the module itself is its input.
-        mutates = event.stage.factory.mutates
+        # Past SNAPSHOT_BYTES (a real-size model: writing its weights before every stage
+        # cost more than most stages), the reproducer gets the module as the stage left it.
+        size = getattr(event, "module_bytes", None) or 0  # a hand-made event may lack it
+        snapshot = event.stage.factory.mutates and size <= SNAPSHOT_BYTES
         self._pending = {
-            port: _Snapshot(value) if isinstance(value, Module) and mutates else value
+            port: _Snapshot(value) if isinstance(value, Module) and snapshot else value
             for port, value in event.inputs.items()
         }
+        self._as_left = event.stage.factory.mutates and not snapshot
 
     def on_failure(self, event: StageEvent, error: BaseException) -> str | None:
         stage = event.stage
         try:
             target = unique_folder(self.directory, f"{event.graph.name}-{stage.name}")
+            note = AS_LEFT_NOTE if self._as_left else ""
             inputs = {
-                port: value.text() if isinstance(value, _Snapshot | Module) else value
+                port: note + value.text() if isinstance(value, _Snapshot | Module) else value
                 for port, value in self._pending.items()
             }
             write_reproducer(target, event.graph.name, stage, inputs, str(error))
@@ -83,16 +89,10 @@ class ReproducerHook(Hook):
 
 class _Snapshot:
     """A module as it was before a stage ran, kept as bytecode until a reproducer needs
-    its text: in memory, or past :data:`SPILL_BYTES` in a temporary file (a model's
-    weights are not held once more in memory while each stage runs)."""
+    its text."""
 
     def __init__(self, module: Module) -> None:
-        self._sink = _SpillingSink()
-        module.ir.operation.write_bytecode(self._sink)
-
-    @property
-    def bytecode(self) -> bytes:
-        return self._sink.read()
+        self.bytecode = module.bytecode()
 
     def text(self) -> str:
         """The module as MLIR assembly (parsed back in a context of its own)."""
@@ -102,36 +102,13 @@ class _Snapshot:
         return str(ir.Module.parse(self.bytecode, context))
 
 
-#: Snapshots larger than this go to a temporary file instead of memory.
-SPILL_BYTES = 64 * 2**20
-
-
-class _SpillingSink:
-    """Keeps written chunks in memory until they pass :data:`SPILL_BYTES`, then writes
-    them, and everything after, to a temporary file (deleted with the sink)."""
-
-    def __init__(self) -> None:
-        self.chunks: list[bytes] = []
-        self.size = 0
-        self.file: Any = None
-
-    def write(self, chunk: bytes) -> int:
-        self.size += len(chunk)
-        if self.file is not None:
-            return self.file.write(chunk)
-        self.chunks.append(bytes(chunk))
-        if self.size > SPILL_BYTES:
-            self.file = tempfile.TemporaryFile()  # noqa: SIM115 -- lives as long as the sink
-            self.file.writelines(self.chunks)
-            self.chunks = []
-        return len(chunk)
-
-    def read(self) -> bytes:
-        """Everything written."""
-        if self.file is None:
-            return b"".join(self.chunks)
-        self.file.seek(0)
-        return self.file.read()
+#: Payload modules past this many bytes of bytecode are not snapshotted before each stage.
+SNAPSHOT_BYTES = 256 * 2**20
+#: The first line of a reproducer's input taken after the stage failed, not before it ran.
+AS_LEFT_NOTE = (
+    "// stagegraph: the module as the failing stage left it (a module this large is not\n"
+    "// copied before every stage); rerun with the module of the stage before it to repeat.\n"
+)
 
 
 def _import_path(factory: StageFactory) -> str:
