@@ -80,9 +80,11 @@ def child(spec: str) -> dict:
 def measure(spec: str, limit_gb: float, timeout_s: float) -> dict:
     """Run :func:`child` in a fresh process under the address-space limit."""
 
-    def limit() -> None:
+    def limit() -> None:  # never above a limit this process is under (ulimit -v)
+        _, hard = resource.getrlimit(resource.RLIMIT_AS)
         size = int(limit_gb * 2**30)
-        resource.setrlimit(resource.RLIMIT_AS, (size, size))
+        size = size if hard == resource.RLIM_INFINITY else min(size, hard)
+        resource.setrlimit(resource.RLIMIT_AS, (size, hard))
 
     command = [sys.executable, __file__, "--child", spec]
     try:
