@@ -65,3 +65,32 @@ def test_torch_mlir_is_as_it_was_after_the_import():
     after = (fx_importer._make_vtensor_literal_op, fx.run_pipeline_with_repro_report,
              compiler_utils.run_pipeline_with_repro_report)  # fmt: skip
     assert after == before
+
+
+def test_the_imported_model_stays_as_it_was_without_a_pristine_copy(tmp_path):
+    """The workload never runs ``problem.model`` (export traces it; the eager reference
+    runs a copy), so copies for the peers come from it and none is kept beside it."""
+    import torch
+
+    from stagegraph.workload.torch_model import from_torch
+
+    class Counting(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norm = torch.nn.BatchNorm2d(4)  # training mode: updates its statistics
+            self.register_buffer("calls", torch.zeros(1))
+
+        def forward(self, x):
+            self.calls.add_(1)
+            return self.norm(x)
+
+    workload = from_torch(Counting().train(), (torch.rand(2, 4, 3, 3),))
+    model = workload.problem.model
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    workload.prepare()  # export, import and the eager reference run
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    copy = workload.torch_model()
+    assert copy is not model
+    copy(torch.rand(2, 4, 3, 3))
+    assert model.calls.item() == 0 and copy.calls.item() == 1
+    assert not any("pristine" in name for name in vars(workload))
