@@ -1,8 +1,9 @@
 """The engine: resolves a graph for one payload.
 
-It orders the stages, hands each mutating consumer of a shared module its own copy, serves
-unchanged stages from a content-keyed memo cache, captures MLIR diagnostics, and records a
-trace. Instrumentation (IR dumps, reproducers, verification) plugs in through :class:`Hook`.
+It orders the stages, hands a mutating consumer of a module that another stage reads or
+changes its own copy, serves unchanged stages from a content-keyed memo cache (bounded in
+bytes), captures MLIR diagnostics, and records a trace. Instrumentation (IR dumps,
+reproducers, verification) plugs in through :class:`Hook`.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from stagegraph.core.graph import Graph, GraphInput
+from stagegraph.core.memo import MEMO_BYTES, FrozenModule, Memo, freeze, unmemoized_hash
 from stagegraph.core.ports import Binary, Facts, Module, Params, Schema
 from stagegraph.core.stage import Stage
 from stagegraph.errors import ConfigError, StageFailed, StagegraphError, StageOutputError
@@ -61,6 +63,9 @@ class StageEvent:
     inputs: dict[str, Value]
     outputs: dict[str, Value] = field(default_factory=dict)
     record: StageRecord | None = None
+    #: Bytecode bytes of the run's payload module (every stage's module carries its
+    #: weights): hooks that copy modules decide by it (None: not measured).
+    module_bytes: int | None = None
 
 
 class Hook:
@@ -140,6 +145,8 @@ class Engine:
         context: the MLIR context (default: a new one on first use).
         cache_dir: also keep stage results in this folder, so another process (a second
             ``--cache DIR`` run) replays unchanged stages (see :mod:`stagegraph.core.cache`).
+        memo_bytes: the most bytes of frozen modules the memo keeps (see
+            :mod:`stagegraph.core.memo`: a real-size model's modules do not fit).
     """
 
     def __init__(
@@ -148,12 +155,14 @@ class Engine:
         cache: bool = True,
         context: Any = None,
         cache_dir: str | None = None,
+        memo_bytes: int = MEMO_BYTES,
     ):
         self.hooks = list(hooks)
         self.cache_enabled = cache
         self.cache_dir = cache_dir
         self._context = context
-        self._cache: dict[str, tuple[dict[str, Value], dict[str, str]]] = {}
+        self._cache = Memo(memo_bytes)
+        self._module_bytes: int | None = None  # of the current run's payload module
         self._disk: Any = None
 
     @property
@@ -241,6 +250,7 @@ class Engine:
             StageFailed: a stage raised; the error names the stage and carries diagnostics.
         """
         provided = self.payload_inputs(graph, source)
+        self._module_bytes = None
         order = graph.order()
         last = order[-1]
         if until is not None:
@@ -248,10 +258,13 @@ class Engine:
             keep = graph.ancestors(last) | {last}
             order = [n for n in order if n in keep]
         executing = set(order)
-        consumers: dict[Key, list[str]] = {}
+        unread: dict[Key, int] = {}  # per value, the edges into stages still to run
+        mutators: dict[Key, int] = {}  # per value, the stages that change it in place
         for e in graph.edges:
             if e.dst in executing:
-                consumers.setdefault((e.src, e.src_port), []).append(e.dst)
+                unread[(e.src, e.src_port)] = unread.get((e.src, e.src_port), 0) + 1
+                if e.dst in graph.stages and graph.stages[e.dst].factory.mutates:
+                    mutators[(e.src, e.src_port)] = mutators.get((e.src, e.src_port), 0) + 1
         values: dict[Key, Value] = {}
         hashes: dict[Key, str] = {}
         counts: dict[Key, int | None] = {}  # ops of each module output, counted once
@@ -263,7 +276,7 @@ class Engine:
                     raise StagegraphError(f"graph {graph.name!r}: no value for input {node!r}")
                 value = self._bind_input(graph, spec, provided[node])
                 values[(node, "value")] = value
-                hashes[(node, "value")] = content_hash(value) if self.cache_enabled else ""
+                hashes[(node, "value")] = self._input_hash(value)
                 continue
             stage = graph.stages[node]
             inputs, input_hashes = {}, {}
@@ -272,8 +285,17 @@ class Engine:
                 value = values[(e.src, e.src_port)]
                 if isinstance(value, Module) and ops_in is None:
                     ops_in = counts.get((e.src, e.src_port))
-                shared = len(consumers.get((e.src, e.src_port), [])) > 1
-                if isinstance(value, Module) and stage.factory.mutates and shared:
+                unread[(e.src, e.src_port)] -= 1
+                # A copy when another stage still reads the module, or another changes it
+                # too (each branch of a fan-out keeps its own); the only one that changes
+                # it, reading it after every other reader, takes it as it is (a model's
+                # weights are not copied for nothing).
+                still_read = unread[(e.src, e.src_port)] > 0
+                if (
+                    isinstance(value, Module)
+                    and stage.factory.mutates
+                    and (still_read or mutators.get((e.src, e.src_port), 0) > 1)
+                ):
                     value = value.clone()
                 inputs[e.dst_port] = value
                 input_hashes[e.dst_port] = hashes[(e.src, e.src_port)]
@@ -288,6 +310,15 @@ class Engine:
                     counts[(node, port)] = record.ops_out
         return RunResult(graph, values, Trace(graph=graph.name, records=tuple(records)), last)
 
+    def _input_hash(self, value: Value) -> str:
+        """The hash of a graph input; a module's bytecode size is noted on the way (see
+        :attr:`StageEvent.module_bytes`)."""
+        if not isinstance(value, Module):
+            return content_hash(value) if self.cache_enabled else ""
+        _, digest, size = freeze(value, 0)
+        self._module_bytes = max(self._module_bytes or 0, size)
+        return digest if self.cache_enabled else ""
+
     def _run_stage(
         self,
         graph: Graph,
@@ -299,7 +330,7 @@ class Engine:
         """Run (or replay from the memo) one stage, between the hooks. ``ops_in``: the op
         count of its module input when the stage that made it counted it already (counting
         walks every op: for a large LLVM-dialect module, a good part of a second)."""
-        event = StageEvent(graph, stage, inputs)
+        event = StageEvent(graph, stage, inputs, module_bytes=self._module_bytes)
         for hook in self.hooks:
             hook.before_stage(event)
         key = self._memo_key(stage, input_hashes)
@@ -354,20 +385,25 @@ class Engine:
         if cacheable and key not in self._cache and disk is not None:
             found = disk.load(key, self.context, stage.name)
             if found is not None:
-                self._cache[key] = found
+                self._cache.put(key, *found)
         if cacheable and key in self._cache:
-            stored, out_hashes = self._cache[key]
+            stored, out_hashes = self._cache.get(key)
             return {p: _thaw(v) for p, v in stored.items()}, out_hashes, True
         outputs = self._call(graph, stage, event)
         if not self.cache_enabled:  # hashes only make memo keys: none without a memo
             return outputs, dict.fromkeys(outputs, ""), False
-        stored = {p: _freeze(v) for p, v in outputs.items()}
-        out_hashes = {
-            p: v.content_hash() if isinstance(v, _FrozenModule) else content_hash(v)
-            for p, v in stored.items()
-        }
+        stored, out_hashes = {}, {}
+        past_budget = (self._module_bytes or 0) > self._cache.budget and disk is None
+        for port, value in outputs.items():
+            if isinstance(value, Module) and past_budget:  # see stagegraph.core.memo
+                stored[port], out_hashes[port] = None, unmemoized_hash()
+            elif isinstance(value, Module):  # frozen only within the memo's budget
+                stored[port], out_hashes[port], _ = freeze(value, self._cache.budget)
+            else:
+                stored[port], out_hashes[port] = value, content_hash(value)
         if cacheable:
-            self._cache[key] = (stored, out_hashes)
+            if all(v is not None for v in stored.values()):  # else the stage reruns
+                self._cache.put(key, stored, out_hashes)
             if disk is not None:
                 disk.store(key, stage.name, outputs, out_hashes)
         return outputs, out_hashes, False
@@ -402,39 +438,10 @@ class Engine:
             raise StageFailed(graph.name, stage.name, reason, found, reproducer) from exc
 
 
-class _FrozenModule:
-    """A module output as the memo keeps it: its bytecode, written once for both its
-    content hash and the copy a later run is served (the next stage mutates the module
-    itself). Parsing it back is left to a run that hits the memo: a one-shot compile
-    never pays for it."""
-
-    __slots__ = ("context", "data", "kind", "level")
-
-    def __init__(self, module: Module) -> None:
-        self.kind = type(module)
-        self.level = module.level
-        self.context = module.ir.context
-        self.data = module.bytecode()
-
-    def content_hash(self) -> str:
-        """The same hash as :meth:`Module.content_hash` of the module it was made from."""
-        return hashlib.sha256(self.data).hexdigest()
-
-    def thaw(self) -> Module:
-        """A fresh module, equal to the frozen one, in the context it came from."""
-        from stagegraph.mlir.bindings import ir
-
-        return self.kind(ir.Module.parse(self.data, self.context), self.level)
-
-
-def _freeze(value: Value) -> Value:
-    return _FrozenModule(value) if isinstance(value, Module) else value
-
-
 def _thaw(value: Value) -> Value:
     """A memo entry's value as a stage output: modules parsed (or, from the disk cache,
     cloned) afresh, so the stage that consumes it cannot change the entry."""
-    if isinstance(value, _FrozenModule):
+    if isinstance(value, FrozenModule):
         return value.thaw()
     return value.clone() if isinstance(value, Module) else value
 

@@ -108,8 +108,11 @@ class Module:
         return buffer.getvalue()
 
     def content_hash(self) -> str:
-        """Hash of the module's bytecode (equal modules write equal bytecode)."""
-        return hashlib.sha256(self.bytecode()).hexdigest()
+        """Hash of the module's bytecode (equal modules write equal bytecode), hashed as it
+        is written: a model's weights are not held a second time for it."""
+        from stagegraph.mlir.digest import bytecode_digest
+
+        return bytecode_digest(self.ir).hexdigest()
 
     def clone(self) -> Module:
         """A deep copy in the same context, for a second stage that mutates the module.

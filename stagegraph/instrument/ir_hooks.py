@@ -43,16 +43,18 @@ class DumpIR(Hook):
         self._before: str | None = None
 
     def before_stage(self, event: StageEvent) -> None:
+        # A hash, not the text: a model's text (its weights in hex) is not held per stage.
         module = next((v for v in event.inputs.values() if isinstance(v, Module)), None)
-        self._before = module.text() if module is not None else None
+        self._before = module.content_hash() if module is not None else None
 
     def after_stage(self, event: StageEvent) -> None:
         module = output_module(event)
-        if module is None or module.text() == self._before:
+        if module is None or module.content_hash() == self._before:
             return
         self.count += 1
         name = f"{self.count:02d}-{event.stage.name}.mlir"
-        (self.directory / name).write_text(module.text())
+        with open(self.directory / name, "w") as file:  # printed into the file as it goes
+            module.ir.operation.print(file=file)
         record = event.record
         self.index.append(
             {

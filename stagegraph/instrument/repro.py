@@ -56,25 +56,33 @@ class ReproducerHook(Hook):
     def __init__(self, directory: str | Path | None = None) -> None:
         self.directory = Path(directory) if directory else default_directory()
         self._pending: dict[str, Any] = {}
+        self._as_left = False
 
     def before_stage(self, event: StageEvent) -> None:
         # Bytecode, not text: every stage pays for this snapshot, only a failing one needs
-        # the text (printing a large module before each stage cost seconds).
+        # the text (printing a large module before each stage cost seconds). A stage that
+        # does not change its module needs none: the module itself is its input.
+        # Past SNAPSHOT_BYTES (a real-size model: writing its weights before every stage
+        # cost more than most stages), the reproducer gets the module as the stage left it.
+        size = getattr(event, "module_bytes", None) or 0  # a hand-made event may lack it
+        snapshot = event.stage.factory.mutates and size <= SNAPSHOT_BYTES
         self._pending = {
-            port: _Snapshot(value.bytecode()) if isinstance(value, Module) else value
+            port: _Snapshot(value) if isinstance(value, Module) and snapshot else value
             for port, value in event.inputs.items()
         }
+        self._as_left = event.stage.factory.mutates and not snapshot
 
     def on_failure(self, event: StageEvent, error: BaseException) -> str | None:
         stage = event.stage
         try:
             target = unique_folder(self.directory, f"{event.graph.name}-{stage.name}")
+            note = AS_LEFT_NOTE if self._as_left else ""
             inputs = {
-                port: value.text() if isinstance(value, _Snapshot) else value
+                port: note + value.text() if isinstance(value, _Snapshot | Module) else value
                 for port, value in self._pending.items()
             }
             write_reproducer(target, event.graph.name, stage, inputs, str(error))
-        except OSError:
+        except Exception:  # a module that does not print back (an empty blob), a full disk
             return None  # never hide the stage's own error behind a reproducer problem
         return str(target)
 
@@ -83,8 +91,8 @@ class _Snapshot:
     """A module as it was before a stage ran, kept as bytecode until a reproducer needs
     its text."""
 
-    def __init__(self, bytecode: bytes) -> None:
-        self.bytecode = bytecode
+    def __init__(self, module: Module) -> None:
+        self.bytecode = module.bytecode()
 
     def text(self) -> str:
         """The module as MLIR assembly (parsed back in a context of its own)."""
@@ -92,6 +100,15 @@ class _Snapshot:
 
         context = new_context()
         return str(ir.Module.parse(self.bytecode, context))
+
+
+#: Payload modules past this many bytes of bytecode are not snapshotted before each stage.
+SNAPSHOT_BYTES = 256 * 2**20
+#: The first line of a reproducer's input taken after the stage failed, not before it ran.
+AS_LEFT_NOTE = (
+    "// stagegraph: the module as the failing stage left it (a module this large is not\n"
+    "// copied before every stage); rerun with the module of the stage before it to repeat.\n"
+)
 
 
 def _import_path(factory: StageFactory) -> str:

@@ -92,6 +92,33 @@ def parse_capturing(
         handle.detach()
 
 
+#: The first bytes of an MLIR bytecode file.
+BYTECODE_MAGIC = b"ML\xefR"
+
+
+def is_bytecode(path: Any) -> bool:
+    """Whether the file at ``path`` holds MLIR bytecode (not assembly)."""
+    with open(path, "rb") as file:
+        return file.read(len(BYTECODE_MAGIC)) == BYTECODE_MAGIC
+
+
+def parse_file_quietly(path: Any, context: Any) -> Any | None:
+    """The module of the file at ``path`` (assembly or bytecode), parsed by MLIR from the
+    file itself: no Python string of it is made (a model's weights print as hex, twice
+    their size). None when it does not parse; the caller parses the text then, for
+    located diagnostics (its diagnostics here are dropped)."""
+    from stagegraph.mlir.bindings import ir
+
+    handle = context.attach_diagnostic_handler(lambda _diag: True)
+    try:
+        with context:
+            return ir.Module.parseFile(str(path))
+    except ir.MLIRError:
+        return None
+    finally:
+        handle.detach()
+
+
 def parse_module(text: str, context: Any, source: str = "<payload>") -> Any:
     """Parse MLIR assembly, turning parse errors into a PayloadError with file:line:col."""
     module, diagnostics, error = parse_capturing(text, context, source)

@@ -28,13 +28,13 @@ from __future__ import annotations
 import ctypes
 import functools
 import importlib
-import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from stagegraph.mlir.bindings import ROOT, execution_engine, ir
+from stagegraph.mlir.digest import bytecode_size
 
 #: C API getter suffix and numpy dtype per element type (signless integers and floats; the
 #: C API has no getter for f16/bf16, whose globals stay as they are).
@@ -136,15 +136,16 @@ def has_blob(attr: Any, nbytes: int) -> bool:
         scratch = ir.Module.create()
         with ir.InsertionPoint(scratch.body):
             arith.ConstantOp(attr.type, attr)
-        buffer = io.BytesIO()
-        scratch.operation.write_bytecode(buffer)
-    return buffer.getbuffer().nbytes >= nbytes
+        size = bytecode_size(scratch)  # counted as written: the blob is not copied
+    return size >= nbytes
 
 
-def resource_values(attr: Any) -> np.ndarray | None:
+def resource_values(attr: Any, into: np.ndarray | None = None) -> np.ndarray | None:
     """The elements of a ``dense_resource`` attribute as a one-dimensional array (row-major
     order), or ``None`` when its element type has no C API getter, it is smaller than
-    :data:`MIN_BYTES` or it has no data."""
+    :data:`MIN_BYTES` or it has no data. ``into``: a contiguous buffer of exactly the
+    elements' bytes to write them into (no second copy of a large weight); its view as
+    the element type is returned."""
     shaped = ir.ShapedType(attr.type)
     key = element_key(shaped.element_type)
     if key is None or _as(ir.DenseResourceElementsAttr, attr) is None:
@@ -156,7 +157,9 @@ def resource_values(attr: Any) -> np.ndarray | None:
         return None
     getter = getattr(_capi_library(), f"mlirDense{suffix}ResourceElementsAttrGetValue")
     _engine, loops = _copier()
-    out = np.empty(count, dtype)
+    if into is not None and into.nbytes != nbytes:
+        raise ValueError(f"resource_values: {into.nbytes} bytes given for {nbytes}")
+    out = np.empty(count, dtype) if into is None else into.view(dtype)
     arguments = [
         ctypes.c_void_p(_capsule_pointer(attr._CAPIPtr)),
         ctypes.c_void_p(ctypes.cast(getter, ctypes.c_void_p).value),

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import hashlib
 import io
 import os
 import re
@@ -16,6 +15,8 @@ from typing import Any
 
 from stagegraph.errors import EmitError
 from stagegraph.mlir.bindings import execution_engine
+from stagegraph.mlir.digest import bytecode_digest
+from stagegraph.mlir.jit_weights import weights_outside
 from stagegraph.mlir.walk import children
 from stagegraph.runtime.heap import keep_heap_pages
 from stagegraph.runtime.memref import (
@@ -33,9 +34,7 @@ _PACKED = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 def build_key(module: Any, *options: object) -> str:
     """Content hash of a module (as bytecode: printing a large LLVM-dialect module as text
     costs over a second) and the build options."""
-    buffer = io.BytesIO()
-    getattr(module, "operation", module).write_bytecode(buffer)
-    digest = hashlib.sha256(buffer.getvalue())
+    digest = bytecode_digest(module)  # hashed as written: the weights are not held again
     for option in options:
         digest.update(repr(option).encode())
     return digest.hexdigest()
@@ -80,9 +79,14 @@ class JitBinary(CallableBinary):
                 if "sym_name" in op.attributes
                 and op.attributes["sym_name"].value.startswith(CIFACE_PREFIX)
             )
-            self.engine = execution_engine.ExecutionEngine(
-                module, opt_level=opt_level, shared_libs=libs
-            )
+            # Large weights reach the JIT as buffers, not LLVM constants (memory and time:
+            # see stagegraph.mlir.jit_weights); no object cache, nothing dumps this engine.
+            with weights_outside(module) as self.weights:
+                self.engine = execution_engine.ExecutionEngine(
+                    module, opt_level=opt_level, shared_libs=libs, enable_object_dump=False
+                )
+            for name, buffer in self.weights.items():  # before any lookup compiles the code
+                self.engine.raw_register_runtime(name, ctypes.c_void_p(buffer.ctypes.data))
         self._functions: dict[str, Callable[[Any], None]] = {}
         for entry in sorted(self.entries):  # compile now: a missing symbol fails here
             self.function(entry)

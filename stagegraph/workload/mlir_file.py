@@ -73,8 +73,7 @@ class MlirFileWorkload(Workload):
         super().__init__(**values)
         self.path = Path(path)
         self.name = self.path.stem
-        self.text = self.path.read_text()
-        self._summary = _summarize(self.path, self.text, self.params.entry)
+        self._summary = _summarize(self.path, self.params.entry)
         self.entry = self._summary.entry
         self._npz_names = _check_npz(self.npz_path, self._summary)
 
@@ -90,6 +89,17 @@ class MlirFileWorkload(Workload):
         return (functools.partial(MlirFileWorkload, self.path, **options), ())
 
     @property
+    def text(self) -> str:
+        """The file's text, read when asked for, not kept: a model's weights print as hex,
+        twice their size (VGG-16: 1.1 GB held for the whole run). A bytecode file (a
+        PyTorch model's import) is printed."""
+        from stagegraph.mlir.diagnostics import is_bytecode
+
+        if is_bytecode(self.path):
+            return str(_parse(self.path, None))
+        return self.path.read_text()
+
+    @property
     def npz_path(self) -> Path:
         return self.path.with_suffix(".npz")
 
@@ -100,7 +110,7 @@ class MlirFileWorkload(Workload):
         from stagegraph.mlir.functions import entry_function
 
         context = context or new_context()
-        module = _parse(self.path, self.text, context)
+        module = _parse(self.path, context)
         summary = self._summary
         if summary.arguments or summary.results:
             with context:
@@ -204,17 +214,24 @@ class MlirFileWorkload(Workload):
 # ---------------------------------------------------------------- parsing
 
 
-def _parse(path: Path, text: str, context: ir.Context) -> ir.Module:
-    """Parse with diagnostics located as ``file:line:column``; unregistered ops named."""
-    from stagegraph.mlir.diagnostics import parse_payload
+def _parse(path: Path, context: ir.Context | None) -> ir.Module:
+    """Parse the file (by MLIR, from the file: no string of it is held); if that fails,
+    parse its text again for diagnostics located as ``file:line:column`` and unregistered
+    ops named (or rewritten: see :func:`~stagegraph.mlir.diagnostics.parse_payload`)."""
+    from stagegraph.mlir.bindings import new_context
+    from stagegraph.mlir.diagnostics import parse_file_quietly, parse_payload
 
-    return parse_payload(text, context, source=str(path))
+    context = context or new_context()
+    module = parse_file_quietly(path, context)
+    if module is not None:
+        return module
+    return parse_payload(path.read_text(errors="replace"), context, source=str(path))
 
 
 # ---------------------------------------------------------------- inspection
 
 
-def _summarize(path: Path, text: str, entry: str | None) -> _Summary:
+def _summarize(path: Path, entry: str | None) -> _Summary:
     """Signature of the file's entry (by the entry rule the graphs' cost models use);
     dynamic sizes specialized to the arrays of the ``.npz`` beside the file when it has
     them. Flops and the longest reduction come later, when asked for (``_costs``)."""
@@ -223,7 +240,7 @@ def _summarize(path: Path, text: str, entry: str | None) -> _Summary:
     from stagegraph.mlir.functions import entry_function, function_name
 
     context = new_context()
-    module = _parse(path, text, context)
+    module = _parse(path, context)
     with context:
         try:
             function = entry_function(module, entry)

@@ -131,13 +131,16 @@ class TorchWorkload(Workload):
             if isinstance(module, torch.nn.modules.dropout._DropoutNd):
                 module.eval()
             register_tensor_attributes(module)
-        self._pristine = copy.deepcopy(problem.model)
         return problem
 
     def torch_model(self) -> Any:
-        """A fresh copy of the model in its state before any call (for a peer's runs)."""
-        self.problem  # noqa: B018 -- builds the pristine copy
-        return copy.deepcopy(self._pristine)
+        """A fresh copy of the model in its state before any call (for a peer's runs).
+
+        Copied from ``problem.model`` itself, which stays as it was: the workload never
+        runs it (``torch.export`` traces it with fake tensors, buffers untouched; the
+        eager reference runs a copy), so no second pristine copy of the weights is kept
+        for the whole run (VGG-16: 528 MiB)."""
+        return copy.deepcopy(self.problem.model)
 
     def torch_inputs(self) -> list[Any]:
         return list(self.problem.inputs)
@@ -169,18 +172,18 @@ class TorchWorkload(Workload):
             PayloadError: ``torch.export`` or torch-mlir cannot take the model (the message
                 names the op), or the eager run fails.
         """
-        from stagegraph.mlir.torch_import import import_program
+        from stagegraph.mlir.torch_import import import_program_to
         from stagegraph.workload.mlir_file import MlirFileWorkload
 
         problem = self.problem
         program = export(problem)
-        text, signature = import_program(program, problem.what)
-        arrays, self._output_tree = eager_arrays(self.torch_model(), problem, signature)
-        self._mutations = updated_inputs(signature)
         folder = Path(tempfile.mkdtemp(prefix=f"stagegraph-torch-{self.name}-"))
         weakref.finalize(self, shutil.rmtree, folder, True)
-        path = folder / f"{self.name}.mlir"
-        path.write_text(text)
+        path = folder / f"{self.name}.{_payload_suffix()}"
+        signature = import_program_to(program, problem.what, path)
+        del program  # its decomposed copy of the weights: not needed for the eager run
+        arrays, self._output_tree = eager_arrays(self.torch_model(), problem, signature)
+        self._mutations = updated_inputs(signature)
         np.savez(path.with_suffix(".npz"), **arrays)
         try:
             return MlirFileWorkload(path)
@@ -219,10 +222,14 @@ class TorchWorkload(Workload):
         """Write ``<name>.mlir`` and ``<name>.npz`` to ``directory`` (runs without PyTorch)."""
         folder = Path(directory)
         folder.mkdir(parents=True, exist_ok=True)
-        written = []
-        for source in (self.imported.path, self.imported.npz_path):
-            written.append(Path(shutil.copyfile(source, folder / source.name)))
-        return written
+        text = folder / f"{self.name}.mlir"
+        if self.imported.path.suffix == ".mlir":
+            shutil.copyfile(self.imported.path, text)
+        else:  # imported as bytecode: saved as text, for any MLIR tool to read
+            with open(text, "w") as file:
+                self.imported.payload().operation.print(file=file)
+        npz = self.imported.npz_path
+        return [text, Path(shutil.copyfile(npz, folder / npz.name))]
 
     # -- the Workload interface, served by the imported file
     def payload(self, context: ir.Context | None = None) -> ir.Module:
@@ -250,6 +257,15 @@ class TorchWorkload(Workload):
 
 
 # ---------------------------------------------------------------- specs
+
+
+def _payload_suffix() -> str:
+    """The imported payload's file type: bytecode where stagegraph reads it with the
+    importer's own MLIR (torch-mlir's bindings), else text (another MLIR may not read
+    the importer's bytecode)."""
+    from stagegraph.mlir.bindings import ROOT
+
+    return "mlirbc" if ROOT == "torch_mlir" else "mlir"
 
 
 def parse_problem_spec(text: str) -> TorchWorkload:

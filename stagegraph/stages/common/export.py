@@ -139,6 +139,7 @@ def export_module(
     """
     from stagegraph.runtime.memref import read_signatures
     from stagegraph.runtime.shared import emit_object
+    from stagegraph.stages.common.flat_globals import flat_globals_while
     from stagegraph.stages.common.lowering import raise_not_lowered, survey_llvm_level
 
     check_symbol(symbol)
@@ -156,7 +157,8 @@ def export_module(
                         module_target(module), tuple(lib for _, lib in needs))  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="stagegraph-export-") as scratch:
         work = Path(scratch)
-        raw = emit_object(module, work / "raw.o", opt_level=opt_level, shared_libs=paths)
+        with flat_globals_while(module):  # weights: one LLVM constant each, not per row
+            raw = emit_object(module, work / "raw.o", opt_level=opt_level, shared_libs=paths)
         (work / header_name).write_text(header)
         wrapper = wrapper_source(header_name, symbol, ciface, arguments, results)
         obj = export_object(raw, object_path or work / "export.o", entry=signature.entry,

@@ -17,6 +17,8 @@ initializer change, and its alignment stays at least the element's.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 from stagegraph.mlir.bindings import ir
@@ -36,11 +38,36 @@ def _innermost(array_type: Any) -> tuple[Any, int, int]:
     return current, count, depth
 
 
-def flatten_constant_globals(module: Any) -> int:
+_CHANGED = ("global_type", "value", "alignment")
+
+
+@contextlib.contextmanager
+def flat_globals_while(module: Any) -> Iterator[int]:
+    """The module's constant globals flattened (:func:`flatten_constant_globals`) while the
+    block runs (it writes an object file; yields how many changed), and as they were
+    after it. The JIT needs no flat globals (it gets large ones as buffers,
+    :mod:`stagegraph.mlir.jit_weights`), so lowering leaves them nested, and a flat copy
+    of the weights is made only for a file that carries them."""
+    saved: list[tuple[Any, dict[str, Any]]] = []
+    try:
+        with module.context:
+            yield flatten_constant_globals(module, saved)
+    finally:
+        for op, before in saved:
+            with op.context:
+                for name in _CHANGED:
+                    if name in before:
+                        op.attributes[name] = before[name]
+                    elif name in op.attributes:
+                        del op.attributes[name]
+
+
+def flatten_constant_globals(module: Any, saved: list[Any] | None = None) -> int:
     """Give every initialized global of nested arrays of scalars a one-dimensional byte
     type and initializer in ``module`` (LLVM dialect); returns how many changed. Globals whose
     elements cannot be read (f16/bf16 ``dense_resource`` blobs, splats) stay as they are:
-    slower to translate, equally correct."""
+    slower to translate, equally correct. ``saved``: gets each changed op with its
+    attributes as they were."""
     changed = 0
     for op in children(module.operation):  # iterating the body would import the llvm module
         if op.name != "llvm.mlir.global" or "value" not in op.attributes:
@@ -57,6 +84,8 @@ def flatten_constant_globals(module: Any) -> int:
         flat = flat_bytes(value, f"{name}_bytes")
         if flat is None:
             continue
+        if saved is not None:
+            saved.append((op, {n: op.attributes[n] for n in _CHANGED if n in op.attributes}))
         size = ir.ShapedType(flat.type).shape[0]
         byte = ir.IntegerType.get_signless(8, module.context)
         op.attributes["global_type"] = ir.TypeAttr.get(llvm.ArrayType.get(byte, size))
@@ -71,4 +100,4 @@ def flatten_constant_globals(module: Any) -> int:
     return changed
 
 
-__all__ = ["flatten_constant_globals"]
+__all__ = ["flat_globals_while", "flatten_constant_globals"]

@@ -185,7 +185,11 @@ def returns_buffers(module) -> bool:
 def verify(module: TensorModule, config: PipelineConfig) -> TensorModule:
     """The payload as given, verified (and optionally cleaned up by ``pipeline``); named
     aggregates such as ``linalg.softmax`` decomposed into the generic ops they stand for,
-    so every later stage (analysis, schedules, lowering to loops) sees only ops it knows."""
+    so every later stage (analysis, schedules, lowering to loops) sees only ops it knows.
+    A tensor of no elements is refused here (:mod:`.empty_tensors`)."""
+    from stagegraph.stages.common.empty_tensors import refuse_empty_tensors
+
+    refuse_empty_tensors(module.ir)
     decompose_aggregated_ops(module.ir)
     return run_pipeline(module, config.pipeline)
 

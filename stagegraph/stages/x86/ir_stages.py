@@ -398,7 +398,6 @@ def lower(
     from stagegraph.stages.common import lowering
     from stagegraph.stages.common.dedup import forbid_inlining
     from stagegraph.stages.common.fill_maps import constant_maps_to_fills
-    from stagegraph.stages.common.flat_globals import flatten_constant_globals
     from stagegraph.stages.common.math_approx import (
         approximate_erf,
         approximate_exp,
@@ -449,7 +448,6 @@ def lower(
         lowering.schedule_guided(module.ir)
         run_pipeline(module, lowering.OPENMP_TO_LLVM)
     forbid_inlining(module.ir)
-    flatten_constant_globals(module.ir)  # weights: one LLVM constant each, not one per row
     lowering.require_llvm_level(module.ir, "this lowering stage")
     lowering.pin_codegen_target(module.ir, target)
     return module
