@@ -132,8 +132,9 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
             sizes[image[-1]] = static_tile_size(width, width_tile)
         else:
             sizes[image[-1]] = largest_divisor_at_most(width, width_tile)
-    if filters:
-        sizes[filters[-1]] = 0  # the innermost filter window stays whole
+    if filters:  # the innermost filter window stays whole (channels-last: see its tile)
+        window = params.conv_nhwc_window_tile if op.name in CHANNELS_LAST else 0
+        sizes[filters[-1]] = largest_divisor_at_most(ranges[filters[-1]], window) if window else 0
     for d in conv.output_channel:
         sizes[d] = largest_divisor_at_most(ranges[d], channel_tile)
     for d in conv.input_channel:
