@@ -8,10 +8,11 @@ payload's ``scaled_constants`` (``--scale N``: the batch N times larger, the rul
 PyTorch must verify. Per round each side runs ``--calls`` times (or more: at least 5 ms),
 ``time.thread_time`` around those calls (the compiled code and PyTorch at one thread run
 in this thread; thread CPU time is what a loaded machine disturbs least), in an order that
-rotates between rounds. Per payload the table gives each side's median, its share of the FMA peak
-(``--peak``, or ``stagegraph.app.fma_peak``: the best of a reading before and after), and the medians of
-the per-round ratios with their 10th-90th percentiles: ``before/after`` (above 1: the
-change is faster) and ``torch/after`` (above 1: x86 is faster than PyTorch). Usage:
+rotates between rounds. Per payload the table gives each side's median, its share of the
+FMA peak (``--peak``, or ``stagegraph.app.fma_peak``: the best of a reading before and
+after), and the medians of the per-round ratios with their 10th-90th percentiles:
+``before/after`` (above 1: the change is faster) and ``torch/after`` (above 1: x86 is
+faster than PyTorch). Usage:
 
     python benchmarks/variants_vs_torch.py ../shared/kernelbench/level1/l1_080_*.mlir
         [--scale 16] [--rounds 10] [--calls 3] [--target x86-64-v3]
