@@ -19,7 +19,9 @@ faster than PyTorch). Usage:
         [--before param:conv_nhwc_width_tile=4] [--before normalize:gather_patches=false]
 
 ``--before param:KEY=VALUE`` overrides a field of the cost model's params (``--param``),
-``--before STAGE:KEY=VALUE`` a field of that stage's config (``Graph.with_config``);
+``--before STAGE:KEY=VALUE`` a field of that stage's config (``Graph.with_config``),
+``--before env:NAME=VALUE`` sets an environment variable while the before build compiles
+(a switch a change under test reads);
 without any, both builds are the same (a check of the harness's noise).
 """
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,13 +41,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 
 def parse_before(items: list[str]) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
-    """(cost-model params, stage -> config fields) of ``--before`` items."""
+    """(cost-model params, stage -> config fields) of ``--before`` items (``env:`` items
+    under the stage name ``env``, as strings)."""
     from stagegraph.app.session import parse_assignments
 
     params: dict[str, Any] = {}
     stages: dict[str, dict[str, Any]] = {}
     for item in items:
         stage, _, assignment = item.partition(":")
+        if stage == "env":
+            name, _, value = assignment.partition("=")
+            stages.setdefault("env", {})[name] = value
+            continue
         values = parse_assignments([assignment])
         if stage == "param":
             params.update(values)
@@ -63,9 +71,20 @@ def build(spec: str, args: argparse.Namespace, params: dict, stages: dict) -> An
     )
     session = Session(request)
     graph = session.graph
+    environment = stages.get("env", {})
     for stage, fields in stages.items():
-        graph = graph.with_config(stage, **fields)
-    return session, prepare(session.engine, graph, session.workload, None)
+        if stage != "env":
+            graph = graph.with_config(stage, **fields)
+    saved = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)  # while this build compiles
+    try:
+        return session, prepare(session.engine, graph, session.workload, None)
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def cpu_time(measurement: Any, calls: int) -> float:
