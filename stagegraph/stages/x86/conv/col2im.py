@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stagegraph.mlir.build import collapse_shape, expand_shape, generic, named_structured_op
@@ -43,6 +43,7 @@ class _Padded:
     source: Any  # the unpadded input [N, C, I...]
     inputs: tuple[int, ...]  # I per spatial dim
     pads: tuple[int, ...]
+    images: int  # images per block (a divisor of N; all N: one block, no loop)
 
 
 def useful_fraction(
@@ -116,10 +117,23 @@ def _match(op: Any, uses: DefUse, config: ConvGemmConfig) -> _Padded | None:
     fraction = useful_fraction(inputs, shape.out, shape.taps, pads, shape.dilations)
     if not col2im_worth(shape.c, fraction, config):
         return None
-    products = shape.n * shape.f * math.prod(shape.taps) * math.prod(inputs)
-    if products > config.col2im_max_elements:
+    per_image = shape.f * math.prod(shape.taps) * math.prod(inputs)
+    images = images_per_block(shape.n, per_image, config.col2im_max_elements)
+    if not images:
         return None
-    return _Padded(op, source, inputs, pads)
+    return _Padded(op, source, inputs, pads, images)
+
+
+def images_per_block(images: int, per_image: int, most: int) -> int:
+    """The most images, a divisor of ``images``, whose products (``per_image`` elements
+    each) fit ``most`` elements; 0 when one image's do not. The products of one block are
+    made, then added, before the next block's: a batch too large to make at once (KernelBench's
+    l1_065 at 16x its size: 11M elements) runs as blocks of the size that stays in the caches,
+    instead of on the direct path."""
+    for count in range(images, 0, -1):
+        if images % count == 0 and count * per_image <= most:
+            return count
+    return 0
 
 
 def _rewrite(match: _Padded) -> None:
@@ -128,12 +142,57 @@ def _rewrite(match: _Padded) -> None:
     op = match.conv
     shape = conv_shape(op)
     with ir.InsertionPoint(op), op.location:
-        products = _tap_products(match, shape)
-        result = op.operands[2]
-        for tap in itertools.product(*(range(t) for t in shape.taps)):
-            result = _add_tap(result, products, match, shape, tap)
+        if match.images == shape.n:
+            result = _col2im(match, shape, op.operands[2])
+        else:
+            result = _image_blocks(match, shape)
     op.results[0].replace_all_uses_with(result)
     op.erase()
+
+
+def _col2im(match: _Padded, shape: Any, result: Any) -> Any:
+    """``result`` plus every tap's products of ``match.source`` (all of ``shape.n``)."""
+    products = _tap_products(match, shape)
+    for tap in itertools.product(*(range(t) for t in shape.taps)):
+        result = _add_tap(result, products, match, shape, tap)
+    return result
+
+
+def _image_blocks(match: _Padded, shape: Any) -> Any:
+    """An ``scf.for`` over blocks of ``match.images`` images, each the GEMM and shifted adds
+    of its slice of the input into its slice of the output."""
+    from stagegraph.mlir.bindings import arith, ir, scf
+
+    index = ir.IndexType.get()
+
+    def constant(value: int) -> Any:
+        return arith.ConstantOp(index, value).result
+
+    count = match.images
+    init = match.conv.operands[2]
+    loop = scf.ForOp(constant(0), constant(shape.n), constant(count), [init])
+    with ir.InsertionPoint(loop.body):
+        first, acc = loop.induction_variable, loop.inner_iter_args[0]
+        block = replace(match, source=_images(match.source, first, count))
+        summed = _col2im(block, replace(shape, n=count), _images(acc, first, count))
+        scf.YieldOp([_images(acc, first, count, summed)])
+    return loop.results[0]
+
+
+def _images(value: Any, first: Any, count: int, inserted: Any = None) -> Any:
+    """Images ``first ..< first + count`` of ``value`` (``[N, ...]``), or ``inserted``
+    written there."""
+    from stagegraph.mlir.bindings import dialect, ir
+
+    tensor = dialect("tensor")
+    source = ir.RankedTensorType(value.type)
+    sizes = [count, *source.shape[1:]]
+    offsets = [ir.ShapedType.get_dynamic_stride_or_offset(), *[0] * (source.rank - 1)]
+    ones = [1] * source.rank
+    if inserted is not None:
+        return tensor.InsertSliceOp(inserted, value, [first], [], [], offsets, sizes, ones).result
+    result = ir.RankedTensorType.get(sizes, source.element_type)
+    return tensor.ExtractSliceOp(result, value, [first], [], [], offsets, sizes, ones).result
 
 
 def _tap_products(match: _Padded, shape: Any) -> Any:
