@@ -104,7 +104,7 @@ def normalize(
         fold_unit_dims(module.ir)
         one_pass_statistics(module.ir)  # a norm's sums: one reduction, not three
         decompose_strided_transposed_convolutions(module.ir)
-        stride1_transposed_to_col2im(module.ir, config)
+        stride1_transposed_to_col2im(module.ir, config, target)
         pointwise_convolutions_to_matmuls(module.ir)
         convolutions_to_gemm(module.ir, config, target)
         sink_epilogues_into_blocks(module.ir)  # a row-block loop's epilogue onto its blocks

@@ -16,8 +16,9 @@ are the useful ones; the adds cost ``T`` passes over ``N*F*I`` elements against 
 flops each.
 
 Taken when :func:`col2im_worth` estimates it faster than the direct path on the padded
-input (the model's constants are ``ConvGemmConfig`` fields) and the products fit
-``ConvGemmConfig.col2im_max_elements``. Runs in ``x86.normalize``
+input (the model's constants are ``ConvGemmConfig`` fields) and one image's products fit
+``ConvGemmConfig.col2im_max_elements``; the batch runs in blocks of images whose products
+stay in L2 (:func:`images_per_block`). Runs in ``x86.normalize``
 before the patch GEMM.
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 
 from stagegraph.mlir.build import collapse_shape, expand_shape, generic, named_structured_op
 from stagegraph.mlir.walk import DefUse, top_level_ops
+from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.gemm import conv_shape, swap_leading
 from stagegraph.stages.x86.conv.transposed import _only_reader, _zero_tensor
@@ -73,25 +75,36 @@ def col2im_worth(channels: int, useful: float, config: ConvGemmConfig) -> bool:
     return col2im < 1 / (useful * config.direct_efficiency)
 
 
-def stride1_transposed_to_col2im(module: Any, config: ConvGemmConfig | None = None) -> int:
+def stride1_transposed_to_col2im(
+    module: Any, config: ConvGemmConfig | None = None, target: Target | None = None
+) -> int:
     """Rewrite every channels-first convolution of a zero-padded input that
-    :func:`col2im_worth` takes (see the module); returns the count."""
+    :func:`col2im_worth` takes (see the module), in blocks of images whose products fit
+    ``config.col2im_block_l2_fraction`` of ``target``'s L2 (default: the host's); returns
+    the count."""
     config = config or ConvGemmConfig()
     if not config.conv_gemm or not config.col2im:
         return 0
+    if target is None:
+        from stagegraph.stages.target import detect_target
+
+        target = detect_target()
+    cached = int(target.l2_bytes * config.col2im_block_l2_fraction)
     count = 0
     for fn in top_level_ops(module.operation):
         if fn.name != "func.func":
             continue
         uses = DefUse(fn)
-        found = [m for op in top_level_ops(fn) if (m := _match(op, uses, config)) is not None]
+        found = [
+            m for op in top_level_ops(fn) if (m := _match(op, uses, config, cached)) is not None
+        ]
         for match in found:
             _rewrite(match)
         count += len(found)
     return count
 
 
-def _match(op: Any, uses: DefUse, config: ConvGemmConfig) -> _Padded | None:
+def _match(op: Any, uses: DefUse, config: ConvGemmConfig, cached: int) -> _Padded | None:
     from stagegraph.mlir.bindings import ir
 
     shape = conv_shape(op)
@@ -118,22 +131,30 @@ def _match(op: Any, uses: DefUse, config: ConvGemmConfig) -> _Padded | None:
     if not col2im_worth(shape.c, fraction, config):
         return None
     per_image = shape.f * math.prod(shape.taps) * math.prod(inputs)
-    images = images_per_block(shape.n, per_image, config.col2im_max_elements)
+    element = ir.RankedTensorType(op.results[0].type).element_type
+    bytes_ = max(1, getattr(element, "width", 32) // 8)
+    images = images_per_block(shape.n, per_image, config.col2im_max_elements, cached // bytes_)
     if not images:
         return None
     return _Padded(op, source, inputs, pads, images)
 
 
-def images_per_block(images: int, per_image: int, most: int) -> int:
-    """The most images, a divisor of ``images``, whose products (``per_image`` elements
-    each) fit ``most`` elements; 0 when one image's do not. The products of one block are
-    made, then added, before the next block's: a batch too large to make at once (KernelBench's
-    l1_065 at 16x its size: 11M elements) runs as blocks of the size that stays in the caches,
-    instead of on the direct path."""
+def images_per_block(images: int, per_image: int, most: int, cached: int) -> int:
+    """Images per block of the GEMM and its adds: 0 (no col2im) when one image's products
+    (``per_image`` elements) exceed ``most``; else the most images, a divisor of
+    ``images``, whose products fit ``cached`` elements (the caches' share), at least one.
+
+    A block's products are made, then added, before the next block's, so they are read
+    back from the cache they were written to. Made for the whole batch at once they
+    streamed through memory, and a batch too large for ``most`` (KernelBench's l1_065 at
+    16x its size: 11M elements) fell back to the direct path, whose work on the zero
+    border is wasted."""
+    if per_image > most:
+        return 0
     for count in range(images, 0, -1):
-        if images % count == 0 and count * per_image <= most:
+        if images % count == 0 and count * per_image <= cached:
             return count
-    return 0
+    return 1
 
 
 def _rewrite(match: _Padded) -> None:
