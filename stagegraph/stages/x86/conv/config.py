@@ -89,7 +89,7 @@ class ConvGemmConfig(Config):
     # Beyond one image, the images of a block are as many as keep its products in this
     # fraction of L2 (a divisor of the batch), col2im running block by block. KernelBench's
     # l1_065 (16 filters x 21 taps x 16^2 inputs per image), one thread, AVX-512 Xeon:
-    # 2-image blocks ran 1.2x faster than all 8 images at once; at 16x the batch, 1.4x
+    # 2-image blocks ran 1.19x faster than all 8 images at once; at 16x the batch, 1.6x
     # faster than 32-image blocks (docs/measurements.md, "col2im in blocks of images").
     col2im_block_l2_fraction: float = Field(0.5, gt=0.0, le=64.0)
     # The direct-vs-GEMM cost model (stagegraph.stages.x86.conv.choice): times in cycles
