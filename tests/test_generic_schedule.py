@@ -1075,6 +1075,7 @@ func.func @main(%x: {t32}) -> {t64} {{
         (16, 24, 512, (16, 12)),
         (16, 10, 256, (16, 5)),
         (32, 10, 512, (32, 5)),
+        (32, 17, 512, (16, 17)),
     ],
     ids=[
         "two-vectors",
@@ -1084,6 +1085,7 @@ func.func @main(%x: {t32}) -> {t64} {{
         "avx512-one-vector",
         "10-wide-above-cap",
         "avx512-10-wide-above-cap",
+        "avx512-prime-width-fits-the-registers",
     ],
 )
 def test_channels_last_convolution_is_register_blocked(

@@ -205,9 +205,11 @@ def register_blocking(channels: int, width: int, params: GenericParams) -> tuple
     cap, so the candidate with the largest tile wins (ties: more channels, fewer
     broadcasts). A prime width of 17 takes 8 channels x 17, a width of 20 takes 16 x 4.
     A width tile under its cap moves to a divisor above it when that one is nearer and its
-    accumulators fit the registers (:func:`width_above_cap`).
+    accumulators fit the registers (:func:`width_above_cap`). A candidate whose
+    accumulators outgrow the registers is taken only when no fitting one keeps
+    :data:`MIN_CONV_ACCUMULATORS` of them.
     """
-    best = (0, 0)
+    best, fitting = (0, 0), (0, 0)
     tile = params.conv_nhwc_channel_tile
     while True:
         channel = largest_divisor_at_most(channels, tile)
@@ -219,9 +221,22 @@ def register_blocking(channels: int, width: int, params: GenericParams) -> tuple
         candidate = (channel, width_above_cap(width, static_tile_size(width, cap), cap, room))
         if candidate[0] * candidate[1] > best[0] * best[1]:
             best = candidate
+        if candidate[1] <= room and candidate[0] * candidate[1] > fitting[0] * fitting[1]:
+            fitting = candidate
         tile //= 2
         if 2 * tile < params.conv_nhwc_channel_tile or tile < 1:
-            return best
+            break
+    # A whole prime width may outgrow the registers: AVX-512's 32 filters x 17 columns
+    # (34 accumulators) would spill where 16 x 17 fits. The largest tile that fits wins
+    # while it keeps enough FMA chains; AVX2's 8 x 17 (17 accumulators on 16 registers)
+    # still ran 1.6x faster than 16 x 1.
+    vectors = -(-fitting[0] // params.lanes) if fitting[0] else 0
+    return fitting if vectors * fitting[1] >= MIN_CONV_ACCUMULATORS else best
+
+
+#: Independent accumulators (FMA chains) a register tile needs to keep both FMA units
+#: busy (latency 4-5 cycles, as the matmul heuristic's ``MIN_ACCUMULATORS``).
+MIN_CONV_ACCUMULATORS = 8
 
 
 def width_above_cap(width: int, tile: int, cap: int, room: int) -> int:
