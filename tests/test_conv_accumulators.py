@@ -121,3 +121,36 @@ def test_channels_last_tiles_follow_the_register_file(target: str, width: int) -
     lanes = params.lanes
     assert (params.conv_nhwc_channel_tile, params.conv_nhwc_width_tile) == (2 * lanes, width)
     assert params.conv_nhwc_window_tile == 1 and params.conv_hoist_accumulators
+
+
+@pytest.mark.parametrize(
+    ("channels", "width", "target", "taps"),
+    [
+        (32, 7, "x86-64-v4", 1),
+        (3, 7, "x86-64-v4", 0),
+        (3, 9, "x86-64-v4", 3),
+        (2, 9, "x86-64-v3", 3),
+        (3, 8, "x86-64-v3", 2),
+    ],
+    ids=["many-channels", "rgb-7-taps", "rgb-9-taps", "two-channels-avx2", "rgb-8-taps-avx2"],
+)
+def test_few_input_channels_keep_enough_taps_per_step(
+    channels: int, width: int, target: str, taps: int
+) -> None:
+    """One tap per reduction step where the step's input channels reach
+    ``conv_reduction_tile`` (8 on AVX-512, 4 on AVX2); with fewer, the smallest divisor of
+    the window's width whose tap-channel pairs do (0: the whole row)."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.mlir.functions import entry_function
+    from stagegraph.stages.x86.generic.plan import convolution_plan
+    from stagegraph.stages.x86.generic.prepare import prepare
+
+    text, _ = _conv2d_nchw(2, channels, 16, (8, 20), (3, width), (1, 1), (1, 1))
+    module = parse_payload(text)
+    with module.context, ir.Location.unknown():
+        prepare(module, entry_function(module, "main"))
+    facts = analyze(module)
+    (conv,) = facts.ops_of("convolution")
+    assert conv.name == "linalg.conv_2d_nhwc_hwcf"
+    sizes, _ = convolution_plan(conv, heuristic_generic_params(facts, named_x86_target(target)))
+    assert sizes[conv.convolution.filter_loop[-1]] == taps
