@@ -1072,9 +1072,10 @@ func.func @main(%x: {t32}) -> {t64} {{
         (8, 24, 256, (8, 8)),
         (16, 22, 256, (8, 11)),
         (16, 17, 256, (8, 17)),
-        (16, 24, 512, (16, 8)),
+        (16, 24, 512, (16, 12)),
         (16, 10, 256, (16, 5)),
         (32, 10, 512, (32, 5)),
+        (32, 17, 512, (16, 17)),
     ],
     ids=[
         "two-vectors",
@@ -1084,14 +1085,16 @@ func.func @main(%x: {t32}) -> {t64} {{
         "avx512-one-vector",
         "10-wide-above-cap",
         "avx512-10-wide-above-cap",
+        "avx512-prime-width-fits-the-registers",
     ],
 )
 def test_channels_last_convolution_is_register_blocked(
     filters: int, width: int, vector_bits: int, expected: tuple[int, int]
 ) -> None:
     """A channels-last convolution tiles two vectors of output channels times a width whose
-    accumulators fill half the register file (16 f32 channels x 4 on AVX2); fewer channels
-    (or wider vectors) give the freed accumulators to the width, a static divisor near it.
+    accumulators fill half the register file (16 f32 channels x 4 on AVX2's 16 registers,
+    32 x 8 on AVX-512's 32); fewer channels (or wider vectors) give the freed accumulators
+    to the width, a static divisor near it (AVX-512, one vector of 16: 16 columns, 12 of 24).
     The result matches the definition."""
     from stagegraph.stages.x86.generic.plan import convolution_plan
 

@@ -16,9 +16,10 @@ are the useful ones; the adds cost ``T`` passes over ``N*F*I`` elements against 
 flops each.
 
 Taken when :func:`col2im_worth` estimates it faster than the direct path on the padded
-input (the model's constants are ``ConvGemmConfig`` fields) and the products fit
-``ConvGemmConfig.col2im_max_elements``. For a 3-D one, given the target, the direct path is
-the channels-last kernel, which skips the taps that read only the border: its own estimate
+input (the model's constants are ``ConvGemmConfig`` fields) and one image's products fit
+``ConvGemmConfig.col2im_max_elements``; the batch runs in blocks of images whose products
+stay in L2 (:func:`images_per_block`). For a 3-D one the direct path is the channels-last
+kernel, which skips the taps that read only the border: its own estimate
 (:func:`~stagegraph.stages.x86.conv.choice.direct3d_cycles`) against the GEMM and adds'
 (:func:`col2im_cycles`). Runs in ``x86.normalize``
 before the patch GEMM.
@@ -28,11 +29,12 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from stagegraph.mlir.build import collapse_shape, expand_shape, generic, named_structured_op
 from stagegraph.mlir.walk import DefUse, top_level_ops
+from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.gemm import conv_shape, swap_leading
 from stagegraph.stages.x86.conv.transposed import _only_reader, _zero_tensor
@@ -46,6 +48,7 @@ class _Padded:
     source: Any  # the unpadded input [N, C, I...]
     inputs: tuple[int, ...]  # I per spatial dim
     pads: tuple[int, ...]
+    images: int  # images per block (a divisor of N; all N: one block, no loop)
 
 
 def useful_fraction(
@@ -100,21 +103,29 @@ def _worth(match: _Padded, shape: Any, useful: float, config: ConvGemmConfig, ta
 
 
 def stride1_transposed_to_col2im(
-    module: Any, config: ConvGemmConfig | None = None, target: Any = None
+    module: Any, config: ConvGemmConfig | None = None, target: Target | None = None
 ) -> int:
     """Rewrite every channels-first convolution of a zero-padded input that
-    :func:`col2im_worth` takes (see the module; ``target``: the direct 3-D kernel's
-    estimate decides for 3-D ones); returns the count."""
+    :func:`col2im_worth` takes (see the module), in blocks of images whose products fit
+    ``config.col2im_block_l2_fraction`` of ``target``'s L2 (default: the host's); returns
+    the count."""
     config = config or ConvGemmConfig()
     if not config.conv_gemm or not config.col2im:
         return 0
+    if target is None:
+        from stagegraph.stages.target import detect_target
+
+        target = detect_target()
+    cached = int(target.l2_bytes * config.col2im_block_l2_fraction)
     count = 0
     for fn in top_level_ops(module.operation):
         if fn.name != "func.func":
             continue
         uses = DefUse(fn)
         found = [
-            m for op in top_level_ops(fn) if (m := _match(op, uses, config, target)) is not None
+            m
+            for op in top_level_ops(fn)
+            if (m := _match(op, uses, config, target, cached)) is not None
         ]
         for match in found:
             _rewrite(match)
@@ -122,7 +133,9 @@ def stride1_transposed_to_col2im(
     return count
 
 
-def _match(op: Any, uses: DefUse, config: ConvGemmConfig, target: Any = None) -> _Padded | None:
+def _match(
+    op: Any, uses: DefUse, config: ConvGemmConfig, target: Target, cached: int
+) -> _Padded | None:
     from stagegraph.mlir.bindings import ir
 
     shape = conv_shape(op)
@@ -146,11 +159,32 @@ def _match(op: Any, uses: DefUse, config: ConvGemmConfig, target: Any = None) ->
         return None
     inputs, pads = tuple(source_shape[2:]), tuple(offsets[2:])
     fraction = useful_fraction(inputs, shape.out, shape.taps, pads, shape.dilations)
-    products = shape.n * shape.f * math.prod(shape.taps) * math.prod(inputs)
-    if products > config.col2im_max_elements:
+    per_image = shape.f * math.prod(shape.taps) * math.prod(inputs)
+    element = ir.RankedTensorType(op.results[0].type).element_type
+    bytes_ = max(1, getattr(element, "width", 32) // 8)
+    images = images_per_block(shape.n, per_image, config.col2im_max_elements, cached // bytes_)
+    if not images:
         return None
-    match = _Padded(op, source, inputs, pads)
+    match = _Padded(op, source, inputs, pads, images)
     return match if _worth(match, shape, fraction, config, target) else None
+
+
+def images_per_block(images: int, per_image: int, most: int, cached: int) -> int:
+    """Images per block of the GEMM and its adds: 0 (no col2im) when one image's products
+    (``per_image`` elements) exceed ``most``; else the most images, a divisor of
+    ``images``, whose products fit ``cached`` elements (the caches' share), at least one.
+
+    A block's products are made, then added, before the next block's, so they are read
+    back from the cache they were written to. Made for the whole batch at once they
+    streamed through memory, and a batch too large for ``most`` (KernelBench's l1_065 at
+    16x its size: 11M elements) fell back to the direct path, whose work on the zero
+    border is wasted."""
+    if per_image > most:
+        return 0
+    for count in range(images, 0, -1):
+        if images % count == 0 and count * per_image <= cached:
+            return count
+    return 1
 
 
 def _rewrite(match: _Padded) -> None:
@@ -159,12 +193,57 @@ def _rewrite(match: _Padded) -> None:
     op = match.conv
     shape = conv_shape(op)
     with ir.InsertionPoint(op), op.location:
-        products = _tap_products(match, shape)
-        result = op.operands[2]
-        for tap in itertools.product(*(range(t) for t in shape.taps)):
-            result = _add_tap(result, products, match, shape, tap)
+        if match.images == shape.n:
+            result = _col2im(match, shape, op.operands[2])
+        else:
+            result = _image_blocks(match, shape)
     op.results[0].replace_all_uses_with(result)
     op.erase()
+
+
+def _col2im(match: _Padded, shape: Any, result: Any) -> Any:
+    """``result`` plus every tap's products of ``match.source`` (all of ``shape.n``)."""
+    products = _tap_products(match, shape)
+    for tap in itertools.product(*(range(t) for t in shape.taps)):
+        result = _add_tap(result, products, match, shape, tap)
+    return result
+
+
+def _image_blocks(match: _Padded, shape: Any) -> Any:
+    """An ``scf.for`` over blocks of ``match.images`` images, each the GEMM and shifted adds
+    of its slice of the input into its slice of the output."""
+    from stagegraph.mlir.bindings import arith, ir, scf
+
+    index = ir.IndexType.get()
+
+    def constant(value: int) -> Any:
+        return arith.ConstantOp(index, value).result
+
+    count = match.images
+    init = match.conv.operands[2]
+    loop = scf.ForOp(constant(0), constant(shape.n), constant(count), [init])
+    with ir.InsertionPoint(loop.body):
+        first, acc = loop.induction_variable, loop.inner_iter_args[0]
+        block = replace(match, source=_images(match.source, first, count))
+        summed = _col2im(block, replace(shape, n=count), _images(acc, first, count))
+        scf.YieldOp([_images(acc, first, count, summed)])
+    return loop.results[0]
+
+
+def _images(value: Any, first: Any, count: int, inserted: Any = None) -> Any:
+    """Images ``first ..< first + count`` of ``value`` (``[N, ...]``), or ``inserted``
+    written there."""
+    from stagegraph.mlir.bindings import dialect, ir
+
+    tensor = dialect("tensor")
+    source = ir.RankedTensorType(value.type)
+    sizes = [count, *source.shape[1:]]
+    offsets = [ir.ShapedType.get_dynamic_stride_or_offset(), *[0] * (source.rank - 1)]
+    ones = [1] * source.rank
+    if inserted is not None:
+        return tensor.InsertSliceOp(inserted, value, [first], [], [], offsets, sizes, ones).result
+    result = ir.RankedTensorType.get(sizes, source.element_type)
+    return tensor.ExtractSliceOp(result, value, [first], [], [], offsets, sizes, ones).result
 
 
 def _tap_products(match: _Padded, shape: Any) -> Any:

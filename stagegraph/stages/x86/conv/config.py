@@ -86,6 +86,12 @@ class ConvGemmConfig(Config):
     # the adds read them: beyond this many elements they stream through memory (a 5^3
     # window, 8 images of 16 x 8^3: 8M elements ran 0.75x the direct path; 1.7M, 2x).
     col2im_max_elements: int = Field(1 << 22, ge=1)
+    # Beyond one image, the images of a block are as many as keep its products in this
+    # fraction of L2 (a divisor of the batch), col2im running block by block. KernelBench's
+    # l1_065 (16 filters x 21 taps x 16^2 inputs per image), one thread, AVX-512 Xeon:
+    # 2-image blocks ran 1.19x faster than all 8 images at once; at 16x the batch, 1.6x
+    # faster than 32-image blocks (docs/measurements.md, "col2im in blocks of images").
+    col2im_block_l2_fraction: float = Field(0.5, gt=0.0, le=64.0)
     # The direct-vs-GEMM cost model (stagegraph.stages.x86.conv.choice): times in cycles
     # of one core, the FMA peak and the cache sizes read from the target. Fitted on an
     # AVX-512 Xeon (x86-64-v4, 48 KB L1, 2 MB L2), one thread, to the GEMM/direct speed of

@@ -45,6 +45,11 @@ class GenericParams(Params):
     conv_batch_tile: int = Field(
         1, ge=1, description="innermost batch-dim tile of convolutions (a pooling's channels)"
     )
+    conv_hoist_accumulators: bool = Field(
+        True,
+        description="keep a convolution tile's accumulators in registers across its "
+        "reduction loops (generic/conv_accumulators.py)",
+    )
     pool_batch_tile: int = Field(
         1, ge=1, description="innermost batch-dim tile of poolings (NCHW: the channels)"
     )
@@ -62,6 +67,12 @@ class GenericParams(Params):
     )
     conv_nhwc_width_tile: int = Field(
         4, ge=1, description="output-width tile of channels-last convolutions at that tile"
+    )
+    conv_nhwc_window_tile: int = Field(
+        1,
+        ge=0,
+        description="innermost window-dim tile of channels-last convolutions "
+        "(0: the whole window row per reduction step)",
     )
     vector_registers: int = Field(
         16, ge=8, le=64, description="architectural vector registers (bounds register tiles)"
@@ -144,7 +155,7 @@ def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericPara
         vector_fmas_per_cycle=max(
             1, target.fma_lanes_per_cycle() // max(1, target.vector_bits // 32)
         ),
-        **channels_last_conv_tiles(conv_lanes),
+        **channels_last_conv_tiles(conv_lanes, target.vector_registers),
     )
 
 
@@ -153,14 +164,23 @@ def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericPara
 NHWC_CHANNEL_VECTORS = 2
 
 
-def channels_last_conv_tiles(lanes: int) -> dict[str, int]:
+def channels_last_conv_tiles(lanes: int, registers: int) -> dict[str, int]:
     """Register blocking of a channels-last convolution's tile: ``NHWC_CHANNEL_VECTORS``
-    vectors of output channels times a width whose accumulators fill half the register
-    file (the rest holds filter vectors and broadcasts); a wider tile spills. Measured:
-    docs/measurements.md, "Design decisions: the generic schedule"."""
+    vectors of output channels times a width whose accumulators fill half of the target's
+    ``registers`` (the rest holds filter vectors and broadcasts), one window tap per
+    reduction step. Measured: docs/measurements.md, "Design decisions: the generic
+    schedule", and "Channels-last convolutions tap by tap".
+
+    The accumulators stay in registers across the reduction loops
+    (:mod:`~stagegraph.stages.x86.generic.conv_accumulators`), so a step may be a single
+    tap: it reads each input element once. Whole window rows per step made one long block
+    in which LLVM kept an input element's broadcast for the row's later taps and spilled
+    (a wider tile only spilled more: 8 columns on AVX-512 were slower that way, faster
+    tap by tap)."""
     return {
         "conv_nhwc_channel_tile": NHWC_CHANNEL_VECTORS * lanes,
-        "conv_nhwc_width_tile": max(1, _REGISTERS // 2 // NHWC_CHANNEL_VECTORS),
+        "conv_nhwc_width_tile": max(1, registers // 2 // NHWC_CHANNEL_VECTORS),
+        "conv_nhwc_window_tile": 1,
     }
 
 

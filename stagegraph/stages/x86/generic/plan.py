@@ -132,12 +132,13 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
             sizes[image[-1]] = static_tile_size(width, width_tile)
         else:
             sizes[image[-1]] = largest_divisor_at_most(width, width_tile)
-    if filters:
-        sizes[filters[-1]] = 0  # the innermost filter window stays whole
     for d in conv.output_channel:
         sizes[d] = largest_divisor_at_most(ranges[d], channel_tile)
     for d in conv.input_channel:
         sizes[d] = largest_divisor_at_most(ranges[d], params.conv_reduction_tile)
+    if filters:  # the innermost filter window stays whole (channels-last: see its tile)
+        window = params.conv_nhwc_window_tile if op.name in CHANNELS_LAST else 0
+        sizes[filters[-1]] = window_tile(op, sizes, params, window) if window else 0
     if conv.batch:
         # A pooling's batch dims hold its channels too (NCHW): independent windows, so
         # taking several per tile pays; a convolution's batch tile only adds spills.
@@ -146,6 +147,23 @@ def convolution_plan(op: OpFacts, params: GenericParams) -> tuple[list[int], boo
             batch_tile = 1  # the width is the vector: one channel (image row) per tile
         sizes[conv.batch[-1]] = largest_divisor_at_most(ranges[conv.batch[-1]], batch_tile)
     return sizes, decompose
+
+
+def window_tile(op: OpFacts, sizes: list[int], params: GenericParams, taps: int) -> int:
+    """Taps of the innermost window dim per reduction step of a channels-last
+    convolution: the smallest divisor of the window's width from ``taps`` on whose
+    tap-channel pairs (taps times the step's input channels, ``sizes``) reach
+    ``conv_reduction_tile``; 0 (untiled) when that is the whole width. Few input
+    channels (an RGB image's 3) would make one-tap steps too short for their loop:
+    l1_066 (3 channels, 7 taps) ran 1.12x slower tap by tap than with its whole window
+    row per step."""
+    conv = op.convolution
+    width = op.loop_ranges[conv.filter_loop[-1]]
+    channels = math.prod(sizes[d] or op.loop_ranges[d] for d in conv.input_channel)
+    for tile in range(max(1, taps), width):
+        if width % tile == 0 and tile * channels >= params.conv_reduction_tile:
+            return tile
+    return 0  # the whole window row (untiled)
 
 
 #: Output columns per tile of a channels-last depthwise convolution: its accumulators
@@ -204,9 +222,11 @@ def register_blocking(channels: int, width: int, params: GenericParams) -> tuple
     cap, so the candidate with the largest tile wins (ties: more channels, fewer
     broadcasts). A prime width of 17 takes 8 channels x 17, a width of 20 takes 16 x 4.
     A width tile under its cap moves to a divisor above it when that one is nearer and its
-    accumulators fit the registers (:func:`width_above_cap`).
+    accumulators fit the registers (:func:`width_above_cap`). A candidate whose
+    accumulators outgrow the registers is taken only when no fitting one keeps
+    :data:`MIN_CONV_ACCUMULATORS` of them.
     """
-    best = (0, 0)
+    best, fitting = (0, 0), (0, 0)
     tile = params.conv_nhwc_channel_tile
     while True:
         channel = largest_divisor_at_most(channels, tile)
@@ -218,9 +238,22 @@ def register_blocking(channels: int, width: int, params: GenericParams) -> tuple
         candidate = (channel, width_above_cap(width, static_tile_size(width, cap), cap, room))
         if candidate[0] * candidate[1] > best[0] * best[1]:
             best = candidate
+        if candidate[1] <= room and candidate[0] * candidate[1] > fitting[0] * fitting[1]:
+            fitting = candidate
         tile //= 2
         if 2 * tile < params.conv_nhwc_channel_tile or tile < 1:
-            return best
+            break
+    # A whole prime width may outgrow the registers: AVX-512's 32 filters x 17 columns
+    # (34 accumulators) would spill where 16 x 17 fits. The largest tile that fits wins
+    # while it keeps enough FMA chains; AVX2's 8 x 17 (17 accumulators on 16 registers)
+    # still ran 1.6x faster than 16 x 1.
+    vectors = -(-fitting[0] // params.lanes) if fitting[0] else 0
+    return fitting if vectors * fitting[1] >= MIN_CONV_ACCUMULATORS else best
+
+
+#: Independent accumulators (FMA chains) a register tile needs to keep both FMA units
+#: busy (latency 4-5 cycles, as the matmul heuristic's ``MIN_ACCUMULATORS``).
+MIN_CONV_ACCUMULATORS = 8
 
 
 def width_above_cap(width: int, tile: int, cap: int, room: int) -> int:

@@ -25,6 +25,7 @@ from stagegraph.mlir.functions import entry_function
 from stagegraph.stages.analysis import OpFacts, PayloadFacts, analyze
 from stagegraph.stages.common import lowering
 from stagegraph.stages.x86.conv.direct3d_plan import direct3d_target
+from stagegraph.stages.x86.generic.conv_accumulators import hoist_accumulators
 from stagegraph.stages.x86.generic.labels import (
     FUSE_ATTR,
     OP_ATTR,
@@ -306,6 +307,9 @@ class OpSequenceBuilder:
                     if self.params.conv_drop_unit_dims or pools_along_width(op, self.params):
                         self.drop_unit_dims(scope)
                     self.lower_vectors(scope)
+                    conv = op.convolution
+                    if self.params.conv_hoist_accumulators and op.op_class == "convolution":
+                        hoist_accumulators(scope, len(conv.filter_loop) + len(conv.input_channel))
                 transform.YieldOp([])
             transform.YieldOp([])
 

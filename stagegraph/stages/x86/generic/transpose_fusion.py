@@ -261,9 +261,9 @@ def _erase_if_unused(value: Any) -> None:
 
 
 def transposes_before_padding(fn: Any) -> int:
-    """Rewrite each top-level ``transpose(expand_shape(pad(x)))`` of ``fn`` (the input of a
-    channels-last convolution, padded in NCHW) as the transposed ``x`` inserted into a
-    filled tensor of the padded, transposed shape; returns how many.
+    """Rewrite each top-level ``transpose(pad(x))`` or ``transpose(expand_shape(pad(x)))``
+    of ``fn`` (the input of a channels-last convolution, padded in NCHW) as the transposed
+    ``x`` inserted into a filled tensor of the padded, transposed shape; returns how many.
 
     Transposed before it is padded, ``x`` merges into its producer when that is an
     elementwise generic read by nothing else (:func:`merge_transposes_into_elementwise`),
@@ -278,22 +278,32 @@ def transposes_before_padding(fn: Any) -> int:
 
 
 def _pad_after_transpose(op: Any) -> bool:
+    # the pad read through an expand_shape (a grouped convolution's channels split), or
+    # directly (a plain 2-D convolution's padding)
     expand = result_owner(op.operands[0])
-    if expand is None or expand.name != "tensor.expand_shape":
+    if expand is not None and expand.name == "tensor.pad":
+        expand, pad = None, expand
+    elif expand is None or expand.name != "tensor.expand_shape":
         return False
-    pad = result_owner(expand.operands[0])
+    else:
+        pad = result_owner(expand.operands[0])
     if pad is None or pad.name != "tensor.pad" or len(pad.operands) != 1:
         return False
-    if len(list(pad.results[0].uses)) != 1 or len(list(expand.results[0].uses)) != 1:
+    if len(list(pad.results[0].uses)) != 1 or (
+        expand is not None and len(list(expand.results[0].uses)) != 1
+    ):
         return False
     value = _pad_value(pad)
     if value is None:
         return False
     low = list(ir.DenseI64ArrayAttr(pad.attributes["static_low"]))
     high = list(ir.DenseI64ArrayAttr(pad.attributes["static_high"]))
-    groups = [[int(ir.IntegerAttr(d).value) for d in ir.ArrayAttr(g)]
-              for g in ir.ArrayAttr(expand.attributes["reassociation"])]  # fmt: skip
-    padded_shape = _shape(expand.results[0])
+    if expand is None:
+        groups = [[d] for d in range(len(low))]
+    else:
+        groups = [[int(ir.IntegerAttr(d).value) for d in ir.ArrayAttr(g)]
+                  for g in ir.ArrayAttr(expand.attributes["reassociation"])]  # fmt: skip
+    padded_shape = _shape((expand or pad).results[0])
     source = pad.operands[0]
     source_shape = _shape(source)
     expanded_shape = list(padded_shape)
@@ -320,7 +330,7 @@ def _pad_after_transpose(op: Any) -> bool:
         # bufferization to write that value in place (eliminate-empty-tensors).
         full = tensor.EmptyOp(result_type.shape, element).result
         filled = named_structured_op("linalg.fill", [value], [full])
-        unpadded = expand_shape(source, groups, expanded_shape)
+        unpadded = source if expand is None else expand_shape(source, groups, expanded_shape)
         empty = tensor.EmptyOp(shape_t, element).result
         transposed = named_structured_op("linalg.transpose", [unpadded], [empty],
                                          {"permutation": op.attributes["permutation"]})  # fmt: skip
@@ -328,7 +338,8 @@ def _pad_after_transpose(op: Any) -> bool:
                                         [1] * len(shape_t)).result  # fmt: skip
     op.results[0].replace_all_uses_with(inserted)
     op.erase()
-    expand.erase()
+    if expand is not None:
+        expand.erase()
     pad.erase()
     return True
 
