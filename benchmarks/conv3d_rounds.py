@@ -34,6 +34,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from conv_patch_gather import cpu_times
+
 
 def parse_variant(text: str) -> tuple[str, dict, dict]:
     """``NAME[:k=v,...]`` -> (name, generic params, ConvGemmConfig fields)."""
@@ -50,16 +52,6 @@ def parse_variant(text: str) -> tuple[str, dict, dict]:
         else:
             params[key] = parsed
     return name, params, conv
-
-
-def cpu_times(side, calls: int) -> np.ndarray:
-    """Thread CPU time of each of ``calls`` calls of a prepared measurement."""
-    out = np.empty(calls)
-    for i in range(calls):
-        start = time.thread_time()
-        side.measure(1)
-        out[i] = time.thread_time() - start
-    return out
 
 
 def build(path: Path, variant: tuple[str, dict, dict], target: str | None):

@@ -28,6 +28,7 @@ from typing import Any
 from stagegraph.mlir.bindings import arith, ir, scf, tensor, vector
 from stagegraph.mlir.build import collapse_shape, expand_shape
 from stagegraph.mlir.walk import top_level_ops
+from stagegraph.stages.x86.conv.index_arith import IndexArithmetic
 from stagegraph.stages.x86.conv.pointwise import window_attr
 from stagegraph.stages.x86.generic.params import largest_divisor_at_most
 
@@ -172,7 +173,7 @@ def fill_value(init: Any) -> Any:
     return None
 
 
-class _Kernel:
+class _Kernel(IndexArithmetic):
     """Builds the loops of one NGCHW convolution at the current insertion point."""
 
     def __init__(
@@ -197,24 +198,9 @@ class _Kernel:
         self.element = ir.RankedTensorType(init.type).element_type
         self.vector_type = ir.VectorType.get([self.plan.lanes], self.element)
         self.fill, self.init = fill, init
-        self._block_of_op = op.operation.block
+        IndexArithmetic.__init__(self, op)
         if self.fill is not None:  # accumulators start at the fill value: no fill pass
             self.init = tensor.EmptyOp(shape, self.element).result
-        self._constants: dict[int, Any] = {}
-
-    def index(self, value: int) -> Any:
-        """An ``index`` constant (made at the kernel's start, reused)."""
-        if value not in self._constants:
-            # At the start of the op's block (its first op now): it dominates every
-            # loop made here, the ones made before it included.
-            with ir.InsertionPoint.at_block_begin(self._block_of_op):
-                self._constants[value] = arith.ConstantOp(ir.IndexType.get(), value).result
-        return self._constants[value]
-
-    def affine(self, base: Any, scale: int, offset: int) -> Any:
-        """``base * scale + offset`` in ``index`` arithmetic (folded where trivial)."""
-        value = base if scale == 1 else arith.MulIOp(base, self.index(scale)).result
-        return value if offset == 0 else arith.AddIOp(value, self.index(offset)).result
 
     def build(self) -> Any:
         plan = self.plan

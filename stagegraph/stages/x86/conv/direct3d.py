@@ -44,6 +44,7 @@ from stagegraph.stages.x86.conv.direct3d_plan import (
     plan_blocks,
     tap_range,
 )
+from stagegraph.stages.x86.conv.index_arith import IndexArithmetic
 from stagegraph.stages.x86.conv.pointwise import window_attr
 from stagegraph.stages.x86.conv.transposed import _zero_tensor
 
@@ -167,7 +168,7 @@ def conv3d_to_direct_kernels(fn: Any, target: Target3d) -> int:
     return len(found)
 
 
-class _Kernel:
+class _Kernel(IndexArithmetic):
     """Builds the loops of one convolution at the current insertion point."""
 
     def __init__(self, op: Any, shape: Conv3dShape, plan: BlockPlan) -> None:
@@ -186,8 +187,7 @@ class _Kernel:
         )
         self.vector_type = ir.VectorType.get([plan.lanes], self.element)
         self.filter_tile = min(plan.vectors * plan.lanes, f)
-        self._block_of_op = op.operation.block
-        self._constants: dict[int, Any] = {}
+        IndexArithmetic.__init__(self, op)
 
     def _padded_filter(self, kernel: Any) -> Any:
         """The filter with its filters padded with zeros to whole vectors."""
@@ -200,20 +200,6 @@ class _Kernel:
         empty = tensor.EmptyOp(padded, self.element).result
         zeros = named_structured_op("linalg.fill", [zero], [empty])  # (no OpDSL import)
         return tensor.InsertSliceOp(kernel, zeros, [], [], [], [0] * 4, shape, [1] * 4).result
-
-    def index(self, value: int) -> Any:
-        """An ``index`` constant at the start of the op's block (it dominates every loop)."""
-        if value not in self._constants:
-            with ir.InsertionPoint.at_block_begin(self._block_of_op):
-                self._constants[value] = arith.ConstantOp(ir.IndexType.get(), value).result
-        return self._constants[value]
-
-    def affine(self, base: Any, scale: int, offset: int) -> Any:
-        """``base * scale + offset`` in ``index`` arithmetic (folded where trivial)."""
-        if scale == 0:
-            return self.index(offset)
-        value = base if scale == 1 else arith.MulIOp(base, self.index(scale)).result
-        return value if offset == 0 else arith.AddIOp(value, self.index(offset)).result
 
     def taps(self, window: Window, first: Any, count: int) -> tuple[Any, Any]:
         """The loop bounds of :func:`~.direct3d_plan.tap_range` for outputs ``first ..
