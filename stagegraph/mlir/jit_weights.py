@@ -63,9 +63,11 @@ def _read_into(value: Any, buffer: np.ndarray) -> bool:
     return True
 
 
-def _detach(op: Any, min_bytes: int) -> np.ndarray | None:
-    """Make one constant global an external declaration; its bytes in an aligned buffer,
-    or None (left as it is)."""
+def _detachable_bytes(op: Any, min_bytes: int) -> int | None:
+    """The size of a constant global of at least ``min_bytes`` with a static shaped
+    initializer, else None. Reads only builtin attributes: reading the llvm ones (its
+    linkage) loads the llvm dialect's Python module (0.06 s), which compiles without large
+    weights need not pay."""
     if op.name != "llvm.mlir.global" or "value" not in op.attributes:
         return None
     if "constant" not in op.attributes:
@@ -79,8 +81,16 @@ def _detach(op: Any, min_bytes: int) -> np.ndarray | None:
         return None
     itemsize = np.dtype(_ELEMENTS[key][1]).itemsize
     nbytes = int(np.prod(shaped.shape, dtype=np.int64)) * itemsize
-    if nbytes < min_bytes:
+    return nbytes if nbytes >= min_bytes else None
+
+
+def _detach(op: Any, min_bytes: int) -> np.ndarray | None:
+    """Make one constant global an external declaration; its bytes in an aligned buffer,
+    or None (left as it is)."""
+    nbytes = _detachable_bytes(op, min_bytes)
+    if nbytes is None:
         return None
+    value = op.attributes["value"]
     alignment = (
         ir.IntegerAttr(op.attributes["alignment"]).value if "alignment" in op.attributes else 0
     )
@@ -107,6 +117,8 @@ def weights_outside(
     try:
         with module.context:
             for op in children(module.operation):
+                if _detachable_bytes(op, min_bytes) is None:
+                    continue
                 before = {name: op.attributes[name] for name in (*_DECLARATION_DROPS, "linkage")
                           if name in op.attributes}  # fmt: skip
                 buffer = _detach(op, min_bytes)
