@@ -430,6 +430,7 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
             params.conv_channels_last,
             params.lanes if params.conv_grouped_width else 0,
             params.lanes if params.fuse_elementwise else 0,
+            params.conv_chain_channels_last,
         ):
             facts = analyze(module, facts.entry)
         fused = annotate_generic_ops(module, facts)
