@@ -55,9 +55,9 @@ def sink_channels_last_transposes(fn: Any) -> int:
     """Sink every transpose of ``fn`` that leaves a convolution or pooling (and those the
     sinking makes) past the readers that can take the source instead; returns how many
     transposes moved or were removed."""
+    moved = _fold_filled_transposes(fn)
     work = [op for op in top_level_ops(fn) if _leaves_window_op(op)]
     erased: set[Any] = set()
-    moved = 0
     while work:
         op = work.pop(0)
         if op in erased:
@@ -66,7 +66,28 @@ def sink_channels_last_transposes(fn: Any) -> int:
         if made is not None:
             moved += 1
             work.extend(made)
+    for op in reversed(top_level_ops(fn)):  # the other operands' of a concatenation
+        if op.name == "linalg.transpose" and _unused(op):
+            op.erase()
     return moved
+
+
+def _fold_filled_transposes(fn: Any) -> int:
+    """Replace each transpose of a ``tensor.empty`` or of a ``linalg.fill`` of one (a
+    convolution's zero init, channels-last) by the empty or fill of the transposed shape;
+    returns how many."""
+    folded = 0
+    for op in top_level_ops(fn):
+        if op.name != "linalg.transpose" or len(op.results) != 1:
+            continue
+        if not _fresh(op.operands[0]):
+            continue
+        with ir.InsertionPoint(op), op.location:
+            permuted = _permuted_init(op.operands[0], _permutation(op))
+        op.results[0].replace_all_uses_with(permuted)
+        op.erase()
+        folded += 1
+    return folded
 
 
 def _leaves_window_op(op: Any) -> bool:
@@ -313,18 +334,25 @@ def _through_pooling(reader: Any, transpose: Any) -> list[Any] | None:
 def _permuted_init(init: Any, permutation: list[int]) -> Any:
     """``transpose(init, permutation)`` built at the insertion point: a fresh
     ``tensor.empty`` or the same ``linalg.fill`` of one where ``init`` is either (no pass)."""
+    if not _fresh(init):
+        return _new_transpose(init, permutation).results[0]
     shape = _shape(init)
     element = ir.RankedTensorType(init.type).element_type
-    permuted = [shape[p] for p in permutation]
+    empty = dialect("tensor").EmptyOp([shape[p] for p in permutation], element).result
     owner = result_owner(init)
-    if owner is not None and owner.name == "tensor.empty":
-        return dialect("tensor").EmptyOp(permuted, element).result
-    if owner is not None and owner.name == "linalg.fill":
-        filler = result_owner(owner.operands[1])
-        if filler is not None and filler.name == "tensor.empty":
-            empty = dialect("tensor").EmptyOp(permuted, element).result
-            return named_structured_op("linalg.fill", [owner.operands[0]], [empty])
-    return _new_transpose(init, permutation).results[0]
+    if owner.name == "tensor.empty":
+        return empty
+    return named_structured_op("linalg.fill", [owner.operands[0]], [empty])
+
+
+def _fresh(value: Any) -> bool:
+    """A static ``tensor.empty`` or a ``linalg.fill`` of one: any layout costs the same."""
+    owner = result_owner(value)
+    if owner is None or not _static(value):
+        return False
+    if owner.name == "linalg.fill":
+        owner = result_owner(owner.operands[1])
+    return owner is not None and owner.name == "tensor.empty"
 
 
 def _through_generic(reader: Any, transpose: Any) -> list[Any] | None:
@@ -400,7 +428,69 @@ def _renumber(op: Any, order: list[int]) -> list[Any]:
     return made
 
 
+def _through_concat(reader: Any, transpose: Any) -> list[Any] | None:
+    """``concat(transpose(x1, p), ..., transpose(xn, p))`` -> ``transpose(concat'(x1, ...,
+    xn), p)`` along the permuted dim, once every operand is such a transpose (a U-Net's
+    upsampled and skipped tensors; the last of them to arrive takes the concatenation)."""
+    p = _permutation(transpose)
+    sources = []
+    for operand in reader.operands:
+        owner = result_owner(operand)
+        if owner is None or owner.name != "linalg.transpose" or _permutation(owner) != p:
+            return None
+        if not _static(owner.operands[0]):
+            return None
+        sources.append(owner.operands[0])
+    dim = p[ir.IntegerAttr(reader.attributes["dim"]).value]
+    shape = list(_shape(sources[0]))
+    shape[dim] = sum(_shape(source)[dim] for source in sources)
+    element = ir.RankedTensorType(sources[0].type).element_type
+    i64 = ir.IntegerType.get_signless(64)
+    with ir.InsertionPoint(reader), reader.location:
+        joined = ir.Operation.create(
+            "tensor.concat",
+            results=[ir.RankedTensorType.get(shape, element)],
+            operands=sources,
+            attributes={"dim": ir.IntegerAttr.get(i64, dim)},
+        ).result
+    return _replace_by_transposed(reader, joined, p)
+
+
+def _through_insert(reader: Any, transpose: Any) -> list[Any] | None:
+    """``insert(transpose(x, p) into d)`` with ``d`` fresh (a fill: the zeros a strided
+    transposed convolution's input is spread over) -> ``transpose(insert'(x into d'), p)``.
+    A rank-reducing insertion first reads its source expanded to the slice's rank (the
+    transpose then sinks through that expansion, and comes back here)."""
+    attributes = ("static_offsets", "static_sizes", "static_strides")
+    if len(reader.operands) != 2 or reader.operands[0] != transpose.results[0]:
+        return None
+    dest = reader.operands[1]
+    if not _fresh(dest):
+        return None
+    offsets, sizes, strides = (list(ir.DenseI64ArrayAttr(reader.attributes[a])) for a in attributes)
+    value = transpose.results[0]
+    if len(_shape(value)) != len(sizes):
+        if [n for n in _shape(value) if n != 1] != [n for n in sizes if n != 1]:
+            return None
+        with ir.InsertionPoint(reader), reader.location:
+            reader.operands[0] = _unit_reshape(value, sizes)
+        return [transpose]  # read again, through the expansion
+    p = _permutation(transpose)
+    inverse = _inv(p)
+    offsets, sizes, strides = ([values[k] for k in inverse] for values in (offsets, sizes, strides))
+    with ir.InsertionPoint(reader), reader.location:
+        into = _permuted_init(dest, inverse)
+        inserted = (
+            dialect("tensor")
+            .InsertSliceOp(transpose.operands[0], into, [], [], [], offsets, sizes, strides)
+            .result
+        )
+    return _replace_by_transposed(reader, inserted, p)
+
+
 _REWRITES: dict[str, Any] = {
+    "tensor.insert_slice": _through_insert,
+    "tensor.concat": _through_concat,
     "linalg.transpose": _through_transpose,
     "linalg.generic": _through_generic,
     "tensor.pad": _through_pad,

@@ -1,0 +1,195 @@
+"""Channels-last carried between convolutions (``stages.x86.generic.layout_sinking``, run by
+the generic schedule's ``prepare`` after the convolutions go channels-last): the IR after
+the sinking (no transpose left between two convolutions, the ops in between on the
+channels-last tensor) and the values through the x86 graph against numpy."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import stagegraph as sg
+from stagegraph.mlir.diagnostics import parse_payload
+from stagegraph.mlir.walk import collect, top_level_ops
+
+# Batch 2 (no unit dims): conv -> bias + ReLU -> pad -> conv -> residual add -> 2x2 max pool.
+N, C, F, S = 2, 8, 16, 6  # batch, input channels, filters, input size (3x3: S - 2 out)
+O = S - 2
+X_T, W1_T, W2_T = (
+    f"tensor<{N}x{C}x{S}x{S}xf32>",
+    f"tensor<{F}x{C}x3x3xf32>",
+    f"tensor<{F}x{F}x3x3xf32>",
+)
+Y_T, P_T, POOL_T = (
+    f"tensor<{N}x{F}x{O}x{O}xf32>",
+    f"tensor<{N}x{F}x{S}x{S}xf32>",
+    f"tensor<{N}x{F}x2x2xf32>",
+)
+ID4 = "affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>"
+CHANNEL = "affine_map<(d0, d1, d2, d3) -> (d1)>"
+ATTRS = "{dilations = dense<1> : tensor<2xi64>, strides = dense<1> : tensor<2xi64>}"
+POOL = "{dilations = dense<1> : tensor<2xi64>, strides = dense<2> : tensor<2xi64>}"
+CHAIN = f"""
+func.func @main(%x: {X_T}, %w1: {W1_T}, %w2: {W2_T}, %b: tensor<{F}xf32>) -> {POOL_T} {{
+  %zero = arith.constant 0.0 : f32
+  %least = arith.constant -3.4e38 : f32
+  %e = tensor.empty() : {Y_T}
+  %z = linalg.fill ins(%zero : f32) outs(%e : {Y_T}) -> {Y_T}
+  %c1 = linalg.conv_2d_nchw_fchw {ATTRS} ins(%x, %w1 : {X_T}, {W1_T}) outs(%z : {Y_T}) -> {Y_T}
+  %r = linalg.generic {{indexing_maps = [{ID4}, {CHANNEL}, {ID4}],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}}
+      ins(%c1, %b : {Y_T}, tensor<{F}xf32>) outs(%e : {Y_T}) {{
+  ^bb0(%a: f32, %bias: f32, %o: f32):
+    %s = arith.addf %a, %bias : f32
+    %m = arith.maximumf %s, %zero : f32
+    linalg.yield %m : f32
+  }} -> {Y_T}
+  %p = tensor.pad %r low[0, 0, 1, 1] high[0, 0, 1, 1] {{
+  ^bb0(%i0: index, %i1: index, %i2: index, %i3: index):
+    tensor.yield %zero : f32
+  }} : {Y_T} to {P_T}
+  %c2 = linalg.conv_2d_nchw_fchw {ATTRS} ins(%p, %w2 : {P_T}, {W2_T}) outs(%z : {Y_T}) -> {Y_T}
+  %sum = linalg.generic {{indexing_maps = [{ID4}, {ID4}, {ID4}],
+      iterator_types = ["parallel", "parallel", "parallel", "parallel"]}}
+      ins(%c2, %r : {Y_T}, {Y_T}) outs(%e : {Y_T}) {{
+  ^bb0(%a: f32, %c: f32, %o: f32):
+    %s = arith.addf %a, %c : f32
+    linalg.yield %s : f32
+  }} -> {Y_T}
+  %pe = tensor.empty() : {POOL_T}
+  %pi = linalg.fill ins(%least : f32) outs(%pe : {POOL_T}) -> {POOL_T}
+  %window = tensor.empty() : tensor<2x2xf32>
+  %pool = linalg.pooling_nchw_max {POOL} ins(%sum, %window : {Y_T}, tensor<2x2xf32>)
+      outs(%pi : {POOL_T}) -> {POOL_T}
+  return %pool : {POOL_T}
+}}
+"""
+
+
+def _rewritten(text: str, sink: bool = True) -> tuple[object, object, int, int]:
+    """The payload after the channels-last rewrite (and the sinking): the module, its
+    function, and its transposes before and after the sinking."""
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.conv.rewrites import conv_to_channels_last
+    from stagegraph.stages.x86.generic.layout_sinking import (
+        count_transposes,
+        sink_channels_last_transposes,
+    )
+    from stagegraph.stages.x86.generic.prepare import erase_unused_tensor_ops
+
+    module = parse_payload(text)
+    (fn,) = [op for op in top_level_ops(module.operation) if op.name == "func.func"]
+    with module.context, ir.Location.unknown():
+        assert conv_to_channels_last(fn) == 2
+        before = count_transposes(fn)
+        if sink:
+            assert sink_channels_last_transposes(fn) > 0
+            erase_unused_tensor_ops(fn)
+        assert module.operation.verify()
+        return module, fn, before, count_transposes(fn)
+
+
+def _between(first: object, second: object) -> list[str]:
+    """Names of the ops on the producer paths from ``second``'s image back to ``first``."""
+    from stagegraph.stages.x86.generic.linalg_parts import result_owner
+
+    names, work, seen = [], [second.operands[0]], set()
+    while work:
+        owner = result_owner(work.pop())
+        if owner is None or owner == first or owner in seen:
+            continue
+        seen.add(owner)
+        names.append(owner.name)
+        work.extend(owner.operands)
+    return names
+
+
+def test_no_transpose_is_left_between_the_two_convolutions() -> None:
+    from stagegraph.mlir.bindings import ir
+
+    module, fn, before, after = _rewritten(CHAIN)
+    first, second = collect(module, "linalg.conv_2d_nhwc_hwcf")
+    path = _between(first, second)
+    assert "linalg.transpose" not in path
+    assert "tensor.pad" in path and "linalg.generic" in path
+    # Left: the input's and the two filters' and the result's (after the pool: NCHW out);
+    # gone: each convolution's result back to NCHW and the second one's input.
+    assert (before, after) == (8, 4)
+    (pool,) = collect(module, "linalg.pooling_nhwc_max")
+    assert ir.RankedTensorType(pool.results[0].type).shape == [N, 2, 2, F]
+    # The ops in between run channels-last: the pad pads H and W, now dims 1 and 2.
+    (pad,) = collect(module, "tensor.pad")
+    assert list(ir.DenseI64ArrayAttr(pad.attributes["static_low"])) == [0, 1, 1, 0]
+    relu = next(op for op in collect(module, "linalg.generic") if op.operands[0] == first.result)
+    maps = [str(ir.AffineMapAttr(a).value) for a in relu.attributes["indexing_maps"]]
+    assert maps == [
+        "(d0, d1, d2, d3) -> (d0, d1, d2, d3)",
+        "(d0, d1, d2, d3) -> (d3)",
+        "(d0, d1, d2, d3) -> (d0, d1, d2, d3)",
+    ]
+    (last,) = [op for op in top_level_ops(fn) if op.name == "linalg.transpose"][-1:]
+    assert last.operands[0] == pool.results[0]  # converted back only for the result
+
+
+def test_without_a_convolution_nothing_moves() -> None:
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic.layout_sinking import sink_channels_last_transposes
+
+    text = """
+func.func @main(%x: tensor<2x3x4xf32>) -> tensor<4x2x3xf32> {
+  %e = tensor.empty() : tensor<4x2x3xf32>
+  %t = linalg.transpose ins(%x : tensor<2x3x4xf32>) outs(%e : tensor<4x2x3xf32>) permutation = [2, 0, 1]
+  %n = linalg.generic {indexing_maps = [affine_map<(a, b, c) -> (a, b, c)>, affine_map<(a, b, c) -> (a, b, c)>],
+      iterator_types = ["parallel", "parallel", "parallel"]}
+      ins(%t : tensor<4x2x3xf32>) outs(%e : tensor<4x2x3xf32>) {
+  ^bb0(%a: f32, %o: f32):
+    %m = arith.negf %a : f32
+    linalg.yield %m : f32
+  } -> tensor<4x2x3xf32>
+  return %n : tensor<4x2x3xf32>
+}
+"""  # noqa: E501
+    module = parse_payload(text)
+    (fn,) = [op for op in top_level_ops(module.operation) if op.name == "func.func"]
+    with module.context, ir.Location.unknown():
+        assert sink_channels_last_transposes(fn) == 0  # a user's transpose stays as it was
+    assert len(collect(module, "linalg.transpose")) == 1
+
+
+def _conv(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """NCHW x FCHW, 3x3, stride 1, no padding (float64)."""
+    n, _, h, width = x.shape
+    out = np.zeros((n, w.shape[0], h - 2, width - 2))
+    for i in range(3):
+        for j in range(3):
+            window = x[:, :, i : i + h - 2, j : j + width - 2]
+            out += np.einsum("nchw,fc->nfhw", window, w[:, :, i, j])
+    return out
+
+
+def _chain_reference(x, w1, w2, b) -> np.ndarray:
+    r = np.maximum(_conv(x, w1) + b[None, :, None, None], 0.0)
+    total = _conv(np.pad(r, ((0, 0), (0, 0), (1, 1), (1, 1))), w2) + r
+    return total.reshape(N, F, 2, 2, 2, 2).max(axis=(3, 5))
+
+
+@pytest.mark.parametrize("chained", [True, False])
+def test_the_chain_computes_the_same_values(tmp_path, chained: bool) -> None:
+    """Through the x86 graph (both convolutions on the direct, channels-last path; the
+    target pinned), with and without the sinking, against numpy."""
+    from stagegraph.core.catalog import load_graph
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((N, C, S, S)).astype(np.float32)
+    w1 = rng.standard_normal((F, C, 3, 3)).astype(np.float32)
+    w2 = rng.standard_normal((F, F, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(F).astype(np.float32)
+    (tmp_path / "chain.mlir").write_text(CHAIN)
+    expected = _chain_reference(*(a.astype(np.float64) for a in (x, w1, w2, b)))
+    np.savez(tmp_path / "chain.npz", in0=x, in1=w1, in2=w2, in3=b, out0=expected.astype(np.float32))
+    graph = load_graph("x86").with_config("normalize", path="direct")
+    result = sg.run(
+        graph, str(tmp_path / "chain.mlir"), threads=1, target="x86-64-v3",
+        param={"conv_chain_channels_last": chained},
+    )  # fmt: skip
+    assert result.verified is True, result.message
