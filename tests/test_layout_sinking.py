@@ -14,14 +14,14 @@ from stagegraph.mlir.walk import collect, top_level_ops
 
 # Batch 2 (no unit dims): conv -> bias + ReLU -> pad -> conv -> residual add -> 2x2 max pool.
 N, C, F, S = 2, 8, 16, 6  # batch, input channels, filters, input size (3x3: S - 2 out)
-O = S - 2
+OUT = S - 2
 X_T, W1_T, W2_T = (
     f"tensor<{N}x{C}x{S}x{S}xf32>",
     f"tensor<{F}x{C}x3x3xf32>",
     f"tensor<{F}x{F}x3x3xf32>",
 )
 Y_T, P_T, POOL_T = (
-    f"tensor<{N}x{F}x{O}x{O}xf32>",
+    f"tensor<{N}x{F}x{OUT}x{OUT}xf32>",
     f"tensor<{N}x{F}x{S}x{S}xf32>",
     f"tensor<{N}x{F}x2x2xf32>",
 )
