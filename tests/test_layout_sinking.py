@@ -193,3 +193,92 @@ def test_the_chain_computes_the_same_values(tmp_path, chained: bool) -> None:
         param={"conv_chain_channels_last": chained},
     )  # fmt: skip
     assert result.verified is True, result.message
+
+
+# Batch 1 as the PyTorch import gives it (unit dims dropped between convolutions): conv ->
+# a per-channel mean (reduction, shifted by the first element: a leading slice) subtracted
+# -> pad -> concatenated with itself -> conv.
+V_X, V_Y, V_C = "tensor<1x8x6x6xf32>", "tensor<1x16x4x4xf32>", "tensor<16x4x4xf32>"
+V_P, V_CAT, V_W2 = "tensor<16x6x6xf32>", "tensor<1x32x6x6xf32>", "tensor<16x32x3x3xf32>"
+ID3 = "affine_map<(d0, d1, d2) -> (d0, d1, d2)>"
+UNIT = f"""
+func.func @main(%x: {V_X}, %w1: {W1_T}, %w2: {V_W2}) -> {V_Y} {{
+  %zero = arith.constant 0.0 : f32
+  %sixteen = arith.constant 16.0 : f32
+  %e = tensor.empty() : {V_Y}
+  %z = linalg.fill ins(%zero : f32) outs(%e : {V_Y}) -> {V_Y}
+  %c1 = linalg.conv_2d_nchw_fchw {ATTRS} ins(%x, %w1 : {V_X}, {W1_T}) outs(%z : {V_Y}) -> {V_Y}
+  %flat = tensor.collapse_shape %c1 [[0, 1], [2], [3]] : {V_Y} into {V_C}
+  %first = tensor.extract_slice %flat[0, 0, 0] [16, 1, 1] [1, 1, 1] : {V_C} to tensor<16x1x1xf32>
+  %s0 = tensor.empty() : tensor<16xf32>
+  %s = linalg.fill ins(%zero : f32) outs(%s0 : tensor<16xf32>) -> tensor<16xf32>
+  %sum = linalg.generic {{indexing_maps = [{ID3}, affine_map<(d0, d1, d2) -> (d0, 0, 0)>,
+      affine_map<(d0, d1, d2) -> (d0)>], iterator_types = ["parallel", "reduction", "reduction"]}}
+      ins(%flat, %first : {V_C}, tensor<16x1x1xf32>) outs(%s : tensor<16xf32>) {{
+  ^bb0(%a: f32, %f: f32, %o: f32):
+    %d = arith.subf %a, %f : f32
+    %r = arith.addf %d, %o : f32
+    linalg.yield %r : f32
+  }} -> tensor<16xf32>
+  %ce = tensor.empty() : {V_C}
+  %centred = linalg.generic {{indexing_maps = [{ID3}, affine_map<(d0, d1, d2) -> (d0)>, {ID3}],
+      iterator_types = ["parallel", "parallel", "parallel"]}}
+      ins(%flat, %sum : {V_C}, tensor<16xf32>) outs(%ce : {V_C}) {{
+  ^bb0(%a: f32, %m: f32, %o: f32):
+    %mean = arith.divf %m, %sixteen : f32
+    %r = arith.subf %a, %mean : f32
+    linalg.yield %r : f32
+  }} -> {V_C}
+  %p = tensor.pad %centred low[0, 1, 1] high[0, 1, 1] {{
+  ^bb0(%i0: index, %i1: index, %i2: index):
+    tensor.yield %zero : f32
+  }} : {V_C} to {V_P}
+  %wide = tensor.expand_shape %p [[0, 1], [2], [3]] output_shape [1, 16, 6, 6]
+      : {V_P} into tensor<1x16x6x6xf32>
+  %cat = tensor.concat dim(1) %wide, %wide : (tensor<1x16x6x6xf32>, tensor<1x16x6x6xf32>) -> {V_CAT}
+  %c2 = linalg.conv_2d_nchw_fchw {ATTRS} ins(%cat, %w2 : {V_CAT}, {V_W2}) outs(%z : {V_Y}) -> {V_Y}
+  return %c2 : {V_Y}
+}}
+"""
+
+
+def test_unit_dims_norms_slices_and_concatenations_carry_channels_last() -> None:
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.analysis.ops import declared_iterator_types
+
+    module, _, before, after = _rewritten(UNIT)
+    first, second = collect(module, "linalg.conv_2d_nhwc_hwcf")
+    path = _between(first, second)
+    assert "linalg.transpose" not in path
+    assert {"tensor.concat", "tensor.pad", "linalg.generic"} <= set(path)
+    assert (before, after) == (8, 4)  # input, two filters, result
+    (cat,) = collect(module, "tensor.concat")
+    assert ir.IntegerAttr(cat.attributes["dim"]).value == 3  # the channels, last
+    # The statistics read the result in its own order: the channels innermost, parallel.
+    (reduction,) = [op for op in collect(module, "linalg.generic") if len(op.operands) == 3
+                    and "reduction" in declared_iterator_types(op)]  # fmt: skip
+    assert declared_iterator_types(reduction) == ("reduction", "reduction", "parallel")
+    (sliced,) = collect(module, "tensor.extract_slice")
+    assert ir.RankedTensorType(sliced.results[0].type).shape == [1, 1, 16]
+
+
+def _unit_reference(x, w1, w2) -> np.ndarray:
+    c1 = _conv(x, w1)[0]
+    centred = c1 - (c1 - c1[:, :1, :1]).sum(axis=(1, 2), keepdims=True) / 16.0
+    padded = np.pad(centred, ((0, 0), (1, 1), (1, 1)))[None]
+    return _conv(np.concatenate([padded, padded], axis=1), w2)
+
+
+def test_the_unit_dim_chain_computes_the_same_values(tmp_path) -> None:
+    from stagegraph.core.catalog import load_graph
+
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((1, C, S, S)).astype(np.float32)
+    w1 = rng.standard_normal((F, C, 3, 3)).astype(np.float32)
+    w2 = rng.standard_normal((F, 2 * F, 3, 3)).astype(np.float32)
+    (tmp_path / "unit.mlir").write_text(UNIT)
+    expected = _unit_reference(*(a.astype(np.float64) for a in (x, w1, w2)))
+    np.savez(tmp_path / "unit.npz", in0=x, in1=w1, in2=w2, out0=expected.astype(np.float32))
+    graph = load_graph("x86").with_config("normalize", path="direct")
+    result = sg.run(graph, str(tmp_path / "unit.mlir"), threads=1, target="x86-64-v3")
+    assert result.verified is True, result.message
