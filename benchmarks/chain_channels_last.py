@@ -13,7 +13,7 @@ medians, and the medians of the per-round ratios with their 10th-90th percentile
 Usage:
 
     python benchmarks/chain_channels_last.py l3_045 l3_009 /tmp/vgg_prefix.py:batch_size=1
-        [--rounds 5] [--calls 1] [--target x86-64-v3] [--no-torch]
+        [--rounds 5] [--calls 1] [--target x86-64-v3] [--no-torch] [--conv path=direct]
 """
 
 from __future__ import annotations
@@ -71,6 +71,17 @@ def transpose_counts(session) -> tuple[int, int]:
     return counts[0], counts[1]
 
 
+def count_only(spec: str, args: argparse.Namespace) -> str:
+    """``before -> after`` for ``spec`` without compiling past ``x86.normalize``."""
+    from stagegraph.app.session import Session, SessionRequest
+
+    session = Session(SessionRequest(graph="x86", workload=spec, threads=1, target=args.target))
+    if args.conv:
+        session.graph = session.graph.with_config("normalize", **args.conv)
+    before, after = transpose_counts(session)
+    return f"{before} -> {after}"
+
+
 def cpu_times(measure, calls: int) -> np.ndarray:
     out = np.empty(calls)
     for i in range(calls):
@@ -91,6 +102,8 @@ def build(spec: str, args: argparse.Namespace) -> dict:
             graph="x86", workload=spec, threads=1, target=args.target, params={PARAM: chained}
         )
         session = Session(request)
+        if args.conv:
+            session.graph = session.graph.with_config("normalize", **args.conv)
         if counts is None:
             counts = transpose_counts(session)
         measurement = prepare(session.engine, session.graph, session.workload, None)
@@ -145,7 +158,15 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=1)
     parser.add_argument("--target", help="x86-64 level to compile for (default: the host)")
     parser.add_argument("--no-torch", action="store_true", help="the two variants only")
+    parser.add_argument(
+        "--conv", action="append", default=[], metavar="KEY=VALUE",
+        help="a ConvGemmConfig field for both variants (path=direct: every convolution direct)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--count-only", action="store_true", help="the transposes only (compiles nothing)"
+    )
     args = parser.parse_args()
+    args.conv = dict(item.split("=", 1) for item in args.conv)
 
     from stagegraph.app.host import describe, host_info
 
@@ -154,6 +175,10 @@ def main() -> None:
           "| torch/x86 off | torch/x86 on |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|")
     for name in args.workloads:
+        if args.count_only:
+            print(f"| {Path(name.split(':')[0]).stem} | {count_only(workload_spec(name), args)} "
+                  "| | | | | | |", flush=True)  # fmt: skip
+            continue
         row = measure(workload_spec(name), args)
         torch_cells = ["", "", ""]
         if not args.no_torch:
