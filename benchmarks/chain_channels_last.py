@@ -41,7 +41,8 @@ def workload_spec(name: str) -> str:
 
 def transpose_counts(session) -> tuple[int, int]:
     """Transposes of computed tensors after the channels-last rewrites, without and with
-    the sinking, on the module ``x86.normalize`` gives (the paths the cost model chose)."""
+    the sinking, on the module ``x86.normalize`` gives (the paths the cost model chose;
+    ``session``'s normalize config has ``chain_channels_last`` off)."""
     from stagegraph.mlir.build import ir_location
     from stagegraph.mlir.functions import entry_function
     from stagegraph.mlir.walk import top_level_ops
@@ -76,8 +77,8 @@ def count_only(spec: str, args: argparse.Namespace) -> str:
     from stagegraph.app.session import Session, SessionRequest
 
     session = Session(SessionRequest(graph="x86", workload=spec, threads=1, target=args.target))
-    if args.conv:
-        session.graph = session.graph.with_config("normalize", **args.conv)
+    knobs = {**args.conv, "chain_channels_last": False}  # counted on the NCHW form
+    session.graph = session.graph.with_config("normalize", **knobs)
     before, after = transpose_counts(session)
     return f"{before} -> {after}"
 
@@ -102,8 +103,8 @@ def build(spec: str, args: argparse.Namespace) -> dict:
             graph="x86", workload=spec, threads=1, target=args.target, params={PARAM: chained}
         )
         session = Session(request)
-        if args.conv:
-            session.graph = session.graph.with_config("normalize", **args.conv)
+        knobs = {**args.conv, "chain_channels_last": chained}
+        session.graph = session.graph.with_config("normalize", **knobs)
         if counts is None:
             counts = transpose_counts(session)
         measurement = prepare(session.engine, session.graph, session.workload, None)
