@@ -176,7 +176,8 @@ def _chain_reference(x, w1, w2, b) -> np.ndarray:
 @pytest.mark.parametrize("chained", [True, False])
 def test_the_chain_computes_the_same_values(tmp_path, chained: bool) -> None:
     """Through the x86 graph (both convolutions on the direct, channels-last path; the
-    target pinned), with and without the sinking, against numpy."""
+    target pinned), with and without the sinking (in ``x86.normalize`` and in the
+    schedule's ``prepare``), against numpy."""
     from stagegraph.core.catalog import load_graph
 
     rng = np.random.default_rng(3)
@@ -187,7 +188,7 @@ def test_the_chain_computes_the_same_values(tmp_path, chained: bool) -> None:
     (tmp_path / "chain.mlir").write_text(CHAIN)
     expected = _chain_reference(*(a.astype(np.float64) for a in (x, w1, w2, b)))
     np.savez(tmp_path / "chain.npz", in0=x, in1=w1, in2=w2, in3=b, out0=expected.astype(np.float32))
-    graph = load_graph("x86").with_config("normalize", path="direct")
+    graph = load_graph("x86").with_config("normalize", path="direct", chain_channels_last=chained)
     result = sg.run(
         graph, str(tmp_path / "chain.mlir"), threads=1, target="x86-64-v3",
         param={"conv_chain_channels_last": chained},
@@ -282,3 +283,22 @@ def test_the_unit_dim_chain_computes_the_same_values(tmp_path) -> None:
     graph = load_graph("x86").with_config("normalize", path="direct")
     result = sg.run(graph, str(tmp_path / "unit.mlir"), threads=1, target="x86-64-v3")
     assert result.verified is True, result.message
+
+
+def test_normalize_carries_channels_last_and_keeps_the_path_decisions() -> None:
+    """``x86.normalize`` (before the schedule cuts a model into groups) rewrites the direct
+    convolutions channels-last with nothing between them; each keeps its stamped path."""
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.core.engine import Engine
+    from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, stamped_choices
+
+    graph = load_graph("x86").with_config("normalize", path="direct")
+    module = Engine().run(graph, CHAIN, until="normalize").module.ir
+    first, second = collect(module, "linalg.conv_2d_nhwc_hwcf")
+    assert "linalg.transpose" not in _between(first, second)
+    assert collect(module, "linalg.conv_2d_nchw_fchw") == []
+    assert all(PATH_ATTRIBUTE in op.attributes for op in (first, second))
+    assert [choice.path for choice in stamped_choices(module)] == ["direct", "direct"]
+    off = graph.with_config("normalize", chain_channels_last=False)
+    kept = Engine().run(off, CHAIN, until="normalize").module.ir
+    assert len(collect(kept, "linalg.conv_2d_nchw_fchw")) == 2  # left to the schedule
