@@ -37,7 +37,7 @@ def carry_channels_last(module: Any) -> int:
     fill whole vectors channels-last (its path decision kept on the new op), then sink the
     transposes between them; returns how many convolutions were rewritten."""
     from stagegraph.stages.x86.generic.layout_sinking import sink_channels_last_transposes
-    from stagegraph.stages.x86.generic.prepare import erase_unused_tensor_ops
+    from stagegraph.stages.x86.generic.prepare import drop_dead_results, erase_unused_tensor_ops
 
     rewritten = 0
     for fn in top_level_ops(module.operation):
@@ -45,6 +45,7 @@ def carry_channels_last(module: Any) -> int:
             continue
         here = sum(_to_channels_last(op) for op in top_level_ops(fn) if op.name == _NCHW)
         if here:
+            drop_dead_results(fn)  # an unused argmax next to a max: no index loop to carry
             sink_channels_last_transposes(fn)
             erase_unused_tensor_ops(fn)
         rewritten += here

@@ -35,7 +35,7 @@ from typing import Any
 
 from stagegraph.mlir.bindings import ir
 from stagegraph.mlir.build import iterator_types_attr
-from stagegraph.mlir.walk import children, top_level_ops
+from stagegraph.mlir.walk import collect, top_level_ops
 from stagegraph.stages.analysis.ops import declared_iterator_types
 from stagegraph.stages.x86.generic.layout_readers import (
     READERS,
@@ -142,9 +142,9 @@ def _unused(op: Any) -> bool:
 
 def _through_generic(reader: Any, transpose: Any) -> list[Any] | None:
     """A ``linalg.generic`` reading ``transpose(x, p)``: reads ``x`` through the composed
-    map. Where it then reads ``x`` through a permutation of all its loops (and its body
-    does not ask for loop indices), its loops are renumbered to ``x``'s order and each
-    result whose map that leaves out of order is written in order, transposed back."""
+    map. Where it then reads ``x`` through a permutation of all its loops, its loops are
+    renumbered to ``x``'s order (``linalg.index`` ops too) and each result whose map that
+    leaves out of order is written in order, transposed back."""
     value, source = transpose.results[0], transpose.operands[0]
     inputs = input_count(reader)
     maps = _maps(reader)
@@ -159,8 +159,6 @@ def _through_generic(reader: Any, transpose: Any) -> list[Any] | None:
     _set_maps(reader, maps)
     order = _dims(maps[slots[0]])
     if order is None or sorted(order) != list(range(maps[0].n_dims)):
-        return []
-    if any(inner.name == "linalg.index" for inner in children(reader)):
         return []
     return _renumber(reader, order)
 
@@ -208,6 +206,10 @@ def _renumber(op: Any, order: list[int]) -> list[Any]:
         if transposed is not None:
             made.append(transposed)
     _set_maps(op, maps)
+    i64 = ir.IntegerType.get_signless(64)
+    for inner in collect(op, "linalg.index"):  # loop indices the body asks for (argmax)
+        old = ir.IntegerAttr(inner.attributes["dim"]).value
+        inner.attributes["dim"] = ir.IntegerAttr.get(i64, new_of_old[old])
     kinds = declared_iterator_types(op)
     op.attributes["iterator_types"] = iterator_types_attr([kinds[k] for k in order])
     return made
