@@ -302,3 +302,65 @@ def test_normalize_carries_channels_last_and_keeps_the_path_decisions() -> None:
     off = graph.with_config("normalize", chain_channels_last=False)
     kept = Engine().run(off, CHAIN, until="normalize").module.ir
     assert len(collect(kept, "linalg.conv_2d_nchw_fchw")) == 2  # left to the schedule
+
+
+# A max over the width and its position (linalg.index) after a convolution: the loops are
+# renumbered channels-last, the index op follows its loop.
+ARGMAX = f"""
+func.func @main(%x: {X_T}, %w1: {W1_T}) -> (tensor<{N}x{F}x{OUT}xf32>, tensor<{N}x{F}x{OUT}xi64>) {{
+  %zero = arith.constant 0.0 : f32
+  %least = arith.constant -3.4e38 : f32
+  %none = arith.constant 0 : i64
+  %e = tensor.empty() : {Y_T}
+  %z = linalg.fill ins(%zero : f32) outs(%e : {Y_T}) -> {Y_T}
+  %c1 = linalg.conv_2d_nchw_fchw {ATTRS} ins(%x, %w1 : {X_T}, {W1_T}) outs(%z : {Y_T}) -> {Y_T}
+  %me = tensor.empty() : tensor<{N}x{F}x{OUT}xf32>
+  %m0 = linalg.fill ins(%least : f32) outs(%me : tensor<{N}x{F}x{OUT}xf32>) -> tensor<{N}x{F}x{OUT}xf32>
+  %ie = tensor.empty() : tensor<{N}x{F}x{OUT}xi64>
+  %i0 = linalg.fill ins(%none : i64) outs(%ie : tensor<{N}x{F}x{OUT}xi64>) -> tensor<{N}x{F}x{OUT}xi64>
+  %r:2 = linalg.generic {{indexing_maps = [{ID4}, affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>,
+      affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>],
+      iterator_types = ["parallel", "parallel", "parallel", "reduction"]}}
+      ins(%c1 : {Y_T}) outs(%m0, %i0 : tensor<{N}x{F}x{OUT}xf32>, tensor<{N}x{F}x{OUT}xi64>) {{
+  ^bb0(%a: f32, %m: f32, %i: i64):
+    %k = linalg.index 3 : index
+    %ki = arith.index_cast %k : index to i64
+    %gt = arith.cmpf ogt, %a, %m : f32
+    %nm = arith.select %gt, %a, %m : f32
+    %ni = arith.select %gt, %ki, %i : i64
+    linalg.yield %nm, %ni : f32, i64
+  }} -> (tensor<{N}x{F}x{OUT}xf32>, tensor<{N}x{F}x{OUT}xi64>)
+  return %r#0, %r#1 : tensor<{N}x{F}x{OUT}xf32>, tensor<{N}x{F}x{OUT}xi64>
+}}
+"""  # noqa: E501
+
+
+def test_a_loop_index_follows_its_renumbered_loop(tmp_path) -> None:
+    from stagegraph.core.catalog import load_graph
+    from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.analysis.ops import declared_iterator_types
+    from stagegraph.stages.x86.generic.layout_sinking import sink_channels_last_transposes
+
+    module = parse_payload(ARGMAX)
+    (fn,) = [op for op in top_level_ops(module.operation) if op.name == "func.func"]
+    with module.context, ir.Location.unknown():
+        from stagegraph.stages.x86.conv.rewrites import conv_to_channels_last
+
+        assert conv_to_channels_last(fn) == 1
+        assert sink_channels_last_transposes(fn) > 0
+        assert module.operation.verify()
+    (reduction,) = [op for op in collect(module, "linalg.generic") if len(op.results) == 2]
+    # N, H, W, C: the width (the reduced loop) is loop 2 now, and the index asks for it
+    assert declared_iterator_types(reduction)[2] == "reduction"
+    (index,) = collect(reduction, "linalg.index")
+    assert ir.IntegerAttr(index.attributes["dim"]).value == 2
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((N, C, S, S)).astype(np.float32)
+    w1 = rng.standard_normal((F, C, 3, 3)).astype(np.float32)
+    c1 = _conv(x.astype(np.float64), w1.astype(np.float64)).astype(np.float32)
+    (tmp_path / "argmax.mlir").write_text(ARGMAX)
+    np.savez(tmp_path / "argmax.npz", in0=x, in1=w1, out0=c1.max(axis=3),
+             out1=c1.argmax(axis=3).astype(np.int64))  # fmt: skip
+    graph = load_graph("x86").with_config("normalize", path="direct")
+    result = sg.run(graph, str(tmp_path / "argmax.mlir"), threads=1, target="x86-64-v3")
+    assert result.verified is True, result.message
