@@ -188,7 +188,8 @@ def test_per_op_records_leave_paths_to_their_payload(problem, tmp_path):
     stored = _record_tuned_sites(db, problem, {tiled.params_hash: tiled})
     db.close()
     assert stored and not any(s.startswith("conv_path") for s in stored)
-    assert any(s.startswith("convolution linalg.conv_2d_nchw_fchw") for s in stored)
+    # a direct convolution is channels-last from x86.normalize on (conv/chain_layout.py)
+    assert any(s.startswith("convolution linalg.conv_2d_nhwc_hwcf") for s in stored)
 
 
 def test_the_analysis_passes_stamped_decisions_on():

@@ -66,7 +66,8 @@ def normalize(
     (:mod:`stagegraph.stages.x86.conv.pointwise`), and other channels-first ones the implicit
     GEMM of their patches (:mod:`stagegraph.stages.x86.conv.gemm`) where the cost model
     of :mod:`stagegraph.stages.x86.conv.choice` finds it faster on ``target`` (default: the
-    host) or ``config`` says;
+    host) or ``config`` says, and the 2-D ones left on the direct path channels-last, with
+    no transposes between consecutive ones (:mod:`stagegraph.stages.x86.conv.chain_layout`);
     elementwise consumers that reach a matmul through reshapes move onto its result, so
     they fuse into its tiles (:mod:`stagegraph.stages.common.reshaped_epilogues`; those of
     a row-block loop first onto each block, :mod:`stagegraph.stages.common.block_epilogues`);
@@ -89,6 +90,7 @@ def normalize(
     from stagegraph.stages.common.fold_batchnorm import fold_channel_affine_chains
     from stagegraph.stages.common.reshaped_epilogues import fuse_epilogues_through_reshapes
     from stagegraph.stages.common.unit_dims import fold_unit_dims
+    from stagegraph.stages.x86.conv.chain_layout import carry_channels_last
     from stagegraph.stages.x86.conv.col2im import stride1_transposed_to_col2im
     from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
     from stagegraph.stages.x86.conv.pointwise import pointwise_convolutions_to_matmuls
@@ -107,6 +109,8 @@ def normalize(
         stride1_transposed_to_col2im(module.ir, config, target)
         pointwise_convolutions_to_matmuls(module.ir)
         convolutions_to_gemm(module.ir, config, target)
+        if config.chain_channels_last:  # the direct ones channels-last from one to the next
+            carry_channels_last(module.ir)
         sink_epilogues_into_blocks(module.ir)  # a row-block loop's epilogue onto its blocks
         fuse_epilogues_through_reshapes(module.ir)  # their epilogues onto the matmuls
         separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized

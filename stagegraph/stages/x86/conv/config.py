@@ -44,6 +44,11 @@ class ConvGemmConfig(Config):
     streams through memory instead of cache; such convolutions keep the direct path."""
 
     conv_gemm: bool = True
+    #: The 2-D convolutions left on the direct path go channels-last here, and the
+    #: transposes between them sink until they cancel (conv/chain_layout.py), before the
+    #: schedule cuts a large model into groups; off: each goes channels-last on its own in
+    #: the schedule's ``prepare`` (``GenericParams.conv_channels_last``).
+    chain_channels_last: bool = True
     #: The patch matrix as a gather fused into the packing of B (one pass over the input:
     #: conv/patch_gather.py, ``gather_worth``), else a window copy written out whole, then
     #: packed. The gather where the innermost spatial stride is at least

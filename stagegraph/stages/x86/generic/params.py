@@ -62,6 +62,11 @@ class GenericParams(Params):
     conv_channels_last: bool = Field(
         True, description="rewrite NCHW convolutions channels-last (contiguous vectors)"
     )
+    conv_chain_channels_last: bool = Field(
+        True,
+        description="carry channels-last from a convolution to the next: the transposes "
+        "between them sink past the ops in between and cancel (generic/layout_sinking.py)",
+    )
     conv_nhwc_channel_tile: int = Field(
         16, ge=1, description="output-channel tile of channels-last convolutions (vector dim)"
     )
@@ -428,6 +433,7 @@ declare_space(
         "conv_batch_tile": Choice((1, 2, 4, 8)),
         "conv_drop_unit_dims": Choice((0, 1)),
         "conv_channels_last": Choice((0, 1)),
+        "conv_chain_channels_last": Choice((0, 1)),
         "conv_grouped_width": Choice((0, 1)),
         "conv3d_direct": Choice((0, 1)),
         "conv3d_accumulators": Choice((0, 8, 12, 16, 24)),

@@ -24,6 +24,9 @@ generic schedule; run by ``generic.schedule.apply_generic_schedule`` before labe
 * :func:`conv_to_channels_last`: likewise an NCHW (NCDHW) convolution whose output channels
   fill whole vectors (``GenericParams.conv_channels_last``): its NCW tiles gather and
   scatter their channel vectors element by element.
+* :func:`~stagegraph.stages.x86.generic.layout_sinking.sink_channels_last_transposes`:
+  the transposes back to NCHW after those convolutions move past the ops between two
+  convolutions (elementwise, norms, pools, padding) until they cancel the next one's.
 * :func:`~stagegraph.stages.x86.generic.transpose_readers.merge_transposes_into_readers`:
   a transpose read by several generics (a norm's statistics and normalization after a
   channels-last convolution) and leading slices is read through by all of them.
@@ -52,6 +55,7 @@ from stagegraph.stages.x86.generic.elementwise_fusion import (
     duplicate_cheap_producers,
     fuse_elementwise_chains,
 )
+from stagegraph.stages.x86.generic.layout_sinking import sink_channels_last_transposes
 from stagegraph.stages.x86.generic.linalg_parts import (
     body_block,
     body_yield,
@@ -402,6 +406,7 @@ def prepare(
     width_kernel_lanes: int = 0,
     row_chain_lanes: int = 0,
     direct3d: Any = None,
+    chain_channels_last: bool = True,
 ) -> bool:
     """All rewrites on the function ``fn`` of ``module``; whether anything changed.
 
@@ -416,6 +421,8 @@ def prepare(
     ``direct3d``: when given (a :class:`~stagegraph.stages.x86.conv.direct3d_plan.Target3d`)
     and ``conv_channels_last``, 3-D convolutions become one register-blocked kernel
     (:mod:`stagegraph.stages.x86.conv.direct3d`) instead of depth loops of 2-D ones.
+    ``chain_channels_last``: the transposes between channels-last convolutions sink
+    until they cancel (:mod:`.layout_sinking`).
     """
     del module
     changed = drop_dead_results(fn)
@@ -437,6 +444,8 @@ def prepare(
         changed += grouped_to_width_kernels(fn, width_kernel_lanes)
     changed += grouped_conv_to_group_loops(fn)
     changed += depthwise_to_channels_last(fn)
+    if chain_channels_last and sink_channels_last_transposes(fn):  # none between convolutions
+        changed += 1 + erase_unused_tensor_ops(fn)
     changed += fold_constant_transposes(fn)  # channels-last filters, at compile time
     changed += transposes_before_padding(fn)  # written in place into the padded input
     changed += pads_as_filled_inserts(fn)  # likewise for the other pads

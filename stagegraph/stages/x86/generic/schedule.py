@@ -436,6 +436,7 @@ def apply_generic_schedule(module: Any, schedule: Any, facts: PayloadFacts | Non
             params.lanes if params.conv_grouped_width else 0,
             params.lanes if params.fuse_elementwise else 0,
             direct3d_target(params),
+            params.conv_chain_channels_last,
         ):
             facts = analyze(module, facts.entry)
         fused = annotate_generic_ops(module, facts)
