@@ -11,6 +11,7 @@ from typing import NamedTuple
 from stagegraph.dtypes import byte_size
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.matmul.params import MatmulParams, pack_k_step, whole_b_panels
+from stagegraph.stages.x86.matmul.stream_params import stream_constant_b
 
 # Register-tile rows preferred on 16 registers when the FMA units are half as wide as the
 # vectors (Zen 1 on AVX2: one 256-bit FMA per cycle, so 8 chains of latency 5 keep it busy),
@@ -101,6 +102,8 @@ def heuristic_matmul_params(
         chosen = chosen.model_copy(update={"pack": True})
     elif chosen.pack and m <= chosen.reg_m and not (constant_b and whole_b_panels(n, chosen)):
         chosen = chosen.model_copy(update={"pack": False})  # one pass over B, unpacked
+    if constant_b and dtype == "f32":  # a weight past L2: one prefetched stream
+        chosen = stream_constant_b(chosen, m, n, k, byte_size(dtype, 4), target)
     return chosen
 
 
