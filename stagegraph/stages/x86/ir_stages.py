@@ -411,6 +411,7 @@ def lower(
         reassociate_reductions,
     )
     from stagegraph.stages.common.serial_loops import serialize_small_parallel_loops
+    from stagegraph.stages.common.softplus_tanh import fold_softplus_tanh
     from stagegraph.stages.common.uniform_exp import compute_uniform_exps_once
     from stagegraph.stages.x86.generic.vector_copies import vectorize_copies
     from stagegraph.stages.x86.matmul.prefetch_rows import prefetch_rows
@@ -425,6 +426,7 @@ def lower(
         vectorize_copies(module.ir, COPY_ROW_VECTORS * lanes, lanes)
     compute_uniform_exps_once(module.ir)  # ELU/SELU on positive vectors: no exp polynomial
     if config.approximate_math:
+        fold_softplus_tanh(module.ir)  # Mish's gate: one exp and a division
         approximate_tanh(module.ir)
         approximate_exp(module.ir)
         approximate_erf(module.ir)

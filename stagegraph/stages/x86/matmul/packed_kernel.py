@@ -36,7 +36,12 @@ from stagegraph.stages.x86.matmul.gather_steps import gather_in_steps, split_gat
 from stagegraph.stages.x86.matmul.kernel_plan import KernelPlan, plan_kernel
 from stagegraph.stages.x86.matmul.params import MatmulParams, partial_tiles
 from stagegraph.stages.x86.matmul.prefetch_rows import PREFETCH_ROWS_ATTR
-from stagegraph.stages.x86.matmul.register_tiles import cleanup, hoist_accumulators, merged
+from stagegraph.stages.x86.matmul.register_tiles import (
+    cleanup,
+    consumer_of,
+    hoist_accumulators,
+    merged,
+)
 from stagegraph.stages.x86.matmul.stream_prefetch import STREAM_PREFETCH_ATTR
 
 _ttensor = dialect("transform.tensor")
@@ -79,7 +84,7 @@ def packed_kernel(
         apply_patterns(func, _ttensor.ApplyFoldTensorEmptyPatternsOp)
     chain = [handles.unpack]
     for _ in range(site.consumers):
-        chain.append(transform.GetConsumersOfResult(any_op(), chain[-1], 0).result)
+        chain.append(consumer_of(chain[-1]))
     if plan.direct:
         tile_nest = _direct_tiles(chain, handles, site, params)
     else:
