@@ -99,7 +99,9 @@ func.func @main(%x: tensor<{m}x{k}xf32>) -> tensor<{shape}xf32> {{
     stem.with_suffix(".mlir").write_text(text)
     c = x.astype(np.float64) @ w.T.astype(np.float64) + bias
     assert c.min() < -40 and c.max() > 45  # the ranges the rewrite must get right
-    np.savez(stem.with_suffix(".npz"), in0=x, out0=_reference_mish(_reference_mish(c)).astype(np.float32))
+    np.savez(
+        stem.with_suffix(".npz"), in0=x, out0=_reference_mish(_reference_mish(c)).astype(np.float32)
+    )
     return str(stem.with_suffix(".mlir"))
 
 
