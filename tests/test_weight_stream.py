@@ -125,3 +125,25 @@ def test_the_prefetch_distance_is_validated():
     with pytest.raises(ValueError, match="prefetch_b"):
         MatmulParams(prefetch_b=-1)
     assert MatmulParams(prefetch_b=4096).prefetch_b == 4096
+
+
+def test_the_heuristic_streams_a_weight_past_zen4s_l2_end_to_end(tmp_path):
+    """16 x 512 -> 1024 for Zen 4 (1 MiB L2): the 2 MiB weight streams with the default
+    params (one K block, 16 KiB ahead), the kernel's k loop carries the mark into
+    bufferization; a 256 KiB weight (inside L2) does not. (IR only: the host may lack
+    AVX-512.)"""
+    path = _linear(tmp_path, 16, 512, 1024)
+    scheduled = sg.run("x86", path, threads=1, target="znver4", until="bufferized")
+    (chosen,) = scheduled.params.matmul
+    assert chosen.tile_k == 0 and chosen.prefetch_b == STREAM_PREFETCH_BYTES
+    module = scheduled.module.ir
+    marked = collect(module, lambda op: STREAM_PREFETCH_ATTR in op.attributes)
+    assert marked and all(
+        ir.IntegerAttr(op.attributes[STREAM_PREFETCH_ATTR]).value == STREAM_PREFETCH_BYTES
+        for op in marked
+    )
+    assert prefetch_streams(module) == 8 * len(marked)  # 4 x 32 f32 per read: 8 lines
+    small = sg.run("x86", _linear(tmp_path, 16, 256, 256), threads=1, target="znver4",
+                   until="bufferized")  # fmt: skip
+    assert small.params.matmul[0].prefetch_b == 0
+    assert collect(small.module.ir, lambda op: STREAM_PREFETCH_ATTR in op.attributes) == []
