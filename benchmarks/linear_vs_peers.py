@@ -67,7 +67,12 @@ def build_sides(spec: str, args: argparse.Namespace) -> dict | str:
 
 def measure(spec: str, args: argparse.Namespace) -> dict | str:
     """Every side of ``spec`` timed in interleaved rounds (order rotated per round)."""
-    built = build_sides(spec, args)
+    from stagegraph.errors import StagegraphError
+
+    try:
+        built = build_sides(spec, args)
+    except StagegraphError as error:  # (e.g. --vs torch for a .mlir: no PyTorch module)
+        return str(error)
     if isinstance(built, str):
         return built
     sides = built["sides"]
