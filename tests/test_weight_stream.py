@@ -147,3 +147,26 @@ def test_the_heuristic_streams_a_weight_past_zen4s_l2_end_to_end(tmp_path):
                    until="bufferized")  # fmt: skip
     assert small.params.matmul[0].prefetch_b == 0
     assert collect(small.module.ir, lambda op: STREAM_PREFETCH_ATTR in op.attributes) == []
+
+
+def test_a_weight_read_as_it_lies_streams_few_rows_at_once():
+    """Batch 4 against 4096 -> 4100 (no whole panels: not packed at compile time, read as
+    it lies): past L2, K blocks of UNPACKED_STREAM_ROWS rows (as many concurrent streams);
+    inside L2 the blocks stay as they were."""
+    from stagegraph.stages.x86.matmul.stream_params import UNPACKED_STREAM_ROWS
+
+    past = heuristic_matmul_params(4, 4100, 4096, "f32", AVX512, constant_b=True)
+    assert past.pack is False and past.tile_k == UNPACKED_STREAM_ROWS
+    on_avx2 = heuristic_matmul_params(4, 4100, 4096, "f32", AVX2, constant_b=True)
+    assert on_avx2.pack is False and on_avx2.tile_k == UNPACKED_STREAM_ROWS
+    cached = heuristic_matmul_params(4, 100, 1024, "f32", AVX512, constant_b=True)
+    assert cached.pack is False and cached.tile_k != UNPACKED_STREAM_ROWS
+
+
+@pytest.mark.parametrize("target", [None, "x86-64-v3"])
+def test_unpacked_k_blocks_of_few_rows_verify(tmp_path, target):
+    path = _linear(tmp_path, 4, 256, 100)  # 100 columns: no whole panels
+    param = {"pack": False, "tile_k": 16}
+    assert sg.run("x86", path, threads=1, target=target, param=param).verified is True
+    assert sg.run("x86", _linear(tmp_path, 3, 96, 40), threads=1, target=target,
+                  param={"pack": False, "tile_k": 16}).verified is True  # fmt: skip
