@@ -418,7 +418,8 @@ def layers_of(ops: list[Any], facts: list[OpFacts], def_use: DefUse) -> list[Lay
         current = op
         while len(current.results) == 1:
             users = def_use.users(current.results[0])
-            if len(users) != 1:
+            # (one user, perhaps reading it in several inputs: a merged elementwise chain)
+            if not users or any(other != users[0] for other in users):
                 break
             user = users[0]
             index = position.get(user)

@@ -416,18 +416,22 @@ def lower(
         reassociate_reductions,
     )
     from stagegraph.stages.common.serial_loops import serialize_small_parallel_loops
+    from stagegraph.stages.common.softplus_tanh import fold_softplus_tanh
     from stagegraph.stages.common.uniform_exp import compute_uniform_exps_once
     from stagegraph.stages.x86.generic.vector_copies import vectorize_copies
     from stagegraph.stages.x86.matmul.prefetch_rows import prefetch_rows
+    from stagegraph.stages.x86.matmul.stream_prefetch import prefetch_streams
     from stagegraph.stages.x86.vector_math import call_vector_math
 
     prefetch_rows(module.ir)
+    prefetch_streams(module.ir)
     constant_maps_to_fills(module.ir)  # a tensor.pad's padding: one flat, vectorized fill
     if copies_to_linalg(module.ir):
         lanes = max(1, target.vector_bits // 32)  # f32 lanes: the rows' unit of measure
         vectorize_copies(module.ir, COPY_ROW_VECTORS * lanes, lanes)
     compute_uniform_exps_once(module.ir)  # ELU/SELU on positive vectors: no exp polynomial
     if config.approximate_math:
+        fold_softplus_tanh(module.ir)  # Mish's gate: one exp and a division
         approximate_tanh(module.ir)
         approximate_exp(module.ir)
         approximate_erf(module.ir)

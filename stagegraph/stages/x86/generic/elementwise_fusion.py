@@ -170,17 +170,22 @@ def _fuse_producer(consumer: Any, k: int) -> Any:
         ir.AffineMap.get(n_loops, 0, [e.compose(remap) for e in m.results]) for m in p_maps[:p_in]
     ]
     maps = c_maps[:k] + p_in_maps + c_maps[k + 1 :]
+    # An input read twice through one map (each bias add of a merged Mish reads C) is one
+    # input: the fused op then reads C once, and stays a single-use consumer of C.
+    alias, kept = _distinct_inputs(inputs, maps[: len(inputs)])
+    kept_maps = [maps[j] for j in kept] + maps[len(inputs) :]
     with ir.InsertionPoint(consumer), consumer.location:
         fused = linalg_ops.GenericOp(
             [r.type for r in consumer.results],
-            inputs,
+            [inputs[j] for j in kept],
             inits,
-            ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+            ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in kept_maps]),
             consumer.attributes["iterator_types"],
         )
-    types = [_element_type(v.type) for v in inputs + inits]
+    types = [_element_type(v.type) for v in [inputs[j] for j in kept] + inits]
     block = ir.Block.create_at_start(fused.regions[0], types, [consumer.location] * len(types))
-    new_args = list(block.arguments)
+    args = list(block.arguments)
+    new_args = [args[a] for a in alias] + args[len(kept) :]
     p_block, c_block = body_block(producer), body_block(consumer)
     for old, new in zip(list(p_block.arguments)[:p_in], new_args[k : k + p_in], strict=True):
         old.replace_all_uses_with(new)
@@ -201,6 +206,21 @@ def _fuse_producer(consumer: Any, k: int) -> Any:
     consumer.erase()
     producer.erase()
     return fused.operation
+
+
+def _distinct_inputs(inputs: list[Any], maps: list[Any]) -> tuple[list[int], list[int]]:
+    """For each input, the position among the distinct (value, map) pairs of its pair; and
+    the index of each distinct pair's first input."""
+    alias: list[int] = []
+    kept: list[int] = []
+    for j, (value, amap) in enumerate(zip(inputs, maps, strict=True)):
+        same = next((i for i, first in enumerate(kept)
+                     if inputs[first] == value and maps[first] == amap), None)  # fmt: skip
+        if same is None:
+            kept.append(j)
+            same = len(kept) - 1
+        alias.append(same)
+    return alias, kept
 
 
 #: Body ops (besides the yield) of an elementwise generic cheap enough to recompute for

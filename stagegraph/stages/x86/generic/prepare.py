@@ -294,6 +294,10 @@ def _narrow_arg(arg: Any, block: Any, i1: Any, i8: Any) -> None:
     arith = dialect("arith")
     uses = [(u.owner.operation, u.operand_number) for u in arg.uses]
     arg.set_type(i8)
+    if not uses:
+        # (An unread init, as a comparison's: a truncation of it would read the init, and
+        # a generic reading its init is not merged into its consumer by elementwise_fusion.)
+        return
     first = next(iter(block.operations)).operation
     with ir.InsertionPoint(first), first.location:
         narrow = arith.TruncIOp(i1, arg).result

@@ -287,12 +287,15 @@ def _zero_fill(value: ir.Value) -> bool:
 
 
 def _elementwise_chain(op: ir.Operation) -> int:
-    """Number of single-use, all-parallel generics of the same shape consuming ``op`` in turn."""
+    """Number of all-parallel generics of the same shape consuming ``op`` in turn, each the
+    only user of the one before."""
     count = 0
     shape = ir.RankedTensorType(op.results[0].type).shape
     while len(op.results) == 1:
         uses = list(op.results[0].uses)
-        if len(uses) != 1:
+        # One user, which may read the result in several inputs (merged elementwise
+        # chains: each bias add of a Mish's x, exp(x) and x > 20 reads C).
+        if not uses or len({use.owner.operation for use in uses}) != 1:
             break
         user = uses[0].owner.operation
         if user.name != "linalg.generic" or len(user.results) != 1:
@@ -305,7 +308,7 @@ def _elementwise_chain(op: ir.Operation) -> int:
             break  # vectors of i1 are bit-packed, memrefs of i1 are bytes: leave it unfused
         # The matmul result must be an input (not the init) of the consumer.
         n_inputs = len(user.operands) - 1
-        if uses[0].operand_number >= n_inputs:
+        if any(use.operand_number >= n_inputs for use in uses):
             break
         count += 1
         op = user

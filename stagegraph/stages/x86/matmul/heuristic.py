@@ -11,6 +11,11 @@ from typing import NamedTuple
 from stagegraph.dtypes import byte_size
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.matmul.params import MatmulParams, pack_k_step, whole_b_panels
+from stagegraph.stages.x86.matmul.stream_params import (
+    UNPACKED_STREAM_ROWS,
+    stream_constant_b,
+    unpacked_b_streams,
+)
 
 # Register-tile rows preferred on 16 registers when the FMA units are half as wide as the
 # vectors (Zen 1 on AVX2: one 256-bit FMA per cycle, so 8 chains of latency 5 keep it busy),
@@ -101,6 +106,12 @@ def heuristic_matmul_params(
         chosen = chosen.model_copy(update={"pack": True})
     elif chosen.pack and m <= chosen.reg_m and not (constant_b and whole_b_panels(n, chosen)):
         chosen = chosen.model_copy(update={"pack": False})  # one pass over B, unpacked
+    elem = byte_size(dtype, 4)
+    if constant_b and dtype == "f32":  # a weight past L2: one prefetched stream
+        chosen = stream_constant_b(chosen, m, n, k, elem, target)
+    if unpacked_b_streams(chosen.pack, n, k, elem, target):  # B's rows: few streams at once
+        kc = _nearest_divisor(k, UNPACKED_STREAM_ROWS, chosen.k_unroll)
+        chosen = chosen.model_copy(update={"tile_k": kc if kc < k else 0})
     return chosen
 
 

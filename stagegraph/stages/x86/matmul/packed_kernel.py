@@ -36,7 +36,13 @@ from stagegraph.stages.x86.matmul.gather_steps import gather_in_steps, split_gat
 from stagegraph.stages.x86.matmul.kernel_plan import KernelPlan, plan_kernel
 from stagegraph.stages.x86.matmul.params import MatmulParams, partial_tiles
 from stagegraph.stages.x86.matmul.prefetch_rows import PREFETCH_ROWS_ATTR
-from stagegraph.stages.x86.matmul.register_tiles import cleanup, hoist_accumulators, merged
+from stagegraph.stages.x86.matmul.register_tiles import (
+    cleanup,
+    consumer_of,
+    hoist_accumulators,
+    merged,
+)
+from stagegraph.stages.x86.matmul.stream_prefetch import STREAM_PREFETCH_ATTR
 
 _ttensor = dialect("transform.tensor")
 # Marks on the direct tiles' kernel and consumers (see _peel_direct_edges).
@@ -78,7 +84,7 @@ def packed_kernel(
         apply_patterns(func, _ttensor.ApplyFoldTensorEmptyPatternsOp)
     chain = [handles.unpack]
     for _ in range(site.consumers):
-        chain.append(transform.GetConsumersOfResult(any_op(), chain[-1], 0).result)
+        chain.append(consumer_of(chain[-1]))
     if plan.direct:
         tile_nest = _direct_tiles(chain, handles, site, params)
     else:
@@ -197,9 +203,11 @@ def _packed_c_tiles(
 ) -> Any:
     """Register tiles into packed C, which the pass over C (the unpack and its consumers,
     tiled per register tile) then reads; returns that pass's tile loop nest."""
-    handles.kernel = structured.TileUsingForOp(
+    k_tiled = structured.TileUsingForOp(
         handles.kernel, sizes=[1, 1, params.k_unroll, 0, 0], interchange=[1, 0, 2, 3, 4]
-    ).tiled_linalg_op
+    )
+    handles.kernel = k_tiled.tiled_linalg_op
+    _mark_stream(k_tiled.loops[2], site, params)
     # The packed C is zeroed (or the init packed) tile by tile with vector stores.
     zero = handles.zero
     if plan.shared:  # (each thread a share of the column panels)
@@ -444,13 +452,21 @@ def _direct_tiles(
     # The consumers: the tiled op and the fused producers but the unpack (the last of the
     # reversed chain); taken now, before the kernel's own tiling adds ops to the loop.
     consumers = [node, *producers[:-1]] if site.consumers else []
-    handles.kernel = structured.TileUsingForOp(
-        handles.kernel, sizes=[0, 0, params.k_unroll, 0, 0]
-    ).tiled_linalg_op
+    k_tiled = structured.TileUsingForOp(handles.kernel, sizes=[0, 0, params.k_unroll, 0, 0])
+    handles.kernel = k_tiled.tiled_linalg_op
+    _mark_stream(k_tiled.loops[0], site, params)
     transform.AnnotateOp(handles.kernel, _DIRECT_KERNEL_ATTR)
     for consumer in consumers:
         transform.AnnotateOp(consumer, _DIRECT_CONSUMER_ATTR)
     return tiled
+
+
+def _mark_stream(k_loop: ir.Value, site: MatmulSite, params: MatmulParams) -> None:
+    """Mark the kernel's k loop to prefetch the packed constant B ahead (stream_prefetch)."""
+    if site.prepacked_b and params.prefetch_b:
+        distance = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), params.prefetch_b)
+        value = transform.ParamConstantOp(transform.AnyParamType.get(), distance).param
+        transform.AnnotateOp(k_loop, STREAM_PREFETCH_ATTR, param=value)
 
 
 def _split_partial_panel(

@@ -42,6 +42,13 @@ class MatmulParams(Params):
         "threads pack each one's B together, then take row blocks (no B packed twice)",
     )
     threads: int = Field(1, ge=1, le=1024, description="threads sharing the block loop")
+    prefetch_b: int = Field(
+        0,
+        ge=0,
+        le=1 << 24,
+        description="bytes ahead (in memory order) of the kernel's reads of a B packed at "
+        "compile time that it prefetches into L2 (0: none); see stream_prefetch",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> MatmulParams:

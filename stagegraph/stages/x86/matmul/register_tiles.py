@@ -38,9 +38,9 @@ def unpacked_kernel(
     """Register tiles in place (no packing): edge tiles are vectorized with masks."""
     outputs = []
     if site.consumers:
-        chain = [transform.GetConsumersOfResult(any_op(), block_mm, 0).result]
+        chain = [consumer_of(block_mm)]
         for _ in range(site.consumers - 1):
-            chain.append(transform.GetConsumersOfResult(any_op(), chain[-1], 0).result)
+            chain.append(consumer_of(chain[-1]))
         tiled = structured.TileUsingForOp(chain[-1], sizes=[params.reg_m, params.reg_n])
         outputs = [tiled.tiled_linalg_op]
         for producer in reversed(chain[:-1]):
@@ -126,6 +126,14 @@ def lower_vectors(func: ir.Value, avx2_transposes: bool = False) -> None:
     )
     apply_patterns(func, transform.ApplyCanonicalizationPatternsOp)
     # Equal block offsets must be one SSA value, or bufferization copies each block.
+
+
+def consumer_of(handle: ir.Value) -> ir.Value:
+    """The op consuming ``handle``'s first result, once: a consumer reading it in several
+    inputs (a merged elementwise chain) is listed once per input, and a handle naming an op
+    twice cannot be consumed by a transform."""
+    consumers = transform.GetConsumersOfResult(any_op(), handle, 0).result
+    return transform.MergeHandlesOp([consumers], deduplicate=True).result
 
 
 def merged(handles: list[ir.Value]) -> ir.Value:

@@ -43,7 +43,12 @@ from stagegraph.stages.x86.matmul.first_k_block import start_first_k_block_from_
 from stagegraph.stages.x86.matmul.packed_kernel import packed_kernel
 from stagegraph.stages.x86.matmul.pad_transposes import PAD_TRANSPOSES_ATTR, pad_transposes
 from stagegraph.stages.x86.matmul.params import MatmulParams
-from stagegraph.stages.x86.matmul.register_tiles import lower_vectors, merged, unpacked_kernel
+from stagegraph.stages.x86.matmul.register_tiles import (
+    consumer_of,
+    lower_vectors,
+    merged,
+    unpacked_kernel,
+)
 
 # The functions a schedule's second sequence lowers the vectors of (see apply_schedule).
 _LOWER_VECTORS_ATTR = "stagegraph.lower_vectors"
@@ -56,7 +61,7 @@ def _schedule_site(func: ir.Value, mm: ir.Value, site: MatmulSite, params: Matmu
     and the widening copies into each block, then build the block's kernel."""
     chain = [mm]
     for _ in range(site.consumers):
-        chain.append(transform.GetConsumersOfResult(any_op(), chain[-1], 0).result)
+        chain.append(consumer_of(chain[-1]))
     fill = producer_of(mm, 2) if site.has_fill else None
     unpack_b = producer_of(mm, 1) if site.prepacked_b else None  # (constant_pack)
     tiled = structured.TileUsingForallOp(chain[-1], tile_sizes=[params.block_rows, params.tile_n])
