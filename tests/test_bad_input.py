@@ -19,6 +19,10 @@ edges:
 """
 
 FILES = {
+    "negate.mlir": "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
+    "  %e = tensor.empty() : tensor<4xf32>\n"
+    "  %r = linalg.negf ins(%a : tensor<4xf32>) outs(%e : tensor<4xf32>) -> tensor<4xf32>\n"
+    "  return %r : tensor<4xf32>\n}\n",
     "malformed.mlir": "func.func @main(%a: tensor<4xf32>) -> tensor<4xf32> {\n"
     "  return %b : tensor<4xf32>\n}\n",
     "dynamic.mlir": "func.func @main(%a: tensor<?xf32>) -> tensor<?xf32> {\n"
@@ -364,6 +368,12 @@ CATALOGUE = [
     (
         "param-wrong-type",
         ["run", "x86", "matmul:m=8,n=8,k=8", "--param", "tile_m=abc"],
+        ["stage 'select' of graph 'x86': invalid --param for MatmulParams: tile_m='abc'"],
+    ),
+    (
+        # no matmul in the payload to apply it to: the typo is still an error
+        "matmul-param-wrong-type-without-matmul",
+        ["run", "x86", "{dir}/negate.mlir", "--param", "tile_m=abc"],
         ["stage 'select' of graph 'x86': invalid --param for MatmulParams: tile_m='abc'"],
     ),
     (

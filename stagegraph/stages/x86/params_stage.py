@@ -101,6 +101,8 @@ class X86Params(Params):
     def with_overrides(self, overrides: dict[str, Any]) -> X86Params:
         mm = {k: v for k, v in overrides.items() if k in MatmulParams.model_fields}
         gen = {k: v for k, v in overrides.items() if k in GenericParams.model_fields}
+        if mm and not self.matmul:  # no matmul to apply them to: still a typo is an error
+            apply_overrides(MatmulParams(), mm)
         return X86Params(
             matmul=tuple(apply_overrides(p, mm) for p in self.matmul),
             generic=apply_overrides(self.generic, gen),
