@@ -96,3 +96,36 @@ def test_the_imported_model_stays_as_it_was_without_a_pristine_copy(tmp_path):
     copy(torch.rand(2, 4, 3, 3))
     assert model.calls.item() == 0 and copy.calls.item() == 1
     assert not any("pristine" in name for name in vars(workload))
+
+
+PROBLEM_WITH_A_SCAN = """
+import torch
+
+
+class Model(torch.nn.Module):
+    def forward(self, x):
+        return torch.cumsum(x, dim=1)
+
+
+batch = 4
+
+
+def get_inputs():
+    return [torch.rand(batch, 16)]
+
+
+def get_init_inputs():
+    return []
+"""
+
+
+def test_a_model_whose_import_has_scans_loads_and_verifies(tmp_path):
+    """torch-mlir imports ``cumsum`` as ``tm_tensor.scan``, an op stagegraph's context does
+    not register: the payload is written as text (not bytecode), whose generic form the
+    parser rewrites into loops; written as bytecode it did not load."""
+    import stagegraph as sg
+
+    problem = tmp_path / "scan.py"
+    problem.write_text(PROBLEM_WITH_A_SCAN)
+    report = sg.run("x86", str(problem), threads=1)
+    assert report.verified is True, report

@@ -33,13 +33,27 @@ def import_program_to(program: Any, what: str, path: Any) -> Any:
     a reader of the same MLIR (the importer's bindings). Returns the graph signature of
     the decomposed program (see :func:`_import`)."""
     module, signature = _import(program, what)
-    if str(path).endswith(".mlirbc"):
+    if str(path).endswith(".mlirbc") and _all_ops_registered(module):
         with open(path, "wb") as file:
             module.operation.write_bytecode(file)
     else:
         with open(path, "w") as file:
             module.operation.print(file=file)
     return signature
+
+
+def _all_ops_registered(module: Any) -> bool:
+    """Whether stagegraph's own parsing context registers every op of ``module``. A module
+    with others (torch-mlir's ``tm_tensor.scan`` for a cumulative sum) is written as text
+    even to a ``.mlirbc`` path (MLIR tells the formats apart by content): the payload
+    parser rewrites those ops from the text's generic form
+    (:func:`stagegraph.mlir.diagnostics.parse_payload`), which bytecode does not give it."""
+    from stagegraph.mlir.bindings import new_context
+    from stagegraph.mlir.walk import collect
+
+    reader = new_context()
+    names = {op.name for op in collect(module.operation)}
+    return all(reader.is_registered_operation(name) for name in names)
 
 
 def _import(program: Any, what: str) -> tuple[Any, Any]:
