@@ -20,20 +20,14 @@ their 10th-90th percentiles. Usage:
 from __future__ import annotations
 
 import argparse
-import time
+import sys
 from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).parent))
 
-def cpu_times(measurement, calls: int) -> np.ndarray:
-    """Thread CPU time of each of ``calls`` calls of a prepared ``measurement``."""
-    out = np.empty(calls)
-    for i in range(calls):
-        start = time.thread_time()
-        measurement.measure(1)
-        out[i] = time.thread_time() - start
-    return out
+from conv_patch_gather import cpu_times
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:

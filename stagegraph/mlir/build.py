@@ -105,6 +105,22 @@ def reassociation_attr(groups: Sequence[Sequence[int]]) -> Any:
     )
 
 
+def non_unit_groups(shape: list[int]) -> list[list[int]] | None:
+    """Reassociation of ``shape`` onto its non-unit dims (each unit dim joins the group of
+    the next non-unit one, trailing ones the last group); None when every dim is 1."""
+    groups: list[list[int]] = []
+    pending: list[int] = []
+    for d, size in enumerate(shape):
+        pending.append(d)
+        if size != 1:
+            groups.append(pending)
+            pending = []
+    if not groups:
+        return None
+    groups[-1].extend(pending)
+    return groups
+
+
 def collapse_shape(value: Any, groups: Sequence[Sequence[int]], shape: Sequence[int]) -> Any:
     """``tensor.collapse_shape`` of ``value`` merging each group of dims (``groups``) into
     one, giving ``shape``."""

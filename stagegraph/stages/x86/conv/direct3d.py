@@ -93,39 +93,40 @@ def padding(
     return [(sizes[d], offsets[d]) for d in spatial]
 
 
+#: Per 3-D convolution op: (first spatial dim of image and output, first spatial dim of the
+#: filter, the image's channel dim, the filter's output-channel dim).
+_LAYOUTS = {_CONV: (1, 0, 4, 4), "linalg.conv_3d_ncdhw_fcdhw": (2, 2, 1, 0)}
+
+
 def conv_shape(op: Any, uses: DefUse) -> Conv3dShape | None:
     """``op`` as a :class:`Conv3dShape` when it is a static float channels-last 3-D
     convolution of one element type, else ``None``."""
-    if op.name != _CONV or len(op.operands) != 3 or len(op.results) != 1:
-        return None
-    if not all(ir.RankedTensorType(v.type).has_static_shape for v in op.operands):
-        return None
-    if len({_element_bytes(v) for v in op.operands}) != 1 or not _element_bytes(op.operands[0]):
-        return None
-    image, kernel, init = (_static(v) for v in op.operands)
-    strides, dilations = window_attr(op, "strides"), window_attr(op, "dilations")
-    pads = padding(op.operands[0], uses) or [(image[1 + d], 0) for d in range(3)]
-    windows = tuple(
-        Window(init[1 + d], kernel[d], strides[d], dilations[d], *pads[d]) for d in range(3)
-    )
-    return Conv3dShape(image[0], image[4], kernel[4], windows)  # type: ignore[arg-type]
+    return _shape(op, uses) if op.name == _CONV else None
 
 
 def _channels_first_shape(op: Any, uses: DefUse) -> Conv3dShape | None:
     """A static float ``linalg.conv_3d_ncdhw_fcdhw`` as a :class:`Conv3dShape`."""
-    if op.name != "linalg.conv_3d_ncdhw_fcdhw" or len(op.operands) != 3:
+    return _shape(op, uses) if op.name == "linalg.conv_3d_ncdhw_fcdhw" else None
+
+
+def _shape(op: Any, uses: DefUse) -> Conv3dShape | None:
+    """A static float 3-D convolution of a :data:`_LAYOUTS` op of one element type."""
+    if len(op.operands) != 3 or len(op.results) != 1:
         return None
     if not all(ir.RankedTensorType(v.type).has_static_shape for v in op.operands):
         return None
     if len({_element_bytes(v) for v in op.operands}) != 1 or not _element_bytes(op.operands[0]):
         return None
+    spatial, taps, channel, filters = _LAYOUTS[op.name]
     image, kernel, init = (_static(v) for v in op.operands)
     strides, dilations = window_attr(op, "strides"), window_attr(op, "dilations")
-    pads = padding(op.operands[0], uses, (2, 3, 4)) or [(image[2 + d], 0) for d in range(3)]
+    dims = tuple(spatial + d for d in range(3))
+    pads = padding(op.operands[0], uses, dims) or [(image[d], 0) for d in dims]
     windows = tuple(
-        Window(init[2 + d], kernel[2 + d], strides[d], dilations[d], *pads[d]) for d in range(3)
+        Window(init[spatial + d], kernel[taps + d], strides[d], dilations[d], *pads[d])
+        for d in range(3)
     )
-    return Conv3dShape(image[0], image[1], kernel[0], windows)  # type: ignore[arg-type]
+    return Conv3dShape(image[0], image[channel], kernel[filters], windows)  # type: ignore[arg-type]
 
 
 def takes_channels_first(fn: Any, target: Target3d) -> Callable[[Any], bool]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagegraph.mlir.bindings import dialect, ir
-from stagegraph.mlir.build import named_structured_op
+from stagegraph.mlir.build import named_structured_op, non_unit_groups
 from stagegraph.mlir.walk import children
 from stagegraph.stages.x86.generic.linalg_parts import result_owner
 from stagegraph.stages.x86.generic.transpose_readers import _inv, _permutation
@@ -187,19 +187,8 @@ def _unit_reshape(value: Any, shape: list[int]) -> Any:
 
 
 def _groups(shape: list[int]) -> list[list[int]]:
-    """Reassociation of ``shape`` onto its non-unit dims (unit dims join a neighbour;
-    all-unit shapes: one group)."""
-    groups: list[list[int]] = []
-    pending: list[int] = []
-    for d, size in enumerate(shape):
-        pending.append(d)
-        if size != 1:
-            groups.append(pending)
-            pending = []
-    if not groups:
-        return [pending] if pending else []
-    groups[-1].extend(pending)
-    return groups
+    """:func:`~stagegraph.mlir.build.non_unit_groups`, an all-unit shape as one group."""
+    return non_unit_groups(shape) or ([list(range(len(shape)))] if shape else [])
 
 
 def _through_pooling(reader: Any, transpose: Any) -> list[Any] | None:

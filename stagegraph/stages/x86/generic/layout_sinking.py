@@ -45,7 +45,13 @@ from stagegraph.stages.x86.generic.layout_readers import (
     transposed_back,
 )
 from stagegraph.stages.x86.generic.linalg_parts import input_count, result_owner
-from stagegraph.stages.x86.generic.transpose_readers import _dims, _inv, _maps, _permutation
+from stagegraph.stages.x86.generic.transpose_readers import (
+    _dims,
+    _inv,
+    _maps,
+    _permutation,
+    renumbered_map,
+)
 
 
 def count_transposes(fn: Any) -> int:
@@ -167,24 +173,12 @@ def _set_maps(op: Any, maps: list[Any]) -> None:
     op.attributes["indexing_maps"] = ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps])
 
 
-def _renumbered(amap: Any, new_of_old: list[int]) -> Any | None:
-    exprs = []
-    for e in amap.results:
-        if isinstance(e, ir.AffineDimExpr):
-            exprs.append(ir.AffineDimExpr.get(new_of_old[ir.AffineDimExpr(e).position]))
-        elif isinstance(e, ir.AffineConstantExpr):
-            exprs.append(e)
-        else:
-            return None  # an expression of several loops
-    return ir.AffineMap.get(amap.n_dims, 0, exprs)
-
-
 def _renumber(op: Any, order: list[int]) -> list[Any]:
     """Renumber ``op``'s loops (new loop k is old loop ``order[k]``); each result whose
     map is then a permutation out of order is written in order and transposed back; those
     transposes. Maps of other than loop dims and constants: left as they are."""
     new_of_old = _inv(order)
-    maps = [_renumbered(amap, new_of_old) for amap in _maps(op)]
+    maps = [renumbered_map(amap, new_of_old) for amap in _maps(op)]
     if any(amap is None for amap in maps):
         return []
     inputs = input_count(op)

@@ -42,7 +42,7 @@ from __future__ import annotations
 from typing import Any
 
 from stagegraph.mlir.bindings import arith, dialect, ir, linalg_ops
-from stagegraph.mlir.build import reassociation_attr
+from stagegraph.mlir.build import non_unit_groups, reassociation_attr
 from stagegraph.mlir.walk import top_level_ops
 from stagegraph.stages.x86.conv.depthwise import grouped_to_width_kernels
 from stagegraph.stages.x86.conv.rewrites import (
@@ -182,21 +182,6 @@ def erase_unused_tensor_ops(fn: Any) -> int:
 # ----------------------------------------------------------------------------- transposes
 
 
-def _groups(shape: list[int]) -> list[list[int]] | None:
-    """Reassociation of ``shape`` onto its non-unit dims (unit dims join a neighbour)."""
-    groups: list[list[int]] = []
-    pending: list[int] = []
-    for d, size in enumerate(shape):
-        pending.append(d)
-        if size != 1:
-            groups.append(pending)
-            pending = []
-    if not groups:
-        return None
-    groups[-1].extend(pending)
-    return groups
-
-
 def unit_transposes_to_reshapes(fn: Any) -> int:
     """Replace each ``linalg.transpose`` that keeps its non-unit dims in order by reshapes."""
     tensor = dialect("tensor")
@@ -216,7 +201,7 @@ def unit_transposes_to_reshapes(fn: Any) -> int:
         moved = [p for p in perm if src_shape[p] != 1]
         if moved != sorted(moved):
             continue
-        src_groups, out_groups = _groups(src_shape), _groups(out_shape)
+        src_groups, out_groups = non_unit_groups(src_shape), non_unit_groups(out_shape)
         with ir.InsertionPoint(op), op.location:
             value = source
             flat = [s for s in src_shape if s != 1]

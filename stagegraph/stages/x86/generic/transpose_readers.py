@@ -191,6 +191,20 @@ def _inv(permutation: list[int]) -> list[int]:
     return inverse
 
 
+def renumbered_map(amap: Any, new_of_old: list[int]) -> Any | None:
+    """``amap`` with loop ``d`` renamed ``new_of_old[d]``; None when a result is more than
+    a loop dim or a constant (an expression of several loops)."""
+    exprs = []
+    for e in amap.results:
+        if isinstance(e, ir.AffineDimExpr):
+            exprs.append(ir.AffineDimExpr.get(new_of_old[ir.AffineDimExpr(e).position]))
+        elif isinstance(e, ir.AffineConstantExpr):
+            exprs.append(e)
+        else:
+            return None
+    return ir.AffineMap.get(amap.n_dims, 0, exprs)
+
+
 def _interchange_to(reader: Any, source: Any) -> None:
     """Renumber ``reader``'s loops so that it reads ``source`` through the identity map
     (when every map is a projection: dims and zeros)."""
@@ -200,17 +214,9 @@ def _interchange_to(reader: Any, source: Any) -> None:
     if order is None:
         return
     new_of_old = _inv(order)
-    renumbered = []
-    for amap in maps:
-        exprs = []
-        for e in amap.results:
-            if isinstance(e, ir.AffineDimExpr):
-                exprs.append(ir.AffineDimExpr.get(new_of_old[ir.AffineDimExpr(e).position]))
-            elif isinstance(e, ir.AffineConstantExpr):
-                exprs.append(e)
-            else:
-                return  # an expression of several loops: left as it is
-        renumbered.append(ir.AffineMap.get(amap.n_dims, 0, exprs))
+    renumbered = [renumbered_map(amap, new_of_old) for amap in maps]
+    if any(amap is None for amap in renumbered):
+        return  # an expression of several loops: left as it is
     kinds = declared_iterator_types(reader)
     reader.attributes["indexing_maps"] = ir.ArrayAttr.get(
         [ir.AffineMapAttr.get(m) for m in renumbered]
