@@ -96,8 +96,9 @@ def analyze(module: Any, entry: str | None = None) -> PayloadFacts:
         fn_facts = tuple(function_facts(f, strict=f == fn) for f in functions)
         ops = linalg_ops(fn)
         def_use = DefUse(fn)
+        position = {op: i for i, op in enumerate(ops)}
         facts = [op_facts(op, i, f"payload function @{name}", def_use).model_copy(
-                     update={"producer_ops": producer_ops(op, ops)})
+                     update={"producer_ops": producer_ops(op, position)})
                  for i, op in enumerate(ops)]  # fmt: skip
         layers = layers_of(ops, facts, def_use)
         decisions = stamped_decisions(fn)

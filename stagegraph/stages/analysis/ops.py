@@ -382,9 +382,11 @@ def op_facts(op: Any, index: int, where: str, def_use: DefUse | None = None) -> 
     )
 
 
-def producer_ops(op: Any, ops: list[Any]) -> tuple[int, ...]:
-    """Per operand of ``op`` (inputs, then outputs): the index in ``ops`` of the op whose
-    result it is, or -1 (an argument, a constant, a reshape, ...)."""
+def producer_ops(op: Any, position: dict[Any, int]) -> tuple[int, ...]:
+    """Per operand of ``op`` (inputs, then outputs): the index of the op whose result it is
+    (``position``: each analysed op's index; ``ir.Operation`` hashes by identity, so a
+    20 000-op recurrent payload looks each one up in constant time), or -1 (an argument, a
+    constant, a reshape, ...)."""
     from stagegraph.mlir.bindings import ir
 
     inputs, outputs = _operands(op)
@@ -393,8 +395,7 @@ def producer_ops(op: Any, ops: list[Any]) -> tuple[int, ...]:
         if isinstance(value, ir.BlockArgument):
             found.append(-1)
             continue
-        owner = value.owner
-        found.append(next((i for i, other in enumerate(ops) if other == owner), -1))
+        found.append(position.get(value.owner.operation, -1))
     return tuple(found)
 
 

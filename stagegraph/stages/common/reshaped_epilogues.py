@@ -27,7 +27,7 @@ import math
 from typing import Any
 
 from stagegraph.mlir.build import collapse_shape, expand_shape, iterator_types_attr
-from stagegraph.mlir.walk import DefUse, collect, top_level_ops
+from stagegraph.mlir.walk import DefUse, LiveDefUse, collect, top_level_ops
 
 RESHAPES = ("tensor.expand_shape", "tensor.collapse_shape")
 
@@ -41,23 +41,23 @@ def fuse_epilogues_through_reshapes(module: Any) -> int:
         if fn.name != "func.func":
             continue
         for matmul in collect(fn, lambda op: op.name == "linalg.matmul"):
-            moved += _follow(fn, matmul.results[0])
+            moved += _follow(matmul.results[0])
     return moved
 
 
-def _only_user(links: DefUse, value: Any) -> Any | None:
-    """(Through ``links``: a use's ``owner`` would import the owner's dialect module.)"""
+def _only_user(links: DefUse | LiveDefUse, value: Any) -> Any | None:
+    """The one op that reads ``value``, else None."""
     users = links.users(value)
     return users[0] if len(users) == 1 else None
 
 
-def _follow(fn: Any, value: Any) -> int:
+def _follow(value: Any) -> int:
     """Walk the single-use chain from ``value`` (a matmul's ``[M, N]`` result), moving each
     elementwise op met after reshapes onto the chain's ``[M, N]`` value."""
     from stagegraph.mlir.bindings import ir
 
     moved = 0
-    links = DefUse(fn)
+    links = LiveDefUse()  # the IR changes under the walk: ask its use lists
     current, reshapes = value, []
     while True:
         user = _only_user(links, current)
@@ -77,7 +77,6 @@ def _follow(fn: Any, value: Any) -> int:
             for reshape in reversed(reshapes):  # dead now: the op reads the 2-D value
                 reshape.erase()
             moved += 1
-            links = DefUse(fn)
         value = current = user.results[0]
         reshapes = []
 
@@ -96,7 +95,7 @@ def elementwise(op: Any) -> bool:
     return maps[-1] == ir.AffineMap.get_identity(maps[-1].n_dims)
 
 
-def chain_end(links: DefUse, value: Any) -> tuple[Any, Any | None]:
+def chain_end(links: DefUse | LiveDefUse, value: Any) -> tuple[Any, Any | None]:
     """The end of the single-use chain of reshapes from ``value``, and its only user (None
     when it has several or none)."""
     while True:
@@ -106,7 +105,7 @@ def chain_end(links: DefUse, value: Any) -> tuple[Any, Any | None]:
         value = user.results[0]
 
 
-def _from_matmul(links: DefUse, value: Any, depth: int = 16) -> bool:
+def _from_matmul(links: DefUse | LiveDefUse, value: Any, depth: int = 16) -> bool:
     """Whether ``value`` is a matmul's result through a single-use chain of reshapes and
     elementwise ops: the op reading it could then join either matmul's layer, and the
     layer analysis would give it to both. (A value read elsewhere too, such as a
@@ -159,7 +158,7 @@ def _collapsed_operand(
     return [(part, sorted(g)) for part, g in parts]
 
 
-def _move(links: DefUse, op: Any, reshaped: Any, source: Any, flat: list[int]) -> bool:
+def _move(links: DefUse | LiveDefUse, op: Any, reshaped: Any, source: Any, flat: list[int]) -> bool:
     """Rewrite the elementwise ``op`` (one of whose inputs is ``reshaped``, a reshape of
     ``source``, whose shape is ``flat`` = ``[M, N]``) to run over ``flat``; False (nothing
     changed) when its operands do not allow it."""
