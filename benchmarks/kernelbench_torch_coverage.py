@@ -4,8 +4,8 @@ eager PyTorch: the PyTorch front door's coverage.
 Each problem file ``src/levelN/<stem>.py`` runs at the sizes its shipped payload was scaled
 to (``scaled_constants`` of ``levelN/manifest.json``); a file with no shipped payload (the
 large level-3 models) runs at the sizes of :data:`LEVEL3_SIZES`. The scaler also changed
-literals inside some functions (``lit:get_inputs@68:48`` in the manifest); a spec cannot,
-so those files run at the file's literals (l3_021 then with batch 1). Every problem is
+literals inside some functions (``lit:get_inputs@68:48`` in the manifest: line 68, column
+48 of ``get_inputs``); the spec passes those on as they are. Every problem is
 imported, compiled, run and verified in an isolated child process with a time and memory
 limit, so a crash or a hang is a row, not the end. Usage:
 
@@ -41,7 +41,6 @@ LEVEL3_SIZES: dict[str, dict[str, Any]] = {
     "l3_035": {"batch_size": 2, "sequence_length": 16},
     "l3_045": {"batch_size": 1, "height": 32, "width": 64, "features": 16},
     "l3_049": {"batch_size": 2},
-    "l3_021": {"batch_size": 1},  # its images stay 224x224: a literal in get_inputs()
 }
 
 
@@ -69,8 +68,7 @@ def manifest_sizes(root: Path, level: int) -> dict[str, dict[str, Any]]:
         return {}
     entries = json.loads(manifest.read_text())
     return {
-        e["stem"][:6]: {k: v for k, v in (e.get("scaled_constants") or {}).items()
-                        if not k.startswith("lit:")}  # literals inside functions: no spec
+        e["stem"][:6]: e.get("scaled_constants") or {}  # lit: keys too (literals in functions)
         for e in entries
     }  # fmt: skip
 

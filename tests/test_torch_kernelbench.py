@@ -53,6 +53,19 @@ def test_shipped_payloads_find_their_problem_file_and_sizes():
     parse_workload(spec)  # every constant exists in the file
 
 
+def test_a_payload_scaled_through_literals_gets_them_in_its_spec():
+    """l3_021's images were scaled inside ``get_inputs`` (224 -> 14): its spec carries the
+    manifest's ``lit:`` keys, so PyTorch runs the shipped shape, not the file's 224x224."""
+    payload = ROOT / "level3" / "l3_021_EfficientNetMBConv.mlir"
+    if not payload.is_file():
+        pytest.skip("no ../shared/kernelbench")
+    spec = coverage_module().payload_problem_spec(payload)
+    assert "lit:get_inputs@68:48=14" in spec and "lit:get_inputs@68:53=14" in spec
+    from stagegraph.workload import parse_workload
+
+    parse_workload(spec)  # the literals exist where the keys say
+
+
 def _problems() -> list:
     found = []
     for level in (1, 2):

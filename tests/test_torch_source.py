@@ -86,6 +86,34 @@ def test_unknown_constant_lists_the_names_that_exist():
     assert "batch_size, in_channels, out_channels, height, width" in message
 
 
+LITERALS = """
+batch_size = 2
+def get_inputs():
+    return [(batch_size, 3, 224, 224), 0.5]
+"""
+
+
+def test_a_literal_inside_a_function_is_overridden_by_its_place():
+    """KernelBench's manifests name scaled literals ``lit:FUNCTION@LINE:COLUMN``."""
+    tree = apply_overrides(
+        ast.parse(LITERALS),
+        {"lit:get_inputs@4:28": 14, "lit:get_inputs@4:33": 16, "lit:get_inputs@4:39": 1,
+         "batch_size": 10},
+        "problem.py",
+    )  # fmt: skip
+    namespace: dict = {}
+    exec(compile(tree, "problem.py", "exec"), namespace)
+    assert namespace["get_inputs"]() == [(10, 3, 14, 16), 1.0]  # a float literal stays float
+    for key, why in (
+        ("lit:get_inputs@4:20", "no number literal at line 4, column 20"),  # a name there
+        ("lit:forward@4:28", "of a function 'forward'"),
+        ("lit:get_inputs", "lit:FUNCTION@LINE:COLUMN"),
+    ):
+        with pytest.raises(WorkloadParamError) as error:
+            apply_overrides(ast.parse(LITERALS), {key: 1}, "problem.py")
+        assert "problem.py" in str(error.value) and why in str(error.value)
+
+
 def test_problem_spec_is_checked_before_torch_runs(tmp_path):
     from stagegraph.workload import parse_workload
 

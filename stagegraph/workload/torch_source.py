@@ -123,6 +123,10 @@ def apply_overrides(tree: ast.Module, overrides: dict[str, Any], source: str) ->
     Raises:
         WorkloadParamError: a name the file does not assign (the names it does are listed).
     """
+    literals = {k: v for k, v in overrides.items() if k.startswith(LITERAL_PREFIX)}
+    overrides = {k: v for k, v in overrides.items() if k not in literals}
+    for key, value in literals.items():
+        _override_literal(tree, key, value, source)
     known = constant_names(tree)  # (unpacking split: tree.body is the split one now)
     unknown = [name for name in overrides if name not in known]
     if unknown:
@@ -151,6 +155,41 @@ def apply_overrides(tree: ast.Module, overrides: dict[str, Any], source: str) ->
             body.append(ast.copy_location(new, node))
     tree.body = body
     return ast.fix_missing_locations(tree)
+
+
+# A number written inside a function (``torch.rand(b, c, 224, 224)`` in ``get_inputs``) is
+# named by where it stands: ``lit:get_inputs@68:48`` (line 68, column 48), as KernelBench's
+# manifests name the literals they scaled.
+LITERAL_PREFIX = "lit:"
+
+
+def _override_literal(tree: ast.Module, key: str, value: Any, source: str) -> None:
+    """Give the number literal that ``key`` (``lit:FUNCTION@LINE:COLUMN``) names ``value``.
+
+    Raises:
+        WorkloadParamError: a malformed key, or no number literal at that place.
+    """
+    match = re.fullmatch(r"lit:(\w+)@(\d+):(\d+)", key)
+    if match is None:
+        raise WorkloadParamError(
+            f"{source}: {key!r}: a literal is named lit:FUNCTION@LINE:COLUMN, e.g. "
+            "lit:get_inputs@68:48"
+        )
+    function, line, column = match[1], int(match[2]), int(match[3])
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef) or node.name != function:
+            continue
+        for literal in ast.walk(node):
+            if (
+                isinstance(literal, ast.Constant) and type(literal.value) in (int, float)
+                and (literal.lineno, literal.col_offset) == (line, column)
+            ):  # fmt: skip
+                literal.value = _like(value, literal)
+                return
+    raise WorkloadParamError(
+        f"{source}: {key!r}: no number literal at line {line}, column {column} of a "
+        f"function {function!r}"
+    )
 
 
 def _like(value: Any, original: ast.expr) -> Any:
