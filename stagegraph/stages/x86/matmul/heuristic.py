@@ -45,6 +45,13 @@ BALANCE_PACKING = 0.01
 # Threads sharing B's K blocks (MatmulParams.share_b) have at least this many rows each;
 # with fewer, each packs its own copy (see heuristic_matmul_params).
 SHARE_B_MIN_ROWS = 512
+# A B packed per call that one row block reads (all of m in one tile_m) is read back once,
+# per column block: kept to 1/B_SLICE_L2_PARTS of L2, its slice is still there when the
+# register tiles read it (a 1x1 convolution's 32 x 12544 pixels, packed whole, were read
+# back from L3: 1.1x slower). Only while A's block (m x kc), packed again per column block,
+# takes at most 1/A_REPACK_L2_PARTS of L2 (see _l2_column_block).
+B_SLICE_L2_PARTS = 4
+A_REPACK_L2_PARTS = 32
 
 
 class _Problem(NamedTuple):
@@ -214,6 +221,8 @@ def _blocked(
     # The parallel block: all rows, in whole row blocks (B packed once per K block).
     block_m = _round_up(m, tile_m)
     pack = _worth_packing(m, n, k, elem, reg_m, reg_n, target)
+    if pack and may_share_b and tile_m >= m:  # B packed per call, read by one row block
+        tile_n = _l2_column_block(problem, kc, tile_n, reg_n)
     share_b = False
     if threads > 1:
         tile_m, tile_n, block_m, share_b = _thread_blocks(
@@ -233,6 +242,16 @@ def _blocked(
         share_b=share_b,
         threads=threads,
     )
+
+
+def _l2_column_block(problem: _Problem, kc: int, tile_n: int, reg_n: int) -> int:
+    """``tile_n``, or less: the column block whose packed B slice (kc x tile_n) takes
+    1/B_SLICE_L2_PARTS of L2, where A's block (m x kc, packed once per column block) is
+    small beside L2. See B_SLICE_L2_PARTS."""
+    m, n, _, elem, target, _ = problem
+    if m * kc * elem * A_REPACK_L2_PARTS > target.l2_bytes:
+        return tile_n
+    return min(tile_n, _balanced(n, target.l2_bytes // B_SLICE_L2_PARTS // (kc * elem), reg_n))
 
 
 def _thread_blocks(
