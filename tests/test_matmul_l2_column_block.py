@@ -90,7 +90,8 @@ def test_a_constant_b_or_a_fused_producer_is_not_cut_for_l2():
 
 _MATMUL = """
 func.func @main(%w: tensor<64x32xf32>, %x: tensor<1x32x112x112xf32>) -> tensor<64x12544xf32> {{
-  %b = tensor.collapse_shape %x [[0, 1], [2, 3]] : tensor<1x32x112x112xf32> into tensor<32x12544xf32>
+  %b = tensor.collapse_shape %x [[0, 1], [2, 3]]
+    : tensor<1x32x112x112xf32> into tensor<32x12544xf32>
   {producer}
   %e = tensor.empty() : tensor<64x12544xf32>
   %z = arith.constant 0.0 : f32
