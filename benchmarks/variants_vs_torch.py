@@ -17,6 +17,11 @@ faster than PyTorch). Usage:
     python benchmarks/variants_vs_torch.py ../shared/kernelbench/level1/l1_080_*.mlir
         [--scale 16] [--rounds 10] [--calls 3] [--target x86-64-v3]
         [--before param:conv_nhwc_width_tile=4] [--before normalize:gather_patches=false]
+    python benchmarks/variants_vs_torch.py \
+        ../shared/kernelbench/src/level3/l3_019_MobileNetV1.py:batch_size=1
+
+(a problem file with ``:KEY=VALUE,...`` overrides runs at those sizes; ``--scale`` is then
+ignored).
 
 ``--before param:KEY=VALUE`` overrides a field of the cost model's params (``--param``),
 ``--before STAGE:KEY=VALUE`` a field of that stage's config (``Graph.with_config``),
@@ -108,7 +113,9 @@ def measure(payload: Path, args: argparse.Namespace) -> dict:
 
     from stagegraph.app.torch_peer import TorchMeasurement
 
-    spec = scaled_problem_spec(payload, args.scale)
+    # a problem file with its overrides (``FILE.py:batch_size=1``) runs as it is
+    is_problem = payload.name.partition(":")[0].endswith(".py")
+    spec = str(payload) if is_problem else scaled_problem_spec(payload, args.scale)
     if spec is None:
         return {"error": "no problem file"}
     params, stages = parse_before(args.before)
@@ -161,7 +168,7 @@ def main() -> None:
 
     target = resolve_target(args.target) if args.target else None
     peak = args.peak or fma_peak_gflops(1, target)
-    rows = [(p.stem[:6], measure(p, args)) for p in args.payloads]
+    rows = [(p.name.partition(":")[0][:6], measure(p, args)) for p in args.payloads]
     peak = args.peak or max(peak, fma_peak_gflops(1, target))
     print(f"{describe(host_info())}; 1 thread; scale {args.scale}; thread CPU time; "
           f"FMA peak {peak:.1f} GFLOP/s; before: {' '.join(args.before) or '(same)'}; "

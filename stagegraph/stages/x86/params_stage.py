@@ -29,7 +29,7 @@ from stagegraph.stages.x86.conv.path_params import (
 from stagegraph.stages.x86.generic.params import GenericParams, heuristic_generic_params
 from stagegraph.stages.x86.matmul.heuristic import heuristic_matmul_params
 from stagegraph.stages.x86.matmul.params import MatmulParams
-from stagegraph.stages.x86.matmul.sites import reads_constant_b
+from stagegraph.stages.x86.matmul.sites import packs_b_from_memory, reads_constant_b
 from stagegraph.stages.x86.threads import payload_threads, serial_below, thread_domain, thread_rules
 
 
@@ -191,8 +191,9 @@ def heuristic(facts: PayloadFacts, target: Target, config: CostModelConfig) -> X
         inline = len(facts.ops) <= DEDUPLICATE_ABOVE
         constant_b = c.batch == 1 and inline and reads_constant_b(op, facts)
         chosen = heuristic_matmul_params(
-            c.m, c.n, c.k, dtype, target, 1 if by_batch else site, constant_b=constant_b
-        )
+            c.m, c.n, c.k, dtype, target, 1 if by_batch else site, constant_b=constant_b,
+            l2_b_slice=c.batch == 1 and packs_b_from_memory(op),
+        )  # fmt: skip
         sites.append(chosen.model_copy(update={"threads": site}))
     params = X86Params(
         matmul=tuple(sites),

@@ -45,6 +45,14 @@ BALANCE_PACKING = 0.01
 # Threads sharing B's K blocks (MatmulParams.share_b) have at least this many rows each;
 # with fewer, each packs its own copy (see heuristic_matmul_params).
 SHARE_B_MIN_ROWS = 512
+# A B packed per call that one row block reads (all of m in one tile_m) is read back once,
+# per column block: kept to 1/B_SLICE_L2_PARTS of L2, its slice is still there when the
+# register tiles read it (a 1x1 convolution's 32 x 12544 pixels, packed whole, were read
+# back from L3: 1.1x slower), in blocks that divide n (a dynamic last block unfused the
+# stem convolution's patch gather: 1.7x slower). Only while A's block (m x kc), packed
+# again per column block, takes at most 1/A_REPACK_L2_PARTS of L2 (see _l2_column_block).
+B_SLICE_L2_PARTS = 4
+A_REPACK_L2_PARTS = 32
 
 
 class _Problem(NamedTuple):
@@ -71,7 +79,14 @@ class _RegisterTile(NamedTuple):
 
 
 def heuristic_matmul_params(
-    m: int, n: int, k: int, dtype: str, target: Target, threads: int = 1, constant_b: bool = False
+    m: int,
+    n: int,
+    k: int,
+    dtype: str,
+    target: Target,
+    threads: int = 1,
+    constant_b: bool = False,
+    l2_b_slice: bool = False,
 ) -> MatmulParams:
     """Derive tiles from the vector width, register count and cache sizes (no size table).
 
@@ -98,9 +113,15 @@ def heuristic_matmul_params(
     B is read as it lies: each of its elements then serves those rows once either way, so
     a per-call packing pass only doubles the traffic over B (1024 -> 1000 at batch 3, B
     constant ``[k, n]``: 1.2x PyTorch's time packed, 0.76x unpacked; Xeon, 1 thread).
+
+    ``l2_b_slice``: B is packed per call from a tensor in memory (no producer fused into
+    its packing): a small A then keeps B's packed slice in L2 (see B_SLICE_L2_PARTS).
     """
     # (A constant B packed at compile time leaves no packing of B for threads to share.)
-    chosen = _heuristic_params(m, n, k, dtype, target, threads, share_b=not constant_b)
+    chosen = _heuristic_params(
+        m, n, k, dtype, target, threads, share_b=not constant_b,
+        l2_b_slice=l2_b_slice and not constant_b,
+    )  # fmt: skip
     if constant_b and not chosen.pack and whole_b_panels(n, chosen) and dtype == "f32":
         # A constant B is packed at compile time (constant_pack): the run packs only A.
         chosen = chosen.model_copy(update={"pack": True})
@@ -116,10 +137,17 @@ def heuristic_matmul_params(
 
 
 def _heuristic_params(
-    m: int, n: int, k: int, dtype: str, target: Target, threads: int, share_b: bool = True
+    m: int,
+    n: int,
+    k: int,
+    dtype: str,
+    target: Target,
+    threads: int,
+    share_b: bool = True,
+    l2_b_slice: bool = False,
 ) -> MatmulParams:
     """:func:`heuristic_matmul_params` for a B packed per call (``share_b``: the threads
-    may share its packing)."""
+    may share its packing; ``l2_b_slice``: see there)."""
     elem = byte_size(dtype, 4)
     tile = _register_tile(m, n, k, elem, target)
     problem = _Problem(m, n, k, elem, target, threads)
@@ -129,10 +157,10 @@ def _heuristic_params(
     # streams from L2 instead of L1. Not where C_TILE_K_STEPS already lengthened the blocks
     # past L1.
     if dtype == "f32" and k == 2 * kc and kc == l1_kc:
-        single = _blocked(problem, k, tile, share_b)
+        single = _blocked(problem, k, tile, share_b, l2_b_slice)
         if single.whole_register_tiles(m, n):
             return single
-    return _blocked(problem, kc, tile, share_b)
+    return _blocked(problem, kc, tile, share_b, l2_b_slice)
 
 
 def _register_tile(m: int, n: int, k: int, elem: int, target: Target) -> _RegisterTile:
@@ -197,7 +225,11 @@ def _k_block(
 
 
 def _blocked(
-    problem: _Problem, kc: int, tile: _RegisterTile, may_share_b: bool = True
+    problem: _Problem,
+    kc: int,
+    tile: _RegisterTile,
+    may_share_b: bool = True,
+    l2_b_slice: bool = False,
 ) -> MatmulParams:
     """The params with K blocks of ``kc``: cache blocks sized from L2 and L3, then split
     for the threads."""
@@ -214,6 +246,8 @@ def _blocked(
     # The parallel block: all rows, in whole row blocks (B packed once per K block).
     block_m = _round_up(m, tile_m)
     pack = _worth_packing(m, n, k, elem, reg_m, reg_n, target)
+    if pack and l2_b_slice and tile_m >= m:
+        tile_n = _l2_column_block(problem, kc, tile_n, reg_n)
     share_b = False
     if threads > 1:
         tile_m, tile_n, block_m, share_b = _thread_blocks(
@@ -233,6 +267,21 @@ def _blocked(
         share_b=share_b,
         threads=threads,
     )
+
+
+def _l2_column_block(problem: _Problem, kc: int, tile_n: int, reg_n: int) -> int:
+    """``tile_n``, or less: the widest column block of whole ``reg_n`` panels that divides
+    n (static blocks: every block the same shape, and an implicit GEMM's patch gather stays
+    fused into B's packing, see ``patch_operands.fusable``) whose packed B slice (kc x
+    tile_n) takes at most 1/B_SLICE_L2_PARTS of L2, where A's block (m x kc, packed once
+    per column block) is small beside L2. See B_SLICE_L2_PARTS."""
+    m, n, _, elem, target, _ = problem
+    if m * kc * elem * A_REPACK_L2_PARTS > target.l2_bytes or n % reg_n:
+        return tile_n
+    most = target.l2_bytes // B_SLICE_L2_PARTS // (kc * elem) // reg_n
+    panels = n // reg_n
+    fitting = [d for d in range(1, min(most, panels) + 1) if panels % d == 0]
+    return min(tile_n, fitting[-1] * reg_n) if fitting else tile_n
 
 
 def _thread_blocks(

@@ -77,3 +77,14 @@ def reads_constant_b(op: OpFacts, facts) -> bool:
         and t.outputs and tuple(t.outputs[0].shape) == shape
     ]  # fmt: skip
     return bool(transposes) and all(t.producers[:1] == ("arith.constant",) for t in transposes)
+
+
+def packs_b_from_memory(op: OpFacts) -> bool:
+    """Whether a batch-free matmul packs its B per call straight from a tensor in memory
+    (a function argument, a reshape of one, another kernel's result), not from a linalg op
+    the schedule fuses into B's packing (a widening copy, an implicit GEMM's patch gather,
+    :mod:`.patch_operands`, whose fused gather runs in one column block). Such a B may take
+    column blocks sized to L2 (``heuristic.B_SLICE_L2_PARTS``)."""
+    if len(op.producers) < 2 or len(op.inputs) < 2 or len(op.inputs[1].shape) != 2:
+        return False
+    return not op.producers[1].startswith("linalg.") and op.producers[1] != "arith.constant"
