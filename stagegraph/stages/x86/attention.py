@@ -1,0 +1,351 @@
+"""Attention tiled over (batch, query rows): the score matrix stays in cache.
+
+After ``x86.normalize`` an attention layer is ``S = Q @ K^T`` (a ``linalg.batch_matmul`` or
+``linalg.matmul`` into a ``[B, M, N]`` score tensor), a row-wise softmax (a max reduction
+over the keys, subtract, exp, a sum reduction, divide; optionally a scale, a mask or a
+bias) as separate ``linalg.generic`` ops, then ``P @ V``. KernelBench's VisionAttention
+(8 batch-heads x 1024 x 1024 scores, head dim 8) writes and reads its 32 MB score tensor
+about ten times: memory-bound at 7% of the FMA peak, slower than PyTorch.
+
+Every op of that chain keeps the batch and query-row dims of the scores (the reductions
+run over the keys only), so the whole chain can run block by block: an ``scf.forall`` over
+(batch, blocks of ``R`` query rows) whose body is the same ops on slices (the QK^T of
+``R`` rows, their softmax, their ``P @ V``), each block's scores (``R`` x keys) in L2.
+This module finds such chains by walking the ops and reading their indexing maps and
+iterator types, chooses ``R`` from the target's L2 (:func:`row_block`; off where the
+whole score tensor already fits) and builds the loop with upstream transforms:
+``transform.structured.tile_using_forall`` on ``P @ V`` and
+``transform.structured.fuse_into_containing_op`` of the softmax ops, the QK^T matmul and
+their fills, in that order. The x86 schedule then treats the ops in the loop like any
+others (the packed matmul kernels for the two small matmuls, the row chains and the
+polynomial ``exp`` for the softmax).
+
+A chain whose scores or intermediate results have a user outside it (a softmax whose
+result is also returned, attention weights that are averaged) is left alone: its scores
+must reach memory anyway.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import Field
+
+from stagegraph.core.ports import Config
+from stagegraph.stages.target import Target
+
+#: The label on the chain's ``P @ V`` matmul that the tiling transform matches.
+ROOT_ATTR = "stagegraph.attention_root"
+#: The label (fusion order) on the ops fused into its loop.
+FUSE_ATTR = "stagegraph.attention_fuse"
+#: The label on each loop over (batch, row blocks): the schedule's ``prepare`` rewrites
+#: its body like a function's (elementwise chains merged, the softmax one kernel per row).
+LOOP_ATTR = "stagegraph.attention_blocks"
+_CONTRACTIONS = ("linalg.batch_matmul", "linalg.matmul")
+_INITS = ("linalg.fill", "tensor.empty")
+_ELEMENT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
+
+
+class AttentionTiles(Config):
+    """How ``x86.normalize`` tiles attention chains (:mod:`stagegraph.stages.x86.attention`).
+
+    ``enabled``: off, every chain keeps its whole score tensor. ``row_block``: query rows
+    per block, pinned (a tuner's or a user's choice; rounded down to a divisor of the rows
+    so every block has the same static shape); None: the cost model's choice
+    (:func:`row_block`). ``l2_fraction``: the share of L2 one block's working set (its
+    scores, the K and V slices it reads, its Q rows and output rows) may take.
+    ``min_rows``: blocks of fewer rows run the two small matmuls below their speed (the
+    micro-kernel's register block is several rows), so when no such block fits, the
+    smallest of at least this many rows is taken (L3 then still holds it)."""
+
+    enabled: bool = True
+    row_block: int | None = Field(None, ge=1)
+    l2_fraction: float = Field(0.5, gt=0.0, le=8.0)
+    min_rows: int = Field(8, ge=1)
+
+
+@dataclass
+class AttentionChain:
+    """One ``S = Q K^T -> row-wise ops -> S' V`` chain: ``last`` the ``P @ V`` matmul,
+    ``first`` the ``Q K^T`` one, ``between`` the row-wise generics (program order),
+    ``inits`` the fills and empties only they use; the scores' shape ``[batch..., rows,
+    keys]`` and the widths of Q's and V's rows."""
+
+    last: Any
+    first: Any
+    between: list[Any] = field(default_factory=list)
+    inits: list[Any] = field(default_factory=list)
+    scores: tuple[int, ...] = ()
+    depth: int = 0
+    width: int = 0
+    element_bytes: int = 4
+
+    @property
+    def rows(self) -> int:
+        return self.scores[-2]
+
+    @property
+    def keys(self) -> int:
+        return self.scores[-1]
+
+    @property
+    def batch(self) -> int:
+        return self.scores[0] if len(self.scores) == 3 else 1
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    from stagegraph.mlir.bindings import ir
+
+    if not isinstance(value.type, ir.RankedTensorType):
+        return None
+    shape = ir.RankedTensorType(value.type)
+    return None if not shape.has_static_shape else tuple(shape.shape)
+
+
+def _producer(value: Any) -> Any:
+    """The op defining ``value``, or None for a block argument."""
+    from stagegraph.mlir.walk import defining_op
+
+    return defining_op(value)
+
+
+def _users(op: Any) -> list[Any]:
+    return [use.owner.operation for result in op.results for use in result.uses]
+
+
+def _row_wise(op: Any, rank: int) -> bool:
+    """A generic over the scores' loops whose only reduction is the last (keys) loop and
+    whose results keep the batch and row loops as their leading dims: tiled over those
+    loops it computes each block from that block's rows alone."""
+    from stagegraph.stages.analysis.ops import op_facts
+
+    if op.name != "linalg.generic":
+        return False
+    facts = op_facts(op, 0, "attention chain", None)
+    kinds = facts.iterator_types
+    if len(kinds) != rank or any(kind != "parallel" for kind in kinds[:-1]):
+        return False
+    leading = tuple(range(rank - 1))
+    outputs = facts.operand_dims[len(facts.inputs) :]
+    return all(tuple(dims[: rank - 1]) == leading for dims in outputs)
+
+
+def _reads_rows(op: Any, operand: int, rank: int) -> bool:
+    """``op`` reads its operand ``operand`` with the batch and row loops leading."""
+    from stagegraph.stages.analysis.ops import op_facts
+
+    dims = op_facts(op, 0, "attention chain", None).operand_dims[operand]
+    return tuple(dims[: rank - 1]) == tuple(range(rank - 1))
+
+
+def _inputs_and_inits(op: Any) -> tuple[list[Any], list[Any]]:
+    from stagegraph.stages.analysis.ops import op_facts
+
+    n_inputs = len(op_facts(op, 0, "attention chain", None).inputs)
+    operands = list(op.operands)
+    return operands[:n_inputs], operands[n_inputs:]
+
+
+def match_chain(last: Any) -> AttentionChain | None:
+    """The attention chain ending in the contraction ``last`` (its first operand the
+    softmax's result), or None when ``last`` ends none that tiling may take apart."""
+    scores = _shape(last.operands[0])
+    start = _producer(last.operands[0])
+    if scores is None or len(scores) not in (2, 3) or start is None:
+        return None
+    if len(scores) == 3 and last.name != "linalg.batch_matmul":
+        return None
+    rank = len(scores)
+    between: list[Any] = []
+    first = None
+    pending = [start]
+    while pending:
+        op = pending.pop()
+        if op in between:
+            continue
+        if not _row_wise(op, rank) or _shape(op.results[0])[: rank - 1] != scores[:-1]:
+            return None
+        between.append(op)
+        inputs, _ = _inputs_and_inits(op)
+        for k, value in enumerate(inputs):
+            producer = _producer(value)
+            if producer is None:
+                continue
+            if producer.name in _CONTRACTIONS and _shape(value) == scores:
+                if first is not None and first != producer:
+                    return None
+                first = producer
+            elif producer.name == "linalg.generic" and _row_wise(producer, rank):
+                if _shape(producer.results[0])[: rank - 1] == scores[:-1]:
+                    pending.append(producer)
+                else:
+                    continue
+            else:
+                continue  # a mask or bias: read through the block's slice
+            if not _reads_rows(op, k, rank):
+                return None
+    if first is None or not _has_row_reduction(between):
+        return None
+    return _closed_chain(last, first, between, scores)
+
+
+def _has_row_reduction(between: list[Any]) -> bool:
+    from stagegraph.stages.analysis.ops import op_facts
+
+    return any(
+        op_facts(op, 0, "attention chain", None).iterator_types[-1] == "reduction"
+        for op in between
+    )
+
+
+def _closed_chain(
+    last: Any, first: Any, between: list[Any], scores: tuple[int, ...]
+) -> AttentionChain | None:
+    """The chain when nothing outside it uses the scores or any intermediate (their full
+    tensors would have to be written then), else None."""
+    from stagegraph.mlir.types import element_name
+
+    members = {first, *between, last}
+    for op in [first, *between]:
+        if any(user not in members for user in _users(op)):
+            return None
+    order = {op: k for k, op in enumerate(_block_ops(last))}
+    if any(op not in order for op in members):
+        return None  # not all in one block: no single loop can hold them
+    between.sort(key=order.__getitem__)
+    inits: list[Any] = []
+    for op in [first, *between]:
+        for value in _inputs_and_inits(op)[1]:
+            init = _producer(value)
+            if init is not None and init.name in _INITS and init not in inits:
+                if all(user in members for user in _users(init)):
+                    inits.append(init)
+    q_shape, v_shape = _shape(first.operands[0]), _shape(last.operands[1])
+    element = element_name(first.results[0].type.element_type) or "f32"
+    if q_shape is None or v_shape is None:
+        return None
+    return AttentionChain(
+        last=last,
+        first=first,
+        between=between,
+        inits=inits,
+        scores=scores,
+        depth=q_shape[-1],
+        width=v_shape[-1],
+        element_bytes=_ELEMENT_BYTES.get(element, 4),
+    )
+
+
+def _block_ops(op: Any) -> list[Any]:
+    block = op.operation.block
+    return [child.operation for child in block.operations]
+
+
+def find_chains(module: Any) -> list[AttentionChain]:
+    """Every attention chain of ``module``'s functions, in program order."""
+    from stagegraph.mlir.walk import collect
+
+    found = []
+    for op in collect(module.operation, _CONTRACTIONS):
+        chain = match_chain(op.operation)
+        if chain is not None:
+            found.append(chain)
+    return found
+
+
+def block_loops(fn: Any) -> list[Any]:
+    """The loops over (batch, row blocks) that :func:`tile_attention` made in ``fn``."""
+    from stagegraph.mlir.walk import collect
+
+    return collect(fn, lambda op: op.name == "scf.forall" and LOOP_ATTR in op.attributes)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def row_block(chain: AttentionChain, target: Target, config: AttentionTiles) -> int | None:
+    """Query rows per block, or None to keep the chain whole.
+
+    None when tiling is off or the whole score tensor (all batches) fits
+    ``l2_fraction`` of L2: it makes no pass over memory then. Else the largest divisor of
+    the rows whose block working set (``R`` score rows, the batch's K and V, ``R`` rows
+    of Q and of the output) fits that share, but at least ``min_rows`` rows (the small
+    matmuls' speed); a pinned ``row_block`` is rounded down to a divisor. A block of all
+    rows (one batch element at a time) is None for an unbatched chain."""
+    if not config.enabled:
+        return None
+    bytes_ = chain.element_bytes
+    budget = target.l2_bytes * config.l2_fraction
+    if config.row_block is not None:
+        chosen = max(d for d in _divisors(chain.rows) if d <= config.row_block)
+    else:
+        if chain.batch * chain.rows * chain.keys * bytes_ <= budget:
+            return None
+        shared = chain.keys * (chain.depth + chain.width) * bytes_
+        per_row = (chain.keys + chain.depth + chain.width) * bytes_
+        least = min(chain.rows, config.min_rows)
+        wide = [d for d in _divisors(chain.rows) if d >= least]
+        fitting = [d for d in wide if shared + d * per_row <= budget]
+        chosen = max(fitting) if fitting else min(wide)
+    if chosen == chain.rows and chain.batch == 1:
+        return None
+    return chosen
+
+
+def tile_attention(module: Any, target: Target | None, config: AttentionTiles) -> int:
+    """Tile every attention chain of ``module`` (an ``ir.Module``) whose :func:`row_block`
+    is not None into a loop over (batch, row blocks); returns how many were tiled."""
+    from stagegraph.stages.target import detect_target
+
+    if not config.enabled:
+        return 0
+    target = target or detect_target()
+    tiled = 0
+    for chain in find_chains(module):
+        rows = row_block(chain, target, config)
+        if rows is None:
+            continue
+        _apply_tiling(module, chain, rows)
+        tiled += 1
+    return tiled
+
+
+def _apply_tiling(module: Any, chain: AttentionChain, rows: int) -> None:
+    """Label the chain's ops, tile ``P @ V`` into an ``scf.forall`` over (batch, row
+    blocks) and fuse the rest into it, consumers first, with the transform interpreter."""
+    from stagegraph.mlir.bindings import dialect, ir, structured, transform
+    from stagegraph.mlir.walk import strip_attributes
+    from stagegraph.stages.common.transform import apply_schedule_module, new_schedule
+    from stagegraph.stages.common.transform_build import any_op, apply_patterns
+
+    ttensor = dialect("transform.tensor")
+    i64 = ir.IntegerType.get_signless(64)
+    chain.last.attributes[ROOT_ATTR] = ir.UnitAttr.get()
+    fused = [*reversed(chain.between), chain.first, *chain.inits]
+    for k, op in enumerate(fused):
+        op.attributes[FUSE_ATTR] = ir.IntegerAttr.get(i64, k)
+    sizes = [1, rows, 0, 0] if len(chain.scores) == 3 else [rows, 0, 0]
+    schedule, sequence = new_schedule()
+    with ir.InsertionPoint(sequence.body):
+        root = sequence.bodyTarget
+        last = structured.MatchOp(any_op(), root, op_attrs={ROOT_ATTR: ir.UnitAttr.get()})
+        made = structured.TileUsingForallOp(any_op(), any_op(), last.result, tile_sizes=sizes)
+        loop = made.results[1]
+        for k in range(len(fused)):
+            attrs = {FUSE_ATTR: ir.IntegerAttr.get(i64, k)}
+            producer = structured.MatchOp(any_op(), root, op_attrs=attrs).result
+            loop = structured.FuseIntoContainingOp(any_op(), any_op(), producer, loop).results[1]
+            # Two users of one producer read the same slice: one slice, so one tile of it.
+            transform.ApplyCommonSubexpressionEliminationOp(loop)
+        transform.AnnotateOp(loop, LOOP_ATTR)
+        function = transform.GetParentOp(any_op(), loop, op_name="func.func")
+        apply_patterns(
+            function.result,
+            ttensor.ApplyFoldTensorEmptyPatternsOp,
+            transform.ApplyCanonicalizationPatternsOp,
+        )
+        transform.YieldOp([])
+    apply_schedule_module(module, schedule)
+    strip_attributes(module.operation, ROOT_ATTR, FUSE_ATTR)
