@@ -131,6 +131,15 @@ def _row_wise(op: Any, rank: int) -> bool:
     return all(tuple(dims[: rank - 1]) == leading for dims in outputs)
 
 
+def _in_rows(op: Any, scores: tuple[int, ...]) -> bool:
+    """``op`` is a row-wise generic over the scores' batch and row dims."""
+    rank = len(scores)
+    if not _row_wise(op, rank):
+        return False
+    shape = _shape(op.results[0])
+    return shape is not None and shape[: rank - 1] == scores[:-1]
+
+
 def _reads_rows(op: Any, operand: int, rank: int) -> bool:
     """``op`` reads its operand ``operand`` with the batch and row loops leading."""
     from stagegraph.stages.analysis.ops import op_facts
@@ -164,23 +173,18 @@ def match_chain(last: Any) -> AttentionChain | None:
         op = pending.pop()
         if op in between:
             continue
-        if not _row_wise(op, rank) or _shape(op.results[0])[: rank - 1] != scores[:-1]:
+        if not _in_rows(op, scores):
             return None
         between.append(op)
         inputs, _ = _inputs_and_inits(op)
         for k, value in enumerate(inputs):
             producer = _producer(value)
-            if producer is None:
-                continue
-            if producer.name in _CONTRACTIONS and _shape(value) == scores:
+            if producer is not None and producer.name in _CONTRACTIONS and _shape(value) == scores:
                 if first is not None and first != producer:
                     return None
                 first = producer
-            elif producer.name == "linalg.generic" and _row_wise(producer, rank):
-                if _shape(producer.results[0])[: rank - 1] == scores[:-1]:
-                    pending.append(producer)
-                else:
-                    continue
+            elif producer is not None and _in_rows(producer, scores):
+                pending.append(producer)
             else:
                 continue  # a mask or bias: read through the block's slice
             if not _reads_rows(op, k, rank):
@@ -194,8 +198,7 @@ def _has_row_reduction(between: list[Any]) -> bool:
     from stagegraph.stages.analysis.ops import op_facts
 
     return any(
-        op_facts(op, 0, "attention chain", None).iterator_types[-1] == "reduction"
-        for op in between
+        op_facts(op, 0, "attention chain", None).iterator_types[-1] == "reduction" for op in between
     )
 
 
@@ -218,9 +221,13 @@ def _closed_chain(
     for op in [first, *between]:
         for value in _inputs_and_inits(op)[1]:
             init = _producer(value)
-            if init is not None and init.name in _INITS and init not in inits:
-                if all(user in members for user in _users(init)):
-                    inits.append(init)
+            if (
+                init is not None
+                and init.name in _INITS
+                and init not in inits
+                and all(user in members for user in _users(init))
+            ):
+                inits.append(init)
     q_shape, v_shape = _shape(first.operands[0]), _shape(last.operands[1])
     element = element_name(first.results[0].type.element_type) or "f32"
     if q_shape is None or v_shape is None:
@@ -270,10 +277,11 @@ def row_block(chain: AttentionChain, target: Target, config: AttentionTiles) -> 
 
     None when tiling is off or the whole score tensor (all batches) fits
     ``l2_fraction`` of L2: it makes no pass over memory then. Else the largest divisor of
-    the rows whose block working set (``R`` score rows, the batch's K and V, ``R`` rows
-    of Q and of the output) fits that share, but at least ``min_rows`` rows (the small
-    matmuls' speed); a pinned ``row_block`` is rounded down to a divisor. A block of all
-    rows (one batch element at a time) is None for an unbatched chain."""
+    the rows whose block (``R`` score rows, ``R`` rows of Q and of the output) fits that
+    share, but at least ``min_rows`` rows (the small matmuls' speed); a pinned
+    ``row_block`` is rounded down to a divisor. K and V are read once per block, from
+    wherever they fit: larger blocks read them fewer times. A block of all rows (one
+    batch element at a time) is None for an unbatched chain."""
     if not config.enabled:
         return None
     bytes_ = chain.element_bytes
@@ -283,11 +291,10 @@ def row_block(chain: AttentionChain, target: Target, config: AttentionTiles) -> 
     else:
         if chain.batch * chain.rows * chain.keys * bytes_ <= budget:
             return None
-        shared = chain.keys * (chain.depth + chain.width) * bytes_
         per_row = (chain.keys + chain.depth + chain.width) * bytes_
         least = min(chain.rows, config.min_rows)
         wide = [d for d in _divisors(chain.rows) if d >= least]
-        fitting = [d for d in wide if shared + d * per_row <= budget]
+        fitting = [d for d in wide if d * per_row <= budget]
         chosen = max(fitting) if fitting else min(wide)
     if chosen == chain.rows and chain.batch == 1:
         return None

@@ -1,0 +1,315 @@
+"""Attention chains tiled over (batch, query-row blocks) (``stages.x86.attention``, run by
+``x86.normalize``): the loop around the whole QK^T -> softmax -> PV chain and no
+score-sized tensor outside it, the chains it must leave alone (tiling off, a softmax with a
+second user, scores that fit L2), the row block the cost model picks on pinned targets, and
+compiled values against numpy (odd sizes, a causal mask, an additive mask, batch > 1, an
+unbatched chain)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import stagegraph as sg
+from stagegraph.core.catalog import load_graph
+from stagegraph.mlir.bindings import ir, new_context
+from stagegraph.mlir.walk import collect
+from stagegraph.stages.target import resolve_target, target_from_override
+from stagegraph.stages.x86.attention import (
+    LOOP_ATTR,
+    AttentionChain,
+    AttentionTiles,
+    find_chains,
+    row_block,
+    tile_attention,
+)
+
+_V4 = resolve_target("x86-64-v4")
+_V3 = resolve_target("x86-64-v3")
+
+
+def _maps(rank: int) -> tuple[str, str, str]:
+    dims = ", ".join(f"d{k}" for k in range(rank))
+    rows = ", ".join(f"d{k}" for k in range(rank - 1))
+    keys = f"d{rank - 2}, d{rank - 1}"
+    return (
+        f"affine_map<({dims}) -> ({dims})>",
+        f"affine_map<({dims}) -> ({rows})>",
+        f"affine_map<({dims}) -> ({keys})>",
+    )
+
+
+def _attention(
+    b: int, m: int, n: int, d: int, e: int, mask: str = "", returns_probs: bool = False
+) -> str:
+    """``softmax(scale * Q K^T [+ mask]) V`` as the importer writes it: a matmul into the
+    scores, one generic per step (the max with its argmax result), a matmul of the
+    probabilities. ``b == 0``: unbatched (``linalg.matmul``). ``mask``: ``add`` (an input
+    ``[m, n]`` added, broadcast over the batch) or ``causal`` (keys after the query row get
+    -inf, from ``linalg.index``). ``returns_probs``: the probabilities are a second
+    result."""
+    lead = [b] if b else []
+    rank = len(lead) + 2
+    whole, rows, keys = _maps(rank)
+    par = ", ".join(['"parallel"'] * rank)
+    red = ", ".join(['"parallel"'] * (rank - 1) + ['"reduction"'])
+
+    def t(*dims: int, el: str = "f32") -> str:
+        return "tensor<" + "x".join(str(x) for x in [*lead, *dims]) + f"x{el}>"
+
+    s_t, r_t, i_t = t(m, n), t(m), t(m, el="i64")
+    mm = "linalg.batch_matmul" if b else "linalg.matmul"
+    row, col = rank - 2, rank - 1
+    lines = [
+        f"func.func @main(%q: {t(m, d)}, %kt: {t(d, n)}, %v: {t(n, e)},"
+        f" %mask: tensor<{m}x{n}xf32>) -> ({t(m, e)}{', ' + s_t if returns_probs else ''}) {{",
+        "  %zero = arith.constant 0.0 : f32",
+        "  %ninf = arith.constant 0xFF800000 : f32",
+        "  %scale = arith.constant 0.35 : f32",
+        "  %c0 = arith.constant 0 : i64",
+        f"  %se = tensor.empty() : {s_t}",
+        f"  %s0 = linalg.fill ins(%zero : f32) outs(%se : {s_t}) -> {s_t}",
+        f"  %s = {mm} ins(%q, %kt : {t(m, d)}, {t(d, n)}) outs(%s0 : {s_t}) -> {s_t}",
+        f"  %x = linalg.generic {{indexing_maps = [{whole}, {whole}], iterator_types = [{par}]}}"
+        f" ins(%s : {s_t}) outs(%se : {s_t}) {{",
+        "  ^bb0(%a: f32, %o: f32):",
+        "    %y = arith.mulf %a, %scale : f32",
+    ]
+    if mask == "causal":
+        lines += [
+            f"    %i = linalg.index {row} : index",
+            f"    %j = linalg.index {col} : index",
+            "    %later = arith.cmpi ugt, %j, %i : index",
+            "    %z = arith.select %later, %ninf, %y : f32",
+            "    linalg.yield %z : f32",
+        ]
+    else:
+        lines += ["    linalg.yield %y : f32"]
+    lines += [f"  }} -> {s_t}"]
+    source = "%x"
+    if mask == "add":
+        lines += [
+            f"  %xm = linalg.generic {{indexing_maps = [{whole}, {keys}, {whole}],"
+            f" iterator_types = [{par}]}} ins(%x, %mask : {s_t}, tensor<{m}x{n}xf32>)"
+            f" outs(%se : {s_t}) {{",
+            "  ^bb0(%a: f32, %c: f32, %o: f32):",
+            "    %y = arith.addf %a, %c : f32",
+            "    linalg.yield %y : f32",
+            f"  }} -> {s_t}",
+        ]
+        source = "%xm"
+    lines += [
+        f"  %re = tensor.empty() : {r_t}",
+        f"  %m0 = linalg.fill ins(%ninf : f32) outs(%re : {r_t}) -> {r_t}",
+        f"  %ie = tensor.empty() : {i_t}",
+        f"  %i0 = linalg.fill ins(%c0 : i64) outs(%ie : {i_t}) -> {i_t}",
+        f"  %mx:2 = linalg.generic {{indexing_maps = [{whole}, {rows}, {rows}],"
+        f" iterator_types = [{red}]}} ins({source} : {s_t}) outs(%m0, %i0 : {r_t}, {i_t}) {{",
+        "  ^bb0(%a: f32, %o: f32, %oi: i64):",
+        f"    %k = linalg.index {col} : index",
+        "    %ki = arith.index_cast %k : index to i64",
+        "    %y = arith.maximumf %a, %o : f32",
+        "    %gt = arith.cmpf ogt, %a, %o : f32",
+        "    %w = arith.select %gt, %ki, %oi : i64",
+        "    linalg.yield %y, %w : f32, i64",
+        f"  }} -> ({r_t}, {i_t})",
+        f"  %sh = linalg.generic {{indexing_maps = [{whole}, {rows}, {whole}],"
+        f" iterator_types = [{par}]}} ins({source}, %mx#0 : {s_t}, {r_t}) outs(%se : {s_t}) {{",
+        "  ^bb0(%a: f32, %c: f32, %o: f32):",
+        "    %y = arith.subf %a, %c : f32",
+        "    linalg.yield %y : f32",
+        f"  }} -> {s_t}",
+        f"  %ex = linalg.generic {{indexing_maps = [{whole}, {whole}], iterator_types = [{par}]}}"
+        f" ins(%sh : {s_t}) outs(%se : {s_t}) {{",
+        "  ^bb0(%a: f32, %o: f32):",
+        "    %y = math.exp %a : f32",
+        "    linalg.yield %y : f32",
+        f"  }} -> {s_t}",
+        f"  %z0 = linalg.fill ins(%zero : f32) outs(%re : {r_t}) -> {r_t}",
+        f"  %sum = linalg.generic {{indexing_maps = [{whole}, {rows}], iterator_types = [{red}]}}"
+        f" ins(%ex : {s_t}) outs(%z0 : {r_t}) {{",
+        "  ^bb0(%a: f32, %o: f32):",
+        "    %y = arith.addf %a, %o : f32",
+        "    linalg.yield %y : f32",
+        f"  }} -> {r_t}",
+        f"  %p = linalg.generic {{indexing_maps = [{whole}, {rows}, {whole}],"
+        f" iterator_types = [{par}]}} ins(%ex, %sum : {s_t}, {r_t}) outs(%se : {s_t}) {{",
+        "  ^bb0(%a: f32, %c: f32, %o: f32):",
+        "    %y = arith.divf %a, %c : f32",
+        "    linalg.yield %y : f32",
+        f"  }} -> {s_t}",
+        f"  %oe = tensor.empty() : {t(m, e)}",
+        f"  %o0 = linalg.fill ins(%zero : f32) outs(%oe : {t(m, e)}) -> {t(m, e)}",
+        f"  %out = {mm} ins(%p, %v : {s_t}, {t(n, e)}) outs(%o0 : {t(m, e)}) -> {t(m, e)}",
+    ]
+    if returns_probs:
+        lines += [f"  return %out, %p : {t(m, e)}, {s_t}", "}"]
+    else:
+        lines += [f"  return %out : {t(m, e)}", "}"]
+    return "\n".join(lines)
+
+
+def _reference(q, kt, v, mask_kind: str, mask) -> np.ndarray:
+    s = np.matmul(q.astype(np.float64), kt.astype(np.float64)) * np.float64(np.float32(0.35))
+    m, n = s.shape[-2:]
+    if mask_kind == "causal":
+        s = np.where(np.arange(n)[None, :] > np.arange(m)[:, None], -np.inf, s)
+    if mask_kind == "add":
+        s = s + mask
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.matmul(p, v.astype(np.float64))
+
+
+def _tile(text: str, config: AttentionTiles, target=_V4):
+    context = new_context()
+    with context, ir.Location.unknown():
+        module = ir.Module.parse(text)
+        count = tile_attention(module, target, config)
+        assert module.operation.verify()
+    return context, module, count
+
+
+def _tensor_shapes_outside(module, loop) -> set[tuple[int, ...]]:
+    shapes = set()
+    for op in collect(module.operation):
+        if loop is not None and _inside(op, loop):
+            continue
+        for result in op.results:
+            if isinstance(result.type, ir.RankedTensorType):
+                shapes.add(tuple(ir.RankedTensorType(result.type).shape))
+    return shapes
+
+
+def _inside(op, loop) -> bool:
+    parent = op.parent
+    while parent is not None:
+        if parent == loop:
+            return True
+        parent = parent.parent
+    return False
+
+
+def test_the_chain_runs_in_one_loop_over_batch_and_row_blocks():
+    """Batch 3, 45 query rows, 40 keys, a pinned block of 10 rows: 9 rows (a divisor of
+    45) a block, a 3 x 5 ``scf.forall``; both matmuls and every softmax op in it, and no
+    op outside it makes a tensor of the scores' shape."""
+    context, module, count = _tile(_attention(3, 45, 40, 8, 6), AttentionTiles(row_block=10))
+    with context:
+        assert count == 1
+        [loop] = collect(module.operation, lambda op: LOOP_ATTR in op.attributes)
+        assert loop.name == "scf.forall"
+        matmuls = collect(module.operation, "linalg.batch_matmul")
+        assert len(matmuls) == 2 and all(_inside(op, loop) for op in matmuls)
+        shapes = [tuple(ir.RankedTensorType(op.results[0].type).shape) for op in matmuls]
+        assert shapes == [(1, 9, 40), (1, 9, 6)]
+        generics = collect(module.operation, "linalg.generic")
+        assert len(generics) == 6 and all(_inside(op, loop) for op in generics)
+        assert (3, 45, 40) not in _tensor_shapes_outside(module, loop)
+        assert list(loop.attributes["staticUpperBound"]) == [3, 5]
+
+
+def test_an_unbatched_chain_tiles_its_rows():
+    context, module, count = _tile(_attention(0, 32, 24, 4, 4), AttentionTiles(row_block=8))
+    with context:
+        assert count == 1
+        [loop] = collect(module.operation, lambda op: LOOP_ATTR in op.attributes)
+        assert list(loop.attributes["staticUpperBound"]) == [4]
+        matmuls = collect(module.operation, "linalg.matmul")
+        assert [tuple(ir.RankedTensorType(op.results[0].type).shape) for op in matmuls] == [
+            (8, 24),
+            (8, 4),
+        ]
+        assert (32, 24) not in _tensor_shapes_outside(module, loop)
+
+
+@pytest.mark.parametrize(
+    ("text", "config"),
+    [
+        (_attention(3, 45, 40, 8, 6), AttentionTiles(enabled=False, row_block=9)),
+        (_attention(3, 45, 40, 8, 6, returns_probs=True), AttentionTiles(row_block=9)),
+        (_attention(3, 45, 40, 8, 6), AttentionTiles()),  # 21 KB of scores: fits L2
+        (_attention(0, 32, 24, 4, 4), AttentionTiles(row_block=32)),  # one block: no loop
+    ],
+    ids=["off", "probabilities-returned", "fits-l2", "one-block"],
+)
+def test_chains_left_whole(text, config):
+    context, module, count = _tile(text, config)
+    with context:
+        assert count == 0
+        assert not collect(module.operation, "scf.forall")
+
+
+def test_a_softmax_with_a_second_user_is_no_chain():
+    with new_context(), ir.Location.unknown():
+        module = ir.Module.parse(_attention(2, 16, 16, 4, 4, returns_probs=True))
+        assert find_chains(module) == []
+        module = ir.Module.parse(_attention(2, 16, 16, 4, 4, mask="add"))
+        [chain] = find_chains(module)
+        assert (chain.scores, chain.depth, chain.width, len(chain.between)) == (
+            (2, 16, 16),
+            4,
+            4,
+            7,  # scale, mask, max, subtract, exp, sum, divide
+        )
+
+
+def _chain(batch: int, rows: int, keys: int, depth: int) -> AttentionChain:
+    return AttentionChain(
+        last=None, first=None, scores=(batch, rows, keys), depth=depth, width=depth
+    )
+
+
+def test_the_row_block_fits_half_of_l2():
+    """VisionAttention's 8 x 1024 x 1024 scores (head dim 8, 4 KB a score row): 64 rows
+    (256 KB) in half of x86-64-v4's 1 MB L2, 32 in half of x86-64-v3's 512 KB; 4096 keys
+    of head dim 64: 16 rows on v4; scores that fit the budget whole stay whole; a budget
+    below ``min_rows`` rows still takes ``min_rows``."""
+    config = AttentionTiles()
+    vision = _chain(8, 1024, 1024, 8)
+    assert row_block(vision, _V4, config) == 64
+    assert row_block(vision, _V3, config) == 32
+    assert row_block(_chain(2, 4096, 4096, 64), _V4, config) == 16
+    assert row_block(_chain(8, 32, 32, 8), _V4, config) is None
+    tiny_l2 = target_from_override(**{**_V4.model_dump(), "l2_bytes": 16 * 1024})
+    assert row_block(vision, tiny_l2, config) == 8
+    assert row_block(vision, _V4, AttentionTiles(row_block=100)) == 64
+    assert row_block(vision, _V4, AttentionTiles(enabled=False)) is None
+
+
+@pytest.mark.parametrize(
+    ("b", "m", "n", "d", "e", "mask", "rows"),
+    [
+        (3, 45, 40, 8, 6, "", 10),
+        (2, 33, 48, 16, 16, "causal", 11),
+        (2, 20, 37, 5, 7, "add", 4),
+        (0, 30, 32, 8, 8, "causal", 6),
+    ],
+    ids=["odd-batched", "causal", "additive-mask", "unbatched"],
+)
+def test_tiled_attention_matches_numpy(tmp_path, b, m, n, d, e, mask, rows):
+    rng = np.random.default_rng(7)
+    lead = (b,) if b else ()
+    q = rng.standard_normal((*lead, m, d), dtype=np.float32)
+    kt = rng.standard_normal((*lead, d, n), dtype=np.float32)
+    v = rng.standard_normal((*lead, n, e), dtype=np.float32)
+    mask_values = rng.standard_normal((m, n), dtype=np.float32)
+    expected = _reference(q, kt, v, mask, mask_values.astype(np.float64))
+    payload = tmp_path / "attention.mlir"
+    payload.write_text(_attention(b, m, n, d, e, mask))
+    np.savez(
+        tmp_path / "attention.npz",
+        in0=q,
+        in1=kt,
+        in2=v,
+        in3=mask_values,
+        out0=expected.astype(np.float32),
+    )
+    graph = load_graph("x86").with_config("normalize", attention={"row_block": rows})
+    dumped = tmp_path / "ir"
+    report = sg.run(graph, str(payload), threads=1, target="x86-64-v3", dump_ir=str(dumped))
+    assert report.verified is True, report
+    [normalized] = [p for p in dumped.iterdir() if "normalize" in p.name]
+    with new_context():
+        module = ir.Module.parse(normalized.read_text())
+        assert len(collect(module.operation, lambda op: LOOP_ATTR in op.attributes)) == 1
