@@ -6,6 +6,7 @@ One thread, thread CPU time, interleaved rounds (the harness of
 ``benchmarks/variants_vs_torch.py``). Usage:
 
     python benchmarks/attention_vs_torch.py [--shapes 2x4096x64,8x2048x64c] [--rounds 5]
+        [--before 'normalize:attention={"row_block": 16}']
 
 A shape is ``HEADSxSEQxDIM``, ``c`` at its end for a causal mask.
 """
@@ -55,11 +56,15 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=1)
     parser.add_argument("--target", help="x86-64 level to compile for (default: the host)")
+    parser.add_argument(
+        "--before", action="append", metavar="STAGE:KEY=VALUE",
+        help='what the before build overrides (default: normalize:attention={"enabled": false})',
+    )  # fmt: skip
     args = parser.parse_args()
     args.scale = 1
-    args.before = ['normalize:attention={"enabled": false}']
-    print(f"{describe(host_info())}; 1 thread; thread CPU time; before: attention tiling "
-          "off; shared machine: under load\n")  # fmt: skip
+    args.before = args.before or ['normalize:attention={"enabled": false}']
+    print(f"{describe(host_info())}; 1 thread; thread CPU time; before: {' '.join(args.before)}; "
+          "shared machine: under load\n")  # fmt: skip
     print("| shape | before ms | after ms | torch ms | before/after [p10, p90] "
           "| torch/after [p10, p90] |")  # fmt: skip
     print("|---|---|---|---|---|---|")

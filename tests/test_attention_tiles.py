@@ -260,21 +260,24 @@ def _chain(batch: int, rows: int, keys: int, depth: int) -> AttentionChain:
     )
 
 
-def test_the_row_block_fits_half_of_l2():
-    """VisionAttention's 8 x 1024 x 1024 scores (head dim 8, 4 KB a score row): 64 rows
-    (256 KB) in half of x86-64-v4's 1 MB L2, 32 in half of x86-64-v3's 512 KB; 4096 keys
-    of head dim 64: 16 rows on v4; scores that fit the budget whole stay whole; a budget
-    below ``min_rows`` rows still takes ``min_rows``."""
+def test_the_row_block_from_l2_and_the_head_width():
+    """VisionAttention's 8 x 1024 x 1024 scores (head dim 8, 4 KB a score row): 32 rows
+    (``min_rows``) on x86-64-v4 and v3 (an eighth of their L2 holds 31 and 15); with a
+    4 MB L2, 64 rows (512 KB). 4096 keys of head dim 64: 128 rows (``rows_per_width`` x
+    (64 + 64)), past L2. Scores that fit the budget whole stay whole; a pinned block is
+    rounded down to a divisor; a one-block unbatched chain is no tiling."""
     config = AttentionTiles()
     vision = _chain(8, 1024, 1024, 8)
-    assert row_block(vision, _V4, config) == 64
+    assert row_block(vision, _V4, config) == 32
     assert row_block(vision, _V3, config) == 32
-    assert row_block(_chain(2, 4096, 4096, 64), _V4, config) == 16
+    large_l2 = target_from_override(**{**_V4.model_dump(), "l2_bytes": 4 << 20})
+    assert row_block(vision, large_l2, config) == 64
+    assert row_block(_chain(2, 4096, 4096, 64), _V4, config) == 128
+    assert row_block(_chain(2, 4096, 4096, 64), _V4, AttentionTiles(rows_per_width=0)) == 32
     assert row_block(_chain(8, 32, 32, 8), _V4, config) is None
-    tiny_l2 = target_from_override(**{**_V4.model_dump(), "l2_bytes": 16 * 1024})
-    assert row_block(vision, tiny_l2, config) == 8
     assert row_block(vision, _V4, AttentionTiles(row_block=100)) == 64
     assert row_block(vision, _V4, AttentionTiles(enabled=False)) is None
+    assert row_block(_chain(1, 1024, 1024, 8), _V4, AttentionTiles(row_block=4096)) is None
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,7 @@ must reach memory anyway.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,16 +54,20 @@ class AttentionTiles(Config):
     ``enabled``: off, every chain keeps its whole score tensor. ``row_block``: query rows
     per block, pinned (a tuner's or a user's choice; rounded down to a divisor of the rows
     so every block has the same static shape); None: the cost model's choice
-    (:func:`row_block`). ``l2_fraction``: the share of L2 one block's working set (its
-    scores, the K and V slices it reads, its Q rows and output rows) may take.
-    ``min_rows``: blocks of fewer rows run the two small matmuls below their speed (the
-    micro-kernel's register block is several rows), so when no such block fits, the
-    smallest of at least this many rows is taken (L3 then still holds it)."""
+    (:func:`row_block`). ``l2_fraction``: the share of L2 one block (its score rows and
+    its rows of Q and of the output) may take. ``min_rows`` and ``rows_per_width``: a
+    block has at least ``max(min_rows, rows_per_width * (d + e))`` rows (``d``, ``e``:
+    the widths of Q's and V's rows): each block's two small matmuls pack K and V again
+    (``keys * (d + e)`` copies against ``rows * keys * (d + e)`` FMAs), and fewer rows
+    than the micro-kernel's register block run below its speed. Measured on a 2 MB-L2
+    Xeon (docs/measurements.md): head dim 8, 1024 keys: 32 rows best (16: 8% slower,
+    128: 5%); head dim 64, 4096 keys: 128-256 rows (64: 13% slower, 16: 23%), past L2."""
 
     enabled: bool = True
     row_block: int | None = Field(None, ge=1)
-    l2_fraction: float = Field(0.5, gt=0.0, le=8.0)
-    min_rows: int = Field(8, ge=1)
+    l2_fraction: float = Field(0.125, gt=0.0, le=8.0)
+    min_rows: int = Field(32, ge=1)
+    rows_per_width: float = Field(1.0, ge=0.0)
 
 
 @dataclass
@@ -278,10 +283,10 @@ def row_block(chain: AttentionChain, target: Target, config: AttentionTiles) -> 
     None when tiling is off or the whole score tensor (all batches) fits
     ``l2_fraction`` of L2: it makes no pass over memory then. Else the largest divisor of
     the rows whose block (``R`` score rows, ``R`` rows of Q and of the output) fits that
-    share, but at least ``min_rows`` rows (the small matmuls' speed); a pinned
-    ``row_block`` is rounded down to a divisor. K and V are read once per block, from
-    wherever they fit: larger blocks read them fewer times. A block of all rows (one
-    batch element at a time) is None for an unbatched chain."""
+    share among those of at least ``max(min_rows, rows_per_width * (d + e))`` rows, or
+    the smallest of those when none fits (L3 holds the block then); a pinned
+    ``row_block`` is rounded down to a divisor. A block of all rows (one batch element at
+    a time) is None for an unbatched chain."""
     if not config.enabled:
         return None
     bytes_ = chain.element_bytes
@@ -292,8 +297,8 @@ def row_block(chain: AttentionChain, target: Target, config: AttentionTiles) -> 
         if chain.batch * chain.rows * chain.keys * bytes_ <= budget:
             return None
         per_row = (chain.keys + chain.depth + chain.width) * bytes_
-        least = min(chain.rows, config.min_rows)
-        wide = [d for d in _divisors(chain.rows) if d >= least]
+        least = max(config.min_rows, math.ceil(config.rows_per_width * (chain.depth + chain.width)))
+        wide = [d for d in _divisors(chain.rows) if d >= min(chain.rows, least)]
         fitting = [d for d in wide if d * per_row <= budget]
         chosen = max(fitting) if fitting else min(wide)
     if chosen == chain.rows and chain.batch == 1:
