@@ -40,14 +40,21 @@ def _maps(rank: int) -> tuple[str, str, str]:
 
 
 def _attention(
-    b: int, m: int, n: int, d: int, e: int, mask: str = "", returns_probs: bool = False
+    b: int,
+    m: int,
+    n: int,
+    d: int,
+    e: int,
+    mask: str = "",
+    returns_probs: bool = False,
+    exp: str = "math.exp",
 ) -> str:
     """``softmax(scale * Q K^T [+ mask]) V`` as the importer writes it: a matmul into the
     scores, one generic per step (the max with its argmax result), a matmul of the
     probabilities. ``b == 0``: unbatched (``linalg.matmul``). ``mask``: ``add`` (an input
     ``[m, n]`` added, broadcast over the batch) or ``causal`` (keys after the query row get
     -inf, from ``linalg.index``). ``returns_probs``: the probabilities are a second
-    result."""
+    result. ``exp``: the op in the exponential's place (another: no softmax)."""
     lead = [b] if b else []
     rank = len(lead) + 2
     whole, rows, keys = _maps(rank)
@@ -122,7 +129,7 @@ def _attention(
         f"  %ex = linalg.generic {{indexing_maps = [{whole}, {whole}], iterator_types = [{par}]}}"
         f" ins(%sh : {s_t}) outs(%se : {s_t}) {{",
         "  ^bb0(%a: f32, %o: f32):",
-        "    %y = math.exp %a : f32",
+        f"    %y = {exp} %a : f32",
         "    linalg.yield %y : f32",
         f"  }} -> {s_t}",
         f"  %z0 = linalg.fill ins(%zero : f32) outs(%re : {r_t}) -> {r_t}",
@@ -230,8 +237,9 @@ def test_an_unbatched_chain_tiles_its_rows():
         (_attention(3, 45, 40, 8, 6, returns_probs=True), AttentionTiles(row_block=9)),
         (_attention(3, 45, 40, 8, 6), AttentionTiles()),  # 21 KB of scores: fits L2
         (_attention(0, 32, 24, 4, 4), AttentionTiles(row_block=32)),  # one block: no loop
+        (_attention(3, 45, 40, 8, 6, exp="math.tanh"), AttentionTiles(row_block=9)),
     ],
-    ids=["off", "probabilities-returned", "fits-l2", "one-block"],
+    ids=["off", "probabilities-returned", "fits-l2", "one-block", "no-exp"],
 )
 def test_chains_left_whole(text, config):
     context, module, count = _tile(text, config)

@@ -20,7 +20,9 @@ their fills, in that order. The x86 schedule then treats the ops in the loop lik
 others (the packed matmul kernels for the two small matmuls, the row chains and the
 polynomial ``exp`` for the softmax).
 
-A chain whose scores or intermediate results have a user outside it (a softmax whose
+The chain must be a softmax (a reduction along the rows and an ``exp``): a Linear ->
+LayerNorm -> Linear chain has the same shape, but its matmuls read weights that every
+block would pack again. A chain whose scores or intermediate results have a user outside it (a softmax whose
 result is also returned, attention weights that are averaged) is left alone: its scores
 must reach memory anyway.
 """
@@ -194,17 +196,22 @@ def match_chain(last: Any) -> AttentionChain | None:
                 continue  # a mask or bias: read through the block's slice
             if not _reads_rows(op, k, rank):
                 return None
-    if first is None or not _has_row_reduction(between):
+    if first is None or not _is_softmax(between):
         return None
     return _closed_chain(last, first, between, scores)
 
 
-def _has_row_reduction(between: list[Any]) -> bool:
+def _is_softmax(between: list[Any]) -> bool:
+    """A softmax: a reduction along the rows and an ``exp`` (a Linear -> LayerNorm ->
+    Linear chain has the first, not the second, and its matmuls read weights that each
+    block would pack again)."""
+    from stagegraph.mlir.walk import contains
     from stagegraph.stages.analysis.ops import op_facts
 
-    return any(
+    reduces = any(
         op_facts(op, 0, "attention chain", None).iterator_types[-1] == "reduction" for op in between
     )
+    return reduces and any(contains(op, "math.exp") for op in between)
 
 
 def _closed_chain(
