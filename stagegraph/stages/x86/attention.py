@@ -22,9 +22,11 @@ polynomial ``exp`` for the softmax).
 
 The chain must be a softmax (a reduction along the rows and an ``exp``): a Linear ->
 LayerNorm -> Linear chain has the same shape, but its matmuls read weights that every
-block would pack again. A chain whose scores or intermediate results have a user outside it (a softmax whose
-result is also returned, attention weights that are averaged) is left alone: its scores
-must reach memory anyway.
+block would pack again. A chain whose scores or intermediate results have a user outside
+it (a softmax whose result is also returned, attention weights that are averaged) is
+left alone: its scores must reach memory anyway. So is a chain whose matmuls and softmax
+meet through reshapes (``[batch * heads, ...]`` matmuls around ``[batch, heads, ...]``
+softmax ops, as MinGPT's): not matched yet.
 """
 
 from __future__ import annotations
