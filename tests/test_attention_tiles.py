@@ -48,112 +48,166 @@ def _attention(
     mask: str = "",
     returns_probs: bool = False,
     exp: str = "math.exp",
+    heads: int = 0,
 ) -> str:
     """``softmax(scale * Q K^T [+ mask]) V`` as the importer writes it: a matmul into the
-    scores, one generic per step (the max with its argmax result), a matmul of the
-    probabilities. ``b == 0``: unbatched (``linalg.matmul``). ``mask``: ``add`` (an input
-    ``[m, n]`` added, broadcast over the batch) or ``causal`` (keys after the query row get
-    -inf, from ``linalg.index``). ``returns_probs``: the probabilities are a second
-    result. ``exp``: the op in the exponential's place (another: no softmax)."""
-    lead = [b] if b else []
+    scores, one generic per step (:func:`_softmax`), a matmul of the probabilities.
+    ``b == 0``: unbatched (``linalg.matmul``). ``heads``: the matmuls run on
+    ``[b * heads, ...]``, the softmax on ``[b, heads, ...]`` (an expand and a collapse
+    between them, as MinGPT's). ``returns_probs``: the probabilities are a second
+    result."""
+    mm_lead = [b * heads] if heads else ([b] if b else [])
+    lead = [b, heads] if heads else mm_lead
+
+    def t(dims: list[int], *rest: int) -> str:
+        return "tensor<" + "x".join(str(x) for x in [*dims, *rest]) + "xf32>"
+
+    s_t, mm_s_t, out_t = t(lead, m, n), t(mm_lead, m, n), t(mm_lead, m, e)
+    mm = "linalg.batch_matmul" if b else "linalg.matmul"
+    lines = [
+        f"func.func @main(%q: {t(mm_lead, m, d)}, %kt: {t(mm_lead, d, n)},"
+        f" %v: {t(mm_lead, n, e)}, %mask: tensor<{m}x{n}xf32>)"
+        f" -> ({out_t}{', ' + s_t if returns_probs else ''}) {{",
+        "  %zero = arith.constant 0.0 : f32",
+        f"  %se3 = tensor.empty() : {mm_s_t}",
+        f"  %s0 = linalg.fill ins(%zero : f32) outs(%se3 : {mm_s_t}) -> {mm_s_t}",
+        f"  %s3 = {mm} ins(%q, %kt : {t(mm_lead, m, d)}, {t(mm_lead, d, n)})"
+        f" outs(%s0 : {mm_s_t}) -> {mm_s_t}",
+    ]
+    if heads:
+        lines.append(
+            f"  %s = tensor.expand_shape %s3 [[0, 1], [2], [3]] output_shape [{b}, {heads},"
+            f" {m}, {n}] : {mm_s_t} into {s_t}"
+        )
+    lines += _softmax("%s" if heads else "%s3", lead, m, n, mask, exp)
+    probs = "%p"
+    if heads:
+        lines.append(f"  %p3 = tensor.collapse_shape %p [[0, 1], [2], [3]] : {s_t} into {mm_s_t}")
+        probs = "%p3"
+    lines += [
+        f"  %oe = tensor.empty() : {out_t}",
+        f"  %o0 = linalg.fill ins(%zero : f32) outs(%oe : {out_t}) -> {out_t}",
+        f"  %out = {mm} ins({probs}, %v : {mm_s_t}, {t(mm_lead, n, e)})"
+        f" outs(%o0 : {out_t}) -> {out_t}",
+        f"  return %out, %p : {out_t}, {s_t}" if returns_probs else f"  return %out : {out_t}",
+        "}",
+    ]
+    return "\n".join(lines)
+
+
+def _generic(
+    maps: list[str], kinds: str, ins: str, outs: str, body: list[str], to: str
+) -> list[str]:
+    return [
+        f"  linalg.generic {{indexing_maps = [{', '.join(maps)}], iterator_types = [{kinds}]}}"
+        f" ins({ins}) outs({outs}) {{",
+        *[f"    {line}" for line in body],
+        f"  }} -> {to}",
+    ]
+
+
+def _softmax(source: str, lead: list[int], m: int, n: int, mask: str, exp: str) -> list[str]:
+    """The softmax of ``source`` over its rows as separate generics: a scale (with a
+    ``causal`` mask: keys after the query row get -inf, from ``linalg.index``), an
+    ``add`` mask (an input ``[m, n]`` broadcast over the batch), the max with its argmax
+    result, subtract, ``exp`` (another op in its place: no softmax), sum, divide into
+    ``%p``."""
     rank = len(lead) + 2
     whole, rows, keys = _maps(rank)
     par = ", ".join(['"parallel"'] * rank)
     red = ", ".join(['"parallel"'] * (rank - 1) + ['"reduction"'])
-
-    def t(*dims: int, el: str = "f32") -> str:
-        return "tensor<" + "x".join(str(x) for x in [*lead, *dims]) + f"x{el}>"
-
-    s_t, r_t, i_t = t(m, n), t(m), t(m, el="i64")
-    mm = "linalg.batch_matmul" if b else "linalg.matmul"
-    row, col = rank - 2, rank - 1
+    dims = "x".join(str(x) for x in [*lead, m])
+    s_t, r_t, i_t = f"tensor<{dims}x{n}xf32>", f"tensor<{dims}xf32>", f"tensor<{dims}xi64>"
+    scale = ["^bb0(%a: f32, %o: f32):", "%y = arith.mulf %a, %scale : f32"]
+    if mask == "causal":
+        scale += [
+            f"%i = linalg.index {rank - 2} : index",
+            f"%j = linalg.index {rank - 1} : index",
+            "%later = arith.cmpi ugt, %j, %i : index",
+            "%z = arith.select %later, %ninf, %y : f32",
+            "linalg.yield %z : f32",
+        ]
+    else:
+        scale.append("linalg.yield %y : f32")
     lines = [
-        f"func.func @main(%q: {t(m, d)}, %kt: {t(d, n)}, %v: {t(n, e)},"
-        f" %mask: tensor<{m}x{n}xf32>) -> ({t(m, e)}{', ' + s_t if returns_probs else ''}) {{",
-        "  %zero = arith.constant 0.0 : f32",
         "  %ninf = arith.constant 0xFF800000 : f32",
         "  %scale = arith.constant 0.35 : f32",
         "  %c0 = arith.constant 0 : i64",
         f"  %se = tensor.empty() : {s_t}",
-        f"  %s0 = linalg.fill ins(%zero : f32) outs(%se : {s_t}) -> {s_t}",
-        f"  %s = {mm} ins(%q, %kt : {t(m, d)}, {t(d, n)}) outs(%s0 : {s_t}) -> {s_t}",
-        f"  %x = linalg.generic {{indexing_maps = [{whole}, {whole}], iterator_types = [{par}]}}"
-        f" ins(%s : {s_t}) outs(%se : {s_t}) {{",
-        "  ^bb0(%a: f32, %o: f32):",
-        "    %y = arith.mulf %a, %scale : f32",
-    ]
-    if mask == "causal":
-        lines += [
-            f"    %i = linalg.index {row} : index",
-            f"    %j = linalg.index {col} : index",
-            "    %later = arith.cmpi ugt, %j, %i : index",
-            "    %z = arith.select %later, %ninf, %y : f32",
-            "    linalg.yield %z : f32",
-        ]
-    else:
-        lines += ["    linalg.yield %y : f32"]
-    lines += [f"  }} -> {s_t}"]
-    source = "%x"
-    if mask == "add":
-        lines += [
-            f"  %xm = linalg.generic {{indexing_maps = [{whole}, {keys}, {whole}],"
-            f" iterator_types = [{par}]}} ins(%x, %mask : {s_t}, tensor<{m}x{n}xf32>)"
-            f" outs(%se : {s_t}) {{",
-            "  ^bb0(%a: f32, %c: f32, %o: f32):",
-            "    %y = arith.addf %a, %c : f32",
-            "    linalg.yield %y : f32",
-            f"  }} -> {s_t}",
-        ]
-        source = "%xm"
-    lines += [
         f"  %re = tensor.empty() : {r_t}",
         f"  %m0 = linalg.fill ins(%ninf : f32) outs(%re : {r_t}) -> {r_t}",
         f"  %ie = tensor.empty() : {i_t}",
         f"  %i0 = linalg.fill ins(%c0 : i64) outs(%ie : {i_t}) -> {i_t}",
-        f"  %mx:2 = linalg.generic {{indexing_maps = [{whole}, {rows}, {rows}],"
-        f" iterator_types = [{red}]}} ins({source} : {s_t}) outs(%m0, %i0 : {r_t}, {i_t}) {{",
-        "  ^bb0(%a: f32, %o: f32, %oi: i64):",
-        f"    %k = linalg.index {col} : index",
-        "    %ki = arith.index_cast %k : index to i64",
-        "    %y = arith.maximumf %a, %o : f32",
-        "    %gt = arith.cmpf ogt, %a, %o : f32",
-        "    %w = arith.select %gt, %ki, %oi : i64",
-        "    linalg.yield %y, %w : f32, i64",
-        f"  }} -> ({r_t}, {i_t})",
-        f"  %sh = linalg.generic {{indexing_maps = [{whole}, {rows}, {whole}],"
-        f" iterator_types = [{par}]}} ins({source}, %mx#0 : {s_t}, {r_t}) outs(%se : {s_t}) {{",
-        "  ^bb0(%a: f32, %c: f32, %o: f32):",
-        "    %y = arith.subf %a, %c : f32",
-        "    linalg.yield %y : f32",
-        f"  }} -> {s_t}",
-        f"  %ex = linalg.generic {{indexing_maps = [{whole}, {whole}], iterator_types = [{par}]}}"
-        f" ins(%sh : {s_t}) outs(%se : {s_t}) {{",
-        "  ^bb0(%a: f32, %o: f32):",
-        f"    %y = {exp} %a : f32",
-        "    linalg.yield %y : f32",
-        f"  }} -> {s_t}",
         f"  %z0 = linalg.fill ins(%zero : f32) outs(%re : {r_t}) -> {r_t}",
-        f"  %sum = linalg.generic {{indexing_maps = [{whole}, {rows}], iterator_types = [{red}]}}"
-        f" ins(%ex : {s_t}) outs(%z0 : {r_t}) {{",
-        "  ^bb0(%a: f32, %o: f32):",
-        "    %y = arith.addf %a, %o : f32",
-        "    linalg.yield %y : f32",
-        f"  }} -> {r_t}",
-        f"  %p = linalg.generic {{indexing_maps = [{whole}, {rows}, {whole}],"
-        f" iterator_types = [{par}]}} ins(%ex, %sum : {s_t}, {r_t}) outs(%se : {s_t}) {{",
-        "  ^bb0(%a: f32, %c: f32, %o: f32):",
-        "    %y = arith.divf %a, %c : f32",
-        "    linalg.yield %y : f32",
-        f"  }} -> {s_t}",
-        f"  %oe = tensor.empty() : {t(m, e)}",
-        f"  %o0 = linalg.fill ins(%zero : f32) outs(%oe : {t(m, e)}) -> {t(m, e)}",
-        f"  %out = {mm} ins(%p, %v : {s_t}, {t(n, e)}) outs(%o0 : {t(m, e)}) -> {t(m, e)}",
+        "  %x =",
+        *_generic([whole, whole], par, f"{source} : {s_t}", f"%se : {s_t}", scale, s_t),
     ]
-    if returns_probs:
-        lines += [f"  return %out, %p : {t(m, e)}, {s_t}", "}"]
-    else:
-        lines += [f"  return %out : {t(m, e)}", "}"]
-    return "\n".join(lines)
+    x = "%x"
+    if mask == "add":
+        add = ["^bb0(%a: f32, %c: f32, %o: f32):", "%y = arith.addf %a, %c : f32"]
+        lines += ["  %xm =", *_generic(
+            [whole, keys, whole], par, f"%x, %mask : {s_t}, tensor<{m}x{n}xf32>",
+            f"%se : {s_t}", [*add, "linalg.yield %y : f32"], s_t,
+        )]  # fmt: skip
+        x = "%xm"
+    argmax = [
+        "^bb0(%a: f32, %o: f32, %oi: i64):",
+        f"%k = linalg.index {rank - 1} : index",
+        "%ki = arith.index_cast %k : index to i64",
+        "%y = arith.maximumf %a, %o : f32",
+        "%gt = arith.cmpf ogt, %a, %o : f32",
+        "%w = arith.select %gt, %ki, %oi : i64",
+        "linalg.yield %y, %w : f32, i64",
+    ]
+    two = "^bb0(%a: f32, %c: f32, %o: f32):"
+    lines += [
+        "  %mx:2 =",
+        *_generic(
+            [whole, rows, rows],
+            red,
+            f"{x} : {s_t}",
+            f"%m0, %i0 : {r_t}, {i_t}",
+            argmax,
+            f"({r_t}, {i_t})",
+        ),
+    ]
+    lines += [
+        "  %sh =",
+        *_generic(
+            [whole, rows, whole],
+            par,
+            f"{x}, %mx#0 : {s_t}, {r_t}",
+            f"%se : {s_t}",
+            [two, "%y = arith.subf %a, %c : f32", "linalg.yield %y : f32"],
+            s_t,
+        ),
+    ]
+    lines += [
+        "  %ex =",
+        *_generic(
+            [whole, whole],
+            par,
+            f"%sh : {s_t}",
+            f"%se : {s_t}",
+            ["^bb0(%a: f32, %o: f32):", f"%y = {exp} %a : f32", "linalg.yield %y : f32"],
+            s_t,
+        ),
+    ]
+    lines += [
+        "  %sum =",
+        *_generic(
+            [whole, rows],
+            red,
+            f"%ex : {s_t}",
+            f"%z0 : {r_t}",
+            ["^bb0(%a: f32, %o: f32):", "%y = arith.addf %a, %o : f32", "linalg.yield %y : f32"],
+            r_t,
+        ),
+    ]
+    lines += ["  %p =", *_generic([whole, rows, whole], par, f"%ex, %sum : {s_t}, {r_t}",
+                                  f"%se : {s_t}", [two, "%y = arith.divf %a, %c : f32",
+                                                   "linalg.yield %y : f32"], s_t)]  # fmt: skip
+    return lines
 
 
 def _reference(q, kt, v, mask_kind: str, mask) -> np.ndarray:
@@ -214,6 +268,22 @@ def test_the_chain_runs_in_one_loop_over_batch_and_row_blocks():
         assert len(generics) == 6 and all(_inside(op, loop) for op in generics)
         assert (3, 45, 40) not in _tensor_shapes_outside(module, loop)
         assert list(loop.attributes["staticUpperBound"]) == [3, 5]
+
+
+def test_heads_apart_from_the_batch_tile_through_the_reshapes():
+    """MinGPT's form: the matmuls on ``[batch * heads, ...]``, the softmax on ``[batch,
+    heads, ...]``: the expand and the collapse move into the loop (a block's slice of
+    each), and neither the 4-D scores nor the 3-D ones are made outside it."""
+    text = _attention(2, 24, 40, 8, 8, mask="causal", heads=3)
+    context, module, count = _tile(text, AttentionTiles(row_block=8))
+    with context:
+        assert count == 1
+        [loop] = collect(module.operation, lambda op: LOOP_ATTR in op.attributes)
+        assert list(loop.attributes["staticUpperBound"]) == [6, 3]
+        shapes = _tensor_shapes_outside(module, loop)
+        assert (2, 3, 24, 40) not in shapes and (6, 24, 40) not in shapes
+        reshapes = collect(module.operation, ("tensor.expand_shape", "tensor.collapse_shape"))
+        assert reshapes and all(_inside(op, loop) for op in reshapes)
 
 
 def test_an_unbatched_chain_tiles_its_rows():
@@ -289,25 +359,26 @@ def test_the_row_block_from_l2_and_the_head_width():
 
 
 @pytest.mark.parametrize(
-    ("b", "m", "n", "d", "e", "mask", "rows"),
+    ("b", "m", "n", "d", "e", "mask", "rows", "heads"),
     [
-        (3, 45, 40, 8, 6, "", 10),
-        (2, 33, 48, 16, 16, "causal", 11),
-        (2, 20, 37, 5, 7, "add", 4),
-        (0, 30, 32, 8, 8, "causal", 6),
+        (3, 45, 40, 8, 6, "", 10, 0),
+        (2, 33, 48, 16, 16, "causal", 11, 0),
+        (2, 20, 37, 5, 7, "add", 4, 0),
+        (0, 30, 32, 8, 8, "causal", 6, 0),
+        (2, 24, 40, 8, 8, "causal", 8, 3),
     ],
-    ids=["odd-batched", "causal", "additive-mask", "unbatched"],
+    ids=["odd-batched", "causal", "additive-mask", "unbatched", "heads-causal"],
 )
-def test_tiled_attention_matches_numpy(tmp_path, b, m, n, d, e, mask, rows):
+def test_tiled_attention_matches_numpy(tmp_path, b, m, n, d, e, mask, rows, heads):
     rng = np.random.default_rng(7)
-    lead = (b,) if b else ()
+    lead = (b * heads,) if heads else ((b,) if b else ())
     q = rng.standard_normal((*lead, m, d), dtype=np.float32)
     kt = rng.standard_normal((*lead, d, n), dtype=np.float32)
     v = rng.standard_normal((*lead, n, e), dtype=np.float32)
     mask_values = rng.standard_normal((m, n), dtype=np.float32)
     expected = _reference(q, kt, v, mask, mask_values.astype(np.float64))
     payload = tmp_path / "attention.mlir"
-    payload.write_text(_attention(b, m, n, d, e, mask))
+    payload.write_text(_attention(b, m, n, d, e, mask, heads=heads))
     np.savez(
         tmp_path / "attention.npz",
         in0=q,

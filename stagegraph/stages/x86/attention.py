@@ -78,13 +78,17 @@ class AttentionTiles(Config):
 class AttentionChain:
     """One ``S = Q K^T -> row-wise ops -> S' V`` chain: ``last`` the ``P @ V`` matmul,
     ``first`` the ``Q K^T`` one, ``between`` the row-wise generics (program order),
-    ``inits`` the fills and empties only they use; the scores' shape ``[batch..., rows,
-    keys]`` and the widths of Q's and V's rows."""
+    ``inits`` the fills and empties only they use, ``reshapes`` the expand of the scores
+    and the collapse of the probabilities where the matmuls merge batch dims the softmax
+    keeps apart (``[batch * heads, ...]`` against ``[batch, heads, ...]``); the scores'
+    shape as the softmax sees it, ``[batch..., rows, keys]``, and the widths of Q's and
+    V's rows."""
 
     last: Any
     first: Any
     between: list[Any] = field(default_factory=list)
     inits: list[Any] = field(default_factory=list)
+    reshapes: list[Any] = field(default_factory=list)
     scores: tuple[int, ...] = ()
     depth: int = 0
     width: int = 0
@@ -100,7 +104,7 @@ class AttentionChain:
 
     @property
     def batch(self) -> int:
-        return self.scores[0] if len(self.scores) == 3 else 1
+        return math.prod(self.scores[:-2])
 
 
 def _shape(value: Any) -> tuple[int, ...] | None:
@@ -165,14 +169,59 @@ def _inputs_and_inits(op: Any) -> tuple[list[Any], list[Any]]:
     return operands[:n_inputs], operands[n_inputs:]
 
 
+def _merged_batch(collapsed: tuple[int, ...] | None, whole: tuple[int, ...] | None) -> bool:
+    """``collapsed`` is ``whole`` with its batch dims merged into one (the rows and keys
+    kept): the only reassociation that gives these shapes keeps the element order."""
+    return (
+        collapsed is not None
+        and whole is not None
+        and len(collapsed) == 3
+        and len(whole) > 3
+        and collapsed[1:] == whole[-2:]
+        and collapsed[0] == math.prod(whole[:-2])
+    )
+
+
+def _scores_source(last: Any) -> tuple[Any, list[Any]]:
+    """The value the softmax hands ``last`` (its first operand, or the source of the
+    ``tensor.collapse_shape`` that merges its batch dims) and that reshape."""
+    value = last.operands[0]
+    producer = _producer(value)
+    if producer is not None and producer.name == "tensor.collapse_shape":
+        source = producer.operands[0]
+        if _merged_batch(_shape(value), _shape(source)):
+            return source, [producer]
+    return value, []
+
+
+def _scores_producer(value: Any, scores: tuple[int, ...], merged: Any) -> tuple[Any, Any]:
+    """(the contraction, the expand between it and the softmax or None) when ``value``
+    is the QK^T product the chain reads, else (None, None)."""
+    producer = _producer(value)
+    if producer is None or _shape(value) != scores:
+        return None, None
+    if producer.name in _CONTRACTIONS:
+        return producer, None
+    if producer.name == "tensor.expand_shape":
+        source = _producer(producer.operands[0])
+        if (
+            source is not None
+            and source.name in _CONTRACTIONS
+            and _shape(source.results[0]) == merged
+        ):
+            return source, producer
+    return None, None
+
+
 def match_chain(last: Any) -> AttentionChain | None:
     """The attention chain ending in the contraction ``last`` (its first operand the
     softmax's result), or None when ``last`` ends none that tiling may take apart."""
-    scores = _shape(last.operands[0])
-    start = _producer(last.operands[0])
-    if scores is None or len(scores) not in (2, 3) or start is None:
+    lhs = _shape(last.operands[0])
+    value, reshapes = _scores_source(last)
+    scores, start = _shape(value), _producer(value)
+    if lhs is None or scores is None or start is None or len(lhs) not in (2, 3):
         return None
-    if len(scores) == 3 and last.name != "linalg.batch_matmul":
+    if len(lhs) == 3 and last.name != "linalg.batch_matmul":
         return None
     rank = len(scores)
     between: list[Any] = []
@@ -186,12 +235,15 @@ def match_chain(last: Any) -> AttentionChain | None:
             return None
         between.append(op)
         inputs, _ = _inputs_and_inits(op)
-        for k, value in enumerate(inputs):
-            producer = _producer(value)
-            if producer is not None and producer.name in _CONTRACTIONS and _shape(value) == scores:
-                if first is not None and first != producer:
+        for k, input_value in enumerate(inputs):
+            producer = _producer(input_value)
+            contraction, expand = _scores_producer(input_value, scores, lhs)
+            if contraction is not None:
+                if first is not None and first != contraction:
                     return None
-                first = producer
+                first = contraction
+                if expand is not None and expand not in reshapes:
+                    reshapes.append(expand)
             elif producer is not None and _in_rows(producer, scores):
                 pending.append(producer)
             else:
@@ -200,7 +252,7 @@ def match_chain(last: Any) -> AttentionChain | None:
                 return None
     if first is None or not _is_softmax(between):
         return None
-    return _closed_chain(last, first, between, scores)
+    return _closed_chain(last, first, between, reshapes, scores)
 
 
 def _is_softmax(between: list[Any]) -> bool:
@@ -217,14 +269,14 @@ def _is_softmax(between: list[Any]) -> bool:
 
 
 def _closed_chain(
-    last: Any, first: Any, between: list[Any], scores: tuple[int, ...]
+    last: Any, first: Any, between: list[Any], reshapes: list[Any], scores: tuple[int, ...]
 ) -> AttentionChain | None:
     """The chain when nothing outside it uses the scores or any intermediate (their full
     tensors would have to be written then), else None."""
     from stagegraph.mlir.types import element_name
 
-    members = {first, *between, last}
-    for op in [first, *between]:
+    members = {first, *between, *reshapes, last}
+    for op in [first, *between, *reshapes]:
         if any(user not in members for user in _users(op)):
             return None
     order = {op: k for k, op in enumerate(_block_ops(last))}
@@ -251,6 +303,7 @@ def _closed_chain(
         first=first,
         between=between,
         inits=inits,
+        reshapes=reshapes,
         scores=scores,
         depth=q_shape[-1],
         width=v_shape[-1],
@@ -347,19 +400,26 @@ def _apply_tiling(module: Any, chain: AttentionChain, rows: int) -> None:
     fused = [*reversed(chain.between), chain.first, *chain.inits]
     for k, op in enumerate(fused):
         op.attributes[FUSE_ATTR] = ir.IntegerAttr.get(i64, k)
-    sizes = [1, rows, 0, 0] if len(chain.scores) == 3 else [rows, 0, 0]
+    sizes = [1, rows, 0, 0] if chain.last.name == "linalg.batch_matmul" else [rows, 0, 0]
     schedule, sequence = new_schedule()
     with ir.InsertionPoint(sequence.body):
         root = sequence.bodyTarget
         last = structured.MatchOp(any_op(), root, op_attrs={ROOT_ATTR: ir.UnitAttr.get()})
         made = structured.TileUsingForallOp(any_op(), any_op(), last.result, tile_sizes=sizes)
         loop = made.results[1]
+        # A block's slice of a reshaped tensor becomes the reshape of a slice, which the
+        # next producer (the softmax's last op, the QK^T matmul) fuses into.
+        bubble = (ttensor.ApplyBubbleUpExtractSlicePatternsOp,)
+        if chain.reshapes:
+            apply_patterns(loop, *bubble)
         for k in range(len(fused)):
             attrs = {FUSE_ATTR: ir.IntegerAttr.get(i64, k)}
             producer = structured.MatchOp(any_op(), root, op_attrs=attrs).result
             loop = structured.FuseIntoContainingOp(any_op(), any_op(), producer, loop).results[1]
             # Two users of one producer read the same slice: one slice, so one tile of it.
             transform.ApplyCommonSubexpressionEliminationOp(loop)
+            if chain.reshapes:
+                apply_patterns(loop, *bubble)
         transform.AnnotateOp(loop, LOOP_ATTR)
         function = transform.GetParentOp(any_op(), loop, op_name="func.func")
         apply_patterns(
