@@ -8,7 +8,9 @@ One thread, thread CPU time, interleaved rounds (the harness of
     python benchmarks/attention_vs_torch.py [--shapes 2x4096x64,8x2048x64c] [--rounds 5]
         [--before 'normalize:attention={"row_block": 16}']
 
-A shape is ``HEADSxSEQxDIM``, ``c`` at its end for a causal mask.
+A shape is ``HEADSxSEQxDIM``, ``c`` at its end for a causal mask. ``--problem
+FILE.py:name=value,...`` (repeatable) measures a problem file at those sizes as well, e.g.
+``../shared/kernelbench/src/level3/l3_043_MinGPTCausalAttention.py:batch_size=4,seq_len=512``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shapes", default="2x4096x64,8x2048x64c")
+    parser.add_argument("--problem", action="append", default=[], metavar="FILE.py:SIZES")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--calls", type=int, default=1)
     parser.add_argument("--target", help="x86-64 level to compile for (default: the host)")
@@ -69,8 +72,11 @@ def main() -> None:
           "| torch/after [p10, p90] |")  # fmt: skip
     print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as folder:
-        for shape in args.shapes.split(","):
-            row = measure(Path(shape), args, _spec(Path(folder), shape))
+        shapes = [s for s in args.shapes.split(",") if s]
+        specs = [(s, _spec(Path(folder), s)) for s in shapes]
+        specs += [(Path(spec.split(":")[0]).stem[:6], spec) for spec in args.problem]
+        for shape, spec in specs:
+            row = measure(Path(shape), args, spec)
             if "error" in row:
                 print(f"| {shape} | error: {row['error'][:160]} | | | | |", flush=True)
                 continue
