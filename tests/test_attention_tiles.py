@@ -113,9 +113,8 @@ def _softmax(source: str, lead: list[int], m: int, n: int, mask: str, exp: str) 
     result, subtract, ``exp`` (another op in its place: no softmax), sum, divide into
     ``%p``."""
     rank = len(lead) + 2
-    whole, rows, keys = _maps(rank)
+    whole, _, keys = _maps(rank)
     par = ", ".join(['"parallel"'] * rank)
-    red = ", ".join(['"parallel"'] * (rank - 1) + ['"reduction"'])
     dims = "x".join(str(x) for x in [*lead, m])
     s_t, r_t, i_t = f"tensor<{dims}x{n}xf32>", f"tensor<{dims}xf32>", f"tensor<{dims}xi64>"
     scale = ["^bb0(%a: f32, %o: f32):", "%y = arith.mulf %a, %scale : f32"]
@@ -150,6 +149,14 @@ def _softmax(source: str, lead: list[int], m: int, n: int, mask: str, exp: str) 
             f"%se : {s_t}", [*add, "linalg.yield %y : f32"], s_t,
         )]  # fmt: skip
         x = "%xm"
+    return lines + _normalized(x, rank, s_t, r_t, i_t, exp)
+
+
+def _normalized(x: str, rank: int, s_t: str, r_t: str, i_t: str, exp: str) -> list[str]:
+    """max (with its argmax result), subtract, ``exp``, sum, divide of ``x`` into ``%p``."""
+    whole, rows, _ = _maps(rank)
+    par = ", ".join(['"parallel"'] * rank)
+    red = ", ".join(['"parallel"'] * (rank - 1) + ['"reduction"'])
     argmax = [
         "^bb0(%a: f32, %o: f32, %oi: i64):",
         f"%k = linalg.index {rank - 1} : index",
@@ -160,7 +167,7 @@ def _softmax(source: str, lead: list[int], m: int, n: int, mask: str, exp: str) 
         "linalg.yield %y, %w : f32, i64",
     ]
     two = "^bb0(%a: f32, %c: f32, %o: f32):"
-    lines += [
+    lines = [
         "  %mx:2 =",
         *_generic(
             [whole, rows, rows],
