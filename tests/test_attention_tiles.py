@@ -293,6 +293,17 @@ def test_heads_apart_from_the_batch_tile_through_the_reshapes():
         assert reshapes and all(_inside(op, loop) for op in reshapes)
 
 
+def test_every_chain_of_the_module_is_tiled():
+    """Two functions with a chain each (ops a tiling's clean-up may touch): two loops."""
+    first = _attention(2, 16, 24, 4, 4)
+    second = _attention(0, 32, 24, 4, 4, mask="causal").replace("@main", "@second")
+    context, module, count = _tile(f"{first}\n{second}", AttentionTiles(row_block=8))
+    with context:
+        assert count == 2
+        loops = collect(module.operation, lambda op: LOOP_ATTR in op.attributes)
+        assert [list(loop.attributes["staticUpperBound"]) for loop in loops] == [[2, 2], [4]]
+
+
 def test_an_unbatched_chain_tiles_its_rows():
     context, module, count = _tile(_attention(0, 32, 24, 4, 4), AttentionTiles(row_block=8))
     with context:
