@@ -107,15 +107,16 @@ def calls_per_round(sides: dict[str, Any], least: int, block_s: float = 0.005) -
     return max(least, math.ceil(block_s / max(slowest, 1e-7)))
 
 
-def measure(payload: Path, args: argparse.Namespace) -> dict:
-    """Both builds and PyTorch on ``payload``, verified, timed in interleaved rounds."""
+def measure(payload: Path, args: argparse.Namespace, spec: str | None = None) -> dict:
+    """Both builds and PyTorch on ``payload`` (or on the problem ``spec``, a
+    ``FILE.py:name=value,...`` of a script's own), verified, timed in interleaved rounds."""
     from real_size import scaled_problem_spec
 
     from stagegraph.app.torch_peer import TorchMeasurement
 
     # a problem file with its overrides (``FILE.py:batch_size=1``) runs as it is
     is_problem = payload.name.partition(":")[0].endswith(".py")
-    spec = str(payload) if is_problem else scaled_problem_spec(payload, args.scale)
+    spec = spec or (str(payload) if is_problem else scaled_problem_spec(payload, args.scale))
     if spec is None:
         return {"error": "no problem file"}
     params, stages = parse_before(args.before)

@@ -71,7 +71,9 @@ def normalize(
     elementwise consumers that reach a matmul through reshapes move onto its result, so
     they fuse into its tiles (:mod:`stagegraph.stages.common.reshaped_epilogues`; those of
     a row-block loop first onto each block, :mod:`stagegraph.stages.common.block_epilogues`);
-    3-D poolings become 2-D then 1-D ones. Before those, gathers through constant
+    3-D poolings become 2-D then 1-D ones; attention chains (QK^T, a row-wise softmax,
+    PV) run by blocks of query rows whose scores stay in cache
+    (:mod:`stagegraph.stages.x86.attention`). Before those, gathers through constant
     positions that only reshape become reshapes
     (:mod:`stagegraph.stages.common.constant_gathers`), per-channel constant scales and
     shifts after a convolution or matmul (eval-mode BatchNorm) fold into its weights and
@@ -90,6 +92,7 @@ def normalize(
     from stagegraph.stages.common.fold_batchnorm import fold_channel_affine_chains
     from stagegraph.stages.common.reshaped_epilogues import fuse_epilogues_through_reshapes
     from stagegraph.stages.common.unit_dims import fold_unit_dims
+    from stagegraph.stages.x86.attention import tile_attention
     from stagegraph.stages.x86.conv.chain_layout import carry_channels_last
     from stagegraph.stages.x86.conv.col2im import stride1_transposed_to_col2im
     from stagegraph.stages.x86.conv.gemm import convolutions_to_gemm
@@ -113,6 +116,7 @@ def normalize(
             carry_channels_last(module.ir)
         sink_epilogues_into_blocks(module.ir)  # a row-block loop's epilogue onto its blocks
         fuse_epilogues_through_reshapes(module.ir)  # their epilogues onto the matmuls
+        tile_attention(module.ir, target, config.attention)  # scores in cache, by blocks
         separate_3d_poolings(module.ir)  # 3-D poolings as 2-D then 1-D ones: vectorized
         prepare_weights(module.ir)  # few rows: no per-call transpose of W
     return module

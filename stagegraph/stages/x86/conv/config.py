@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import Field
 
 from stagegraph.core.ports import Config
+from stagegraph.stages.x86.attention import AttentionTiles
 
 #: The two ways a dense channels-first convolution runs (``path``/``paths`` values).
 Path = Literal["direct", "gemm"]
@@ -140,3 +141,5 @@ class ConvGemmConfig(Config):
     per_image_min_panels: int = Field(4, ge=1)
     min_filters: int = Field(4, ge=1)
     max_patch_elements: int = Field(1 << 26, ge=1)
+    #: Attention chains tiled over (batch, query rows) (stagegraph.stages.x86.attention).
+    attention: AttentionTiles = Field(default_factory=AttentionTiles)

@@ -447,4 +447,21 @@ def prepare(
         from stagegraph.stages.x86.generic.row_chains import fuse_row_chains
 
         changed += fuse_row_chains(fn, row_chain_lanes)
+    changed += _prepare_attention_blocks(fn, fuse_elementwise, row_chain_lanes)
     return bool(changed)
+
+
+def _prepare_attention_blocks(fn: Any, fuse_elementwise: bool, row_chain_lanes: int) -> int:
+    """The same rewrites in each attention block loop's body
+    (:mod:`stagegraph.stages.x86.attention`): its softmax one kernel per row."""
+    from stagegraph.stages.x86.attention import block_loops
+    from stagegraph.stages.x86.generic.row_chains import fuse_row_chains
+
+    changed = 0
+    for loop in block_loops(fn):
+        changed += drop_dead_results(loop)
+        if fuse_elementwise:
+            changed += fuse_elementwise_chains(loop)
+        if row_chain_lanes:
+            changed += fuse_row_chains(loop, row_chain_lanes)
+    return changed
