@@ -10,8 +10,9 @@ from pydantic import Field
 
 from stagegraph.core.ports import Config
 
-#: The two ways a dense channels-first convolution runs (``path``/``paths`` values).
-Path = Literal["direct", "gemm"]
+#: The ways a dense channels-first convolution runs (``path``/``paths`` values); Winograd
+#: only for 3x3 stride-1 2-D ones (:mod:`stagegraph.stages.x86.conv.winograd`).
+Path = Literal["direct", "gemm", "winograd"]
 
 
 class TunedSource(Config):
@@ -63,7 +64,7 @@ class ConvGemmConfig(Config):
     gather_min_stride: int = Field(2, ge=1)
     gather_max_channels: int = Field(4, ge=0)
     gather_min_taps: int = Field(25, ge=1)
-    path: Literal["auto", "direct", "gemm"] = "auto"
+    path: Literal["auto", "direct", "gemm", "winograd"] = "auto"
     paths: dict[str, Path] = Field(default_factory=dict)
     #: Set by ``--cost-model tuned``: the best measured candidate's paths (its
     #: ``X86Params.conv_paths``) override ``paths`` (see ``x86.normalize``).
@@ -140,3 +141,14 @@ class ConvGemmConfig(Config):
     per_image_min_panels: int = Field(4, ge=1)
     min_filters: int = Field(4, ge=1)
     max_patch_elements: int = Field(1 << 26, ge=1)
+    #: Winograd F(winograd_tile, 3) for 3x3 stride-1 2-D f32 convolutions, a third path of
+    #: the cost model (stagegraph.stages.x86.conv.winograd; off: never). Tile 2 by default:
+    #: F(4, 3) errs about 5x more (measured against float64, docs/measurements.md,
+    #: "Winograd convolutions"); both stay well inside the verifier's tolerance.
+    #: winograd_transform_cycles: per element the transforms write or read (alpha^2 per
+    #: tile, channels plus filters); winograd_columns_half: the matmuls' efficiency
+    #: halves at this many filters (their columns) and channels (their depth).
+    winograd: bool = True
+    winograd_tile: Literal[2, 4] = 2
+    winograd_transform_cycles: float = Field(1.0, ge=0.0)
+    winograd_columns_half: float = Field(16.0, ge=0.0)
