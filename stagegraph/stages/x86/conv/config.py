@@ -142,13 +142,20 @@ class ConvGemmConfig(Config):
     min_filters: int = Field(4, ge=1)
     max_patch_elements: int = Field(1 << 26, ge=1)
     #: Winograd F(winograd_tile, 3) for 3x3 stride-1 2-D f32 convolutions, a third path of
-    #: the cost model (stagegraph.stages.x86.conv.winograd; off: never). Tile 2 by default:
-    #: F(4, 3) errs about 5x more (measured against float64, docs/measurements.md,
-    #: "Winograd convolutions"); both stay well inside the verifier's tolerance.
-    #: winograd_transform_cycles: per element the transforms write or read (alpha^2 per
-    #: tile, channels plus filters); winograd_columns_half: the matmuls' efficiency
-    #: halves at this many filters (their columns) and channels (their depth).
+    #: the cost model (stagegraph.stages.x86.conv.winograd; off: never). Tile 4 by default:
+    #: F(4, 3) errs about 5x more than F(2, 3) against a float64 reference, but stays 100x
+    #: inside the verifier's normwise and 45x inside its elementwise tolerance up to 512
+    #: channels, and ran 1.2-2.1x faster than the old paths on ResNet-18/VGG-16/UNet 3x3
+    #: layers with 64-512 channels, where F(2, 3) ran 0.6-1.7x (docs/measurements.md,
+    #: "Winograd convolutions"). The estimate's constants (winograd_cycles) were fitted
+    #: there, on an AVX-512 Xeon, one thread, under load: winograd_transform_cycles per
+    #: element the transforms write or read (alpha^2 per tile, channels plus filters), the
+    #: matmuls' efficiency halved at winograd_columns_half filters and channels and at
+    #: winograd_rows_half tile positions, the transformed filters past L2 streamed at
+    #: winograd_weight_bytes_per_cycle.
     winograd: bool = True
-    winograd_tile: Literal[2, 4] = 2
-    winograd_transform_cycles: float = Field(1.0, ge=0.0)
-    winograd_columns_half: float = Field(16.0, ge=0.0)
+    winograd_tile: Literal[2, 4] = 4
+    winograd_transform_cycles: float = Field(1.5, ge=0.0)
+    winograd_columns_half: float = Field(32.0, ge=0.0)
+    winograd_rows_half: float = Field(8.0, ge=0.0)
+    winograd_weight_bytes_per_cycle: float = Field(32.0, gt=0.0)

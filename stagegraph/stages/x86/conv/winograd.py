@@ -72,20 +72,26 @@ def winograd_cycles(
     shape: ConvShape, target: Target, config: ConvGemmConfig, element: str = "f32"
 ) -> float:
     """Estimated cycles of one core: the ``alpha^2`` matmuls (``P`` tile positions by ``C``
-    by ``F``) at the matmul kernel's fraction of the peak, fewer columns (filters) than
-    ``winograd_columns_half`` lowering it, plus the transforms and transposes, per element
-    moved: ``alpha^2 P C`` transformed inputs and ``alpha^2 P F`` products read by the
-    output transform at ``winograd_transform_cycles``, the image and the output transposed
-    at ``patch_cycles``."""
-    from stagegraph.stages.x86.conv.choice import _peak
+    by ``F``) at the matmul kernel's fraction of the peak, lowered by few filters, channels
+    (``winograd_columns_half``) or tile positions (``winograd_rows_half``: a short matmul
+    has short register blocks); the transformed filters (``alpha^2 C F``, ``alpha^2 / 9``
+    times the weights) read once per call, at ``winograd_weight_bytes_per_cycle`` past L2;
+    plus the transforms and transposes, per element moved: ``alpha^2 P C`` transformed
+    inputs and ``alpha^2 P F`` products at ``winograd_transform_cycles``, the image and the
+    output transposed at ``patch_cycles``."""
+    from stagegraph.stages.x86.conv.choice import _ELEMENT_BITS, _peak
 
     m = config.winograd_tile
     side = alpha(m)
     th, tw = tiles(shape, m)
     positions = shape.n * th * tw
-    fraction = config.gemm_peak_fraction * shape.f / (shape.f + config.winograd_columns_half)
-    fraction *= shape.c / (shape.c + config.winograd_columns_half)
+    half = config.winograd_columns_half
+    fraction = config.gemm_peak_fraction * shape.f / (shape.f + half) * shape.c / (shape.c + half)
+    fraction *= positions / (positions + config.winograd_rows_half)
     gemm = 2.0 * side * side * positions * shape.c * shape.f / (_peak(target, element) * fraction)
+    weight_bytes = side * side * shape.c * shape.f * _ELEMENT_BITS.get(element, 32) // 8
+    if weight_bytes > target.l2_bytes:
+        gemm += weight_bytes / config.winograd_weight_bytes_per_cycle
     moved = side * side * positions * (shape.c + shape.f)
     image = shape.n * shape.c * (shape.out[0] + 2) * (shape.out[1] + 2)
     transposed = image + shape.n * shape.f * math.prod(shape.out)
@@ -140,9 +146,13 @@ def _input_taps(image: Any, shape: ConvShape, m: int, element: Any) -> list[Any]
     need = (th * m + 2, tw * m + 2)
     if need != (height, width):
         zero = _zeros([shape.n, *need, shape.c], element)
-        nhwc = dialect("tensor").InsertSliceOp(
-            nhwc, zero, [], [], [], [0, 0, 0, 0], [shape.n, height, width, shape.c], [1] * 4
-        ).result
+        nhwc = (
+            dialect("tensor")
+            .InsertSliceOp(
+                nhwc, zero, [], [], [], [0, 0, 0, 0], [shape.n, height, width, shape.c], [1] * 4
+            )
+            .result
+        )
     side = alpha(m)
     return [
         _slice(nhwc, [0, i, j, 0], [shape.n, th, tw, shape.c], [1, m, m, 1])
@@ -191,9 +201,13 @@ def _output_transform(products: list[Any], m: int, element: Any) -> Any:
     results = [made] if m * m == 1 else list(made.results)
     tiled = dialect("tensor").EmptyOp([n, th, m, tw, m, f], element).result
     for (i, j), value in zip(product(range(m), repeat=2), results, strict=True):
-        tiled = dialect("tensor").InsertSliceOp(
-            value, tiled, [], [], [], [0, 0, i, 0, j, 0], [n, th, 1, tw, 1, f], [1] * 6
-        ).result
+        tiled = (
+            dialect("tensor")
+            .InsertSliceOp(
+                value, tiled, [], [], [], [0, 0, i, 0, j, 0], [n, th, 1, tw, 1, f], [1] * 6
+            )
+            .result
+        )
     return tiled
 
 
@@ -219,9 +233,7 @@ def _combination(coefficients: np.ndarray, values: list[Any], element: Any) -> A
     return total
 
 
-def _filter_operands(
-    values: Any, kernel: Any, shape: ConvShape, m: int, element: Any
-) -> list[Any]:
+def _filter_operands(values: Any, kernel: Any, shape: ConvShape, m: int, element: Any) -> list[Any]:
     """``U_k`` (``[C, F]``) per tap of the transformed tile: constants computed here when the
     weights are constants, else slices of one generic's contraction."""
     from stagegraph.mlir.bindings import arith, ir
@@ -276,9 +288,9 @@ def _slice(
 
     element = ir.RankedTensorType(source.type).element_type
     result = ir.RankedTensorType.get(list(result_shape or sizes), element)
-    return dialect("tensor").ExtractSliceOp(
-        result, source, [], [], [], offsets, sizes, strides
-    ).result
+    return (
+        dialect("tensor").ExtractSliceOp(result, source, [], [], [], offsets, sizes, strides).result
+    )
 
 
 def _zeros(shape: list[int], element: Any) -> Any:

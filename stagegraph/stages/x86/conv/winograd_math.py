@@ -81,8 +81,8 @@ def conv2d_winograd(x: np.ndarray, weights: np.ndarray, m: int) -> np.ndarray:
     side = alpha(m)
     padded = np.zeros((n, c, th * m + 2, tw * m + 2), x.dtype)
     padded[:, :, :h, :w] = x
-    rows = (np.arange(th)[:, None] * m + np.arange(side)[None, :])  # [th, side]
-    cols = (np.arange(tw)[:, None] * m + np.arange(side)[None, :])
+    rows = np.arange(th)[:, None] * m + np.arange(side)[None, :]  # [th, side]
+    cols = np.arange(tw)[:, None] * m + np.arange(side)[None, :]
     tiles = padded[:, :, rows[:, :, None, None], cols[None, None, :, :]]  # n c th i tw j
     v = np.einsum("ei,ncxiyj,gj->egncxy", bt, tiles, bt)
     u = filter_transform(weights, m).reshape(side, side, c, -1)
