@@ -53,8 +53,9 @@ def measure(name: str, spec: str, args: argparse.Namespace, peak: float) -> dict
     session = Session(request)
     graphs = {
         "old": session.graph.with_config("normalize", winograd=False),
-        "winograd": session.graph.with_config("normalize", path="winograd",
-                                               winograd_tile=args.tile),  # fmt: skip
+        "winograd": session.graph.with_config(
+            "normalize", path="winograd", winograd_tile=args.tile
+        ),
         "auto": session.graph.with_config("normalize", winograd_tile=args.tile),
     }
     picked = chosen_paths(session, graphs["auto"])
@@ -116,8 +117,11 @@ def main() -> None:
 
 def table(rows: list[dict]) -> str:
     """A markdown table: times, fractions of the FMA peak, Winograd/old, pick, torch/pick."""
-    lines = ["| shape | old ms (peak) | Winograd ms (peak) | Winograd/old speed | pick | "
-             "pick ms | torch ms (peak) | torch/pick |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    head = (
+        "| shape | old ms (peak) | Winograd ms (peak) | Winograd/old speed | pick | "
+        "pick ms | torch ms (peak) | torch/pick |"
+    )
+    lines = [head, "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if "error" in r:
             lines.append(f"| {r['shape']} | FAILED: {r['error'][:80]} | | | | | | |")
