@@ -231,3 +231,42 @@ def test_the_tuner_flag_becomes_the_path():
     assert (choice.path, choice.decided_by) == ("direct", "paths")
     pinned = choose_path(_conv(1, 64, 64, 56), _V4, ConvGemmConfig(paths={key: "winograd"}))
     assert (pinned.path, pinned.decided_by) == ("winograd", "paths")
+
+
+_CHAIN = """import torch
+import torch.nn as nn
+n, c, h, w = 2, 16, 10, 9
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(c, c, 3, padding=1, bias=True)
+        self.b = nn.Conv2d(c, c, 3, padding=1, bias=False)
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x))) + x
+def get_inputs():
+    return [torch.rand(n, c, h, w)]
+def get_init_inputs():
+    return []
+"""
+
+
+@pytest.mark.parametrize("chained", [True, False])
+def test_the_layout_between_two_winograd_layers_stays_channels_last(tmp_path, chained):
+    """Two Winograd layers with a bias, a ReLU and a residual add: with the chain's
+    layout carried (``chain_channels_last``) the transposes between them cancel (one in,
+    one out), else each layer keeps its two; both verify against PyTorch."""
+    pytest.importorskip("torch")
+    problem = tmp_path / "chain.py"
+    problem.write_text(_CHAIN)
+    graph = load_graph("x86").with_config(
+        "normalize", path="winograd", chain_channels_last=chained
+    )
+    dumped = tmp_path / "ir"
+    report = sg.run(graph, str(problem), threads=1, target="x86-64-v4", dump_ir=str(dumped))
+    assert report.verified is True, report
+    [normalized] = [p for p in dumped.iterdir() if "normalize" in p.name]
+    with new_context():
+        module = ir.Module.parse(normalized.read_text())
+        transposes = collect(module.operation, lambda op: op.name == "linalg.transpose")
+        assert [c.path for c in stamped_choices(module)] == ["winograd", "winograd"]
+    assert len(transposes) == (2 if chained else 4)

@@ -106,6 +106,7 @@ def convolution_to_winograd(
     ``values``: the module's :class:`~stagegraph.stages.common.constant_eval.ConstantValues`
     (constant weights are transformed at compile time)."""
     from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.generic.layout_sinking import SINKS_ATTRIBUTE
 
     image, kernel, init = op.operands
     element = ir.RankedTensorType(init.type).element_type
@@ -127,6 +128,9 @@ def convolution_to_winograd(
     if (th * m, tw * m) != tuple(shape.out):
         full = _slice(full, [0, 0, 0, 0], [shape.n, *shape.out, shape.f], [1, 1, 1, 1])
     result = _transposed(full, _NHWC_TO_NCHW, element)
+    # sunk like a channels-last convolution's (conv/chain_layout.py): between two Winograd
+    # layers, it meets the next one's input transpose and both go
+    result.owner.attributes[SINKS_ATTRIBUTE] = ir.UnitAttr.get()
     if _is_zero_fill(init):
         return result
     return _added(result, init)
