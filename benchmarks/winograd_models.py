@@ -21,6 +21,13 @@ def main() -> None:
     parser.add_argument("workloads", nargs="+")
     parser.add_argument("--budget", type=float, default=3.0, help="seconds per comparison")
     parser.add_argument("--target", help="x86-64 level to compile for (default: the host)")
+    parser.add_argument(
+        "--tile",
+        type=int,
+        default=None,
+        choices=(2, 4),
+        help="Winograd's output tile (default: the config's)",
+    )
     args = parser.parse_args()
 
     import torch
@@ -36,8 +43,10 @@ def main() -> None:
     for spec in args.workloads:
         session = Session(SessionRequest(graph="x86", workload=spec, threads=1,
                                          target=args.target))  # fmt: skip
-        graphs = {"off": session.graph.with_config("normalize", winograd=False),
-                  "on": session.graph}  # fmt: skip
+        on = session.graph
+        if args.tile:
+            on = on.with_config("normalize", winograd_tile=args.tile)
+        graphs = {"off": session.graph.with_config("normalize", winograd=False), "on": on}
         result = session.engine.run(graphs["on"], session.workload, until="normalize")
         picks = [c.path for c in stamped_choices(result.value("normalize", "module").ir)]
         built = {k: prepare(session.engine, g, session.workload, None) for k, g in graphs.items()}

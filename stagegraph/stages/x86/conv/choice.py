@@ -34,7 +34,7 @@ are :class:`~stagegraph.stages.x86.conv.config.ConvGemmConfig` fields, fitted by
 
 * **Winograd** (3x3, stride 1, 2-D, f32; :mod:`stagegraph.stages.x86.conv.winograd`):
   :func:`~stagegraph.stages.x86.conv.winograd.winograd_cycles`, the ``alpha^2`` matmuls
-  plus the transforms.
+  plus the transforms; it wins only by ``winograd_margin``.
 
 The smallest estimate wins. ``ConvGemmConfig.path`` forces one path on every convolution,
 ``ConvGemmConfig.paths`` on single ones by :func:`conv_key`; ``x86.normalize`` stamps its
@@ -208,7 +208,7 @@ def choose_path(
     if config.path != "auto" and (worth or config.path != "winograd"):
         return PathChoice(key, config.path, direct, gemm, "path", winograd)
     path = "gemm" if gemm < direct else "direct"
-    if worth and winograd < min(gemm, direct):
+    if worth and winograd * config.winograd_margin < min(gemm, direct):
         path = "winograd"
     return PathChoice(key, path, direct, gemm, "cost model", winograd)
 

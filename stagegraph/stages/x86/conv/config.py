@@ -159,3 +159,9 @@ class ConvGemmConfig(Config):
     winograd_columns_half: float = Field(32.0, ge=0.0)
     winograd_rows_half: float = Field(8.0, ge=0.0)
     winograd_weight_bytes_per_cycle: float = Field(32.0, gt=0.0)
+    #: Winograd is chosen only where its estimate beats the best other path's by this
+    #: factor: the layer measurements it was fitted to ran warm (the transformed filters,
+    #: alpha^2/9 times the weights, stayed in cache between calls), a model streams them.
+    #: KernelBench's RegNet (l3_027: 64 channels, 7x14, 8 images, estimated 1.11x faster)
+    #: ran 0.97 [0.93, 1.00] with it at 1.0.
+    winograd_margin: float = Field(1.2, ge=0.0)
