@@ -53,7 +53,6 @@ from stagegraph.stages.x86.generic.transpose_readers import (
     renumbered_map,
 )
 
-
 #: A unit attribute on a transpose whose source is channels-last but made by no convolution
 #: or pooling op (Winograd's output transform, :mod:`stagegraph.stages.x86.conv.winograd`):
 #: it sinks as one that leaves a convolution does.
