@@ -36,6 +36,7 @@ matmul per tap, which is what the packed kernel runs at its peak.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from itertools import product
 from typing import Any
@@ -339,10 +340,14 @@ def winograd_convolutions(module: Any, decided: list[Any], config: ConvGemmConfi
     """Rewrite each ``(op, shape, choice)`` of ``decided`` (convolutions of ``module`` the
     cost model sent to Winograd) as F(``config.winograd_tile``, 3); returns the count."""
     from stagegraph.mlir.bindings import ir
-    from stagegraph.stages.common.constant_eval import ConstantValues
+    from stagegraph.stages.common.constant_eval import ConstantValues, NotConstantError
     from stagegraph.stages.x86.conv.choice import PATH_ATTRIBUTE, path_attribute
 
     values = ConstantValues(module)
+    # every constant filter read at once: dense_resource blobs take one compiled probe
+    leaves = [leaf for op, _, _ in decided for leaf in values.leaves(op.operands[1]) or []]
+    with contextlib.suppress(NotConstantError):  # then each filter on its own, below
+        values.load(leaves)
     for op, shape, choice in decided:
         attributes = {PATH_ATTRIBUTE: path_attribute(choice)}
         with ir.InsertionPoint(op), op.location:
