@@ -121,6 +121,29 @@ def test_the_rewrite_makes_alpha_squared_matmuls_and_folds_constant_filters(m):
     assert names.count("linalg.transpose") == 2  # to channels-last and back
 
 
+@pytest.mark.parametrize("constant_weights", [True, False])
+def test_the_loop_form_makes_one_matmul(constant_weights):
+    """``winograd_loop``: one matmul in an ``scf.for`` over the 36 taps, reading slices
+    of the stacked transformed inputs and filters (one ``[36, C, F]`` constant)."""
+    text = _payload(2, 4, 8, (9, 8), constant_weights=constant_weights)
+    names, [choice], kinds, results, stamped = _normalized(
+        text, ConvGemmConfig(path="winograd", winograd_loop=True)
+    )
+    assert names.count("linalg.matmul") == 1 and names.count("scf.for") == 1
+    assert choice.path == "winograd" and stamped == ["linalg.matmul"]
+    assert sorted(results) == sorted([36, 16, *([1] if not constant_weights else [])])
+    assert sum("reduction" in k for k in kinds) == (0 if constant_weights else 1)
+
+
+def test_the_loop_form_matches_pytorch(tmp_path):
+    pytest.importorskip("torch")
+    problem = tmp_path / "conv_relu.py"
+    problem.write_text(_PROBLEM)
+    graph = load_graph("x86").with_config("normalize", path="winograd", winograd_loop=True)
+    report = sg.run(graph, str(problem), threads=1, target="x86-64-v4")
+    assert report.verified is True, report
+
+
 def test_weights_that_are_arguments_are_transformed_per_call():
     text = _payload(1, 4, 8, (6, 6), constant_weights=False)
     names, [choice], kinds, _, _ = _normalized(text, ConvGemmConfig(path="winograd"))

@@ -165,3 +165,7 @@ class ConvGemmConfig(Config):
     #: KernelBench's RegNet (l3_027: 64 channels, 7x14, 8 images, estimated 1.11x faster)
     #: ran 0.97 [0.93, 1.00] with it at 1.0.
     winograd_margin: float = Field(1.2, ge=0.0)
+    #: The alpha^2 matmuls of a layer as one matmul in a loop over the taps
+    #: (stagegraph.stages.x86.conv.winograd_loop): one kernel to compile instead of 36,
+    #: but constant filters are packed per call.
+    winograd_loop: bool = False

@@ -100,13 +100,19 @@ def winograd_cycles(
 
 
 def convolution_to_winograd(
-    op: Any, shape: ConvShape, m: int, attributes: dict, values: Any
+    op: Any, shape: ConvShape, m: int, attributes: dict, values: Any, loop: bool = False
 ) -> Any:
     """Build F(``m``, 3) of the NCHW convolution ``op`` before it and return the value that
     replaces its result; the first matmul carries ``attributes`` (the path stamp);
     ``values``: the module's :class:`~stagegraph.stages.common.constant_eval.ConstantValues`
-    (constant weights are transformed at compile time)."""
+    (constant weights are transformed at compile time); ``loop``: the matmuls as one in a
+    loop over the taps (:mod:`stagegraph.stages.x86.conv.winograd_loop`)."""
     from stagegraph.mlir.bindings import ir
+    from stagegraph.stages.x86.conv.winograd_loop import (
+        looped_products,
+        restack,
+        stacked_outputs,
+    )
     from stagegraph.stages.x86.generic.layout_sinking import SINKS_ATTRIBUTE
 
     image, kernel, init = op.operands
@@ -114,16 +120,21 @@ def convolution_to_winograd(
     th, tw = tiles(shape, m)
     side = alpha(m)
     taps = _input_taps(image, shape, m, element)
-    v = _input_transform(taps, m, element)
-    u = _filter_operands(values, kernel, shape, m, element)
-    positions = shape.n * th * tw
-    products = []
-    for k in range(side * side):
-        flat = collapse_shape(v[k], [[0, 1, 2], [3]], [positions, shape.c])
-        acc = _zeros([positions, shape.f], element)
-        made = named_structured_op("linalg.matmul", [flat, u[k]], [acc],
-                                   attributes if k == 0 else None)  # fmt: skip
-        products.append(expand_shape(made, [[0, 1, 2], [3]], [shape.n, th, tw, shape.f]))
+    if loop:
+        stacked, outs = stacked_outputs(side * side, [shape.n, th, tw, shape.c], element)
+        v = restack(stacked, _input_transform(taps, m, element, outs))
+        [u] = _filter_operands(values, kernel, shape, m, element, stacked=True)
+        products = looped_products(v, u, element, attributes)
+    else:
+        v = _input_transform(taps, m, element)
+        u = _filter_operands(values, kernel, shape, m, element)
+        products = []
+        for k in range(side * side):
+            flat = collapse_shape(v[k], [[0, 1, 2], [3]], [shape.n * th * tw, shape.c])
+            acc = _zeros([shape.n * th * tw, shape.f], element)
+            made = named_structured_op("linalg.matmul", [flat, u[k]], [acc],
+                                       attributes if k == 0 else None)  # fmt: skip
+            products.append(expand_shape(made, [[0, 1, 2], [3]], [shape.n, th, tw, shape.f]))
     tiled = _output_transform(products, m, element)
     full = collapse_shape(tiled, [[0], [1, 2], [3, 4], [5]], [shape.n, th * m, tw * m, shape.f])
     if (th * m, tw * m) != tuple(shape.out):
@@ -165,13 +176,16 @@ def _input_taps(image: Any, shape: ConvShape, m: int, element: Any) -> list[Any]
     ]
 
 
-def _input_transform(taps: list[Any], m: int, element: Any) -> list[Any]:
-    """``V = B^T d B`` per tile and channel: one generic, ``alpha^2`` outputs."""
+def _input_transform(
+    taps: list[Any], m: int, element: Any, outs: list[Any] | None = None
+) -> list[Any]:
+    """``V = B^T d B`` per tile and channel: one generic, ``alpha^2`` outputs (into
+    ``outs`` if given, else fresh tensors)."""
     from stagegraph.mlir.bindings import dialect, ir
 
     bt, _, _ = matrices(m)
     shape = ir.RankedTensorType(taps[0].type).shape
-    outs = [dialect("tensor").EmptyOp(shape, element).result for _ in taps]
+    outs = outs or [dialect("tensor").EmptyOp(shape, element).result for _ in taps]
     maps = [ir.AffineMap.get_identity(4)] * (2 * len(taps))
 
     def body(*args: Any) -> list[Any]:
@@ -238,9 +252,12 @@ def _combination(coefficients: np.ndarray, values: list[Any], element: Any) -> A
     return total
 
 
-def _filter_operands(values: Any, kernel: Any, shape: ConvShape, m: int, element: Any) -> list[Any]:
+def _filter_operands(
+    values: Any, kernel: Any, shape: ConvShape, m: int, element: Any, stacked: bool = False
+) -> list[Any]:
     """``U_k`` (``[C, F]``) per tap of the transformed tile: constants computed here when the
-    weights are constants, else slices of one generic's contraction."""
+    weights are constants, else slices of one generic's contraction; ``stacked``: one
+    ``[alpha^2, C, F]`` value instead."""
     from stagegraph.mlir.bindings import arith, ir
     from stagegraph.stages.common.constant_eval import NotConstantError
 
@@ -254,6 +271,10 @@ def _filter_operands(values: Any, kernel: Any, shape: ConvShape, m: int, element
             weights = None
         if weights is not None:
             u = filter_transform(weights, m)
+            if stacked:
+                kind = ir.RankedTensorType.get(list(u.shape), element)
+                dense = ir.DenseElementsAttr.get(np.ascontiguousarray(u), type=kind)
+                return [arith.ConstantOp(kind, dense).result]
             kind = ir.RankedTensorType.get([shape.c, shape.f], element)
             return [
                 arith.ConstantOp(kind, ir.DenseElementsAttr.get(np.ascontiguousarray(u[k]),
@@ -275,6 +296,8 @@ def _filter_operands(values: Any, kernel: Any, shape: ConvShape, m: int, element
         return arith.AddFOp(out, arith.MulFOp(gv, wv).result).result
 
     u_all = generic([coeffs, kernel], [acc], maps, kinds, body)
+    if stacked:
+        return [u_all]
     return [
         _slice(u_all, [t, 0, 0], [1, shape.c, shape.f], [1, 1, 1], [shape.c, shape.f])
         for t in range(side * side)
@@ -351,7 +374,9 @@ def winograd_convolutions(module: Any, decided: list[Any], config: ConvGemmConfi
     for op, shape, choice in decided:
         attributes = {PATH_ATTRIBUTE: path_attribute(choice)}
         with ir.InsertionPoint(op), op.location:
-            result = convolution_to_winograd(op, shape, config.winograd_tile, attributes, values)
+            result = convolution_to_winograd(
+                op, shape, config.winograd_tile, attributes, values, config.winograd_loop
+            )
         op.results[0].replace_all_uses_with(result)
         op.erase()
     return len(decided)
