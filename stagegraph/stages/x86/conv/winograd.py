@@ -18,7 +18,10 @@ unit strides and dilations is cut into ``m x m`` output tiles; each tile's produ
    other weights get one ``linalg.generic`` (a contraction with ``G (x) G``) per call.
 3. **Batched GEMM**: ``M_k = V_k @ U_k``, ``alpha^2`` ``linalg.matmul`` ops (tile positions
    x channels times channels x filters): each runs through the packed matmul kernel like any
-   other matmul, with its own tile params.
+   other matmul, with its own tile params (the x86 graph has no packed path for
+   ``linalg.batch_matmul``). ``ConvGemmConfig.winograd_loop`` makes them one matmul in a
+   loop over the taps instead (:mod:`stagegraph.stages.x86.conv.winograd_loop`: fewer
+   kernels to compile, constant filters packed per call).
 4. **Output transform**: one ``linalg.generic`` with ``m^2`` outputs computes ``Y = A^T M A``
    (nonzero terms only) into unit-dim slices of an ``[N, TH, m, TW, m, F]`` tensor, which is
    the channels-last output once reshaped; the part past the real output is cut off and the
