@@ -275,15 +275,8 @@ def _filter_operands(
         if weights is not None:
             u = filter_transform(weights, m)
             if stacked:
-                kind = ir.RankedTensorType.get(list(u.shape), element)
-                dense = ir.DenseElementsAttr.get(np.ascontiguousarray(u), type=kind)
-                return [arith.ConstantOp(kind, dense).result]
-            kind = ir.RankedTensorType.get([shape.c, shape.f], element)
-            return [
-                arith.ConstantOp(kind, ir.DenseElementsAttr.get(np.ascontiguousarray(u[k]),
-                                                                type=kind)).result
-                for k in range(side * side)
-            ]  # fmt: skip
+                return [_blob_constant(u, element)]
+            return [_blob_constant(u[k], element) for k in range(side * side)]
     _, g, _ = matrices(m)
     gg = np.einsum("ar,bs->abrs", g, g).reshape(side * side, 3, 3).astype(np.float32)
     coeffs_type = ir.RankedTensorType.get([side * side, 3, 3], element)
@@ -322,6 +315,21 @@ def _slice(
     return (
         dialect("tensor").ExtractSliceOp(result, source, [], [], [], offsets, sizes, strides).result
     )
+
+
+def _blob_constant(array: np.ndarray, element: Any) -> Any:
+    """An ``arith.constant`` of ``array`` held as a ``dense_resource`` blob, as imported
+    weights are: a dense attribute of the transformed filters (4x the weights for
+    F(4, 3)) is uniqued, hashed and copied by every later stage."""
+    from stagegraph.mlir.bindings import ir
+
+    data = np.ascontiguousarray(array)
+    kind = ir.RankedTensorType.get(list(data.shape), element)
+    attr = ir.DenseResourceElementsAttr.get_from_buffer(
+        memoryview(data), f"stagegraph_winograd_{id(data):x}", kind
+    )
+    made = ir.Operation.create("arith.constant", results=[kind], attributes={"value": attr})
+    return made.results[0]
 
 
 def _zeros(shape: list[int], element: Any) -> Any:
