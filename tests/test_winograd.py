@@ -283,7 +283,7 @@ def get_init_inputs():
 """
 
 
-@pytest.mark.parametrize("chained", [True, False])
+@pytest.mark.parametrize("chained", [True, pytest.param(False, marks=pytest.mark.slow)])
 def test_the_layout_between_two_winograd_layers_stays_channels_last(tmp_path, chained):
     """Two Winograd layers with a bias, a ReLU and a residual add: with the chain's
     layout carried (``chain_channels_last``) the transposes between them cancel (one in,
