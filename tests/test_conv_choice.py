@@ -26,6 +26,11 @@ from stagegraph.stages.x86.conv.gemm import ConvShape, convolutions_to_gemm
 _V4, _V3 = resolve_target("x86-64-v4"), resolve_target("x86-64-v3")
 
 
+def _old_paths(**fields) -> ConvGemmConfig:
+    """The direct-or-GEMM choice this file pins: Winograd off (tests/test_winograd.py)."""
+    return ConvGemmConfig(**{"winograd": False, **fields})
+
+
 def _conv(n, c, f, size, k, stride) -> ConvShape:
     """A padded ``k``x``k`` 2-D convolution of a ``size``x``size`` image (PyTorch's
     ``padding=k//2``), as the payload's padded input sees it."""
@@ -64,22 +69,22 @@ _DIRECT_V3 = ("vgg16 block1 second",)
 @pytest.mark.parametrize("target", [_V4, _V3], ids=["v4", "v3"])
 @pytest.mark.parametrize("name", sorted(_GEMM))
 def test_the_cost_model_sends_real_size_layers_to_the_gemm(name, target):
-    choice = choose_path(_GEMM[name], target, ConvGemmConfig())
+    choice = choose_path(_GEMM[name], target, _old_paths())
     assert (choice.path, choice.decided_by) == ("gemm", "cost model"), choice
 
 
 @pytest.mark.parametrize("name", sorted(_DIRECT_V4))
 def test_the_cost_model_runs_64_to_128_channel_layers_direct_on_avx512(name):
-    choice = choose_path(_DIRECT_V4[name], _V4, ConvGemmConfig())
+    choice = choose_path(_DIRECT_V4[name], _V4, _old_paths())
     assert (choice.path, choice.decided_by) == ("direct", "cost model"), choice
-    on_avx2 = choose_path(_DIRECT_V4[name], _V3, ConvGemmConfig())
+    on_avx2 = choose_path(_DIRECT_V4[name], _V3, _old_paths())
     assert on_avx2.path == ("direct" if name in _DIRECT_V3 else "gemm"), on_avx2
 
 
 @pytest.mark.parametrize("target", [_V4, _V3], ids=["v4", "v3"])
 @pytest.mark.parametrize("name", sorted(_DIRECT))
 def test_the_cost_model_keeps_direct_shapes_direct(name, target):
-    choice = choose_path(_DIRECT[name], target, ConvGemmConfig())
+    choice = choose_path(_DIRECT[name], target, _old_paths())
     assert (choice.path, choice.decided_by) == ("direct", "cost model"), choice
 
 
@@ -87,14 +92,14 @@ def test_a_3d_convolution_of_32_channels_stays_direct_on_avx512():
     """One 16^3 volume of 32 channels (measured: GEMM 0.29x the direct path): 27 taps of
     32 channels make a large patch matrix per row block for 32 filters to share."""
     shape = ConvShape(1, 32, 32, (3, 3, 3), (16, 16, 16), (1, 1, 1), (1, 1, 1))
-    assert choose_path(shape, _V4, ConvGemmConfig()).path == "direct"
+    assert choose_path(shape, _V4, _old_paths()).path == "direct"
 
 
 def test_the_estimates_read_the_target():
     """A filter past L2 streams from L3 once per output row: a larger L2 removes that
     cost; a wider FMA makes both paths faster."""
     shape = _GEMM["resnet18 layer4 3x3"]  # a 9.4 MB filter
-    config = ConvGemmConfig()
+    config = _old_paths()
     small, large = (
         target_from_override(**{**_V4.model_dump(), "l2_bytes": size})
         for size in (2 << 20, 32 << 20)
@@ -146,31 +151,31 @@ def _normalized(text: str, config: ConvGemmConfig, target=_V4):
 
 
 def test_the_decision_is_stamped_on_the_op_that_runs_it():
-    count, [choice], names = _normalized(_BIG, ConvGemmConfig())
+    count, [choice], names = _normalized(_BIG, _old_paths())
     assert count == 1 and names == ["linalg.matmul"]
     assert choice.path == "gemm" and choice.gemm_cycles < choice.direct_cycles
     assert choice.key == "conv2d.n1.c512.f512.k3x3.o7x7.s1x1.d1x1"
-    count, [choice], names = _normalized(_SMALL, ConvGemmConfig())
+    count, [choice], names = _normalized(_SMALL, _old_paths())
     assert count == 0 and names == ["linalg.conv_2d_nchw_fchw"]
     assert choice.path == "direct" and choice.decided_by == "cost model"
 
 
 def test_the_knobs_override_the_cost_model():
     key = "conv2d.n1.c512.f512.k3x3.o7x7.s1x1.d1x1"
-    count, [choice], names = _normalized(_BIG, ConvGemmConfig(paths={key: "direct"}))
+    count, [choice], names = _normalized(_BIG, _old_paths(paths={key: "direct"}))
     assert count == 0 and names == ["linalg.conv_2d_nchw_fchw"]
     assert (choice.path, choice.decided_by) == ("direct", "paths")
-    count, [choice], _ = _normalized(_SMALL, ConvGemmConfig(path="gemm"))
+    count, [choice], _ = _normalized(_SMALL, _old_paths(path="gemm"))
     assert count == 1 and (choice.path, choice.decided_by) == ("gemm", "path")
     # a key of another shape leaves this one to the cost model
-    count, [choice], _ = _normalized(_BIG, ConvGemmConfig(paths={"conv2d.n9": "direct"}))
+    count, [choice], _ = _normalized(_BIG, _old_paths(paths={"conv2d.n9": "direct"}))
     assert count == 1 and choice.decided_by == "cost model"
-    assert _normalized(_BIG, ConvGemmConfig(conv_gemm=False))[:2] == (0, [])
+    assert _normalized(_BIG, _old_paths(conv_gemm=False))[:2] == (0, [])
 
 
 def test_a_path_outside_the_choices_is_refused():
     with pytest.raises(ValueError, match="direct"):
-        ConvGemmConfig(paths={"conv2d.n1": "winograd"})
+        ConvGemmConfig(paths={"conv2d.n1": "im2col"})
 
 
 @pytest.mark.parametrize("path", ["direct", "gemm"])

@@ -83,7 +83,8 @@ def test_explain_lists_the_site_and_its_rule(payload, capsys):
     assert info["sites"]["conv0"] == ["conv_path"]
     assert info["fields"]["conv0.gemm"] == {"choices": [0, 1]}
     assert "conv0.alone" in info["constraints"]
-    assert info["baseline"]["conv_paths"] == {_KEY: {"gemm": False}}
+    assert info["fields"]["conv0.winograd"] == {"choices": [0, 1]}
+    assert info["baseline"]["conv_paths"] == {_KEY: {"gemm": False, "winograd": False}}
     assert main(args) == 0
     text = capsys.readouterr().out
     assert "site conv0: ops conv_path" in text and "conv0.alone" in text
@@ -108,7 +109,7 @@ def test_a_candidate_compiles_its_path(problem, payload, tmp_path):
 
     baseline = problem.base.model_dump(mode="json")
     moved = problem.space.to_params({"conv0.gemm": 1}).model_dump(mode="json")
-    assert moved["conv_paths"] == {_KEY: {"gemm": True}}
+    assert moved["conv_paths"] == {_KEY: {"gemm": True, "winograd": False}}
     graph = with_candidate_params(load_graph("x86"), moved, baseline)
     choice, verified = _stamped(graph, payload, tmp_path)
     assert (choice.key, choice.path, choice.decided_by) == (_KEY, "gemm", "paths")
@@ -121,15 +122,15 @@ def test_tune_measures_the_other_path_and_tuned_replays_a_winner(payload, tmp_pa
 
     db = tmp_path / "t.db"
     common = [str(payload), "--target", _TARGET, "--threads", "1", "--db", str(db)]
-    code = main(["tune", "x86", *common, "--fix", "gemm=1", "--budget", "2", "--samples", "4",
-                 "--json"])  # fmt: skip
+    code = main(["tune", "x86", *common, "--fix", "gemm=1", "--fix", "winograd=0", "--budget", "2",
+                 "--samples", "4", "--json"])  # fmt: skip
     report = json.loads(capsys.readouterr().out)
     assert code == 0, report
     # --fix gemm=1 leaves one point: the GEMM path with the rest at the baseline's values;
     # it compiled, verified and was timed beside the (direct) baseline
     assert (report["measured"], report["failed"], report["exhausted"]) == (1, 0, True)
-    assert report["best"]["params"]["conv_paths"] == {_KEY: {"gemm": True}}
-    assert report["baseline"]["params"]["conv_paths"] == {_KEY: {"gemm": False}}
+    assert report["best"]["params"]["conv_paths"] == {_KEY: {"gemm": True, "winograd": False}}
+    assert report["baseline"]["params"]["conv_paths"] == {_KEY: {"gemm": False, "winograd": False}}
     # make the GEMM candidate a clear winner (the timing is the machine's, not ours) and
     # replay it: the tuned cost model's graph normalizes the convolution to the GEMM
     request = SessionRequest(graph="x86", workload=str(payload), target=_TARGET, threads=1)

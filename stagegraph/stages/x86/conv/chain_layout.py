@@ -36,7 +36,10 @@ def carry_channels_last(module: Any) -> int:
     """Rewrite every static 2-D NCHW convolution of ``module``'s functions whose filters
     fill whole vectors channels-last (its path decision kept on the new op), then sink the
     transposes between them; returns how many convolutions were rewritten."""
-    from stagegraph.stages.x86.generic.layout_sinking import sink_channels_last_transposes
+    from stagegraph.stages.x86.generic.layout_sinking import (
+        SINKS_ATTRIBUTE,
+        sink_channels_last_transposes,
+    )
     from stagegraph.stages.x86.generic.prepare import drop_dead_results, erase_unused_tensor_ops
 
     rewritten = 0
@@ -44,7 +47,8 @@ def carry_channels_last(module: Any) -> int:
         if fn.name != "func.func" or not fn.regions[0].blocks:
             continue
         here = sum(_to_channels_last(op) for op in top_level_ops(fn) if op.name == _NCHW)
-        if here:
+        marked = any(SINKS_ATTRIBUTE in op.attributes for op in top_level_ops(fn))
+        if here or marked:  # (marked: Winograd's results, conv/winograd.py)
             drop_dead_results(fn)  # an unused argmax next to a max: no index loop to carry
             sink_channels_last_transposes(fn)
             erase_unused_tensor_ops(fn)

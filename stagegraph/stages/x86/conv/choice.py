@@ -32,7 +32,11 @@ are :class:`~stagegraph.stages.x86.conv.config.ConvGemmConfig` fields, fitted by
   ``patch_spill_cycles`` beyond, and the output's transpose at the same rate where
   several images too narrow to run one by one share one GEMM.
 
-The smaller estimate wins. ``ConvGemmConfig.path`` forces one path on every convolution,
+* **Winograd** (3x3, stride 1, 2-D, f32; :mod:`stagegraph.stages.x86.conv.winograd`):
+  :func:`~stagegraph.stages.x86.conv.winograd.winograd_cycles`, the ``alpha^2`` matmuls
+  plus the transforms; it wins only by ``winograd_margin``.
+
+The smallest estimate wins. ``ConvGemmConfig.path`` forces one path on every convolution,
 ``ConvGemmConfig.paths`` on single ones by :func:`conv_key`; ``x86.normalize`` stamps its
 decision, both estimates and the key on the op it leaves (the kept convolution, or the
 GEMM's matmul) as :data:`PATH_ATTRIBUTE`, so ``--print-ir-after normalize`` shows it and
@@ -67,6 +71,7 @@ class PathChoice:
     direct_cycles: float
     gemm_cycles: float
     decided_by: str
+    winograd_cycles: float = 0.0  # 0: Winograd not considered
 
 
 def conv_key(shape: ConvShape) -> str:
@@ -191,15 +196,21 @@ def choose_path(
     """The path of a convolution the GEMM may take: ``config.paths`` for its key, else
     ``config.path`` when it forces one, else the cheaper estimate (``padding``: of a
     zero-padded input, see :func:`direct3d_cycles`)."""
+    from stagegraph.stages.x86.conv.winograd import winograd_cycles, winograd_worth
+
     key = conv_key(shape)
     direct = direct_cycles(shape, target, config, element, padding)
     gemm = gemm_cycles(shape, target, config, element)
-    if key in config.paths:
-        return PathChoice(key, config.paths[key], direct, gemm, "paths")
-    if config.path != "auto":
-        return PathChoice(key, config.path, direct, gemm, "path")
+    worth = winograd_worth(shape, config, element)
+    winograd = winograd_cycles(shape, target, config, element) if worth else 0.0
+    if key in config.paths and (worth or config.paths[key] != "winograd"):
+        return PathChoice(key, config.paths[key], direct, gemm, "paths", winograd)
+    if config.path != "auto" and (worth or config.path != "winograd"):
+        return PathChoice(key, config.path, direct, gemm, "path", winograd)
     path = "gemm" if gemm < direct else "direct"
-    return PathChoice(key, path, direct, gemm, "cost model")
+    if worth and winograd * config.winograd_margin < min(gemm, direct):
+        path = "winograd"
+    return PathChoice(key, path, direct, gemm, "cost model", winograd)
 
 
 def path_attribute(choice: PathChoice) -> Any:
@@ -214,6 +225,7 @@ def path_attribute(choice: PathChoice) -> Any:
         # whole cycles as i64: an f64 this large prints in hex
         "direct_cycles": ir.IntegerAttr.get(i64, round(choice.direct_cycles)),
         "gemm_cycles": ir.IntegerAttr.get(i64, round(choice.gemm_cycles)),
+        "winograd_cycles": ir.IntegerAttr.get(i64, round(choice.winograd_cycles)),
     }
     return ir.DictAttr.get(fields)
 
@@ -238,8 +250,9 @@ def stamped_choices(module: Any) -> list[PathChoice]:
             def number(name: str, fields: Any = fields) -> float:
                 return float(ir.IntegerAttr(fields[name]).value)
 
+            winograd = number("winograd_cycles") if "winograd_cycles" in fields else 0.0
             found.append(
                 PathChoice(text("key"), text("path"), number("direct_cycles"),
-                           number("gemm_cycles"), text("decided_by"))
+                           number("gemm_cycles"), text("decided_by"), winograd)
             )  # fmt: skip
     return found

@@ -11,8 +11,9 @@ from pydantic import Field
 from stagegraph.core.ports import Config
 from stagegraph.stages.x86.attention import AttentionTiles
 
-#: The two ways a dense channels-first convolution runs (``path``/``paths`` values).
-Path = Literal["direct", "gemm"]
+#: The ways a dense channels-first convolution runs (``path``/``paths`` values); Winograd
+#: only for 3x3 stride-1 2-D ones (:mod:`stagegraph.stages.x86.conv.winograd`).
+Path = Literal["direct", "gemm", "winograd"]
 
 
 class TunedSource(Config):
@@ -64,7 +65,7 @@ class ConvGemmConfig(Config):
     gather_min_stride: int = Field(2, ge=1)
     gather_max_channels: int = Field(4, ge=0)
     gather_min_taps: int = Field(25, ge=1)
-    path: Literal["auto", "direct", "gemm"] = "auto"
+    path: Literal["auto", "direct", "gemm", "winograd"] = "auto"
     paths: dict[str, Path] = Field(default_factory=dict)
     #: Set by ``--cost-model tuned``: the best measured candidate's paths (its
     #: ``X86Params.conv_paths``) override ``paths`` (see ``x86.normalize``).
@@ -143,3 +144,31 @@ class ConvGemmConfig(Config):
     max_patch_elements: int = Field(1 << 26, ge=1)
     #: Attention chains tiled over (batch, query rows) (stagegraph.stages.x86.attention).
     attention: AttentionTiles = Field(default_factory=AttentionTiles)
+    #: Winograd F(winograd_tile, 3) for 3x3 stride-1 2-D f32 convolutions, a third path of
+    #: the cost model (stagegraph.stages.x86.conv.winograd; off: never). Tile 4 by default:
+    #: F(4, 3) errs about 5x more than F(2, 3) against a float64 reference, but stays 100x
+    #: inside the verifier's normwise and 45x inside its elementwise tolerance up to 512
+    #: channels, and ran 1.2-2.1x faster than the old paths on ResNet-18/VGG-16/UNet 3x3
+    #: layers with 64-512 channels, where F(2, 3) ran 0.6-1.7x (docs/measurements.md,
+    #: "Winograd convolutions"). The estimate's constants (winograd_cycles) were fitted
+    #: there, on an AVX-512 Xeon, one thread, under load: winograd_transform_cycles per
+    #: element the transforms write or read (alpha^2 per tile, channels plus filters), the
+    #: matmuls' efficiency halved at winograd_columns_half filters and channels and at
+    #: winograd_rows_half tile positions, the transformed filters past L2 streamed at
+    #: winograd_weight_bytes_per_cycle.
+    winograd: bool = True
+    winograd_tile: Literal[2, 4] = 4
+    winograd_transform_cycles: float = Field(1.5, ge=0.0)
+    winograd_columns_half: float = Field(32.0, ge=0.0)
+    winograd_rows_half: float = Field(8.0, ge=0.0)
+    winograd_weight_bytes_per_cycle: float = Field(32.0, gt=0.0)
+    #: Winograd is chosen only where its estimate beats the best other path's by this
+    #: factor: the layer measurements it was fitted to ran warm (the transformed filters,
+    #: alpha^2/9 times the weights, stayed in cache between calls), a model streams them.
+    #: KernelBench's RegNet (l3_027: 64 channels, 7x14, 8 images, estimated 1.11x faster)
+    #: ran 0.97 [0.93, 1.00] with it at 1.0.
+    winograd_margin: float = Field(1.2, ge=0.0)
+    #: The alpha^2 matmuls of a layer as one matmul in a loop over the taps
+    #: (stagegraph.stages.x86.conv.winograd_loop): one kernel to compile instead of 36,
+    #: but constant filters are packed per call.
+    winograd_loop: bool = False

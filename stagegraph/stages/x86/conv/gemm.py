@@ -108,7 +108,8 @@ def convolutions_to_gemm(
 
     config = config or ConvGemmConfig()
     target = target or detect_target()
-    found = []
+    found: list[Any] = []
+    winograd: list[Any] = []
     for fn in top_level_ops(module.operation):
         if fn.name != "func.func":
             continue
@@ -121,7 +122,9 @@ def convolutions_to_gemm(
             # a 3-D one's direct kernel skips the taps that read only a zero border
             pads = padding(op.operands[0], uses, (2, 3, 4)) if len(shape.taps) == 3 else None
             choice = choose_path(shape, target, config, element, pads)
-            if choice.path == "direct":
+            if choice.path == "winograd":
+                winograd.append((op, shape, choice))
+            elif choice.path == "direct":
                 op.attributes[PATH_ATTRIBUTE] = path_attribute(choice)
             else:
                 found.append((op, shape, choice))
@@ -138,7 +141,11 @@ def convolutions_to_gemm(
             result = _gemm(op, shape, choice, rows if one_by_one else 0, gather, group)
         op.results[0].replace_all_uses_with(result)
         op.erase()
-    return len(found)
+    if winograd:
+        from stagegraph.stages.x86.conv.winograd import winograd_convolutions
+
+        winograd_convolutions(module, winograd, config)
+    return len(found) + len(winograd)
 
 
 def _gemm(op: Any, shape: ConvShape, choice: Any, rows: int, gather: bool, group: int) -> Any:

@@ -38,11 +38,14 @@ CONV_PATH_KIND = "conv_path"
 
 
 class ConvPathParams(BaseModel):
-    """One convolution's path: ``gemm`` (the implicit GEMM) or not (the direct kernel)."""
+    """One convolution's path: ``winograd`` (F(m, 3), only where
+    :func:`~stagegraph.stages.x86.conv.winograd.winograd_worth` admits the shape: elsewhere
+    the flag is ignored), else ``gemm`` (the implicit GEMM) or not (the direct kernel)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     gemm: bool = False
+    winograd: bool = False
 
 
 class ConvPathOp(BaseModel):
@@ -56,6 +59,7 @@ class ConvPathOp(BaseModel):
     direct_cycles: int = 0
     gemm_cycles: int = 0
     decided_by: str = "cost model"
+    winograd_cycles: int = 0  # 0: not a Winograd shape
     op_class: str = CONV_PATH_KIND
 
     def signature(self) -> str:
@@ -77,39 +81,48 @@ def stamped_paths(facts: Any) -> list[ConvPathOp]:
             direct_cycles=int(fields.get("direct_cycles", 0)),
             gemm_cycles=int(fields.get("gemm_cycles", 0)),
             decided_by=str(fields.get("decided_by", "cost model")),
+            winograd_cycles=int(fields.get("winograd_cycles", 0)),
         )
     return list(found.values())
 
 
 def chosen_paths(facts: Any) -> dict[str, ConvPathParams]:
     """``X86Params.conv_paths`` for ``facts``: the path each convolution took."""
-    return {op.key: ConvPathParams(gemm=op.path == "gemm") for op in stamped_paths(facts)}
+    return {
+        op.key: ConvPathParams(gemm=op.path == "gemm", winograd=op.path == "winograd")
+        for op in stamped_paths(facts)
+    }
 
 
 def cost_model_paths(facts: Any) -> dict[str, ConvPathParams]:
     """The path the cost model estimated faster for each stamped convolution, whatever
     ``paths`` decided (the stamp keeps both estimates)."""
-    return {
-        op.key: ConvPathParams(gemm=op.gemm_cycles < op.direct_cycles)
-        for op in stamped_paths(facts)
-    }
+    found = {}
+    for op in stamped_paths(facts):
+        gemm = op.gemm_cycles < op.direct_cycles
+        best = min(op.gemm_cycles, op.direct_cycles)
+        winograd = 0 < op.winograd_cycles < best
+        found[op.key] = ConvPathParams(gemm=gemm and not winograd, winograd=winograd)
+    return found
 
 
 def path_sites(facts: Any) -> list[TuningSite]:
     """One site per decided convolution, ``conv<i>`` at ``("conv_paths", key)``."""
     return [
         TuningSite(f"conv{i}", ("conv_paths", op.key), ConvPathParams, (op,),
-                   default={"gemm": op.path == "gemm"})
+                   default={"gemm": op.path == "gemm", "winograd": op.path == "winograd"})
         for i, op in enumerate(stamped_paths(facts))
     ]  # fmt: skip
 
 
 def normalize_paths(conv_paths: dict[str, Any]) -> dict[str, str]:
-    """``X86Params.conv_paths`` as ``ConvGemmConfig.paths`` (``key -> direct|gemm``)."""
+    """``X86Params.conv_paths`` as ``ConvGemmConfig.paths`` (``key -> direct|gemm|winograd``;
+    a ``winograd`` the shape does not take falls back to the cost model's other paths)."""
     out = {}
     for key, value in conv_paths.items():
-        gemm = value.gemm if isinstance(value, ConvPathParams) else bool(value["gemm"])
-        out[key] = "gemm" if gemm else "direct"
+        if not isinstance(value, ConvPathParams):
+            value = ConvPathParams(**value)
+        out[key] = "winograd" if value.winograd else "gemm" if value.gemm else "direct"
     return out
 
 
@@ -123,7 +136,7 @@ def moves_paths(conv_paths: dict[str, Any], baseline: dict[str, Any]) -> bool:
 declare_space(
     ConvPathParams,
     CONV_PATH_KIND,
-    {"gemm": Choice((0, 1))},
+    {"gemm": Choice((0, 1)), "winograd": Choice((0, 1))},
     applies_to=lambda target: getattr(target, "arch", "") in ("x86_64", "AMD64"),
     exclusive=True,
 )

@@ -53,6 +53,11 @@ from stagegraph.stages.x86.generic.transpose_readers import (
     renumbered_map,
 )
 
+#: A unit attribute on a transpose whose source is channels-last but made by no convolution
+#: or pooling op (Winograd's output transform, :mod:`stagegraph.stages.x86.conv.winograd`):
+#: it sinks as one that leaves a convolution does.
+SINKS_ATTRIBUTE = "stagegraph.sink_layout"
+
 
 def count_transposes(fn: Any) -> int:
     """The top-level ``linalg.transpose`` ops of ``fn`` (a pass over memory each, unless a
@@ -102,6 +107,8 @@ def _fold_filled_transposes(fn: Any) -> int:
 def _leaves_window_op(op: Any) -> bool:
     if op.name != "linalg.transpose" or len(op.results) != 1:
         return False
+    if SINKS_ATTRIBUTE in op.attributes:
+        return True
     owner = result_owner(op.operands[0])
     return owner is not None and ("conv" in owner.name or "pooling" in owner.name)
 
