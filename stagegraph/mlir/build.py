@@ -142,6 +142,18 @@ def expand_shape(value: Any, groups: Sequence[Sequence[int]], shape: Sequence[in
     return dialect("tensor").ExpandShapeOp(result, value, groups_attr, [], list(shape)).result
 
 
+def transposed(value: Any, permutation: Sequence[int]) -> Any:
+    """``linalg.transpose`` of the tensor ``value`` into a new empty tensor: result dim ``i``
+    is ``value``'s dim ``permutation[i]``."""
+    from stagegraph.mlir.bindings import dialect, ir
+
+    source = ir.RankedTensorType(value.type)
+    shape = [source.shape[p] for p in permutation]
+    empty = dialect("tensor").EmptyOp(shape, source.element_type).result
+    attributes = {"permutation": ir.DenseI64ArrayAttr.get(list(permutation))}
+    return named_structured_op("linalg.transpose", [value], [empty], attributes)
+
+
 def ir_location(payload: Any) -> Any:
     """An unknown location in ``payload``'s context: what rewrites that build ops outside any
     builder need entered (``with payload.context, ir_location(payload)``)."""

@@ -33,7 +33,7 @@ are :class:`~stagegraph.stages.x86.conv.config.ConvGemmConfig` fields, fitted by
   several images too narrow to run one by one share one GEMM.
 
 * **Winograd** (3x3, stride 1, 2-D, f32; :mod:`stagegraph.stages.x86.conv.winograd`):
-  :func:`~stagegraph.stages.x86.conv.winograd.winograd_cycles`, the ``alpha^2`` matmuls
+  :func:`~stagegraph.stages.x86.conv.winograd_cost.winograd_cycles`, the ``alpha^2`` matmuls
   plus the transforms; it wins only by ``winograd_margin``.
 
 The smallest estimate wins. ``ConvGemmConfig.path`` forces one path on every convolution,
@@ -53,11 +53,10 @@ from typing import Any
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.conv_shape import ConvShape
+from stagegraph.stages.x86.conv.rates import ELEMENT_BITS, peak_per_cycle
 
 #: The discardable attribute ``x86.normalize`` puts on each decided convolution's op.
 PATH_ATTRIBUTE = "stagegraph.conv_path"
-
-_ELEMENT_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
 
 
 @dataclass(frozen=True)
@@ -92,12 +91,6 @@ def flops(shape: ConvShape) -> int:
     return 2 * shape.f * shape.depth * shape.columns
 
 
-def _peak(target: Target, element: str) -> float:
-    """Flops per cycle of one core at the FMA peak for ``element`` (f32 lanes scaled)."""
-    bits = _ELEMENT_BITS.get(element, 32)
-    return 2.0 * target.fma_lanes_per_cycle() * 32 / bits
-
-
 def direct3d_cycles(
     shape: ConvShape,
     target: Target,
@@ -110,7 +103,7 @@ def direct3d_cycles(
     input is zero-padded (see the module)."""
     from stagegraph.stages.x86.conv.direct3d_plan import Conv3dShape, Window, plan_blocks
 
-    bits = _ELEMENT_BITS.get(element, 32)
+    bits = ELEMENT_BITS.get(element, 32)
     if len(shape.taps) != 3 or bits not in (32, 64):
         return None
     windows = []
@@ -134,7 +127,7 @@ def direct_cycles(
     padding: Sequence[tuple[int, int]] | None = None,
 ) -> float:
     """The direct path's estimated cycles (see the module)."""
-    bits = _ELEMENT_BITS.get(element, 32)
+    bits = ELEMENT_BITS.get(element, 32)
     kernel = direct3d_cycles(shape, target, config, element, padding) if config.direct3d else None
     if kernel is not None:
         return kernel
@@ -157,7 +150,7 @@ def direct_cycles(
             config.direct_peak_fraction * used * channels
             / (1 + config.direct_l1_weight * block) / (1 + config.direct_rows_l1_weight * rows)
         )  # fmt: skip
-    cycles = flops(shape) / (_peak(target, element) * fraction)
+    cycles = flops(shape) / (peak_per_cycle(target, element) * fraction)
     weight_bytes = shape.f * shape.depth * bits // 8
     if weight_bytes > target.l2_bytes:
         rows = shape.n * math.prod(shape.out[:-1])
@@ -169,9 +162,9 @@ def gemm_cycles(
     shape: ConvShape, target: Target, config: ConvGemmConfig, element: str = "f32"
 ) -> float:
     """The implicit GEMM's estimated cycles: matmul plus patch copy (see the module)."""
-    bits = _ELEMENT_BITS.get(element, 32)
+    bits = ELEMENT_BITS.get(element, 32)
     fraction = config.gemm_peak_fraction * shape.f / (shape.f + config.gemm_rows_half)
-    cycles = flops(shape) / (_peak(target, element) * fraction)
+    cycles = flops(shape) / (peak_per_cycle(target, element) * fraction)
     from stagegraph.stages.x86.conv.gemm_blocks import block_rows, per_image
 
     # the patch matrix of one block of one image's output rows (gemm_blocks), or of all
@@ -196,7 +189,7 @@ def choose_path(
     """The path of a convolution the GEMM may take: ``config.paths`` for its key, else
     ``config.path`` when it forces one, else the cheaper estimate (``padding``: of a
     zero-padded input, see :func:`direct3d_cycles`)."""
-    from stagegraph.stages.x86.conv.winograd import winograd_cycles, winograd_worth
+    from stagegraph.stages.x86.conv.winograd_cost import winograd_cycles, winograd_worth
 
     key = conv_key(shape)
     direct = direct_cycles(shape, target, config, element, padding)

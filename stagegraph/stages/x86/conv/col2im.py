@@ -81,10 +81,11 @@ def col2im_worth(channels: int, useful: float, config: ConvGemmConfig) -> bool:
 def col2im_cycles(shape: Any, useful: float, target: Any, config: ConvGemmConfig) -> float:
     """Cycles of the GEMM on the real input and the shifted adds: the useful flops at
     ``gemm_efficiency`` of the target's FMA peak, each product's add at ``add_cost``."""
-    from stagegraph.stages.x86.conv.choice import _peak, flops
+    from stagegraph.stages.x86.conv.choice import flops
+    from stagegraph.stages.x86.conv.rates import peak_per_cycle
 
     per_flop = 1 / config.gemm_efficiency + config.add_cost / (2 * shape.c)
-    return flops(shape) * useful / _peak(target, "f32") * per_flop
+    return flops(shape) * useful / peak_per_cycle(target, "f32") * per_flop
 
 
 def _worth(match: _Padded, shape: Any, useful: float, config: ConvGemmConfig, target: Any) -> bool:

@@ -32,7 +32,13 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from stagegraph.mlir.build import collapse_shape, expand_shape, generic, named_structured_op
+from stagegraph.mlir.build import (
+    collapse_shape,
+    expand_shape,
+    generic,
+    named_structured_op,
+    transposed,
+)
 from stagegraph.mlir.walk import top_level_ops
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
@@ -194,16 +200,7 @@ def swap_leading(value: Any, element: Any) -> Any:
         groups = [[0, 1], *[[d] for d in range(2, len(source))]]
         flat = collapse_shape(value, groups, [source[0] * source[1], *source[2:]])
         return expand_shape(flat, groups, [source[1], source[0], *source[2:]])
-    return _transposed(value, [1, 0, *range(2, len(source))], element)
-
-
-def _transposed(value: Any, permutation: list[int], element: Any) -> Any:
-    from stagegraph.mlir.bindings import dialect, ir
-
-    source = ir.RankedTensorType(value.type).shape
-    empty = dialect("tensor").EmptyOp([source[p] for p in permutation], element).result
-    attributes = {"permutation": ir.DenseI64ArrayAttr.get(permutation)}
-    return named_structured_op("linalg.transpose", [value], [empty], attributes)
+    return transposed(value, [1, 0, *range(2, len(source))])
 
 
 def _patches(image: Any, shape: ConvShape, element: Any) -> Any:

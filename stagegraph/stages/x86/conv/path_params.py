@@ -39,7 +39,7 @@ CONV_PATH_KIND = "conv_path"
 
 class ConvPathParams(BaseModel):
     """One convolution's path: ``winograd`` (F(m, 3), only where
-    :func:`~stagegraph.stages.x86.conv.winograd.winograd_worth` admits the shape: elsewhere
+    :func:`~stagegraph.stages.x86.conv.winograd_cost.winograd_worth` admits the shape: elsewhere
     the flag is ignored), else ``gemm`` (the implicit GEMM) or not (the direct kernel)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

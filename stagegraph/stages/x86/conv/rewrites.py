@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from stagegraph.mlir.bindings import arith, ir, scf, tensor
-from stagegraph.mlir.build import named_structured_op
+from stagegraph.mlir.build import named_structured_op, transposed
 from stagegraph.mlir.walk import top_level_ops
 from stagegraph.stages.x86.conv.pointwise import window_attr
 
@@ -146,14 +146,6 @@ _NCHW_TO_NHWC, _NHWC_TO_NCHW, _CHW_TO_HWC = [0, 2, 3, 1], [0, 3, 1, 2], [1, 2, 0
 _CHANNEL_GROUP = 8
 
 
-def _transposed(value: Any, permutation: list[int]) -> Any:
-    source = ir.RankedTensorType(value.type)
-    shape = [source.shape[p] for p in permutation]
-    empty = tensor.EmptyOp(shape, source.element_type).result
-    attributes = {"permutation": ir.DenseI64ArrayAttr.get(permutation)}
-    return named_structured_op("linalg.transpose", [value], [empty], attributes)
-
-
 def _convolution(
     name: str, image: Any, kernel: Any, init: Any, strides: list[int], dilations: list[int]
 ) -> Any:
@@ -181,13 +173,13 @@ def _replace_by_transposed(
     with ir.InsertionPoint(op), op.location:
         summed = _convolution(
             name,
-            _transposed(image, to_last),
-            _transposed(kernel, filter_to_last),
-            _transposed(init, to_last),
+            transposed(image, to_last),
+            transposed(kernel, filter_to_last),
+            transposed(init, to_last),
             window_attr(op, "strides"),
             window_attr(op, "dilations"),
         )
-        result = _transposed(summed, to_first)
+        result = transposed(summed, to_first)
     op.results[0].replace_all_uses_with(result)
     op.erase()
 

@@ -33,73 +33,31 @@ Upstream MLIR has the same three transforms as ``linalg.winograd_*_transform`` o
 decomposed into per-tile loops of tiny matmuls; here the GEMM in the middle is one large
 matmul per tap, which is what the packed kernel runs at its peak.
 
-:func:`winograd_worth` says which convolutions may take this path; the cost model of
-:mod:`stagegraph.stages.x86.conv.choice` decides (:func:`winograd_cycles`).
+:mod:`stagegraph.stages.x86.conv.winograd_cost` says which convolutions may take this
+path and what it costs; the cost model of :mod:`stagegraph.stages.x86.conv.choice` decides.
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 from itertools import product
 from typing import Any
 
 import numpy as np
 
-from stagegraph.mlir.build import collapse_shape, expand_shape, generic, named_structured_op
-from stagegraph.stages.target import Target
+from stagegraph.mlir.build import (
+    collapse_shape,
+    expand_shape,
+    generic,
+    named_structured_op,
+    transposed,
+)
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.conv_shape import ConvShape
+from stagegraph.stages.x86.conv.winograd_cost import tiles
 from stagegraph.stages.x86.conv.winograd_math import alpha, filter_transform, matrices
 
 _NCHW_TO_NHWC, _NHWC_TO_NCHW = [0, 2, 3, 1], [0, 3, 1, 2]
-
-
-def winograd_worth(shape: ConvShape, config: ConvGemmConfig, element: str = "f32") -> bool:
-    """Whether ``shape`` may run as Winograd: on in ``config``, a 2-D 3x3 window at unit
-    strides and dilations, f32 (the type whose rounding the tile choice was checked for)."""
-    return (
-        config.winograd
-        and element == "f32"
-        and shape.taps == (3, 3)
-        and shape.strides == (1, 1)
-        and shape.dilations == (1, 1)
-    )
-
-
-def tiles(shape: ConvShape, m: int) -> tuple[int, int]:
-    """The output tiles along the height and the width (the last ones partial)."""
-    return math.ceil(shape.out[0] / m), math.ceil(shape.out[1] / m)
-
-
-def winograd_cycles(
-    shape: ConvShape, target: Target, config: ConvGemmConfig, element: str = "f32"
-) -> float:
-    """Estimated cycles of one core: the ``alpha^2`` matmuls (``P`` tile positions by ``C``
-    by ``F``) at the matmul kernel's fraction of the peak, lowered by few filters, channels
-    (``winograd_columns_half``) or tile positions (``winograd_rows_half``: a short matmul
-    has short register blocks); the transformed filters (``alpha^2 C F``, ``alpha^2 / 9``
-    times the weights) read once per call, at ``winograd_weight_bytes_per_cycle`` past L2;
-    plus the transforms and transposes, per element moved: ``alpha^2 P C`` transformed
-    inputs and ``alpha^2 P F`` products at ``winograd_transform_cycles``, the image and the
-    output transposed at ``patch_cycles``."""
-    from stagegraph.stages.x86.conv.choice import _ELEMENT_BITS, _peak
-
-    m = config.winograd_tile
-    side = alpha(m)
-    th, tw = tiles(shape, m)
-    positions = shape.n * th * tw
-    half = config.winograd_columns_half
-    fraction = config.gemm_peak_fraction * shape.f / (shape.f + half) * shape.c / (shape.c + half)
-    fraction *= positions / (positions + config.winograd_rows_half)
-    gemm = 2.0 * side * side * positions * shape.c * shape.f / (_peak(target, element) * fraction)
-    weight_bytes = side * side * shape.c * shape.f * _ELEMENT_BITS.get(element, 32) // 8
-    if weight_bytes > target.l2_bytes:
-        gemm += weight_bytes / config.winograd_weight_bytes_per_cycle
-    moved = side * side * positions * (shape.c + shape.f)
-    image = shape.n * shape.c * (shape.out[0] + 2) * (shape.out[1] + 2)
-    transposed = image + shape.n * shape.f * math.prod(shape.out)
-    return gemm + moved * config.winograd_transform_cycles + transposed * config.patch_cycles
 
 
 def convolution_to_winograd(
@@ -142,7 +100,7 @@ def convolution_to_winograd(
     full = collapse_shape(tiled, [[0], [1, 2], [3, 4], [5]], [shape.n, th * m, tw * m, shape.f])
     if (th * m, tw * m) != tuple(shape.out):
         full = _slice(full, [0, 0, 0, 0], [shape.n, *shape.out, shape.f], [1, 1, 1, 1])
-    result = _transposed(full, _NHWC_TO_NCHW, element)
+    result = transposed(full, _NHWC_TO_NCHW)
     # sunk like a channels-last convolution's (conv/chain_layout.py): between two Winograd
     # layers, it meets the next one's input transpose and both go
     result.owner.attributes[SINKS_ATTRIBUTE] = ir.UnitAttr.get()
@@ -160,7 +118,7 @@ def _input_taps(image: Any, shape: ConvShape, m: int, element: Any) -> list[Any]
     from stagegraph.mlir.bindings import dialect, ir
 
     th, tw = tiles(shape, m)
-    nhwc = _transposed(image, _NCHW_TO_NHWC, element)
+    nhwc = transposed(image, _NCHW_TO_NHWC)
     _, height, width, _ = ir.RankedTensorType(nhwc.type).shape
     need = (th * m + 2, tw * m + 2)
     if need != (height, width):
@@ -339,12 +297,6 @@ def _zeros(shape: list[int], element: Any) -> Any:
     zero = arith.ConstantOp(element, ir.FloatAttr.get(element, 0.0)).result
     empty = dialect("tensor").EmptyOp(shape, element).result
     return named_structured_op("linalg.fill", [zero], [empty])
-
-
-def _transposed(value: Any, permutation: list[int], element: Any) -> Any:
-    from stagegraph.stages.x86.conv.gemm import _transposed as transposed
-
-    return transposed(value, permutation, element)
 
 
 def _is_zero_fill(init: Any) -> bool:
