@@ -17,6 +17,7 @@ faster than PyTorch). Usage:
     python benchmarks/variants_vs_torch.py ../shared/kernelbench/level1/l1_080_*.mlir
         [--scale 16] [--rounds 10] [--calls 3] [--target x86-64-v3]
         [--before param:conv_nhwc_width_tile=4] [--before normalize:gather_patches=false]
+    python benchmarks/variants_vs_torch.py 'MODEL.py:n=16,cin=8,cout=64' (a PyTorch workload)
 
 ``--before param:KEY=VALUE`` overrides a field of the cost model's params (``--param``),
 ``--before STAGE:KEY=VALUE`` a field of that stage's config (``Graph.with_config``),
@@ -108,7 +109,9 @@ def measure(payload: Path, args: argparse.Namespace) -> dict:
 
     from stagegraph.app.torch_peer import TorchMeasurement
 
-    spec = scaled_problem_spec(payload, args.scale)
+    # a PyTorch workload (FILE.py or FILE.py:k=v,...) runs as given
+    workload = str(payload)
+    spec = workload if ".py" in workload else scaled_problem_spec(payload, args.scale)
     if spec is None:
         return {"error": "no problem file"}
     params, stages = parse_before(args.before)
@@ -139,6 +142,14 @@ def measure(payload: Path, args: argparse.Namespace) -> dict:
     return row
 
 
+def _label(payload: Path) -> str:
+    """A row's name: a KernelBench payload's number (``l2_067``), a PyTorch workload's
+    size overrides (``k=v,...``) or file stem."""
+    if ".py" in str(payload):
+        return str(payload).partition(".py:")[2] or payload.stem
+    return payload.stem[:6]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("payloads", nargs="+", type=Path)
@@ -161,7 +172,7 @@ def main() -> None:
 
     target = resolve_target(args.target) if args.target else None
     peak = args.peak or fma_peak_gflops(1, target)
-    rows = [(p.stem[:6], measure(p, args)) for p in args.payloads]
+    rows = [(_label(p), measure(p, args)) for p in args.payloads]
     peak = args.peak or max(peak, fma_peak_gflops(1, target))
     print(f"{describe(host_info())}; 1 thread; scale {args.scale}; thread CPU time; "
           f"FMA peak {peak:.1f} GFLOP/s; before: {' '.join(args.before) or '(same)'}; "
