@@ -1,8 +1,9 @@
 """Few input channels into many filters (KernelBench's level-2 Conv2d + epilogue modules, a
 small CNN's first layers): the cost model of :mod:`stagegraph.stages.x86.conv.choice` runs
 them on the direct path on pinned targets (its short-reduction term ``gemm_depth_half``
-and the smaller channel penalty), the big layers keep the GEMM, and a Conv2d + GELU +
-global average pool module taken that way matches numpy."""
+and the smaller channel penalty), the big layers keep the GEMM; the direct kernel takes a
+vector's worth of input channels in one reduction step (``conv_whole_channels``); and a
+Conv2d + GELU + global average pool module taken that way matches numpy."""
 
 from __future__ import annotations
 
@@ -14,13 +15,23 @@ import pytest
 import stagegraph as sg
 from stagegraph.core.catalog import load_graph
 from stagegraph.mlir.bindings import ir, new_context
+from stagegraph.mlir.diagnostics import parse_payload
+from stagegraph.mlir.functions import entry_function
 from stagegraph.mlir.walk import collect
-from stagegraph.stages.target import resolve_target
+from stagegraph.stages.analysis import analyze
+from stagegraph.stages.target import detect_target, named_x86_target, resolve_target
 from stagegraph.stages.x86.conv.choice import choose_path, gemm_cycles, stamped_choices
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.conv_shape import ConvShape
+from stagegraph.stages.x86.generic.params import GenericParams, heuristic_generic_params
+from stagegraph.stages.x86.generic.plan import convolution_plan
+from stagegraph.stages.x86.generic.prepare import prepare
+from tests.test_generic_schedule import _conv2d_nchw
 
 _V4, _V3 = resolve_target("x86-64-v4"), resolve_target("x86-64-v3")
+_AVX512 = pytest.mark.skipif(
+    "avx512f" not in detect_target().isa, reason="host has no AVX-512 (v3 runs instead)"
+)
 
 
 def _padded(n: int, c: int, f: int, size: int, k: int, stride: int = 1) -> ConvShape:
@@ -143,7 +154,7 @@ def _reference(x: np.ndarray, k: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (y * 0.5 * (1.0 + erf(y / math.sqrt(2.0)))).mean(axis=(2, 3))
 
 
-@pytest.mark.parametrize("target", ["x86-64-v4", "x86-64-v3"])
+@pytest.mark.parametrize("target", [pytest.param("x86-64-v4", marks=_AVX512), "x86-64-v3"])
 def test_a_conv_gelu_global_pool_module_runs_direct_and_matches_numpy(tmp_path, target):
     """8 channels into 64 filters (l2_067's channels at a smaller image): the cost model
     stamps the direct path, no matmul is left, and the values match float64 numpy."""
@@ -170,3 +181,33 @@ def test_a_conv_gelu_global_pool_module_runs_direct_and_matches_numpy(tmp_path, 
     assert (choice.path, choice.decided_by) == ("direct", "cost model"), choice
     assert choice.key == "conv2d.n2.c8.f64.k3x3.o7x10.s1x1.d1x1"
     assert matmuls == []
+
+
+def _channel_step(channels: int, target: str, **changes: int) -> int:
+    """The input-channel tile of one reduction step of a channels-last 3x3 convolution of
+    ``channels`` into 32 filters, as the generic schedule plans it for ``target``."""
+    text, _ = _conv2d_nchw(2, channels, 32, (8, 20), (3, 3), (1, 1), (1, 1))
+    module = parse_payload(text)
+    with module.context, ir.Location.unknown():
+        prepare(module, entry_function(module, "main"))
+    facts = analyze(module)
+    (conv,) = facts.ops_of("convolution")
+    assert conv.name == "linalg.conv_2d_nhwc_hwcf"
+    params = heuristic_generic_params(facts, named_x86_target(target))
+    params = GenericParams(**{**params.model_dump(), **changes})
+    sizes, _ = convolution_plan(conv, params)
+    [channel_dim] = conv.convolution.input_channel
+    return sizes[channel_dim]
+
+
+@pytest.mark.parametrize(
+    ("channels", "target", "step", "in_halves"),
+    [(16, "x86-64-v4", 16, 8), (12, "x86-64-v4", 12, 6), (32, "x86-64-v4", 8, 8),
+     (8, "x86-64-v3", 8, 4), (16, "x86-64-v3", 4, 4)],
+)  # fmt: skip
+def test_a_vector_of_input_channels_is_one_reduction_step(channels, target, step, in_halves):
+    """Up to a vector's lanes of input channels (16 on AVX-512, 8 on AVX2) per step;
+    more keep ``conv_reduction_tile``'s steps (a divisor up to half a vector), as every
+    count does at ``conv_whole_channels=0``."""
+    assert _channel_step(channels, target) == step
+    assert _channel_step(channels, target, conv_whole_channels=0) == in_halves
