@@ -73,6 +73,17 @@ SHAPES = {
         "s3.c32.hw16": (1, 32, 32, 16, 3, 1, 3),
         "s3.c64.hw16": (1, 64, 64, 16, 3, 1, 3),
     },
+    # few input channels (8-16: the first layers of small CNNs, KernelBench's level-2
+    # Conv2d + epilogue modules) into 16-128 filters
+    "few": {
+        "f.c8f64.hw32.n16": (16, 8, 64, 32, 3, 1, 2),
+        "f.c8f32.hw32.n16": (16, 8, 32, 32, 3, 1, 2),
+        "f.c16f64.hw32.n16": (16, 16, 64, 32, 3, 1, 2),
+        "f.c8f128.hw64.n4": (4, 8, 128, 64, 3, 1, 2),
+        "f.c16f64.hw112.n1": (1, 16, 64, 112, 3, 1, 2),
+        "f.c4f64.hw64.n4": (4, 4, 64, 64, 3, 1, 2),
+        "f.c8f64.k5.hw32.n8": (8, 8, 64, 32, 5, 1, 2),
+    },
 }
 
 

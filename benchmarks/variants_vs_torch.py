@@ -19,9 +19,10 @@ faster than PyTorch). Usage:
         [--before param:conv_nhwc_width_tile=4] [--before normalize:gather_patches=false]
     python benchmarks/variants_vs_torch.py \
         ../shared/kernelbench/src/level3/l3_019_MobileNetV1.py:batch_size=1
+    python benchmarks/variants_vs_torch.py 'MODEL.py:n=16,cin=8,cout=64'
 
-(a problem file with ``:KEY=VALUE,...`` overrides runs at those sizes; ``--scale`` is then
-ignored).
+(a PyTorch problem file, with ``:KEY=VALUE,...`` overrides, runs at those sizes; ``--scale``
+is then ignored).
 
 ``--before param:KEY=VALUE`` overrides a field of the cost model's params (``--param``),
 ``--before STAGE:KEY=VALUE`` a field of that stage's config (``Graph.with_config``),
@@ -147,6 +148,14 @@ def measure(payload: Path, args: argparse.Namespace, spec: str | None = None) ->
     return row
 
 
+def _label(payload: Path) -> str:
+    """A row's name: a KernelBench payload's number (``l2_067``), a PyTorch workload's
+    size overrides (``k=v,...``) or file stem."""
+    if ".py" in str(payload):
+        return str(payload).partition(".py:")[2] or payload.stem
+    return payload.stem[:6]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("payloads", nargs="+", type=Path)
@@ -169,7 +178,7 @@ def main() -> None:
 
     target = resolve_target(args.target) if args.target else None
     peak = args.peak or fma_peak_gflops(1, target)
-    rows = [(p.name.partition(":")[0][:6], measure(p, args)) for p in args.payloads]
+    rows = [(_label(p), measure(p, args)) for p in args.payloads]
     peak = args.peak or max(peak, fma_peak_gflops(1, target))
     print(f"{describe(host_info())}; 1 thread; scale {args.scale}; thread CPU time; "
           f"FMA peak {peak:.1f} GFLOP/s; before: {' '.join(args.before) or '(same)'}; "

@@ -45,7 +45,6 @@ _GEMM = {
     "resnet18 layer3 3x3": _conv(1, 256, 256, 14, 3, 1),
     "resnet18 layer4 3x3/2": _conv(1, 256, 512, 14, 3, 2),
     "resnet18 layer4 3x3": _conv(1, 512, 512, 7, 3, 1),
-    "vgg16 block1 first": _conv(1, 3, 64, 224, 3, 1),
     "vgg16 block3": _conv(1, 256, 256, 56, 3, 1),
     "vgg16 block4": _conv(1, 512, 512, 28, 3, 1),
 }
@@ -56,14 +55,17 @@ _DIRECT = {
 # 64-128 channels: direct 1.04-1.29x faster than the GEMM on AVX-512 once the result's
 # transpose reads whole cache lines (docs/measurements.md, "Transposes that read whole
 # cache lines"; ResNet-18's 64->128 3x3/2 layer measured a tie, 1.00 [0.96, 1.12], and is
-# left out). On AVX2 the 224^2 layer measured direct 1.19x faster; the others keep the GEMM.
+# left out). On AVX2 the 224^2 layer measured direct 1.19x faster, ResNet-18's layer1 1.12x
+# (session 22, docs/measurements.md, "Few input channels: direct or GEMM"); the others keep
+# the GEMM. VGG-16's first layer (3 channels) runs direct since session 22: see
+# tests/test_conv_few_channels.py.
 _DIRECT_V4 = {
     "resnet18 layer1 3x3": _conv(1, 64, 64, 56, 3, 1),
     "resnet18 layer2 3x3": _conv(1, 128, 128, 28, 3, 1),
     "vgg16 block1 second": _conv(1, 64, 64, 224, 3, 1),
     "vgg16 block2": _conv(1, 128, 128, 112, 3, 1),
 }
-_DIRECT_V3 = ("vgg16 block1 second",)
+_DIRECT_V3 = ("vgg16 block1 second", "resnet18 layer1 3x3")
 
 
 @pytest.mark.parametrize("target", [_V4, _V3], ids=["v4", "v3"])

@@ -25,8 +25,10 @@ are :class:`~stagegraph.stages.x86.conv.config.ConvGemmConfig` fields, fitted by
   at ``direct3d_efficiency`` of that estimate. Shapes the kernel does not take (filters
   ending in a partial vector past ``MAX_VECTORS`` vectors) keep the estimate above.
 * **GEMM**: the matmul (``F`` rows, ``N*O`` columns, ``C*T`` deep) at
-  ``gemm_peak_fraction * F / (F + gemm_rows_half)`` (few filters: short micro-kernel
-  row blocks, and the packing of the patch matrix is shared by fewer rows), plus the
+  ``gemm_peak_fraction * F / (F + gemm_rows_half) * C*T / (C*T + gemm_depth_half)``
+  (few filters: short micro-kernel row blocks, and the packing of the patch matrix is
+  shared by fewer rows; a short reduction: each K panel's accumulator loads and stores
+  and packing spread over few FMAs), plus the
   patch copy, ``patch_cycles`` per element while the patch matrix of one block (of one
   image's output rows, see :mod:`stagegraph.stages.x86.conv.gemm_blocks`) fits L2 and
   ``patch_spill_cycles`` beyond, and the output's transpose at the same rate where
@@ -163,7 +165,10 @@ def gemm_cycles(
 ) -> float:
     """The implicit GEMM's estimated cycles: matmul plus patch copy (see the module)."""
     bits = ELEMENT_BITS.get(element, 32)
-    fraction = config.gemm_peak_fraction * shape.f / (shape.f + config.gemm_rows_half)
+    fraction = (
+        config.gemm_peak_fraction * shape.f / (shape.f + config.gemm_rows_half)
+        * shape.depth / (shape.depth + config.gemm_depth_half)
+    )  # fmt: skip
     cycles = flops(shape) / (peak_per_cycle(target, element) * fraction)
     from stagegraph.stages.x86.conv.gemm_blocks import block_rows, per_image
 

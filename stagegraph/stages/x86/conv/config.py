@@ -112,8 +112,19 @@ class ConvGemmConfig(Config):
     # channel layers at 28^2-224^2 ran 1.04-1.29x faster direct than on the GEMM, which 0
     # predicts and 0.17 did not (docs/measurements.md, "Transposes that read whole cache
     # lines").
+    # Few input channels into many filters (session 22, docs/measurements.md, "Few input
+    # channels: direct or GEMM"): with 3-16 channels and 64-128 filters the direct path ran
+    # 1.12-1.40x faster than the GEMM on AVX-512 (thread CPU time, under load: 7 shapes
+    # from 3 channels at 224^2 to KernelBench's l2_067, 8 -> 64 at 14x30) where the old
+    # fit (3.7, no depth term) chose the GEMM; ResNet-18's 7x7/2 first layer stayed 1.12x
+    # faster on the GEMM. The GEMM's reduction there is short (channels times taps:
+    # 27-200): each K panel's fixed work (its accumulator tile loaded and stored, the
+    # patch packed) spreads over few FMAs, ``gemm_depth_half`` (the GEMM at half its rate
+    # at that depth); and the direct kernel's channel penalty was smaller than fitted
+    # (``direct_channels_half`` 3.7 -> 2). On AVX2 the two paths were within 0.85-1.18x on
+    # these shapes; there VGG-16's first layer measured 0.88x direct (the model's miss).
     direct_peak_fraction: float = Field(0.59, gt=0.0, le=1.0)
-    direct_channels_half: float = Field(3.7, ge=0.0)
+    direct_channels_half: float = Field(2.0, ge=0.0)
     direct_l1_weight: float = Field(0.001, ge=0.0)
     direct_rows_l1_weight: float = Field(0.0, ge=0.0)
     direct_weight_bytes_per_cycle: float = Field(2.0, gt=0.0)
@@ -129,6 +140,7 @@ class ConvGemmConfig(Config):
     direct3d: bool = True
     direct3d_efficiency: float = Field(0.8, gt=0.0, le=1.0)
     gemm_rows_half: float = Field(11.0, ge=0.0)
+    gemm_depth_half: float = Field(48.0, ge=0.0)
     patch_cycles: float = Field(1.5, ge=0.0)
     patch_spill_cycles: float = Field(2.6, ge=0.0)
     # One image's GEMM runs in blocks of output rows whose patch matrix takes this fraction

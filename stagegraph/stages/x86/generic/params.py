@@ -42,6 +42,12 @@ class GenericParams(Params):
     conv_width_tile: int = Field(8, ge=1, description="output-width tile of 1-D convolutions")
     conv_channel_tile: int = Field(8, ge=1, description="output-channel tile of convolutions")
     conv_reduction_tile: int = Field(8, ge=1, description="input-channel tile of convolutions")
+    conv_whole_channels: int = Field(
+        16,
+        ge=0,
+        description="a channels-last convolution with at most this many input channels "
+        "takes them all per reduction step (0: conv_reduction_tile's steps)",
+    )
     conv_batch_tile: int = Field(
         1, ge=1, description="innermost batch-dim tile of convolutions (a pooling's channels)"
     )
@@ -154,6 +160,7 @@ def heuristic_generic_params(facts: PayloadFacts, target: Target) -> GenericPara
         conv_width_tile=conv_lanes,
         conv_channel_tile=max(1, conv_lanes // 2),
         conv_reduction_tile=max(1, conv_lanes // 2),
+        conv_whole_channels=conv_lanes,
         pool_batch_tile=POOL_BATCH_TILE,
         vector_registers=target.vector_registers,
         vector_bytes=target.vector_bits // 8,
