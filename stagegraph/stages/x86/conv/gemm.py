@@ -35,6 +35,7 @@ from typing import Any
 from stagegraph.mlir.build import collapse_shape, expand_shape, generic, named_structured_op
 from stagegraph.mlir.walk import top_level_ops
 from stagegraph.stages.target import Target
+from stagegraph.stages.x86.conv.bias_epilogue import erase_if_unused
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.conv_shape import ConvShape
 from stagegraph.stages.x86.conv.pointwise import window_attr
@@ -136,8 +137,10 @@ def convolutions_to_gemm(
             group = images_per_group(shape, target, config, element)
         with ir.InsertionPoint(op), op.location:
             result = _gemm(op, shape, choice, rows if one_by_one else 0, gather, group)
+        init = op.operands[2].owner
         op.results[0].replace_all_uses_with(result)
         op.erase()
+        erase_if_unused(init)  # a bias broadcast the blocks add in their epilogue
     return len(found)
 
 
