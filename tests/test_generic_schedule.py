@@ -835,10 +835,12 @@ func.func @main(%x: tensor<2x16x9x40xf32>) -> {out} {{
 
 
 @pytest.mark.parametrize(("stride", "lanes", "along_width"), [(1, 16, True), (2, 16, False),
-                                                             (1, 64, False)],
-                         ids=["unit-stride", "strided", "narrower-than-a-vector"])  # fmt: skip
+                                                             (1, 64, True), (1, 128, False)],
+                         ids=["unit-stride", "strided", "half-a-vector",
+                              "narrower-than-half-a-vector"])  # fmt: skip
 def test_unit_stride_pooling_vectorizes_along_width(stride, lanes, along_width):
-    """A unit-stride NCHW pooling at least a vector wide takes one channel and a row of its
+    """A unit-stride NCHW pooling at least half a vector wide (38 of 64 lanes, not of 128)
+    takes one channel and a row of its
     output width per tile (``WIDTH_VECTORS`` vectors at most), unit dims dropped: every
     window offset is a contiguous ``vector<W>``. Strided or narrow ones keep their channel
     tiles (``pool_batch_tile``). All stay correct."""

@@ -335,6 +335,7 @@ def _schedule_payload(
     from stagegraph.stages.x86.matmul import canonical as canonical
     from stagegraph.stages.x86.matmul.broadcast_reads import scalarize_broadcast_reads
     from stagegraph.stages.x86.matmul.constant_pack import prepack_constant_weights
+    from stagegraph.stages.x86.matmul.init_epilogue import init_as_epilogue
     from stagegraph.stages.x86.matmul.operands import fold_transposed_operands
     from stagegraph.stages.x86.matmul.patch_operands import mark_patch_operands
     from stagegraph.stages.x86.matmul.schedule import schedule_matmuls
@@ -355,6 +356,7 @@ def _schedule_payload(
     fold_transposed_operands(payload)
     canonical.widen_inputs(payload)
     order = {op.index for op in matmul_ops(facts)}
+    init_as_epilogue(payload, order)  # C's initial values added in place, after the products
     # A matmul the cost model made no params for stays on the generic path: correct,
     # lowered to loops.
     labelled = [(i, s) for i, s in enumerate(canonical.find_matmuls(payload)) if s.source in order]

@@ -41,6 +41,7 @@ from stagegraph.mlir.build import (
 )
 from stagegraph.mlir.walk import top_level_ops
 from stagegraph.stages.target import Target
+from stagegraph.stages.x86.conv.bias_epilogue import erase_if_unused
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.conv_shape import ConvShape
 from stagegraph.stages.x86.conv.pointwise import window_attr
@@ -145,8 +146,10 @@ def convolutions_to_gemm(
             group = images_per_group(shape, target, config, element)
         with ir.InsertionPoint(op), op.location:
             result = _gemm(op, shape, choice, rows if one_by_one else 0, gather, group)
+        init = op.operands[2].owner
         op.results[0].replace_all_uses_with(result)
         op.erase()
+        erase_if_unused(init)  # a bias broadcast the blocks add in their epilogue
     if winograd:
         from stagegraph.stages.x86.conv.winograd import winograd_convolutions
 

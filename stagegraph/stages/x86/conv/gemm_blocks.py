@@ -21,6 +21,7 @@ from typing import Any
 
 from stagegraph.mlir.build import collapse_shape, expand_shape, named_structured_op
 from stagegraph.stages.target import Target
+from stagegraph.stages.x86.conv.bias_epilogue import bias_of, biased_block
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.conv_shape import ConvShape
 
@@ -83,7 +84,8 @@ def blocked_gemm(
 ) -> Any:
     """``W @ P`` image by image, each in ``shape.out[0] // rows`` blocks of output rows,
     accumulating into ``init`` (the convolution's ``[N, F, O...]`` init) where each block's
-    result lies: no transpose of the init or the output. ``build`` is (the element type,
+    result lies: no transpose of the init or the output. A bias broadcast as the init is
+    added in each block's epilogue instead (:mod:`.bias_epilogue`). ``build`` is (the element type,
     ``patches(image, shape, element)`` that builds one block's patch matrix, the matmul's
     attributes, whether ``patches`` takes the whole image and the block's origin, as
     ``conv.patch_gather.patch_matrix`` does, instead of the block's input rows)."""
@@ -108,7 +110,9 @@ def blocked_gemm(
     def constant(value: int) -> Any:
         return arith.ConstantOp(index, value).result
 
-    loop = scf.ForOp(constant(0), constant(shape.n * per_image), constant(1), [init])
+    biased = bias_of(init) if isinstance(element, ir.FloatType) else None  # (bias_epilogue)
+    start = biased[1] if biased else init
+    loop = scf.ForOp(constant(0), constant(shape.n * per_image), constant(1), [start])
     with ir.InsertionPoint(loop.body):
         step, current = loop.induction_variable, loop.inner_iter_args[0]
         number = arith.DivUIOp(step, constant(per_image)).result
@@ -130,7 +134,10 @@ def blocked_gemm(
         else:
             patch_block = patches(source, block, element)
         operands = [weights, patch_block]
-        made = named_structured_op("linalg.matmul", operands, [flat], attributes)
+        if biased:
+            made = biased_block(*operands, biased[0], flat, attributes)
+        else:
+            made = named_structured_op("linalg.matmul", operands, [flat], attributes)
         back = expand_shape(made, groups, out_block)
         written = tensor.InsertSliceOp(
             back, current, [number, first_row], [], [], offsets, out_block, unit

@@ -203,11 +203,11 @@ WIDTH_VECTORS = 4
 def pools_along_width(op: OpFacts, params: GenericParams) -> bool:
     """Whether a pooling is vectorized along its output width (``pool_width_vectors``):
     the width is its innermost loop of the output (NCHW: contiguous rows), read with a
-    unit stride, and at least a vector long. Its tiles then take one channel and a row of
-    the width, whose unit dims are dropped, so each window offset is a contiguous
-    ``vector<W>`` (faster than vectors across channels, which the decomposed op gathers
-    and scatters lane by lane; measured: docs/measurements.md, "Design decisions: the
-    generic schedule").
+    unit stride, and at least half a vector long (:data:`POOL_ROW_PARTS_OF_A_VECTOR`). Its
+    tiles then take one channel and a row of the width, whose unit dims are dropped, so
+    each window offset is a contiguous ``vector<W>`` (faster than vectors across
+    channels, which the decomposed op gathers and scatters lane by lane; measured:
+    docs/measurements.md, "Design decisions: the generic schedule").
     """
     conv = op.convolution
     if op.op_class != "pooling" or conv is None or not params.pool_width_vectors:
@@ -216,7 +216,16 @@ def pools_along_width(op: OpFacts, params: GenericParams) -> bool:
         return False
     width = conv.output_image[-1]
     others = conv.batch + conv.output_channel + conv.depth + conv.output_image[:-1]
-    return all(d < width for d in others) and op.loop_ranges[width] >= params.lanes
+    wide = op.loop_ranges[width] * POOL_ROW_PARTS_OF_A_VECTOR >= params.lanes
+    return all(d < width for d in others) and wide
+
+
+#: A pooling vectorizes along an output width of at least ``lanes`` over this. A row of
+#: half a vector or more still beats vectors across channels, which the decomposed op
+#: fills and empties lane by lane: a 4x4 max pooling of 16x16 rows (15 wide, 16 lanes)
+#: ran 3.0x faster along its width (docs/measurements.md, "Level 1 below PyTorch or
+#: IREE"). Of the dev payloads' poolings only that one changed (AVX2: none).
+POOL_ROW_PARTS_OF_A_VECTOR = 2
 
 
 def register_blocking(channels: int, width: int, params: GenericParams) -> tuple[int, int]:

@@ -71,6 +71,7 @@ from stagegraph.stages.x86.generic.transpose_fusion import (
     transposes_before_padding,
 )
 from stagegraph.stages.x86.generic.transpose_readers import merge_transposes_into_readers
+from stagegraph.stages.x86.generic.unpadded_pools import dilated_pools_read_unpadded
 
 _BITWISE = frozenset({"arith.andi", "arith.ori", "arith.xori"})
 
@@ -436,6 +437,7 @@ def prepare(
     if chain_channels_last and sink_channels_last_transposes(fn):  # none between convolutions
         changed += 1 + erase_unused_tensor_ops(fn)
     changed += fold_constant_transposes(fn)  # channels-last filters, at compile time
+    changed += dilated_pools_read_unpadded(fn)  # no padded copy for their loops to read
     changed += transposes_before_padding(fn)  # written in place into the padded input
     changed += pads_as_filled_inserts(fn)  # likewise for the other pads
     if fuse_elementwise:
