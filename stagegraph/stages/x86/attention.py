@@ -38,6 +38,7 @@ from typing import Any
 from pydantic import Field
 
 from stagegraph.core.ports import Config
+from stagegraph.dtypes import byte_size
 from stagegraph.stages.target import Target
 
 #: The label on the chain's ``P @ V`` matmul that the tiling transform matches.
@@ -49,7 +50,6 @@ FUSE_ATTR = "stagegraph.attention_fuse"
 LOOP_ATTR = "stagegraph.attention_blocks"
 _CONTRACTIONS = ("linalg.batch_matmul", "linalg.matmul")
 _INITS = ("linalg.fill", "tensor.empty")
-_ELEMENT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 
 
 class AttentionTiles(Config):
@@ -307,7 +307,7 @@ def _closed_chain(
         scores=scores,
         depth=q_shape[-1],
         width=v_shape[-1],
-        element_bytes=_ELEMENT_BYTES.get(element, 4),
+        element_bytes=byte_size(element, 4),
     )
 
 

@@ -55,7 +55,7 @@ from typing import Any
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.conv_shape import ConvShape
-from stagegraph.stages.x86.conv.rates import ELEMENT_BITS, peak_per_cycle
+from stagegraph.stages.x86.conv.rates import element_bits, peak_per_cycle
 
 #: The discardable attribute ``x86.normalize`` puts on each decided convolution's op.
 PATH_ATTRIBUTE = "stagegraph.conv_path"
@@ -105,7 +105,7 @@ def direct3d_cycles(
     input is zero-padded (see the module)."""
     from stagegraph.stages.x86.conv.direct3d_plan import Conv3dShape, Window, plan_blocks
 
-    bits = ELEMENT_BITS.get(element, 32)
+    bits = element_bits(element)
     if len(shape.taps) != 3 or bits not in (32, 64):
         return None
     windows = []
@@ -129,7 +129,7 @@ def direct_cycles(
     padding: Sequence[tuple[int, int]] | None = None,
 ) -> float:
     """The direct path's estimated cycles (see the module)."""
-    bits = ELEMENT_BITS.get(element, 32)
+    bits = element_bits(element)
     kernel = direct3d_cycles(shape, target, config, element, padding) if config.direct3d else None
     if kernel is not None:
         return kernel
@@ -164,7 +164,7 @@ def gemm_cycles(
     shape: ConvShape, target: Target, config: ConvGemmConfig, element: str = "f32"
 ) -> float:
     """The implicit GEMM's estimated cycles: matmul plus patch copy (see the module)."""
-    bits = ELEMENT_BITS.get(element, 32)
+    bits = element_bits(element)
     fraction = (
         config.gemm_peak_fraction * shape.f / (shape.f + config.gemm_rows_half)
         * shape.depth / (shape.depth + config.gemm_depth_half)

@@ -19,13 +19,12 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from stagegraph.dtypes import byte_size
 from stagegraph.mlir.build import collapse_shape, expand_shape, named_structured_op
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.bias_epilogue import bias_of, biased_block
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.conv_shape import ConvShape
-
-_ELEMENT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 
 
 def block_rows(shape: ConvShape, target: Target, config: ConvGemmConfig, element: str) -> int:
@@ -39,7 +38,7 @@ def block_rows(shape: ConvShape, target: Target, config: ConvGemmConfig, element
     rows = shape.out[0]
     if len(shape.taps) < 2 or config.patch_block_l2_fraction <= 0:
         return rows
-    bytes_ = _ELEMENT_BYTES.get(element, 4)
+    bytes_ = byte_size(element, 4)
     row_bytes = shape.depth * math.prod(shape.out[1:]) * bytes_
     fitting = int(target.l2_bytes * config.patch_block_l2_fraction) // row_bytes
     if fitting >= rows:
@@ -70,7 +69,7 @@ def per_image(shape: ConvShape, target: Target, config: ConvGemmConfig, element:
     Fewer make matmuls too narrow for the micro-kernel: one GEMM over every image's
     columns, then a transpose, ran 1.7x faster on KernelBench's l1_076 (32 images of 19
     outputs) than 32 matmuls of 19 columns."""
-    lanes = max(1, target.vector_bits // (8 * _ELEMENT_BYTES.get(element, 4)))
+    lanes = max(1, target.vector_bits // (8 * byte_size(element, 4)))
     return shape.n > 1 and math.prod(shape.out) >= config.per_image_min_panels * 2 * lanes
 
 

@@ -22,12 +22,11 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from stagegraph.dtypes import byte_size
 from stagegraph.mlir.build import collapse_shape, expand_shape, named_structured_op
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.conv_shape import ConvShape
-
-_ELEMENT_BYTES = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8}
 
 
 def images_per_group(shape: ConvShape, target: Target, config: ConvGemmConfig, element: str) -> int:
@@ -36,7 +35,7 @@ def images_per_group(shape: ConvShape, target: Target, config: ConvGemmConfig, e
     matrix fits and whose columns fill ``partial_block_min_panels`` register panels (two
     vectors: a wide matmul), or, when no fitting divisor is that wide, the narrowest
     divisor that is."""
-    bytes_ = _ELEMENT_BYTES.get(element, 4)
+    bytes_ = byte_size(element, 4)
     image_bytes = shape.depth * math.prod(shape.out) * bytes_
     budget = int(target.l2_bytes * config.patch_block_l2_fraction)
     if config.patch_block_l2_fraction <= 0 or shape.n * image_bytes <= budget:

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+from stagegraph.dtypes import byte_size
 from stagegraph.stages.target import Target
 
-#: Bits of each element type the cost models price (others count as f32).
-ELEMENT_BITS = {"f16": 16, "bf16": 16, "f32": 32, "f64": 64}
+
+def element_bits(element: str) -> int:
+    """Bits of an element type (unknown names count as f32)."""
+    return 8 * byte_size(element, 4)
 
 
 def peak_per_cycle(target: Target, element: str) -> float:
     """Flops per cycle of one core at the FMA peak for ``element`` (f32 lanes scaled)."""
-    bits = ELEMENT_BITS.get(element, 32)
+    bits = element_bits(element)
     return 2.0 * target.fma_lanes_per_cycle() * 32 / bits

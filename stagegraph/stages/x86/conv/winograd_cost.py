@@ -9,7 +9,7 @@ import math
 from stagegraph.stages.target import Target
 from stagegraph.stages.x86.conv.config import ConvGemmConfig
 from stagegraph.stages.x86.conv.conv_shape import ConvShape
-from stagegraph.stages.x86.conv.rates import ELEMENT_BITS, peak_per_cycle
+from stagegraph.stages.x86.conv.rates import element_bits, peak_per_cycle
 from stagegraph.stages.x86.conv.winograd_math import alpha
 
 
@@ -57,7 +57,7 @@ def winograd_cycles(
         * shape.f
         / (peak_per_cycle(target, element) * fraction)
     )
-    weight_bytes = side * side * shape.c * shape.f * ELEMENT_BITS.get(element, 32) // 8
+    weight_bytes = side * side * shape.c * shape.f * element_bits(element) // 8
     if weight_bytes > target.l2_bytes:
         gemm += weight_bytes / config.winograd_weight_bytes_per_cycle
     moved = side * side * positions * (shape.c + shape.f)
